@@ -1,0 +1,422 @@
+/*
+ * co2.h — the public C ABI of co2, version 1.
+ *
+ * co2 runs communication-efficient data-parallel training (CO2: local steps, then an outer update
+ * whose all-reduce is overlapped with the next round) behind a stable C ABI.
+ *
+ * Rules every function follows:
+ *  - Every function returns a co2_status_t (except co2_status_string and
+ *    co2_last_error_message). Outputs come last and are written only on success.
+ *  - On failure, co2_last_error_message() returns a thread-local message saying what went wrong.
+ *  - No C++ exception ever leaves the library.
+ *  - destroy(NULL) is a no-op that returns CO2_OK.
+ *  - Config and stats structs begin with `size`: fill them with their INIT macro or init
+ *    function; the library reads/writes min(size, its own sizeof) bytes, so the ABI can grow.
+ *  - One engine is driven from one thread. co2_comm_abort may be called from any thread.
+ *
+ * This header includes only standard C headers and compiles as C99 and as C++.
+ */
+#ifndef CO2_CO2_H
+#define CO2_CO2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Version                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CO2_VERSION_MAJOR 1
+#define CO2_VERSION_MINOR 0
+#define CO2_VERSION_PATCH 0
+/* Version of the config/stats struct family; stored in each struct's `version` field. */
+#define CO2_ABI_VERSION 1
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes. Values are pinned and never renumbered.                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef int32_t co2_status_t;
+
+enum {
+    CO2_OK = 0,
+    /* Caller errors. */
+    CO2_ERR_INVALID_ARGUMENT = 1,   /* NULL pointer, zero/mismatched size, out-of-range value   */
+    CO2_ERR_INVALID_STATE = 2,      /* call not allowed now (step before commit, register twice) */
+    CO2_ERR_UNSUPPORTED = 3,        /* valid request this build cannot serve (bf16, CUDA, ...)   */
+    CO2_ERR_INVALID_CONFIG = 4,     /* config struct with a bad size/version field               */
+    CO2_ERR_UNKNOWN_ENUM = 5,       /* enum value this library does not know                     */
+    CO2_ERR_DUPLICATE_TENSOR = 6,   /* same memory (or name) registered twice                    */
+    CO2_ERR_OUT_OF_MEMORY = 7,
+    /* Training-state errors. */
+    CO2_ERR_NONFINITE = 20,         /* NaN/Inf in a delta or an average: nothing was applied     */
+    CO2_ERR_LAYOUT_MISMATCH = 21,   /* ranks registered different parameter layouts               */
+    CO2_ERR_ANCHOR_MISMATCH = 22,   /* anchor checksums differ across ranks                       */
+    CO2_ERR_CHECKPOINT_CORRUPT = 23,/* blob truncated, bad magic or bad CRC                       */
+    CO2_ERR_CHECKPOINT_MISMATCH = 24,/* blob from another layout or an unknown format version     */
+    CO2_ERR_CALLBACK = 25,          /* a user read/write callback reported failure                */
+    /* Waiting. */
+    CO2_ERR_TIMEOUT = 40,           /* a wait with a caller-given timeout expired; still pending  */
+    /* Peer / transport failures: 100-199. The communicator is unusable afterwards: destroy it. */
+    CO2_ERR_PEER_LOST = 100,        /* a peer disappeared (process died, endpoint closed)         */
+    CO2_ERR_PEER_TIMEOUT = 101,     /* no progress for the communicator's timeout                 */
+    CO2_ERR_COLLECTIVE_MISMATCH = 102, /* ranks issued different collectives at one sequence no. */
+    CO2_ERR_ABORTED = 103,          /* co2_comm_abort was called (on this or another rank)        */
+    CO2_ERR_TRANSPORT = 104,        /* other transport failure                                   */
+    CO2_ERR_RENDEZVOUS = 105,       /* the group could not be formed (timeout, size conflict)     */
+    CO2_ERR_INTERNAL = 199          /* a bug in co2: please report with the message               */
+};
+
+/* A static English description of `status` and what to do about it. Never NULL. */
+const char *co2_status_string(co2_status_t status);
+
+/* Thread-local detail about the last failed call on this thread ("" if none). Valid until the
+ * next co2 call on this thread. */
+const char *co2_last_error_message(void);
+
+co2_status_t co2_get_version(int *major, int *minor, int *patch);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Enumerations (all stored as int32_t in structs)                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef int32_t co2_dtype_t;
+enum {
+    CO2_DTYPE_FP32 = 0,
+    CO2_DTYPE_BF16 = 1,   /* reserved: parameters only, not yet supported */
+    CO2_DTYPE_FP16 = 2,   /* reserved: parameters only, not yet supported */
+    CO2_DTYPE_FP64 = 3,   /* raw collectives only */
+    CO2_DTYPE_INT32 = 4,  /* raw collectives only */
+    CO2_DTYPE_INT64 = 5   /* raw collectives only */
+};
+
+typedef int32_t co2_device_kind_t;
+enum { CO2_DEVICE_HOST = 0, CO2_DEVICE_CUDA = 1 };
+
+typedef int32_t co2_reduce_op_t;
+enum { CO2_REDUCE_SUM = 0, CO2_REDUCE_AVG = 1, CO2_REDUCE_MIN = 2, CO2_REDUCE_MAX = 3 };
+
+typedef int32_t co2_transport_kind_t;
+enum {
+    CO2_TRANSPORT_AUTO = 0,
+    CO2_TRANSPORT_LOCAL = 1,  /* ranks are threads of one process */
+    CO2_TRANSPORT_UCX = 2,    /* reserved */
+    CO2_TRANSPORT_NCCL = 3    /* reserved */
+};
+
+typedef int32_t co2_algorithm_t;
+enum {
+    CO2_ALGO_CO2 = 0,        /* tau local steps, asynchronous one-round-stale outer update */
+    CO2_ALGO_SYNC = 1,       /* gradient averaging every step (DDP)                         */
+    CO2_ALGO_LOCALSGD = 2,   /* parameter averaging every tau steps                         */
+    CO2_ALGO_DILOCO = 3      /* blocking outer update with a fresh average (SlowMo/DiLoCo)  */
+};
+
+typedef int32_t co2_penalty_t;
+enum {
+    CO2_PENALTY_NONE = 0,     /* Lambda = 1                                   */
+    CO2_PENALTY_CONSTANT = 1, /* Lambda = 1 / penalty_constant                */
+    CO2_PENALTY_GAP = 2       /* Gap-Aware per segment, see docs/algorithm.md */
+};
+
+typedef int32_t co2_clip_t;
+enum {
+    CO2_CLIP_NONE = 0,
+    CO2_CLIP_VALUE = 1,  /* element-wise clamp of the momentum to [-phi, phi]      */
+    CO2_CLIP_NORM = 2    /* per segment, m <- m * min(1, phi / ||m||)               */
+};
+
+typedef int32_t co2_tensor_role_t;
+enum {
+    CO2_ROLE_PARAMETER = 0, /* trained: takes part in the outer update                       */
+    CO2_ROLE_BUFFER = 1,    /* averaged, not trained (BatchNorm statistics): plain averaging  */
+    CO2_ROLE_EXCLUDED = 2   /* known to the layout, never touched (per-rank state)           */
+};
+
+typedef int32_t co2_param_t;
+enum {
+    CO2_PARAM_OUTER_LR = 0,              /* alpha, >= 0                                  */
+    CO2_PARAM_OUTER_MOMENTUM = 1,        /* beta, [0, 1)                                 */
+    CO2_PARAM_TAU = 2,                   /* local steps per round, integer >= 1; takes effect at
+                                            the next boundary                             */
+    CO2_PARAM_CLIP_THRESHOLD = 3,        /* phi, > 0                                      */
+    CO2_PARAM_PENALTY_CONSTANT = 4,      /* c of the constant policy, > 0                 */
+    CO2_PARAM_INNER_LR = 5,              /* recorded for penalty policies that need it, >= 0 */
+    CO2_PARAM_ANCHOR_CHECK_INTERVAL = 6  /* K rounds between anchor checksum checks, 0 = off */
+};
+
+typedef int32_t co2_consensus_t;
+enum {
+    CO2_CONSENSUS_ANCHOR = 0,       /* the current anchor (no communication)       */
+    CO2_CONSENSUS_LOCAL_AVERAGE = 1 /* the average of the ranks' current parameters (collective) */
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Handles                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct co2_comm *co2_comm_t;
+typedef struct co2_engine *co2_engine_t;
+typedef struct co2_request *co2_request_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Communicator                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Default "no progress" timeout of a communicator: a blocked operation fails with
+ * CO2_ERR_PEER_TIMEOUT when nothing moved for this long (not total time). */
+#define CO2_DEFAULT_TIMEOUT_MS 300000u
+/* Default size of one pipelined chunk of a collective. */
+#define CO2_DEFAULT_CHUNK_BYTES ((uint64_t)1 << 20)
+
+typedef struct co2_comm_config {
+    size_t size;                    /* sizeof(co2_comm_config_t)                       */
+    uint32_t version;               /* CO2_ABI_VERSION                                  */
+    co2_transport_kind_t transport; /* CO2_TRANSPORT_AUTO                               */
+    int32_t rank;                   /* this rank, [0, world_size)                       */
+    int32_t world_size;             /* number of ranks, >= 1                            */
+    const char *group_name;         /* local transport: ranks with equal names form one
+                                       group; NULL = "default"                          */
+    uint32_t timeout_ms;            /* no-progress timeout, CO2_DEFAULT_TIMEOUT_MS      */
+    uint32_t reserved0;
+    uint64_t chunk_bytes;           /* collective chunk, CO2_DEFAULT_CHUNK_BYTES        */
+} co2_comm_config_t;
+
+#define CO2_COMM_CONFIG_INIT                                                               \
+    { sizeof(co2_comm_config_t), CO2_ABI_VERSION, CO2_TRANSPORT_AUTO, 0, 1, NULL,         \
+      CO2_DEFAULT_TIMEOUT_MS, 0, CO2_DEFAULT_CHUNK_BYTES }
+
+co2_status_t co2_comm_config_init(co2_comm_config_t *config);
+
+/* Opaque identifier of a group, produced by one rank and broadcast by the caller's own means
+ * (torchrun, MPI, srun), NCCL style. */
+#define CO2_UNIQUE_ID_BYTES 128
+typedef struct co2_unique_id {
+    char internal[CO2_UNIQUE_ID_BYTES];
+} co2_unique_id_t;
+
+co2_status_t co2_get_unique_id(co2_unique_id_t *out_id);
+
+/* Collective over the group: blocks until all world_size ranks joined (up to the timeout,
+ * then CO2_ERR_RENDEZVOUS). */
+co2_status_t co2_comm_create(const co2_comm_config_t *config, co2_comm_t *out_comm);
+
+/* NCCL-style creation: `id` from co2_get_unique_id on one rank; rank and world_size override
+ * the config's fields. `config` may be NULL for defaults. */
+co2_status_t co2_comm_create_with_id(const co2_comm_config_t *config, const co2_unique_id_t *id,
+                                     int32_t rank, int32_t world_size, co2_comm_t *out_comm);
+
+co2_status_t co2_comm_rank(co2_comm_t comm, int32_t *out_rank);
+co2_status_t co2_comm_size(co2_comm_t comm, int32_t *out_size);
+
+/* Fails every pending and future operation of this communicator (and its peers') with
+ * CO2_ERR_ABORTED. Safe from any thread, also while another thread is blocked in a call. */
+co2_status_t co2_comm_abort(co2_comm_t comm);
+
+/* Releases the caller's reference. Engines created on the communicator keep it alive. */
+co2_status_t co2_comm_destroy(co2_comm_t comm);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Raw asynchronous collectives (gradients, metrics)                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* In-place all-reduce of `count` elements of `buffer`; the buffer must stay valid and untouched
+ * until the request completes. `stream` is ignored for host memory. The result is bit-identical
+ * on every rank. */
+co2_status_t co2_allreduce(co2_comm_t comm, void *buffer, size_t count, co2_dtype_t dtype,
+                           co2_reduce_op_t op, void *stream, co2_request_t *out_request);
+
+/* In-place broadcast from `root`. */
+co2_status_t co2_broadcast(co2_comm_t comm, void *buffer, size_t count, co2_dtype_t dtype,
+                           int32_t root, void *stream, co2_request_t *out_request);
+
+/* *out_done = 1 when complete. A failed request returns its failure status. */
+co2_status_t co2_request_test(co2_request_t request, int *out_done);
+
+/* Waits up to timeout_ms (< 0: until completion or the communicator's no-progress timeout).
+ * CO2_ERR_TIMEOUT leaves the request pending and usable. */
+co2_status_t co2_request_wait(co2_request_t request, int64_t timeout_ms);
+
+/* Frees the handle; an incomplete request is waited for first (its buffer is in use). */
+co2_status_t co2_request_free(co2_request_t request);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Engine                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CO2_DEFAULT_TAU 12u
+#define CO2_DEFAULT_OUTER_LR 1.0
+#define CO2_OUTER_MOMENTUM_AUTO (-1.0) /* resolve by number of outer participants */
+#define CO2_DEFAULT_CLIP_THRESHOLD 1.0
+#define CO2_DEFAULT_ANCHOR_CHECK_INTERVAL 100u
+
+typedef struct co2_engine_config {
+    size_t size;                 /* sizeof(co2_engine_config_t)                          */
+    uint32_t version;            /* CO2_ABI_VERSION                                       */
+    co2_algorithm_t algorithm;   /* CO2_ALGO_CO2                                          */
+    uint32_t tau;                /* CO2_DEFAULT_TAU                                       */
+    uint32_t warmup_sync_rounds; /* boundaries run as diloco before co2 starts, 0         */
+    double outer_lr;             /* alpha, CO2_DEFAULT_OUTER_LR                           */
+    double outer_momentum;       /* beta, CO2_OUTER_MOMENTUM_AUTO                         */
+    int32_t nesterov;            /* 0                                                     */
+    co2_penalty_t penalty;       /* CO2_PENALTY_NONE                                      */
+    double penalty_constant;     /* 1.0                                                   */
+    co2_clip_t clip;             /* CO2_CLIP_NONE                                         */
+    uint32_t anchor_check_interval; /* CO2_DEFAULT_ANCHOR_CHECK_INTERVAL                  */
+    double clip_threshold;       /* phi, CO2_DEFAULT_CLIP_THRESHOLD                       */
+    double inner_lr;             /* recorded only, 0                                      */
+    co2_dtype_t state_dtype;     /* outer state dtype, CO2_DTYPE_FP32 (the only one)      */
+    int32_t reserved0;
+} co2_engine_config_t;
+
+#define CO2_ENGINE_CONFIG_INIT                                                             \
+    { sizeof(co2_engine_config_t), CO2_ABI_VERSION, CO2_ALGO_CO2, CO2_DEFAULT_TAU, 0,     \
+      CO2_DEFAULT_OUTER_LR, CO2_OUTER_MOMENTUM_AUTO, 0, CO2_PENALTY_NONE, 1.0,            \
+      CO2_CLIP_NONE, CO2_DEFAULT_ANCHOR_CHECK_INTERVAL, CO2_DEFAULT_CLIP_THRESHOLD, 0.0,  \
+      CO2_DTYPE_FP32, 0 }
+
+co2_status_t co2_engine_config_init(co2_engine_config_t *config);
+
+/* A tensor the framework owns. `name` is copied; `data` must stay valid for the engine's life. */
+typedef struct co2_tensor {
+    size_t size;               /* sizeof(co2_tensor_t)          */
+    const char *name;          /* unique, non-empty             */
+    void *data;
+    size_t count;              /* elements, >= 1                */
+    co2_dtype_t dtype;         /* parameter dtype: CO2_DTYPE_FP32 */
+    co2_device_kind_t device;  /* CO2_DEVICE_HOST               */
+    int32_t device_index;
+    co2_tensor_role_t role;    /* CO2_ROLE_PARAMETER            */
+} co2_tensor_t;
+
+#define CO2_TENSOR_INIT \
+    { sizeof(co2_tensor_t), NULL, NULL, 0, CO2_DTYPE_FP32, CO2_DEVICE_HOST, 0, CO2_ROLE_PARAMETER }
+
+/* A named range of the engine's flat parameter storage. */
+typedef struct co2_segment {
+    size_t size;             /* sizeof(co2_segment_t) */
+    const char *name;        /* unique, non-empty     */
+    size_t offset;           /* in elements           */
+    size_t count;            /* elements, >= 1        */
+    co2_tensor_role_t role;  /* CO2_ROLE_PARAMETER    */
+    int32_t reserved0;
+} co2_segment_t;
+
+#define CO2_SEGMENT_INIT { sizeof(co2_segment_t), NULL, 0, 0, CO2_ROLE_PARAMETER, 0 }
+
+co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_config_t *config,
+                               co2_engine_t *out_engine);
+co2_status_t co2_engine_destroy(co2_engine_t engine);
+
+/* Layout, before co2_engine_commit. */
+co2_status_t co2_engine_register_tensor(co2_engine_t engine, const co2_tensor_t *tensor);
+
+/* Runtime-owned flat storage of `count` zero-initialised elements; *out_data is valid until the
+ * engine is destroyed. At most one flat storage (owned or adopted) per engine. */
+co2_status_t co2_engine_alloc_flat(co2_engine_t engine, size_t count, co2_dtype_t dtype,
+                                   co2_device_kind_t device, int32_t device_index,
+                                   void **out_data);
+/* Adopts flat storage the framework allocated (it must outlive the engine). */
+co2_status_t co2_engine_adopt_flat(co2_engine_t engine, void *data, size_t count,
+                                   co2_dtype_t dtype, co2_device_kind_t device,
+                                   int32_t device_index);
+/* Declares a segment of the flat storage; segments must not overlap. */
+co2_status_t co2_engine_add_segment(co2_engine_t engine, const co2_segment_t *segment);
+
+/* Collective. Freezes the layout, checks that every rank registered the same layout
+ * (CO2_ERR_LAYOUT_MISMATCH), broadcasts rank 0's parameters and buffers into every rank's
+ * tensors and anchor, and allocates the outer state. */
+co2_status_t co2_engine_commit(co2_engine_t engine);
+
+/* Call after every inner optimizer step. On a boundary (every tau-th call) runs the outer
+ * update. *out_boundary (may be NULL) = 1 if this call was a boundary. `stream` is the caller's
+ * CUDA stream for device tensors, ignored on the host. */
+co2_status_t co2_engine_step(co2_engine_t engine, void *stream, int *out_boundary);
+
+/* Averages gradients across ranks, in place, blocking. grads[i] is the gradient of the i-th
+ * CO2_ROLE_PARAMETER tensor/segment in registration order, with that tensor's count and dtype.
+ * Pass the pointers on every call (frameworks reallocate gradients). A NULL entry contributes
+ * zeros and receives nothing. num_grads must equal the number of trained tensors. */
+co2_status_t co2_engine_reduce_gradients(co2_engine_t engine, void *const *grads,
+                                         size_t num_grads, void *stream);
+
+/* Collective. Finishes what is in flight, applies it, averages the ranks' current parameters
+ * into one more outer update if steps happened since the last boundary, and leaves every rank
+ * with the identical model (parameters = anchor); compares anchor checksums. The next round
+ * starts afresh. */
+co2_status_t co2_engine_synchronize(co2_engine_t engine);
+
+/* Collective. End of training: waits for the pending average, applies it as one more update,
+ * sets parameters = anchor. */
+co2_status_t co2_engine_finalize(co2_engine_t engine);
+
+/* Writes the consensus model (fp32, all PARAMETER and BUFFER elements in registration order,
+ * `count` = co2_engine_num_elements) into `out` without changing the trajectory.
+ * CO2_CONSENSUS_LOCAL_AVERAGE is collective. */
+co2_status_t co2_engine_consensus(co2_engine_t engine, co2_consensus_t kind, float *out,
+                                  size_t count);
+
+/* Number of elements that take part in averaging (PARAMETER + BUFFER), after commit. */
+co2_status_t co2_engine_num_elements(co2_engine_t engine, size_t *out_count);
+
+co2_status_t co2_engine_set_param(co2_engine_t engine, co2_param_t key, double value);
+co2_status_t co2_engine_get_param(co2_engine_t engine, co2_param_t key, double *out_value);
+
+typedef struct co2_engine_stats {
+    size_t size;                   /* sizeof(co2_engine_stats_t), set by the caller           */
+    uint32_t version;
+    int32_t world_size;
+    uint64_t steps;                /* calls to co2_engine_step                                */
+    uint64_t rounds;               /* boundaries                                              */
+    uint64_t outer_updates;        /* boundaries that applied an outer update                 */
+    uint64_t bytes_reduced;        /* payload bytes handed to all-reduce                      */
+    uint64_t collective_ns;        /* sum over collectives of submit-to-completion time       */
+    uint64_t boundary_wait_ns;     /* time the training thread waited for collectives         */
+    uint64_t last_boundary_wait_ns;
+    uint64_t nonfinite_rounds;     /* boundaries that applied nothing because of NaN/Inf      */
+    uint64_t nonfinite_local;      /* boundaries whose local delta was non-finite             */
+    uint64_t anchor_checks;        /* anchor checksum comparisons done                        */
+    double resolved_outer_momentum;/* beta in use                                             */
+    double last_penalty_min;       /* Lambda over segments at the last update                 */
+    double last_penalty_max;
+    double last_clip_scale_min;    /* norm clip: smallest factor (1 = none clipped)           */
+    double last_clip_fraction;     /* value clip: fraction of momentum elements clamped;
+                                      norm clip: fraction of segments scaled                   */
+} co2_engine_stats_t;
+
+#define CO2_ENGINE_STATS_INIT { sizeof(co2_engine_stats_t), CO2_ABI_VERSION }
+
+co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_stats_t *out_stats);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Checkpoint of the shared engine state (anchor, momentum, in-flight average, counters,        */
+/* penalty history, resolved beta, layout hash, world size, config). Per-rank framework state   */
+/* (local parameters mid-round, inner optimizer) is the framework's to save.                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Return 0 on success, anything else aborts the save/load with CO2_ERR_CALLBACK. A read
+ * callback must fill exactly `length` bytes. */
+typedef int (*co2_write_fn)(void *user, const void *data, size_t length);
+typedef int (*co2_read_fn)(void *user, void *data, size_t length);
+
+/* Collective (it waits for the in-flight average and compares anchor checksums). Streams the
+ * state through `write`; ranks that do not write pass write = NULL. */
+co2_status_t co2_engine_save(co2_engine_t engine, co2_write_fn write, void *user);
+
+/* Exact size in bytes that co2_engine_save writes, after commit. */
+co2_status_t co2_engine_state_size(co2_engine_t engine, size_t *out_bytes);
+
+/* Not collective. Restores the state after commit and sets the parameters to the restored
+ * anchor (restore per-rank mid-round parameters afterwards). Transactional: a corrupted or
+ * mismatched blob leaves the engine as it was. Accepts a blob saved at another world size. */
+co2_status_t co2_engine_load(co2_engine_t engine, co2_read_fn read, void *user);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CO2_CO2_H */

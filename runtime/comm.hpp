@@ -1,0 +1,102 @@
+// The communicator: asynchronous collectives over a point-to-point transport, driven by one
+// progress thread per communicator. Collectives are matched across ranks by issue order (a
+// sequence number); each carries a descriptor (kind, op, dtype, count, root) that the peers
+// compare, so ranks that issue different collectives get CollectiveMismatch instead of a hang.
+// Several collectives may be in flight at once; the progress thread advances all of them, so a
+// small collective is not stuck behind a round-long all-reduce.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "runtime/status.hpp"
+#include "transports/transport.hpp"
+
+namespace co2 {
+
+enum class DataType : int { F32 = 0, F64 = 3, I32 = 4, I64 = 5 };
+enum class ReduceOp : int { Sum = 0, Avg = 1, Min = 2, Max = 3 };
+
+size_t dtype_size(DataType dtype);
+
+using Clock = std::chrono::steady_clock;
+
+// Completion state of one collective, shared by the submitter and the progress thread.
+class Request {
+ public:
+  // True once finished. Throws Error if the collective failed.
+  bool test();
+  // Waits up to `timeout` (negative: no limit of its own; the communicator's no-progress
+  // timeout still applies). Returns false on expiry, throws Error if the collective failed.
+  bool wait_for(std::chrono::milliseconds timeout);
+  // Like wait_for(-1) but never throws: the final status.
+  Status wait_status();
+
+  Clock::time_point submitted_at() const { return submitted_at_; }
+  Clock::time_point completed_at() const;  // valid once finished
+  uint64_t sequence() const { return sequence_; }
+
+  // --- used by the communicator ---
+  Request(uint64_t sequence, Clock::time_point submitted_at)
+      : sequence_(sequence), submitted_at_(submitted_at) {}
+  void complete(Status status, const std::string& message);
+
+ private:
+  const uint64_t sequence_;
+  const Clock::time_point submitted_at_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+  Status status_ = Status::Ok;
+  std::string message_;
+  Clock::time_point completed_at_{};
+};
+
+struct CommOptions {
+  // A collective that makes no progress for this long fails with PeerTimeout.
+  std::chrono::milliseconds timeout{300000};
+  // Collectives are split into chunks of about this many bytes, pipelined around the ring.
+  size_t chunk_bytes = size_t(1) << 20;
+};
+
+class CollectiveEngine;  // defined in comm.cpp: the progress thread and the active collectives
+
+class Communicator {
+ public:
+  Communicator(std::unique_ptr<transport::PointToPoint> transport, const CommOptions& options);
+  ~Communicator();  // fails what is still in flight with Aborted, joins the progress thread
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  const CommOptions& options() const;
+
+  // All submit calls: thread-compatible (one submitting thread at a time), buffers must stay
+  // valid until the request finishes. Results are bit-identical on every rank. If the
+  // communicator has failed, they throw the stored error.
+  std::shared_ptr<Request> allreduce(void* buffer, size_t count, DataType dtype, ReduceOp op);
+  std::shared_ptr<Request> broadcast(void* buffer, size_t count, DataType dtype, int root);
+  // Each rank contributes `count_per_rank` elements from `send`; `recv` receives
+  // size() * count_per_rank elements in rank order. `send` may alias recv's own block.
+  std::shared_ptr<Request> allgather(const void* send, void* recv, size_t count_per_rank,
+                                     DataType dtype);
+
+  // Thread-safe: fails everything pending and future, here and at the peers, with Aborted.
+  void abort();
+
+  // Ok, or the sticky error that failed the communicator (first one wins).
+  Status error_status() const;
+  std::string error_message() const;
+
+ private:
+  std::unique_ptr<CollectiveEngine> engine_;
+};
+
+}  // namespace co2

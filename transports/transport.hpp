@@ -1,0 +1,64 @@
+// The point-to-point transport interface. A transport moves tagged byte ranges between ranks and
+// knows nothing of collectives or of CO2. All calls except abort() are made from one thread (the
+// communicator's progress thread); abort() may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace co2::transport {
+
+enum class Outcome {
+  Pending,
+  Done,
+  PeerLost,      // the peer went away (destroyed, died, endpoint closed)
+  SizeMismatch,  // sender and receiver disagree on the message length
+  Aborted,       // abort() was called on this or a peer's transport
+  Failed,        // any other transport failure (see error_message())
+};
+
+using Handle = uint64_t;
+
+class PointToPoint {
+ public:
+  virtual ~PointToPoint() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Posts an asynchronous send/receive of `length` bytes. The buffer must stay valid until the
+  // handle completes. Messages between one (sender, receiver) pair with the same tag are matched
+  // in posting order.
+  virtual Handle post_send(int peer, uint64_t tag, const void* data, size_t length) = 0;
+  virtual Handle post_recv(int peer, uint64_t tag, void* data, size_t length) = 0;
+
+  // Non-blocking. Once it returns anything but Pending the handle is released.
+  virtual Outcome test(Handle handle) = 0;
+
+  // Drives the transport's internal progress (no-op for transports that need none).
+  virtual void progress() = 0;
+
+  // Blocks until something may have changed or `max_wait` elapses.
+  virtual void wait_for_activity(std::chrono::microseconds max_wait) = 0;
+
+  // Fails every pending and future operation here and at the peers. Thread-safe.
+  virtual void abort(const std::string& reason) = 0;
+
+  // Detail of the last non-Done outcome.
+  virtual std::string error_message() const = 0;
+};
+
+}  // namespace co2::transport
+
+namespace co2::transport {
+
+// Thrown when a group cannot be formed (a peer never arrived, size or rank conflict).
+class RendezvousError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace co2::transport
