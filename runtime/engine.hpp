@@ -1,0 +1,118 @@
+// The engine: rounds of tau local steps and the outer update of CO2 and its baselines, with
+// replicated fp32 outer state (anchor, momentum, comm buffer). Driven from one thread.
+// The math is DESIGN.md section 1; docs/algorithm.md records every choice made here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm.hpp"
+#include "runtime/layout.hpp"
+#include "runtime/status.hpp"
+
+namespace co2 {
+
+enum class Algorithm : int { Co2 = 0, Sync = 1, LocalSgd = 2, Diloco = 3 };
+enum class Penalty : int { None = 0, Constant = 1, Gap = 2 };
+enum class Clip : int { None = 0, Value = 1, Norm = 2 };
+enum class Param : int {
+  OuterLr = 0,
+  OuterMomentum = 1,
+  Tau = 2,
+  ClipThreshold = 3,
+  PenaltyConstant = 4,
+  InnerLr = 5,
+  AnchorCheckInterval = 6,
+};
+enum class ConsensusKind : int { Anchor = 0, LocalAverage = 1 };
+
+struct EngineConfig {
+  Algorithm algorithm = Algorithm::Co2;
+  uint32_t tau = 12;
+  uint32_t warmup_sync_rounds = 0;
+  double outer_lr = 1.0;
+  double outer_momentum = -1.0;  // negative: resolve by the number of outer participants
+  bool nesterov = false;
+  Penalty penalty = Penalty::None;
+  double penalty_constant = 1.0;
+  Clip clip = Clip::None;
+  double clip_threshold = 1.0;
+  uint32_t anchor_check_interval = 100;
+  double inner_lr = 0.0;
+};
+
+// Throws InvalidArgument / UnknownEnum with a message naming the bad field.
+void validate(const EngineConfig& config);
+
+// beta by outer participants W (released code and SlowMo): <=16 -> 0, <=32 -> 0.2,
+// <=64 -> 0.5, >64 -> 0.6.
+double default_outer_momentum(int outer_participants);
+
+struct EngineStats {
+  int world_size = 0;
+  uint64_t steps = 0;
+  uint64_t rounds = 0;
+  uint64_t outer_updates = 0;
+  uint64_t bytes_reduced = 0;
+  uint64_t collective_ns = 0;
+  uint64_t boundary_wait_ns = 0;
+  uint64_t last_boundary_wait_ns = 0;
+  uint64_t nonfinite_rounds = 0;
+  uint64_t nonfinite_local = 0;
+  uint64_t anchor_checks = 0;
+  double resolved_outer_momentum = 0.0;
+  double last_penalty_min = 1.0;
+  double last_penalty_max = 1.0;
+  double last_clip_scale_min = 1.0;
+  double last_clip_fraction = 0.0;
+};
+
+using WriteFn = std::function<bool(const void* data, size_t length)>;
+using ReadFn = std::function<bool(void* data, size_t length)>;
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config);
+  ~Engine();  // waits (bounded by the communicator's timeout) for an in-flight collective
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // --- layout (before commit) ---
+  void register_tensor(const TensorDesc& tensor);
+  void* alloc_flat(size_t count, const StorageDesc& storage);  // zero-initialised, engine-owned
+  void adopt_flat(void* data, size_t count, const StorageDesc& storage);
+  void add_segment(const SegmentDesc& segment);
+  void commit();  // collective
+
+  // --- training ---
+  // Returns true when this call was a boundary. Throws Error(NonFinite) when the boundary
+  // applied nothing because the arriving average was not finite.
+  bool step(void* stream);
+  void reduce_gradients(void* const* grads, size_t num_grads, void* stream);
+  void synchronize();
+  void finalize();
+  void consensus(ConsensusKind kind, float* out, size_t count);
+  size_t num_elements() const;  // PARAMETER + BUFFER elements, after commit
+
+  void set_param(Param key, double value);
+  double get_param(Param key) const;
+  EngineStats stats() const;
+
+  // --- checkpoint (runtime/checkpoint.cpp) ---
+  void save(const WriteFn& write);  // collective; write may be empty on ranks that do not write
+  size_t state_size() const;
+  void load(const ReadFn& read);
+
+  // For tests of the invariant checks only: the live anchor.
+  float* anchor_for_testing();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace co2
