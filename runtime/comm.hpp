@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -82,6 +83,11 @@ class Communicator {
   // valid until the request finishes. Results are bit-identical on every rank. If the
   // communicator has failed, they throw the stored error.
   std::shared_ptr<Request> allreduce(void* buffer, size_t count, DataType dtype, ReduceOp op);
+  // Like allreduce, and runs `on_result` on the progress thread once the result is final, just
+  // before the request completes: the engine checks the average for NaN/Inf there, off the
+  // training thread. (Added by the engine; on_result must not throw.)
+  std::shared_ptr<Request> allreduce_then(void* buffer, size_t count, DataType dtype, ReduceOp op,
+                                          std::function<void()> on_result);
   std::shared_ptr<Request> broadcast(void* buffer, size_t count, DataType dtype, int root);
   // Each rank contributes `count_per_rank` elements from `send`; `recv` receives
   // size() * count_per_rank elements in rank order. `send` may alias recv's own block.
