@@ -1,0 +1,553 @@
+// The extern "C" shims: validate arguments, translate structs, call the runtime, and turn every
+// exception into a status plus a thread-local message. Nothing else lives here.
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <random>
+#include <string>
+
+#include "capi/handles.hpp"
+#include "co2/co2.h"
+#include "runtime/comm.hpp"
+#include "runtime/engine.hpp"
+#include "runtime/status.hpp"
+#include "transports/local/transport.hpp"
+
+#define CO2_EXPORT extern "C" __attribute__((visibility("default")))
+
+using co2::Status;
+
+static_assert(CO2_OK == int(Status::Ok) && CO2_ERR_INVALID_ARGUMENT == int(Status::InvalidArgument) &&
+                  CO2_ERR_INVALID_STATE == int(Status::InvalidState) &&
+                  CO2_ERR_UNSUPPORTED == int(Status::Unsupported) &&
+                  CO2_ERR_INVALID_CONFIG == int(Status::InvalidConfig) &&
+                  CO2_ERR_UNKNOWN_ENUM == int(Status::UnknownEnum) &&
+                  CO2_ERR_DUPLICATE_TENSOR == int(Status::DuplicateTensor) &&
+                  CO2_ERR_OUT_OF_MEMORY == int(Status::OutOfMemory) &&
+                  CO2_ERR_NONFINITE == int(Status::NonFinite) &&
+                  CO2_ERR_LAYOUT_MISMATCH == int(Status::LayoutMismatch) &&
+                  CO2_ERR_ANCHOR_MISMATCH == int(Status::AnchorMismatch) &&
+                  CO2_ERR_CHECKPOINT_CORRUPT == int(Status::CheckpointCorrupt) &&
+                  CO2_ERR_CHECKPOINT_MISMATCH == int(Status::CheckpointMismatch) &&
+                  CO2_ERR_CALLBACK == int(Status::Callback) && CO2_ERR_TIMEOUT == int(Status::Timeout) &&
+                  CO2_ERR_PEER_LOST == int(Status::PeerLost) &&
+                  CO2_ERR_PEER_TIMEOUT == int(Status::PeerTimeout) &&
+                  CO2_ERR_COLLECTIVE_MISMATCH == int(Status::CollectiveMismatch) &&
+                  CO2_ERR_ABORTED == int(Status::Aborted) && CO2_ERR_TRANSPORT == int(Status::Transport) &&
+                  CO2_ERR_RENDEZVOUS == int(Status::Rendezvous) && CO2_ERR_INTERNAL == int(Status::Internal),
+              "runtime and public status codes must agree");
+static_assert(CO2_ALGO_CO2 == int(co2::Algorithm::Co2) && CO2_ALGO_SYNC == int(co2::Algorithm::Sync) &&
+                  CO2_ALGO_LOCALSGD == int(co2::Algorithm::LocalSgd) &&
+                  CO2_ALGO_DILOCO == int(co2::Algorithm::Diloco),
+              "algorithm values must agree");
+static_assert(CO2_PARAM_ANCHOR_CHECK_INTERVAL == int(co2::Param::AnchorCheckInterval), "param keys must agree");
+static_assert(CO2_ROLE_EXCLUDED == int(co2::Role::Excluded), "roles must agree");
+
+namespace {
+
+thread_local std::string last_error;
+
+co2_status_t failed(co2_status_t status, const std::string& message) {
+  last_error = message;
+  return status;
+}
+
+// Runs `body`, mapping every exception to a status. No exception crosses the ABI.
+template <typename Body>
+co2_status_t guarded(Body&& body) noexcept {
+  try {
+    body();
+    return CO2_OK;
+  } catch (const co2::Error& e) {
+    return failed(co2_status_t(e.status()), e.what());
+  } catch (const co2::transport::RendezvousError& e) {
+    return failed(CO2_ERR_RENDEZVOUS, e.what());
+  } catch (const std::bad_alloc&) {
+    return failed(CO2_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return failed(CO2_ERR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return failed(CO2_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+void require_arg(bool ok, const char* message) { co2::require(ok, Status::InvalidArgument, message); }
+
+// Copies a size-first struct: min(user->size, sizeof(T)) bytes over the defaults. A size below
+// the first published (v1) layout, or version 0, is a bad config.
+template <typename T>
+T read_sized(const T* user, const T& defaults, const char* what) {
+  T out = defaults;
+  if (!user) return out;
+  co2::require(user->size >= sizeof(T), Status::InvalidConfig,
+               std::string(what) + ".size is " + std::to_string(user->size) + ", expected sizeof(" + what +
+                   ") = " + std::to_string(sizeof(T)) + ": initialise it with its INIT macro");
+  std::memcpy(&out, user, sizeof(T));
+  return out;
+}
+
+template <typename T>
+T read_config(const T* user, const T& defaults, const char* what) {
+  T out = read_sized(user, defaults, what);
+  co2::require(out.version >= 1, Status::InvalidConfig,
+               std::string(what) + ".version is 0: initialise it with its INIT macro");
+  out.size = sizeof(T);
+  return out;
+}
+
+co2::DataType collective_dtype(co2_dtype_t dtype) {
+  switch (dtype) {
+    case CO2_DTYPE_FP32: return co2::DataType::F32;
+    case CO2_DTYPE_FP64: return co2::DataType::F64;
+    case CO2_DTYPE_INT32: return co2::DataType::I32;
+    case CO2_DTYPE_INT64: return co2::DataType::I64;
+    case CO2_DTYPE_BF16:
+    case CO2_DTYPE_FP16: co2::fail(Status::Unsupported, "bf16/fp16 collectives are not supported yet");
+    default: co2::fail(Status::UnknownEnum, "unknown dtype " + std::to_string(dtype));
+  }
+}
+
+co2::ReduceOp reduce_op(co2_reduce_op_t op) {
+  switch (op) {
+    case CO2_REDUCE_SUM: return co2::ReduceOp::Sum;
+    case CO2_REDUCE_AVG: return co2::ReduceOp::Avg;
+    case CO2_REDUCE_MIN: return co2::ReduceOp::Min;
+    case CO2_REDUCE_MAX: return co2::ReduceOp::Max;
+    default: co2::fail(Status::UnknownEnum, "unknown reduce op " + std::to_string(op));
+  }
+}
+
+void require_host(co2_comm_t comm, const void* buffer, size_t count) {
+  require_arg(comm != nullptr, "communicator is NULL");
+  require_arg(buffer != nullptr, "buffer is NULL");
+  require_arg(count >= 1, "count is 0");
+}
+
+co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group_name) {
+  switch (config.transport) {
+    case CO2_TRANSPORT_AUTO:
+    case CO2_TRANSPORT_LOCAL:
+      break;
+    case CO2_TRANSPORT_UCX:
+    case CO2_TRANSPORT_NCCL:
+      co2::fail(Status::Unsupported, "this build has no UCX or NCCL transport yet; use CO2_TRANSPORT_LOCAL");
+    default:
+      co2::fail(Status::UnknownEnum, "unknown transport " + std::to_string(config.transport));
+  }
+  require_arg(config.world_size >= 1, "world_size must be >= 1");
+  co2::require(config.rank >= 0 && config.rank < config.world_size, Status::InvalidArgument,
+               "rank " + std::to_string(config.rank) + " is outside [0, " + std::to_string(config.world_size) + ")");
+  require_arg(config.timeout_ms >= 1, "timeout_ms must be >= 1 (CO2_DEFAULT_TIMEOUT_MS is the default)");
+  require_arg(config.chunk_bytes >= 8, "chunk_bytes must be >= 8");
+  co2::CommOptions options;
+  options.timeout = std::chrono::milliseconds(config.timeout_ms);
+  options.chunk_bytes = size_t(config.chunk_bytes);
+  auto transport = co2::transport::local::join(group_name, config.rank, config.world_size, options.timeout,
+                                               co2::transport::local::LinkModel::from_environment());
+  auto handle = std::make_unique<co2_comm>();
+  handle->comm = std::make_shared<co2::Communicator>(std::move(transport), options);
+  return handle.release();
+}
+
+co2_comm_config_t default_comm_config() {
+  co2_comm_config_t c = CO2_COMM_CONFIG_INIT;
+  return c;
+}
+
+co2_engine_config_t default_engine_config() {
+  co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+  return c;
+}
+
+co2::StorageDesc storage(co2_dtype_t dtype, co2_device_kind_t device, int32_t index) {
+  co2::StorageDesc d;
+  d.dtype = dtype;
+  d.device = device;
+  d.device_index = index;
+  return d;
+}
+
+co2::Engine& engine_of(co2_engine_t engine) {
+  require_arg(engine != nullptr, "engine is NULL");
+  return *engine->engine;
+}
+
+const char* status_text(co2_status_t status) {
+  switch (status) {
+    case CO2_OK: return "success";
+    case CO2_ERR_INVALID_ARGUMENT: return "invalid argument: a NULL pointer, a zero or mismatched size, or a value out of range; see co2_last_error_message()";
+    case CO2_ERR_INVALID_STATE: return "invalid state: the call is not allowed now (for example step before commit, or register after commit)";
+    case CO2_ERR_UNSUPPORTED: return "unsupported: this build or version cannot do this (bf16 parameters, CUDA, UCX); see docs/capi.md";
+    case CO2_ERR_INVALID_CONFIG: return "invalid config: initialise config structs with their INIT macro or init function";
+    case CO2_ERR_UNKNOWN_ENUM: return "unknown enum value: the library is older than the header you compiled against, or the value is garbage";
+    case CO2_ERR_DUPLICATE_TENSOR: return "duplicate tensor: the same name or memory was registered twice (register tied weights once)";
+    case CO2_ERR_OUT_OF_MEMORY: return "out of memory";
+    case CO2_ERR_NONFINITE: return "non-finite values: an average contained NaN or Inf and nothing was applied on any rank; lower the learning rate or skip the data";
+    case CO2_ERR_LAYOUT_MISMATCH: return "layout mismatch: ranks registered different tensors; register the same tensors in the same order on every rank";
+    case CO2_ERR_ANCHOR_MISMATCH: return "anchor mismatch: ranks no longer hold the same anchor; restore from a checkpoint";
+    case CO2_ERR_CHECKPOINT_CORRUPT: return "corrupt checkpoint: truncated, bad magic or CRC mismatch; the engine is unchanged";
+    case CO2_ERR_CHECKPOINT_MISMATCH: return "checkpoint mismatch: saved from another layout, algorithm or format version; the engine is unchanged";
+    case CO2_ERR_CALLBACK: return "a user callback reported failure";
+    case CO2_ERR_TIMEOUT: return "timed out: the wait expired and the operation is still pending; wait again or abort";
+    case CO2_ERR_PEER_LOST: return "peer lost: another rank disappeared; destroy the communicator and restart the group";
+    case CO2_ERR_PEER_TIMEOUT: return "peer timeout: no progress for the communicator's timeout (a peer stalled or died); destroy the communicator";
+    case CO2_ERR_COLLECTIVE_MISMATCH: return "collective mismatch: ranks issued different collectives in the same order position; fix the call order";
+    case CO2_ERR_ABORTED: return "aborted: co2_comm_abort was called on this or another rank; destroy the communicator";
+    case CO2_ERR_TRANSPORT: return "transport failure; see co2_last_error_message()";
+    case CO2_ERR_RENDEZVOUS: return "rendezvous failed: the group could not be formed (a rank never joined, or sizes disagree)";
+    case CO2_ERR_INTERNAL: return "internal error in co2: please report it with co2_last_error_message()";
+    default: return "unknown status code";
+  }
+}
+
+}  // namespace
+
+CO2_EXPORT const char* co2_status_string(co2_status_t status) { return status_text(status); }
+
+CO2_EXPORT const char* co2_last_error_message(void) { return last_error.c_str(); }
+
+CO2_EXPORT co2_status_t co2_get_version(int* major, int* minor, int* patch) {
+  return guarded([&] {
+    require_arg(major && minor && patch, "version outputs must not be NULL");
+    *major = CO2_VERSION_MAJOR;
+    *minor = CO2_VERSION_MINOR;
+    *patch = CO2_VERSION_PATCH;
+  });
+}
+
+// --- communicator -------------------------------------------------------------------------
+
+CO2_EXPORT co2_status_t co2_comm_config_init(co2_comm_config_t* config) {
+  return guarded([&] {
+    require_arg(config != nullptr, "config is NULL");
+    *config = default_comm_config();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_get_unique_id(co2_unique_id_t* out_id) {
+  return guarded([&] {
+    require_arg(out_id != nullptr, "out_id is NULL");
+    std::random_device entropy;
+    std::mt19937_64 random((uint64_t(entropy()) << 32) ^ entropy() ^
+                           uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
+    char text[64];
+    std::snprintf(text, sizeof text, "co2-id-%016llx%016llx", (unsigned long long)random(),
+                  (unsigned long long)random());
+    co2_unique_id_t id;
+    std::memset(&id, 0, sizeof id);
+    std::memcpy(id.internal, text, std::strlen(text));
+    *out_id = id;
+  });
+}
+
+CO2_EXPORT co2_status_t co2_comm_create(const co2_comm_config_t* config, co2_comm_t* out_comm) {
+  return guarded([&] {
+    require_arg(out_comm != nullptr, "out_comm is NULL");
+    const co2_comm_config_t c = read_config(config, default_comm_config(), "co2_comm_config_t");
+    const std::string group = c.group_name ? c.group_name : "default";
+    require_arg(!group.empty(), "group_name is empty");
+    *out_comm = create_comm(c, "name:" + group);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_comm_create_with_id(const co2_comm_config_t* config, const co2_unique_id_t* id,
+                                                int32_t rank, int32_t world_size, co2_comm_t* out_comm) {
+  return guarded([&] {
+    require_arg(out_comm != nullptr, "out_comm is NULL");
+    require_arg(id != nullptr, "id is NULL");
+    co2_comm_config_t c = read_config(config, default_comm_config(), "co2_comm_config_t");
+    const size_t length = strnlen(id->internal, CO2_UNIQUE_ID_BYTES);
+    co2::require(length > 0 && length < CO2_UNIQUE_ID_BYTES && std::strncmp(id->internal, "co2-id-", 7) == 0,
+                 Status::InvalidArgument, "id was not produced by co2_get_unique_id");
+    c.rank = rank;
+    c.world_size = world_size;
+    *out_comm = create_comm(c, "id:" + std::string(id->internal, length));
+  });
+}
+
+CO2_EXPORT co2_status_t co2_comm_rank(co2_comm_t comm, int32_t* out_rank) {
+  return guarded([&] {
+    require_arg(comm && out_rank, "communicator or output is NULL");
+    *out_rank = comm->comm->rank();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_comm_size(co2_comm_t comm, int32_t* out_size) {
+  return guarded([&] {
+    require_arg(comm && out_size, "communicator or output is NULL");
+    *out_size = comm->comm->size();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_comm_abort(co2_comm_t comm) {
+  return guarded([&] {
+    require_arg(comm != nullptr, "communicator is NULL");
+    comm->comm->abort();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_comm_destroy(co2_comm_t comm) {
+  return guarded([&] { delete comm; });
+}
+
+// --- raw collectives ----------------------------------------------------------------------
+
+CO2_EXPORT co2_status_t co2_allreduce(co2_comm_t comm, void* buffer, size_t count, co2_dtype_t dtype,
+                                      co2_reduce_op_t op, void* /*stream*/, co2_request_t* out_request) {
+  return guarded([&] {
+    require_host(comm, buffer, count);
+    require_arg(out_request != nullptr, "out_request is NULL");
+    const co2::DataType type = collective_dtype(dtype);
+    const co2::ReduceOp reduce = reduce_op(op);
+    auto handle = std::make_unique<co2_request>();
+    handle->comm = comm->comm;
+    handle->request = comm->comm->allreduce(buffer, count, type, reduce);
+    *out_request = handle.release();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_broadcast(co2_comm_t comm, void* buffer, size_t count, co2_dtype_t dtype,
+                                      int32_t root, void* /*stream*/, co2_request_t* out_request) {
+  return guarded([&] {
+    require_host(comm, buffer, count);
+    require_arg(out_request != nullptr, "out_request is NULL");
+    co2::require(root >= 0 && root < comm->comm->size(), Status::InvalidArgument,
+                 "root " + std::to_string(root) + " is not a rank of this communicator");
+    const co2::DataType type = collective_dtype(dtype);
+    auto handle = std::make_unique<co2_request>();
+    handle->comm = comm->comm;
+    handle->request = comm->comm->broadcast(buffer, count, type, root);
+    *out_request = handle.release();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_request_test(co2_request_t request, int* out_done) {
+  return guarded([&] {
+    require_arg(request && out_done, "request or output is NULL");
+    *out_done = request->request->test() ? 1 : 0;
+  });
+}
+
+CO2_EXPORT co2_status_t co2_request_wait(co2_request_t request, int64_t timeout_ms) {
+  return guarded([&] {
+    require_arg(request != nullptr, "request is NULL");
+    if (!request->request->wait_for(std::chrono::milliseconds(timeout_ms)))
+      co2::fail(Status::Timeout, "the request did not complete within " + std::to_string(timeout_ms) + " ms");
+  });
+}
+
+CO2_EXPORT co2_status_t co2_request_free(co2_request_t request) {
+  return guarded([&] {
+    if (!request) return;
+    request->request->wait_status();
+    delete request;
+  });
+}
+
+// --- engine -------------------------------------------------------------------------------
+
+CO2_EXPORT co2_status_t co2_engine_config_init(co2_engine_config_t* config) {
+  return guarded([&] {
+    require_arg(config != nullptr, "config is NULL");
+    *config = default_engine_config();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_config_t* config,
+                                          co2_engine_t* out_engine) {
+  return guarded([&] {
+    require_arg(comm != nullptr, "communicator is NULL");
+    require_arg(out_engine != nullptr, "out_engine is NULL");
+    const co2_engine_config_t c = read_config(config, default_engine_config(), "co2_engine_config_t");
+    if (c.state_dtype == CO2_DTYPE_BF16 || c.state_dtype == CO2_DTYPE_FP16)
+      co2::fail(Status::Unsupported, "the outer state is fp32 (a low-precision anchor swallows small updates)");
+    co2::require(c.state_dtype == CO2_DTYPE_FP32, c.state_dtype >= 0 && c.state_dtype <= 5 ? Status::InvalidArgument : Status::UnknownEnum,
+                 "state_dtype must be CO2_DTYPE_FP32");
+    co2::EngineConfig e;
+    e.algorithm = co2::Algorithm(c.algorithm);
+    e.tau = c.tau;
+    e.warmup_sync_rounds = c.warmup_sync_rounds;
+    e.outer_lr = c.outer_lr;
+    e.outer_momentum = c.outer_momentum;
+    require_arg(c.nesterov == 0 || c.nesterov == 1, "nesterov must be 0 or 1");
+    e.nesterov = c.nesterov != 0;
+    e.penalty = co2::Penalty(c.penalty);
+    e.penalty_constant = c.penalty_constant;
+    e.clip = co2::Clip(c.clip);
+    e.clip_threshold = c.clip_threshold;
+    e.anchor_check_interval = c.anchor_check_interval;
+    e.inner_lr = c.inner_lr;
+    auto handle = std::make_unique<co2_engine>();
+    handle->engine = std::make_unique<co2::Engine>(comm->comm, e);
+    *out_engine = handle.release();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_destroy(co2_engine_t engine) {
+  return guarded([&] { delete engine; });
+}
+
+CO2_EXPORT co2_status_t co2_engine_register_tensor(co2_engine_t engine, const co2_tensor_t* tensor) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(tensor != nullptr, "tensor is NULL");
+    const co2_tensor_t t = read_sized(tensor, co2_tensor_t CO2_TENSOR_INIT, "co2_tensor_t");
+    require_arg(t.name != nullptr, "tensor name is NULL");
+    co2::TensorDesc d;
+    d.name = t.name;
+    d.data = t.data;
+    d.count = t.count;
+    d.storage = storage(t.dtype, t.device, t.device_index);
+    d.role = t.role;
+    e.register_tensor(d);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_alloc_flat(co2_engine_t engine, size_t count, co2_dtype_t dtype,
+                                              co2_device_kind_t device, int32_t device_index, void** out_data) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(out_data != nullptr, "out_data is NULL");
+    *out_data = e.alloc_flat(count, storage(dtype, device, device_index));
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_adopt_flat(co2_engine_t engine, void* data, size_t count, co2_dtype_t dtype,
+                                              co2_device_kind_t device, int32_t device_index) {
+  return guarded([&] { engine_of(engine).adopt_flat(data, count, storage(dtype, device, device_index)); });
+}
+
+CO2_EXPORT co2_status_t co2_engine_add_segment(co2_engine_t engine, const co2_segment_t* segment) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(segment != nullptr, "segment is NULL");
+    const co2_segment_t s = read_sized(segment, co2_segment_t CO2_SEGMENT_INIT, "co2_segment_t");
+    require_arg(s.name != nullptr, "segment name is NULL");
+    co2::SegmentDesc d;
+    d.name = s.name;
+    d.offset = s.offset;
+    d.count = s.count;
+    d.role = s.role;
+    e.add_segment(d);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_commit(co2_engine_t engine) {
+  return guarded([&] { engine_of(engine).commit(); });
+}
+
+CO2_EXPORT co2_status_t co2_engine_step(co2_engine_t engine, void* stream, int* out_boundary) {
+  return guarded([&] {
+    const bool boundary = engine_of(engine).step(stream);
+    if (out_boundary) *out_boundary = boundary ? 1 : 0;
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_reduce_gradients(co2_engine_t engine, void* const* grads, size_t num_grads,
+                                                    void* stream) {
+  return guarded([&] { engine_of(engine).reduce_gradients(grads, num_grads, stream); });
+}
+
+CO2_EXPORT co2_status_t co2_engine_synchronize(co2_engine_t engine) {
+  return guarded([&] { engine_of(engine).synchronize(); });
+}
+
+CO2_EXPORT co2_status_t co2_engine_finalize(co2_engine_t engine) {
+  return guarded([&] { engine_of(engine).finalize(); });
+}
+
+CO2_EXPORT co2_status_t co2_engine_consensus(co2_engine_t engine, co2_consensus_t kind, float* out, size_t count) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    co2::require(kind == CO2_CONSENSUS_ANCHOR || kind == CO2_CONSENSUS_LOCAL_AVERAGE, Status::UnknownEnum,
+                 "unknown consensus kind " + std::to_string(kind));
+    e.consensus(co2::ConsensusKind(kind), out, count);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_num_elements(co2_engine_t engine, size_t* out_count) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(out_count != nullptr, "out_count is NULL");
+    *out_count = e.num_elements();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_set_param(co2_engine_t engine, co2_param_t key, double value) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    co2::require(key >= CO2_PARAM_OUTER_LR && key <= CO2_PARAM_ANCHOR_CHECK_INTERVAL, Status::UnknownEnum,
+                 "unknown parameter key " + std::to_string(key));
+    e.set_param(co2::Param(key), value);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_get_param(co2_engine_t engine, co2_param_t key, double* out_value) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(out_value != nullptr, "out_value is NULL");
+    co2::require(key >= CO2_PARAM_OUTER_LR && key <= CO2_PARAM_ANCHOR_CHECK_INTERVAL, Status::UnknownEnum,
+                 "unknown parameter key " + std::to_string(key));
+    *out_value = e.get_param(co2::Param(key));
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_stats_t* out_stats) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(out_stats != nullptr, "out_stats is NULL");
+    co2::require(out_stats->size >= sizeof(size_t) + sizeof(uint32_t), Status::InvalidConfig,
+                 "co2_engine_stats_t.size is too small: initialise it with CO2_ENGINE_STATS_INIT");
+    const co2::EngineStats s = e.stats();
+    co2_engine_stats_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.version = CO2_ABI_VERSION;
+    out.world_size = s.world_size;
+    out.steps = s.steps;
+    out.rounds = s.rounds;
+    out.outer_updates = s.outer_updates;
+    out.bytes_reduced = s.bytes_reduced;
+    out.collective_ns = s.collective_ns;
+    out.boundary_wait_ns = s.boundary_wait_ns;
+    out.last_boundary_wait_ns = s.last_boundary_wait_ns;
+    out.nonfinite_rounds = s.nonfinite_rounds;
+    out.nonfinite_local = s.nonfinite_local;
+    out.anchor_checks = s.anchor_checks;
+    out.resolved_outer_momentum = s.resolved_outer_momentum;
+    out.last_penalty_min = s.last_penalty_min;
+    out.last_penalty_max = s.last_penalty_max;
+    out.last_clip_scale_min = s.last_clip_scale_min;
+    out.last_clip_fraction = s.last_clip_fraction;
+    const size_t caller_size = out_stats->size;
+    std::memcpy(out_stats, &out, std::min(caller_size, sizeof out));
+    out_stats->size = std::min(caller_size, sizeof out);
+  });
+}
+
+// --- checkpoint ---------------------------------------------------------------------------
+
+CO2_EXPORT co2_status_t co2_engine_save(co2_engine_t engine, co2_write_fn write, void* user) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    co2::WriteFn sink;
+    if (write) sink = [write, user](const void* data, size_t length) { return write(user, data, length) == 0; };
+    e.save(sink);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_state_size(co2_engine_t engine, size_t* out_bytes) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(out_bytes != nullptr, "out_bytes is NULL");
+    *out_bytes = e.state_size();
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_load(co2_engine_t engine, co2_read_fn read, void* user) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(read != nullptr, "read callback is NULL");
+    e.load([read, user](void* data, size_t length) { return read(user, data, length) == 0; });
+  });
+}

@@ -1,0 +1,284 @@
+// The checkpoint of the shared engine state: canonical (per segment, named, fp32 little-endian),
+// CRC-32 protected, streamed through a callback on save, transactional on load.
+//
+//   header:  "CO2STATE" u32 format_version, u64 layout_hash, u32 world_size, u32 algorithm,
+//            u32 flags, u32 tau, round_tau, steps_in_round, warmup_sync_rounds, penalty, clip,
+//            anchor_check_interval, f64 outer_lr, beta, penalty_constant, clip_threshold,
+//            inner_lr, u64 steps, rounds, outer_updates, nonfinite_rounds, num_segments,
+//            u32 crc32(header so far)
+//   per PARAMETER/BUFFER segment, in layout order:
+//            u32 name_length, name bytes, u32 role, u64 count, f64 last_step_norm, f64 gap_sum,
+//            u64 updates, f32 anchor[count] (if flags.anchor), f32 momentum[count] (if
+//            flags.momentum), f32 average[count] (if flags.average)
+//   trailer: u32 crc32(everything before), "CO2END\0\0"
+#include <cstring>
+#include <string>
+
+#include "runtime/boundary_pass.hpp"
+#include "runtime/checksum.hpp"
+#include "runtime/engine.hpp"
+#include "runtime/engine_state.hpp"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the checkpoint format is little-endian; a big-endian host needs byte swapping here");
+
+namespace co2 {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'O', '2', 'S', 'T', 'A', 'T', 'E'};
+constexpr char kTrailer[8] = {'C', 'O', '2', 'E', 'N', 'D', '\0', '\0'};
+constexpr uint32_t kFormatVersion = 1;
+
+constexpr uint32_t kBetaAuto = 1u << 0;
+constexpr uint32_t kNesterov = 1u << 1;
+constexpr uint32_t kHasMomentum = 1u << 2;
+constexpr uint32_t kHasAverage = 1u << 3;
+constexpr uint32_t kHasAnchor = 1u << 4;
+
+// Counts bytes and CRC; forwards to the user's callback when there is one.
+class Sink {
+ public:
+  explicit Sink(const WriteFn* write) : write_(write) {}
+  void bytes(const void* data, size_t length) {
+    crc_ = crc32_update(crc_, data, length);
+    total_ += length;
+    if (write_ && *write_ && !(*write_)(data, length))
+      fail(Status::Callback, "the checkpoint write callback reported failure at byte " + std::to_string(total_ - length));
+  }
+  template <typename T>
+  void value(T v) { bytes(&v, sizeof v); }
+  uint32_t crc() const { return crc_; }
+  size_t total() const { return total_; }
+
+ private:
+  const WriteFn* write_;
+  uint32_t crc_ = 0;
+  size_t total_ = 0;
+};
+
+class Source {
+ public:
+  explicit Source(const ReadFn& read) : read_(read) {}
+  void bytes(void* data, size_t length) {
+    if (!read_(data, length))
+      fail(Status::CheckpointCorrupt, "the checkpoint read callback failed at byte " + std::to_string(total_) +
+                                          ": the blob is truncated or unreadable");
+    crc_ = crc32_update(crc_, data, length);
+    total_ += length;
+  }
+  template <typename T>
+  T value() {
+    T v;
+    bytes(&v, sizeof v);
+    return v;
+  }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  const ReadFn& read_;
+  uint32_t crc_ = 0;
+  size_t total_ = 0;
+};
+
+struct Header {
+  uint64_t layout_hash = 0;
+  uint32_t world_size = 0, algorithm = 0, flags = 0, tau = 0, round_tau = 0, steps_in_round = 0,
+           warmup_sync_rounds = 0, penalty = 0, clip = 0, anchor_check_interval = 0;
+  double outer_lr = 0, beta = 0, penalty_constant = 0, clip_threshold = 0, inner_lr = 0;
+  uint64_t steps = 0, rounds = 0, outer_updates = 0, nonfinite_rounds = 0, num_segments = 0;
+};
+
+template <typename Io, typename H>
+void visit_header(Io& io, H& h) {
+  // One field list for both directions keeps writer and reader from drifting apart.
+  io(h.layout_hash); io(h.world_size); io(h.algorithm); io(h.flags); io(h.tau); io(h.round_tau);
+  io(h.steps_in_round); io(h.warmup_sync_rounds); io(h.penalty); io(h.clip);
+  io(h.anchor_check_interval); io(h.outer_lr); io(h.beta); io(h.penalty_constant);
+  io(h.clip_threshold); io(h.inner_lr); io(h.steps); io(h.rounds); io(h.outer_updates);
+  io(h.nonfinite_rounds); io(h.num_segments);
+}
+
+size_t stateful_segments(const Engine::State& s) {
+  size_t n = 0;
+  for (const Segment& seg : s.segments) n += seg.role != Role::Excluded;
+  return n;
+}
+
+Header header_of(const Engine::State& s) {
+  Header h;
+  h.layout_hash = s.layout_hash;
+  h.world_size = uint32_t(s.comm->size());
+  h.algorithm = uint32_t(s.config.algorithm);
+  h.flags = (s.beta_auto ? kBetaAuto : 0) | (s.config.nesterov ? kNesterov : 0) |
+            (!s.momentum.empty() ? kHasMomentum : 0) | (s.average_ready ? kHasAverage : 0) |
+            (s.has_anchor() ? kHasAnchor : 0);
+  h.tau = s.config.tau;
+  h.round_tau = s.round_tau;
+  h.steps_in_round = s.steps_in_round;
+  h.warmup_sync_rounds = s.config.warmup_sync_rounds;
+  h.penalty = uint32_t(s.config.penalty);
+  h.clip = uint32_t(s.config.clip);
+  h.anchor_check_interval = s.config.anchor_check_interval;
+  h.outer_lr = s.config.outer_lr;
+  h.beta = s.beta;
+  h.penalty_constant = s.config.penalty_constant;
+  h.clip_threshold = s.config.clip_threshold;
+  h.inner_lr = s.config.inner_lr;
+  h.steps = s.stats.steps;
+  h.rounds = s.stats.rounds;
+  h.outer_updates = s.stats.outer_updates;
+  h.nonfinite_rounds = s.stats.nonfinite_rounds;
+  h.num_segments = stateful_segments(s);
+  return h;
+}
+
+void serialize(const Engine::State& s, Sink& out) {
+  out.bytes(kMagic, sizeof kMagic);
+  out.value(kFormatVersion);
+  Header h = header_of(s);
+  auto put = [&](auto v) { out.value(v); };
+  visit_header(put, h);
+  out.value(out.crc());
+  for (size_t i = 0; i < s.segments.size(); ++i) {
+    const Segment& seg = s.segments[i];
+    if (seg.role == Role::Excluded) continue;
+    out.value(uint32_t(seg.name.size()));
+    out.bytes(seg.name.data(), seg.name.size());
+    out.value(uint32_t(seg.role));
+    out.value(uint64_t(seg.count));
+    out.value(s.history[i].last_step_norm);
+    out.value(s.history[i].gap_sum);
+    out.value(s.history[i].updates);
+    const size_t bytes = seg.count * sizeof(float);
+    if (h.flags & kHasAnchor) out.bytes(s.anchor.data() + seg.state_offset, bytes);
+    if (h.flags & kHasMomentum) out.bytes(s.momentum.data() + seg.state_offset, bytes);
+    if (h.flags & kHasAverage) out.bytes(s.comm_buffer.data() + seg.state_offset, bytes);
+  }
+  out.value(out.crc());
+  out.bytes(kTrailer, sizeof kTrailer);
+}
+
+}  // namespace
+
+size_t Engine::state_size() const {
+  const State& s = *state_;
+  require(s.committed, Status::InvalidState, "commit the layout before asking for the state size");
+  // The size depends on whether an average is in flight: save collects it first.
+  State& mutable_state = const_cast<State&>(s);
+  const bool had_average = s.average_ready;
+  if (s.pending) mutable_state.average_ready = true;
+  Sink counter(nullptr);
+  serialize(s, counter);
+  mutable_state.average_ready = had_average;
+  return counter.total();
+}
+
+void Engine::save(const WriteFn& write) {
+  State& s = *state_;
+  require(s.committed, Status::InvalidState, "commit the layout before saving");
+  collect_pending_average(s);
+  check_anchor(s);
+  Sink out(&write);
+  serialize(s, out);
+}
+
+void Engine::load(const ReadFn& read) {
+  State& s = *state_;
+  require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
+  require(static_cast<bool>(read), Status::InvalidArgument, "read callback is NULL");
+  Source in(read);
+  char magic[8];
+  in.bytes(magic, sizeof magic);
+  require(std::memcmp(magic, kMagic, sizeof magic) == 0, Status::CheckpointCorrupt,
+          "not a co2 checkpoint (bad magic)");
+  const auto version = in.value<uint32_t>();
+  require(version == kFormatVersion, Status::CheckpointMismatch,
+          "checkpoint format version " + std::to_string(version) + " is not supported (this library reads " +
+              std::to_string(kFormatVersion) + ")");
+  Header h;
+  auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
+  visit_header(get, h);
+  const uint32_t header_crc = in.crc();
+  require(in.value<uint32_t>() == header_crc, Status::CheckpointCorrupt, "checkpoint header CRC mismatch");
+  require(h.layout_hash == s.layout_hash && h.num_segments == stateful_segments(s), Status::CheckpointMismatch,
+          "the checkpoint was saved from another parameter layout (names, counts, roles or order differ)");
+  require(h.algorithm == uint32_t(s.config.algorithm), Status::CheckpointMismatch,
+          "the checkpoint was saved by another algorithm (" + std::to_string(h.algorithm) + ")");
+
+  EngineConfig config = s.config;
+  config.tau = h.tau;
+  config.warmup_sync_rounds = h.warmup_sync_rounds;
+  config.penalty = Penalty(h.penalty);
+  config.clip = Clip(h.clip);
+  config.anchor_check_interval = h.anchor_check_interval;
+  config.outer_lr = h.outer_lr;
+  config.nesterov = (h.flags & kNesterov) != 0;
+  config.penalty_constant = h.penalty_constant;
+  config.clip_threshold = h.clip_threshold;
+  config.inner_lr = h.inner_lr;
+  config.outer_momentum = (h.flags & kBetaAuto) ? -1.0 : h.beta;
+  try {
+    validate(config);
+  } catch (const Error& e) {
+    fail(Status::CheckpointCorrupt, std::string("checkpoint holds an invalid configuration: ") + e.what());
+  }
+  require(h.tau >= 1 && h.round_tau >= 1 && h.steps_in_round < h.round_tau, Status::CheckpointCorrupt,
+          "checkpoint round counters are inconsistent");
+
+  // Read everything into fresh buffers; swap them in only after the CRC matched.
+  FloatBuffer anchor((h.flags & kHasAnchor) ? s.state_count : 0);
+  FloatBuffer momentum((h.flags & kHasMomentum) ? s.state_count : 0);
+  FloatBuffer average(s.state_count);
+  std::vector<GapHistory> history(s.segments.size());
+  for (size_t i = 0; i < s.segments.size(); ++i) {
+    const Segment& seg = s.segments[i];
+    if (seg.role == Role::Excluded) continue;
+    const auto name_length = in.value<uint32_t>();
+    require(name_length == seg.name.size(), Status::CheckpointMismatch,
+            "checkpoint segment " + std::to_string(i) + " does not match '" + seg.name + "'");
+    std::string name(name_length, '\0');
+    in.bytes(name.data(), name_length);
+    const auto role = in.value<uint32_t>();
+    const auto count = in.value<uint64_t>();
+    require(name == seg.name && role == uint32_t(seg.role) && count == seg.count, Status::CheckpointMismatch,
+            "checkpoint segment '" + name + "' does not match the registered '" + seg.name + "'");
+    history[i].last_step_norm = in.value<double>();
+    history[i].gap_sum = in.value<double>();
+    history[i].updates = in.value<uint64_t>();
+    const size_t bytes = seg.count * sizeof(float);
+    if (!anchor.empty()) in.bytes(anchor.data() + seg.state_offset, bytes);
+    if (!momentum.empty()) in.bytes(momentum.data() + seg.state_offset, bytes);
+    if (h.flags & kHasAverage) in.bytes(average.data() + seg.state_offset, bytes);
+  }
+  const uint32_t body_crc = in.crc();
+  require(in.value<uint32_t>() == body_crc, Status::CheckpointCorrupt,
+          "checkpoint CRC mismatch: the blob is corrupted");
+  char trailer[8];
+  in.bytes(trailer, sizeof trailer);
+  require(std::memcmp(trailer, kTrailer, sizeof trailer) == 0, Status::CheckpointCorrupt,
+          "checkpoint trailer missing: the blob is truncated or corrupted");
+
+  // Commit. An all-reduce still in flight writes into the old comm buffer: finish it first.
+  if (s.pending) s.pending->wait_status();
+  s.pending.reset();
+  s.config = config;
+  s.beta_auto = (h.flags & kBetaAuto) != 0;
+  s.beta = s.beta_auto ? default_outer_momentum(s.comm->size()) : h.beta;
+  s.anchor = std::move(anchor);
+  s.momentum = std::move(momentum);
+  if (s.has_anchor() && s.momentum_needed() && s.momentum.empty()) s.momentum = FloatBuffer(s.state_count);
+  s.comm_buffer = std::move(average);
+  s.average_ready = (h.flags & kHasAverage) != 0;
+  s.ready_average_finite = s.average_ready ? all_finite(s.comm_buffer.data(), s.state_count) : true;
+  s.history = std::move(history);
+  s.round_tau = h.round_tau;
+  s.steps_in_round = h.steps_in_round;
+  s.stats.steps = h.steps;
+  s.stats.rounds = h.rounds;
+  s.stats.outer_updates = h.outer_updates;
+  s.stats.nonfinite_rounds = h.nonfinite_rounds;
+  s.stats.resolved_outer_momentum = s.beta;
+  if (s.has_anchor()) set_parameters_to_anchor(s);
+}
+
+}  // namespace co2

@@ -1,0 +1,735 @@
+// Rounds and outer updates. docs/algorithm.md is the specification of everything here.
+#include "runtime/engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "runtime/boundary_pass.hpp"
+#include "runtime/checksum.hpp"
+#include "runtime/engine_state.hpp"
+
+namespace co2 {
+
+namespace {
+
+constexpr double kGapEpsilon = 1e-12;
+
+uint64_t elapsed_ns(Clock::time_point from, Clock::time_point to) {
+  return to > from ? uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count())
+                   : 0;
+}
+
+bool is_finite_in(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
+
+uint32_t as_count(double value, const char* what, double min) {
+  require(std::isfinite(value) && value == std::floor(value) && value >= min && value <= 1e9,
+          Status::InvalidArgument,
+          std::string(what) + " must be an integer in [" + std::to_string(int64_t(min)) +
+              ", 1e9], got " + std::to_string(value));
+  return uint32_t(value);
+}
+
+Role parse_role(int role) {
+  require(role >= 0 && role <= 2, Status::UnknownEnum,
+          "unknown tensor role " + std::to_string(role) +
+              " (expected CO2_ROLE_PARAMETER, CO2_ROLE_BUFFER or CO2_ROLE_EXCLUDED)");
+  return Role(role);
+}
+
+void validate_storage(const StorageDesc& storage) {
+  switch (storage.dtype) {
+    case int(ParamDType::F32):
+      break;
+    case int(ParamDType::BF16):
+    case int(ParamDType::F16):
+      fail(Status::Unsupported, "bf16/fp16 parameters are reserved in ABI v1 but not supported yet");
+    case 3:
+    case 4:
+    case 5:
+      fail(Status::InvalidArgument, "dtype " + std::to_string(storage.dtype) +
+                                        " is for raw collectives only, not a parameter dtype");
+    default:
+      fail(Status::UnknownEnum, "unknown dtype " + std::to_string(storage.dtype));
+  }
+  switch (storage.device) {
+    case int(DeviceKind::Host):
+      break;
+    case int(DeviceKind::Cuda):
+      fail(Status::Unsupported, "CUDA tensors need a build with the cuda option (not in this build)");
+    default:
+      fail(Status::UnknownEnum, "unknown device kind " + std::to_string(storage.device));
+  }
+  require(storage.device_index >= 0, Status::InvalidArgument, "device_index must be >= 0");
+}
+
+bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+  return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+}  // namespace
+
+void validate(const EngineConfig& c) {
+  require(int(c.algorithm) >= 0 && int(c.algorithm) <= 3, Status::UnknownEnum,
+          "unknown algorithm " + std::to_string(int(c.algorithm)));
+  require(int(c.penalty) >= 0 && int(c.penalty) <= 2, Status::UnknownEnum,
+          "unknown penalty policy " + std::to_string(int(c.penalty)));
+  require(int(c.clip) >= 0 && int(c.clip) <= 2, Status::UnknownEnum,
+          "unknown clip policy " + std::to_string(int(c.clip)));
+  require(c.tau >= 1, Status::InvalidArgument, "tau must be >= 1");
+  require(is_finite_in(c.outer_lr, 0.0, 1e6), Status::InvalidArgument,
+          "outer_lr must be finite and >= 0");
+  require(c.outer_momentum < 0.0 ? c.outer_momentum == -1.0 : is_finite_in(c.outer_momentum, 0.0, 0.999999),
+          Status::InvalidArgument,
+          "outer_momentum must be in [0, 1) or CO2_OUTER_MOMENTUM_AUTO (-1)");
+  require(is_finite_in(c.penalty_constant, 1e-12, 1e12), Status::InvalidArgument,
+          "penalty_constant must be > 0");
+  require(is_finite_in(c.clip_threshold, 1e-30, 1e30), Status::InvalidArgument,
+          "clip_threshold must be > 0");
+  require(is_finite_in(c.inner_lr, 0.0, 1e30), Status::InvalidArgument, "inner_lr must be >= 0");
+}
+
+double default_outer_momentum(int outer_participants) {
+  if (outer_participants <= 16) return 0.0;
+  if (outer_participants <= 32) return 0.2;
+  if (outer_participants <= 64) return 0.5;
+  return 0.6;
+}
+
+// ------------------------------------------------------------------------------------------
+// Boundary machinery, as free functions over the state.
+// ------------------------------------------------------------------------------------------
+namespace {
+
+using S = Engine::State;
+
+void require_committed(const S& s) {
+  require(s.committed, Status::InvalidState,
+          "the layout is not committed yet: register tensors, then call co2_engine_commit");
+}
+
+void check_comm(const S& s) {
+  if (s.comm->error_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+}
+
+// Blocks on a request, charging the time to the boundary-wait statistics.
+void wait_charged(S& s, const std::shared_ptr<Request>& request) {
+  const auto start = Clock::now();
+  const Status status = request->wait_status();
+  const uint64_t waited = elapsed_ns(start, Clock::now());
+  s.stats.boundary_wait_ns += waited;
+  s.stats.last_boundary_wait_ns = waited;
+  if (status != Status::Ok) {
+    const std::string message = s.comm->error_message();
+    fail(status, message.empty() ? "collective failed" : message);
+  }
+  s.stats.collective_ns += elapsed_ns(request->submitted_at(), request->completed_at());
+}
+
+// A blocking all-reduce (average) of `count` floats that reports whether the result is finite.
+bool average_blocking(S& s, float* data, size_t count) {
+  auto finite = std::make_shared<std::atomic<bool>>(true);
+  auto request = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg,
+                                        [finite, data, count] { finite->store(all_finite(data, count)); });
+  s.stats.bytes_reduced += count * sizeof(float);
+  wait_charged(s, request);
+  return finite->load();
+}
+
+void submit_average_async(S& s) {
+  s.pending_result_finite.store(true);
+  float* data = s.comm_buffer.data();
+  const size_t count = s.state_count;
+  std::atomic<bool>* finite = &s.pending_result_finite;
+  s.pending = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg,
+                                     [finite, data, count] { finite->store(all_finite(data, count)); });
+  s.stats.bytes_reduced += count * sizeof(float);
+}
+
+// Waits for the pending average (co2). Returns whether an average is now in comm_buffer, and
+// sets *finite.
+bool collect_average(S& s, bool* finite) {
+  *finite = true;
+  if (s.pending) {
+    auto request = std::move(s.pending);
+    s.pending.reset();
+    wait_charged(s, request);
+    *finite = s.pending_result_finite.load();
+    s.average_ready = false;
+    return true;
+  }
+  if (s.average_ready) {  // collected by save, or restored from a checkpoint
+    s.average_ready = false;
+    *finite = s.ready_average_finite;
+    return true;
+  }
+  return false;
+}
+
+double segment_lambda(S& s, size_t index, bool record) {
+  const auto& config = s.config;
+  switch (config.penalty) {
+    case Penalty::None:
+      return 1.0;
+    case Penalty::Constant:
+      return 1.0 / config.penalty_constant;
+    case Penalty::Gap: {
+      GapHistory& h = s.history[index];
+      const double g = h.last_step_norm;
+      double sum = h.gap_sum + g;
+      uint64_t n = h.updates + 1;
+      if (record) {
+        h.gap_sum = sum;
+        h.updates = n;
+      }
+      if (g == 0.0) return 1.0;
+      const double mean = sum / double(n);
+      return 1.0 / (1.0 + g / (mean + kGapEpsilon));
+    }
+  }
+  return 1.0;
+}
+
+// The fused pass over every segment. update: apply comm_buffer as the average;
+// write_delta: comm_buffer <- a - p (co2). Returns whether every local delta was finite.
+bool fused_pass(S& s, bool update, bool write_delta) {
+  const auto& config = s.config;
+  float* anchor = s.anchor.data();
+  float* momentum = s.momentum.empty() ? nullptr : s.momentum.data();
+  float* comm = s.comm_buffer.data();
+  bool delta_finite = true;
+  double penalty_min = std::numeric_limits<double>::infinity(), penalty_max = 0.0;
+  double scale_min = 1.0;
+  uint64_t clamped = 0, trained_elements = 0, scaled_segments = 0;
+
+  for (size_t index = 0; index < s.segments.size(); ++index) {
+    Segment& seg = s.segments[index];
+    if (seg.role == Role::Excluded) continue;
+    const size_t off = seg.state_offset;
+    float* m = momentum ? momentum + off : nullptr;
+    OuterCoefficients k;
+    PassFlags flags{update, false, false, false, write_delta};
+    if (update && seg.role == Role::Parameter) {
+      const double lambda = segment_lambda(s, index, /*record=*/true);
+      penalty_min = std::min(penalty_min, lambda);
+      penalty_max = std::max(penalty_max, lambda);
+      k.alpha = float(config.outer_lr);
+      k.beta = float(s.beta);
+      k.lambda = float(lambda);
+      flags.momentum = m != nullptr;
+      flags.nesterov = config.nesterov;
+      flags.value_clip = config.clip == Clip::Value;
+      k.clip_value = float(config.clip_threshold);
+      if (config.clip == Clip::Norm) {
+        const double norm = std::sqrt(momentum_candidate_sum_squares(m, comm + off, seg.count, k));
+        const double scale = norm > config.clip_threshold ? config.clip_threshold / norm : 1.0;
+        k.norm_scale = float(scale);
+        scale_min = std::min(scale_min, scale);
+        scaled_segments += scale < 1.0;
+      }
+    }
+    // BUFFER segments are only averaged: alpha = 1, beta = 0, lambda = 1, no clip.
+    const PassResult r = run_boundary_pass(flags, seg.data, anchor + off, m, comm + off, seg.count, k);
+    delta_finite = delta_finite && r.delta_finite;
+    if (update && seg.role == Role::Parameter) {
+      s.history[index].last_step_norm = double(k.alpha) * std::sqrt(r.step_sum_squares);
+      clamped += r.clamped;
+      trained_elements += seg.count;
+    }
+  }
+  if (update) {
+    ++s.stats.outer_updates;
+    s.stats.last_penalty_min = s.num_trained ? penalty_min : 1.0;
+    s.stats.last_penalty_max = s.num_trained ? penalty_max : 1.0;
+    s.stats.last_clip_scale_min = scale_min;
+    if (config.clip == Clip::Value)
+      s.stats.last_clip_fraction = trained_elements ? double(clamped) / double(trained_elements) : 0.0;
+    else if (config.clip == Clip::Norm)
+      s.stats.last_clip_fraction = s.num_trained ? double(scaled_segments) / double(s.num_trained) : 0.0;
+    else
+      s.stats.last_clip_fraction = 0.0;
+  }
+  return delta_finite;
+}
+
+// Packs the PARAMETER and BUFFER parameters into `out` (state order).
+void pack_parameters(const S& s, float* out) {
+  for (const Segment& seg : s.segments)
+    if (seg.role != Role::Excluded) std::memcpy(out + seg.state_offset, seg.data, seg.count * sizeof(float));
+}
+
+void unpack_parameters(S& s, const float* in, bool buffers_only) {
+  for (Segment& seg : s.segments) {
+    if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
+    std::memcpy(seg.data, in + seg.state_offset, seg.count * sizeof(float));
+  }
+}
+
+}  // namespace
+
+uint64_t consensus_checksum(const Engine::State& s) {
+  WordHasher hasher;
+  if (s.has_anchor()) {
+    hasher.update(s.anchor.data(), s.state_count);
+  } else {
+    for (const Segment& seg : s.segments)
+      if (seg.role != Role::Excluded) hasher.update(seg.data, seg.count);
+  }
+  return hasher.digest();
+}
+
+// All ranks compare a 64-bit value; every rank learns of a difference.
+bool same_on_every_rank(Engine::State& s, uint64_t value) {
+  const int w = s.comm->size();
+  std::vector<int64_t> all(size_t(w), 0);
+  int64_t mine;
+  std::memcpy(&mine, &value, sizeof mine);
+  auto request = s.comm->allgather(&mine, all.data(), 1, DataType::I64);
+  if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+  return std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; });
+}
+
+void check_anchor(Engine::State& s) {
+  ++s.stats.anchor_checks;
+  if (!same_on_every_rank(s, consensus_checksum(s)))
+    fail(Status::AnchorMismatch,
+         "anchor checksums differ across ranks: the ranks no longer train the same model "
+         "(memory corruption or a non-deterministic framework step); restore a checkpoint");
+}
+
+void collect_pending_average(Engine::State& s) {
+  if (!s.pending) return;
+  bool finite = true;
+  collect_average(s, &finite);
+  s.average_ready = true;
+  s.ready_average_finite = finite;
+}
+
+void set_parameters_to_anchor(Engine::State& s) {
+  for (const Segment& seg : s.segments)
+    if (seg.role != Role::Excluded)
+      std::memcpy(seg.data, s.anchor.data() + seg.state_offset, seg.count * sizeof(float));
+}
+
+namespace {
+
+// --- boundaries of each algorithm; each returns false when it applied nothing because an
+// average was not finite ---
+
+bool co2_boundary(S& s) {
+  bool finite = true;
+  const bool have_average = collect_average(s, &finite);
+  const bool update = have_average && finite;
+  if (have_average && !finite) ++s.stats.nonfinite_rounds;
+  const bool delta_finite = fused_pass(s, update, /*write_delta=*/true);
+  if (!delta_finite) ++s.stats.nonfinite_local;
+  const uint32_t k = s.config.anchor_check_interval;
+  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  submit_average_async(s);
+  return !have_average || finite;
+}
+
+bool diloco_boundary(S& s) {
+  // c = a - p, averaged with a blocking all-reduce.
+  float* comm = s.comm_buffer.data();
+  for (const Segment& seg : s.segments) {
+    if (seg.role == Role::Excluded) continue;
+    const float* a = s.anchor.data() + seg.state_offset;
+    float* c = comm + seg.state_offset;
+    for (size_t i = 0; i < seg.count; ++i) c[i] = a[i] - seg.data[i];
+  }
+  if (!average_blocking(s, comm, s.state_count)) {
+    ++s.stats.nonfinite_rounds;
+    set_parameters_to_anchor(s);
+    return false;
+  }
+  fused_pass(s, /*update=*/true, /*write_delta=*/false);
+  const uint32_t k = s.config.anchor_check_interval;
+  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  return true;
+}
+
+bool localsgd_boundary(S& s) {
+  pack_parameters(s, s.comm_buffer.data());
+  if (!average_blocking(s, s.comm_buffer.data(), s.state_count)) {
+    ++s.stats.nonfinite_rounds;
+    return false;
+  }
+  unpack_parameters(s, s.comm_buffer.data(), /*buffers_only=*/false);
+  const uint32_t k = s.config.anchor_check_interval;
+  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  return true;
+}
+
+bool sync_boundary(S& s) {
+  // Gradients were averaged by reduce_gradients; here only BUFFER segments are averaged.
+  if (s.state_count > s.trained_count) {
+    pack_parameters(s, s.comm_buffer.data());
+    if (!average_blocking(s, s.comm_buffer.data(), s.state_count)) {
+      ++s.stats.nonfinite_rounds;
+      return false;
+    }
+    unpack_parameters(s, s.comm_buffer.data(), /*buffers_only=*/true);
+  }
+  const uint32_t k = s.config.anchor_check_interval;
+  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  return true;
+}
+
+// co2: waits for the pending average and applies it; parameters = anchor. Returns false when
+// the average was not finite (nothing applied).
+bool apply_pending(S& s) {
+  bool finite = true;
+  const bool have_average = collect_average(s, &finite);
+  if (have_average && finite) {
+    fused_pass(s, /*update=*/true, /*write_delta=*/false);
+    return true;
+  }
+  if (have_average) ++s.stats.nonfinite_rounds;
+  set_parameters_to_anchor(s);
+  return !have_average;
+}
+
+void throw_nonfinite() {
+  fail(Status::NonFinite,
+       "the averaged update contains NaN or Inf; nothing was applied on any rank (the anchor "
+       "is unchanged): lower the learning rate or skip the offending data");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// Engine
+// ------------------------------------------------------------------------------------------
+
+Engine::Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config)
+    : state_(std::make_unique<State>()) {
+  require(comm != nullptr, Status::InvalidArgument, "communicator is NULL");
+  validate(config);
+  State& s = *state_;
+  s.comm = std::move(comm);
+  s.config = config;
+  s.beta_auto = config.outer_momentum < 0.0;
+  s.beta = s.beta_auto ? default_outer_momentum(s.comm->size()) : config.outer_momentum;
+  s.round_tau = config.tau;
+  s.stats.world_size = s.comm->size();
+  s.stats.resolved_outer_momentum = s.beta;
+}
+
+Engine::~Engine() {
+  if (state_ && state_->pending) state_->pending->wait_status();
+}
+
+void Engine::register_tensor(const TensorDesc& t) {
+  State& s = *state_;
+  require(!s.committed, Status::InvalidState, "the layout is committed: register tensors before co2_engine_commit");
+  require(!t.name.empty(), Status::InvalidArgument, "tensor name is empty");
+  require(t.data != nullptr, Status::InvalidArgument, "tensor '" + t.name + "' has a NULL data pointer");
+  require(t.count >= 1, Status::InvalidArgument, "tensor '" + t.name + "' has count 0");
+  require(t.count <= (size_t(1) << 40), Status::InvalidArgument, "tensor '" + t.name + "' is implausibly large");
+  validate_storage(t.storage);
+  const Role role = parse_role(t.role);
+  const size_t bytes = t.count * sizeof(float);
+  for (const Segment& seg : s.segments) {
+    require(seg.name != t.name, Status::DuplicateTensor, "a tensor named '" + t.name + "' is already registered");
+    require(!ranges_overlap(seg.data, seg.count * sizeof(float), t.data, bytes), Status::DuplicateTensor,
+            "tensor '" + t.name + "' overlaps the memory of '" + seg.name +
+                "' (tied weights: register the shared tensor once)");
+  }
+  require(!s.flat || !ranges_overlap(s.flat, s.flat_count * sizeof(float), t.data, bytes),
+          Status::DuplicateTensor, "tensor '" + t.name + "' overlaps the engine's flat storage");
+  s.segments.push_back(Segment{t.name, static_cast<float*>(t.data), t.count, role, 0});
+}
+
+void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
+  State& s = *state_;
+  require(!s.committed, Status::InvalidState, "the layout is committed");
+  require(!s.flat, Status::InvalidState, "this engine already has flat storage (one per engine)");
+  require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
+  validate_storage(storage);
+  s.owned_flat = FloatBuffer(count);
+  s.flat = s.owned_flat.data();
+  s.flat_count = count;
+  return s.flat;
+}
+
+void Engine::adopt_flat(void* data, size_t count, const StorageDesc& storage) {
+  State& s = *state_;
+  require(!s.committed, Status::InvalidState, "the layout is committed");
+  require(!s.flat, Status::InvalidState, "this engine already has flat storage (one per engine)");
+  require(data != nullptr, Status::InvalidArgument, "flat storage pointer is NULL");
+  require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
+  validate_storage(storage);
+  for (const Segment& seg : s.segments)
+    require(!ranges_overlap(seg.data, seg.count * sizeof(float), data, count * sizeof(float)),
+            Status::DuplicateTensor, "the adopted flat storage overlaps registered tensor '" + seg.name + "'");
+  s.flat = static_cast<float*>(data);
+  s.flat_count = count;
+}
+
+void Engine::add_segment(const SegmentDesc& d) {
+  State& s = *state_;
+  require(!s.committed, Status::InvalidState, "the layout is committed");
+  require(s.flat != nullptr, Status::InvalidState, "no flat storage: call co2_engine_alloc_flat or co2_engine_adopt_flat first");
+  require(!d.name.empty(), Status::InvalidArgument, "segment name is empty");
+  require(d.count >= 1, Status::InvalidArgument, "segment '" + d.name + "' has count 0");
+  require(d.offset < s.flat_count && d.count <= s.flat_count - d.offset, Status::InvalidArgument,
+          "segment '" + d.name + "' [" + std::to_string(d.offset) + ", +" + std::to_string(d.count) +
+              ") lies outside the flat storage of " + std::to_string(s.flat_count) + " elements");
+  const Role role = parse_role(d.role);
+  float* data = s.flat + d.offset;
+  for (const Segment& seg : s.segments) {
+    require(seg.name != d.name, Status::DuplicateTensor, "a segment named '" + d.name + "' already exists");
+    require(!ranges_overlap(seg.data, seg.count * sizeof(float), data, d.count * sizeof(float)),
+            Status::DuplicateTensor, "segment '" + d.name + "' overlaps '" + seg.name + "'");
+  }
+  s.segments.push_back(Segment{d.name, data, d.count, role, 0});
+}
+
+void Engine::commit() {
+  State& s = *state_;
+  require(!s.committed, Status::InvalidState, "the layout is already committed");
+  check_comm(s);
+  ByteHasher layout;
+  size_t offset = 0;
+  s.num_trained = 0;
+  s.trained_count = 0;
+  for (Segment& seg : s.segments) {
+    layout.update_string(seg.name);
+    layout.update_u64(seg.count);
+    layout.update_u64(uint64_t(seg.role));
+    layout.update_u64(uint64_t(ParamDType::F32));
+    if (seg.role == Role::Excluded) continue;
+    seg.state_offset = offset;
+    offset += seg.count;
+    if (seg.role == Role::Parameter) {
+      ++s.num_trained;
+      s.trained_count += seg.count;
+    }
+  }
+  require(offset > 0, Status::InvalidState,
+          "nothing to train: register at least one PARAMETER or BUFFER tensor before commit");
+  s.state_count = offset;
+  s.layout_hash = layout.digest();
+  if (!same_on_every_rank(s, s.layout_hash))
+    fail(Status::LayoutMismatch,
+         "ranks registered different parameter layouts (names, counts, roles, dtypes or order "
+         "differ); every rank must register the same tensors in the same order");
+
+  s.comm_buffer = FloatBuffer(s.state_count);
+  if (s.has_anchor()) {
+    s.anchor = FloatBuffer(s.state_count);
+    if (s.momentum_needed()) s.momentum = FloatBuffer(s.state_count);
+  }
+  s.history.assign(s.segments.size(), GapHistory{});
+  // Rank 0's values become everyone's parameters and anchor.
+  pack_parameters(s, s.comm_buffer.data());
+  auto request = s.comm->broadcast(s.comm_buffer.data(), s.state_count, DataType::F32, 0);
+  if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+  unpack_parameters(s, s.comm_buffer.data(), false);
+  if (s.has_anchor()) std::memcpy(s.anchor.data(), s.comm_buffer.data(), s.state_count * sizeof(float));
+  std::memset(s.comm_buffer.data(), 0, s.state_count * sizeof(float));
+  s.committed = true;
+}
+
+bool Engine::step(void* /*stream: host tensors need none*/) {
+  State& s = *state_;
+  require_committed(s);
+  ++s.stats.steps;
+  if (++s.steps_in_round < s.round_tau) return false;
+  s.steps_in_round = 0;
+  s.round_tau = s.config.tau;  // a tau change takes effect here
+  ++s.stats.rounds;
+  check_comm(s);
+  bool applied;
+  const bool warmup = s.stats.rounds <= s.config.warmup_sync_rounds;
+  switch (s.config.algorithm) {
+    case Algorithm::Co2:
+      applied = warmup ? diloco_boundary(s) : co2_boundary(s);
+      break;
+    case Algorithm::Diloco:
+      applied = diloco_boundary(s);
+      break;
+    case Algorithm::LocalSgd:
+      applied = localsgd_boundary(s);
+      break;
+    case Algorithm::Sync:
+    default:
+      applied = sync_boundary(s);
+      break;
+  }
+  if (!applied) throw_nonfinite();
+  return true;
+}
+
+void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* /*stream*/) {
+  State& s = *state_;
+  require_committed(s);
+  require(grads != nullptr, Status::InvalidArgument, "grads is NULL");
+  require(num_grads == s.num_trained, Status::InvalidArgument,
+          "num_grads is " + std::to_string(num_grads) + " but " + std::to_string(s.num_trained) +
+              " PARAMETER tensors are registered");
+  check_comm(s);
+  FloatBuffer* buffer = &s.comm_buffer;
+  if (s.config.algorithm != Algorithm::Sync) {  // comm_buffer may hold an average in flight
+    if (s.gradient_buffer.empty()) s.gradient_buffer = FloatBuffer(s.trained_count);
+    buffer = &s.gradient_buffer;
+  }
+  float* packed = buffer->data();
+  size_t offset = 0, i = 0;
+  for (const Segment& seg : s.segments) {
+    if (seg.role != Role::Parameter) continue;
+    if (grads[i])
+      std::memcpy(packed + offset, grads[i], seg.count * sizeof(float));
+    else
+      std::memset(packed + offset, 0, seg.count * sizeof(float));
+    offset += seg.count;
+    ++i;
+  }
+  if (!average_blocking(s, packed, s.trained_count))
+    fail(Status::NonFinite,
+         "the averaged gradient contains NaN or Inf; the gradients were left as they were: skip "
+         "this optimizer step");
+  offset = 0;
+  i = 0;
+  for (const Segment& seg : s.segments) {
+    if (seg.role != Role::Parameter) continue;
+    if (grads[i]) std::memcpy(grads[i], packed + offset, seg.count * sizeof(float));
+    offset += seg.count;
+    ++i;
+  }
+}
+
+void Engine::finalize() {
+  State& s = *state_;
+  require_committed(s);
+  if (s.config.algorithm != Algorithm::Co2) return synchronize();
+  check_comm(s);
+  s.steps_in_round = 0;
+  s.round_tau = s.config.tau;
+  if (!apply_pending(s)) throw_nonfinite();
+}
+
+void Engine::synchronize() {
+  State& s = *state_;
+  require_committed(s);
+  check_comm(s);
+  const bool mid_round = s.steps_in_round > 0;
+  s.steps_in_round = 0;
+  s.round_tau = s.config.tau;
+  bool applied = true;
+  switch (s.config.algorithm) {
+    case Algorithm::Co2:
+      // A boundary now, then wait for its average and apply it: nothing local is lost.
+      if (mid_round) applied = co2_boundary(s);
+      applied = apply_pending(s) && applied;
+      break;
+    case Algorithm::Diloco:
+      if (mid_round) applied = diloco_boundary(s);
+      else set_parameters_to_anchor(s);
+      break;
+    case Algorithm::LocalSgd:
+      applied = localsgd_boundary(s);
+      break;
+    case Algorithm::Sync:
+      applied = sync_boundary(s);
+      break;
+  }
+  if (!applied) throw_nonfinite();
+  check_anchor(s);
+}
+
+void Engine::consensus(ConsensusKind kind, float* out, size_t count) {
+  State& s = *state_;
+  require_committed(s);
+  require(out != nullptr, Status::InvalidArgument, "output buffer is NULL");
+  require(count == s.state_count, Status::InvalidArgument,
+          "output count is " + std::to_string(count) + " but the consensus has " +
+              std::to_string(s.state_count) + " elements (co2_engine_num_elements)");
+  switch (kind) {
+    case ConsensusKind::Anchor:
+      if (s.has_anchor()) {
+        std::memcpy(out, s.anchor.data(), count * sizeof(float));
+      } else {
+        require(s.config.algorithm == Algorithm::Sync, Status::Unsupported,
+                "localsgd keeps no anchor: use CO2_CONSENSUS_LOCAL_AVERAGE");
+        pack_parameters(s, out);
+      }
+      return;
+    case ConsensusKind::LocalAverage: {
+      check_comm(s);
+      pack_parameters(s, out);
+      auto request = s.comm->allreduce(out, count, DataType::F32, ReduceOp::Avg);
+      if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+      return;
+    }
+  }
+  fail(Status::UnknownEnum, "unknown consensus kind " + std::to_string(int(kind)));
+}
+
+size_t Engine::num_elements() const {
+  require_committed(*state_);
+  return state_->state_count;
+}
+
+void Engine::set_param(Param key, double value) {
+  State& s = *state_;
+  EngineConfig next = s.config;
+  switch (key) {
+    case Param::OuterLr:
+      next.outer_lr = value;
+      break;
+    case Param::OuterMomentum:
+      require(is_finite_in(value, 0.0, 0.999999), Status::InvalidArgument, "outer momentum must be in [0, 1)");
+      next.outer_momentum = value;
+      break;
+    case Param::Tau:
+      next.tau = as_count(value, "tau", 1);
+      break;
+    case Param::ClipThreshold:
+      next.clip_threshold = value;
+      break;
+    case Param::PenaltyConstant:
+      next.penalty_constant = value;
+      break;
+    case Param::InnerLr:
+      next.inner_lr = value;
+      break;
+    case Param::AnchorCheckInterval:
+      next.anchor_check_interval = as_count(value, "anchor check interval", 0);
+      break;
+    default:
+      fail(Status::UnknownEnum, "unknown parameter key " + std::to_string(int(key)));
+  }
+  validate(next);
+  s.config = next;
+  if (key == Param::OuterMomentum) {
+    s.beta_auto = false;
+    s.beta = value;
+    s.stats.resolved_outer_momentum = value;
+    if (s.committed && s.has_anchor() && s.momentum_needed() && s.momentum.empty())
+      s.momentum = FloatBuffer(s.state_count);  // starts from zero momentum
+  }
+}
+
+double Engine::get_param(Param key) const {
+  const State& s = *state_;
+  switch (key) {
+    case Param::OuterLr: return s.config.outer_lr;
+    case Param::OuterMomentum: return s.beta;
+    case Param::Tau: return s.config.tau;
+    case Param::ClipThreshold: return s.config.clip_threshold;
+    case Param::PenaltyConstant: return s.config.penalty_constant;
+    case Param::InnerLr: return s.config.inner_lr;
+    case Param::AnchorCheckInterval: return s.config.anchor_check_interval;
+  }
+  fail(Status::UnknownEnum, "unknown parameter key " + std::to_string(int(key)));
+}
+
+EngineStats Engine::stats() const { return state_->stats; }
+
+float* Engine::anchor_for_testing() { return state_->anchor.data(); }
+
+}  // namespace co2

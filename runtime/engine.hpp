@@ -110,8 +110,10 @@ class Engine {
   // For tests of the invariant checks only: the live anchor.
   float* anchor_for_testing();
 
- private:
+  // Defined in runtime/engine_state.hpp, for engine.cpp and checkpoint.cpp only.
   struct State;
+
+ private:
   std::unique_ptr<State> state_;
 };
 

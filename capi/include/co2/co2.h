@@ -202,7 +202,7 @@ typedef struct co2_unique_id {
 co2_status_t co2_get_unique_id(co2_unique_id_t *out_id);
 
 /* Collective over the group: blocks until all world_size ranks joined (up to the timeout,
- * then CO2_ERR_RENDEZVOUS). */
+ * then CO2_ERR_RENDEZVOUS). `config` may be NULL for defaults (a group of one). */
 co2_status_t co2_comm_create(const co2_comm_config_t *config, co2_comm_t *out_comm);
 
 /* NCCL-style creation: `id` from co2_get_unique_id on one rank; rank and world_size override
@@ -308,6 +308,7 @@ typedef struct co2_segment {
 
 #define CO2_SEGMENT_INIT { sizeof(co2_segment_t), NULL, 0, 0, CO2_ROLE_PARAMETER, 0 }
 
+/* `config` may be NULL for defaults. The engine keeps `comm` alive. */
 co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_config_t *config,
                                co2_engine_t *out_engine);
 co2_status_t co2_engine_destroy(co2_engine_t engine);

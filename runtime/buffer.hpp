@@ -1,0 +1,46 @@
+// Engine-owned fp32 host memory, 64-byte aligned and zero-initialised.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+namespace co2 {
+
+class FloatBuffer {
+ public:
+  FloatBuffer() = default;
+  explicit FloatBuffer(size_t count) : count_(count) {
+    if (count == 0) return;
+    const size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (!data_) throw std::bad_alloc();
+    std::memset(data_, 0, bytes);
+  }
+  ~FloatBuffer() { std::free(data_); }
+  FloatBuffer(FloatBuffer&& other) noexcept { swap(other); }
+  FloatBuffer& operator=(FloatBuffer&& other) noexcept {
+    FloatBuffer moved(std::move(other));
+    swap(moved);
+    return *this;
+  }
+  FloatBuffer(const FloatBuffer&) = delete;
+  FloatBuffer& operator=(const FloatBuffer&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+
+ private:
+  void swap(FloatBuffer& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(count_, other.count_);
+  }
+  float* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+}  // namespace co2
