@@ -1,0 +1,127 @@
+// Benchmark: the fused co2 boundary pass against memcpy of the same bytes, and the cost of a
+// non-boundary co2_engine_step. Prints tables (docs/benchmarks.md records them).
+//
+//   build/bench/boundary_pass [--max-millions 64] [--repeats 5]
+//
+// The co2 pass (update + momentum + delta) reads p, a, m, c and writes a, m, c, p: 32 bytes per
+// element. memcpy of 16 bytes per element (the same bytes the pass reads) also moves 32 bytes
+// per element (16 read + 16 written). Both run on one thread, back to back, in the same process.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "co2/co2.h"
+#include "runtime/boundary_pass.hpp"
+#include "runtime/buffer.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+template <typename F>
+double best_of(int repeats, F&& f) {
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = Clock::now();
+    f();
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+void fill(co2::FloatBuffer& b, float base) {
+  for (size_t i = 0; i < b.size(); ++i) b.data()[i] = base + 1e-3f * float(i % 1000);
+}
+
+void pass_table(size_t max_millions, int repeats) {
+  std::printf("\nFused boundary pass vs memcpy (1 thread; GB/s = bytes read + written per second)\n");
+  std::printf("%10s %12s %12s %12s %12s %8s\n", "N", "pass ms", "pass GB/s", "memcpy ms", "memcpy GB/s",
+              "ratio");
+  for (size_t millions = 1; millions <= max_millions; millions *= 4) {
+    const size_t n = millions << 20;
+    co2::FloatBuffer p(n), a(n), m(n), c(n), src(4 * n), dst(4 * n);
+    fill(p, 1.0f);
+    fill(a, 1.1f);
+    fill(m, 0.01f);
+    fill(c, 0.001f);
+    fill(src, 2.0f);
+    co2::OuterCoefficients k;
+    k.alpha = 0.7f;
+    k.beta = 0.9f;
+    k.lambda = 0.5f;
+    const co2::PassFlags flags{true, true, false, false, true};
+    const double pass_s = best_of(repeats, [&] {
+      co2::run_boundary_pass(flags, p.data(), a.data(), m.data(), c.data(), n, k);
+    });
+    const double copy_s = best_of(repeats, [&] {
+      std::memcpy(dst.data(), src.data(), 4 * n * sizeof(float));
+    });
+    const double bytes = 32.0 * double(n);
+    std::printf("%9zuM %12.2f %12.2f %12.2f %12.2f %8.2f\n", millions << 0, pass_s * 1e3, bytes / pass_s / 1e9,
+                copy_s * 1e3, bytes / copy_s / 1e9, copy_s / pass_s);
+    std::fflush(stdout);
+  }
+}
+
+int check(co2_status_t status, const char* what) {
+  if (status != CO2_OK) {
+    std::fprintf(stderr, "%s: %s (%s)\n", what, co2_status_string(status), co2_last_error_message());
+    std::exit(1);
+  }
+  return 0;
+}
+
+void step_table() {
+  co2_comm_config_t cc = CO2_COMM_CONFIG_INIT;
+  cc.transport = CO2_TRANSPORT_LOCAL;
+  cc.group_name = "bench-step";
+  co2_comm_t comm;
+  check(co2_comm_create(&cc, &comm), "co2_comm_create");
+  co2_engine_config_t ec = CO2_ENGINE_CONFIG_INIT;
+  ec.tau = 1000000000u;  // no boundary during the measurement
+  co2_engine_t engine;
+  check(co2_engine_create(comm, &ec, &engine), "co2_engine_create");
+  std::vector<float> w(1 << 20, 1.0f);
+  co2_tensor_t t = CO2_TENSOR_INIT;
+  t.name = "w";
+  t.data = w.data();
+  t.count = w.size();
+  check(co2_engine_register_tensor(engine, &t), "register");
+  check(co2_engine_commit(engine), "commit");
+  const int calls = 10000000;
+  int boundary = 0;
+  const auto start = Clock::now();
+  for (int i = 0; i < calls; ++i) check(co2_engine_step(engine, nullptr, &boundary), "step");
+  const double ns = seconds_since(start) * 1e9 / calls;
+  std::printf("\nNon-boundary co2_engine_step through the C ABI (%d calls)\n", calls);
+  std::printf("%20s %10.1f ns/call   (target < 1000 ns)\n", "co2_engine_step", ns);
+  co2_engine_destroy(engine);
+  co2_comm_destroy(comm);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t max_millions = 64;
+  int repeats = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--max-millions") max_millions = std::strtoul(argv[i + 1], nullptr, 10);
+    else if (flag == "--repeats") repeats = std::atoi(argv[i + 1]);
+  }
+  if (max_millions < 1 || repeats < 1) {
+    std::fprintf(stderr, "usage: boundary_pass [--max-millions N>=1] [--repeats R>=1]\n");
+    return 2;
+  }
+  pass_table(max_millions, repeats);
+  step_table();
+  return 0;
+}
