@@ -1,0 +1,121 @@
+// The fused pass element by element against plain double arithmetic, and its side results
+// (step norm, clamp count, non-finite probe).
+#include "runtime/boundary_pass.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace co2 {
+namespace {
+
+struct Arrays {
+  std::vector<float> p, a, m, c;
+  explicit Arrays(size_t n, uint32_t seed) : p(n), a(n), m(n), c(n) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = u(rng);
+      p[i] = a[i] + 0.1f * u(rng);
+      m[i] = 0.2f * u(rng);
+      c[i] = 0.3f * u(rng);
+    }
+  }
+};
+
+class BoundaryPassSizes : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(BoundaryPassSizes, MatchesDoubleReferenceWithNesterovAndValueClip) {
+  const size_t n = GetParam();
+  Arrays x(n, 7);
+  const Arrays before = x;
+  OuterCoefficients k;
+  k.alpha = 0.7f;
+  k.beta = 0.9f;
+  k.lambda = 0.5f;
+  k.clip_value = 0.25f;
+  const PassResult r = run_boundary_pass({true, true, true, true, true}, x.p.data(), x.a.data(), x.m.data(),
+                                         x.c.data(), n, k);
+  double squares = 0.0;
+  uint32_t clamped = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double u = 0.9 * before.m[i] + 0.5 * before.c[i];
+    double m_new = u;
+    if (std::abs(u) > 0.25) {
+      m_new = u > 0 ? 0.25 : -0.25;
+      ++clamped;
+    }
+    const double s = 0.9 * m_new + 0.5 * before.c[i];
+    const double a_new = before.a[i] - 0.7 * s;
+    squares += s * s;
+    // A handful of fp32 roundings of values below 2 in magnitude: 8 ulps of 2 bound them.
+    const double tol = 8 * std::numeric_limits<float>::epsilon() * 2;
+    ASSERT_NEAR(x.m[i], m_new, tol) << i;
+    ASSERT_NEAR(x.a[i], a_new, tol) << i;
+    ASSERT_EQ(x.p[i], x.a[i]) << i;
+    ASSERT_EQ(x.c[i], before.a[i] - before.p[i]) << i;  // the delta is one exact fp32 subtraction
+  }
+  EXPECT_EQ(r.clamped, clamped);
+  EXPECT_NEAR(r.step_sum_squares, squares, 1e-5 * squares + 1e-12);
+  EXPECT_TRUE(r.delta_finite);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, BoundaryPassSizes, ::testing::Values(1, 7, 8, 9, 127, 128, 129, 1000, 100003));
+
+TEST(BoundaryPass, NormDependsOnlyOnValuesAndSize) {
+  // The same data through the pass twice gives bit-identical norms (fixed lane order).
+  for (size_t n : {size_t(5), size_t(1000), size_t(65537)}) {
+    Arrays x(n, 11), y(n, 11);
+    OuterCoefficients k;
+    k.beta = 0.5f;
+    const PassResult rx = run_boundary_pass({true, true, false, false, true}, x.p.data(), x.a.data(), x.m.data(),
+                                            x.c.data(), n, k);
+    const PassResult ry = run_boundary_pass({true, true, false, false, true}, y.p.data(), y.a.data(), y.m.data(),
+                                            y.c.data(), n, k);
+    EXPECT_EQ(rx.step_sum_squares, ry.step_sum_squares);
+  }
+}
+
+TEST(BoundaryPass, DetectsNonFiniteDelta) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Arrays x(1001, 3);
+    x.p[777] = bad;
+    const PassResult r = run_boundary_pass({false, false, false, false, true}, x.p.data(), x.a.data(), nullptr,
+                                           x.c.data(), x.p.size(), OuterCoefficients{});
+    EXPECT_FALSE(r.delta_finite);
+  }
+}
+
+TEST(BoundaryPass, RoundZeroOnlyWritesDeltaAndResets) {
+  Arrays x(33, 5);
+  const Arrays before = x;
+  run_boundary_pass({false, false, false, false, true}, x.p.data(), x.a.data(), nullptr, x.c.data(), 33,
+                    OuterCoefficients{});
+  for (size_t i = 0; i < 33; ++i) {
+    EXPECT_EQ(x.a[i], before.a[i]);
+    EXPECT_EQ(x.p[i], before.a[i]);
+    EXPECT_EQ(x.c[i], before.a[i] - before.p[i]);
+  }
+}
+
+TEST(BoundaryPass, NormClipPrepassAndFiniteScan) {
+  Arrays x(1000, 9);
+  OuterCoefficients k;
+  k.beta = 0.9f;
+  k.lambda = 0.5f;
+  double expected = 0.0;
+  for (size_t i = 0; i < 1000; ++i) {
+    const double u = double(0.9f * x.m[i] + 0.5f * x.c[i]);
+    expected += u * u;
+  }
+  EXPECT_NEAR(momentum_candidate_sum_squares(x.m.data(), x.c.data(), 1000, k), expected, 1e-9 * expected);
+  EXPECT_TRUE(all_finite(x.c.data(), 1000));
+  x.c[999] = -std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(all_finite(x.c.data(), 1000));
+}
+
+}  // namespace
+}  // namespace co2
