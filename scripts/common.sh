@@ -1,0 +1,62 @@
+# Shared by scripts/demo.sh and scripts/test.sh: installs missing Debian packages and configures
+# the build directory. Source it; do not run it.
+
+# Repository root, whatever the caller's working directory.
+CO2_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-build}
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+# ensure_packages PKG...: installs the Debian packages that are not installed yet.
+ensure_packages() {
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    log "not a Debian system: make sure these are installed: $*"
+    return 0
+  fi
+  local missing=() p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+      missing+=("$p")
+    fi
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo=(sudo)
+    else
+      log "error: not root and no sudo; install these packages first: ${missing[*]}"
+      return 1
+    fi
+  fi
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# configure TESTS(true|false) [meson options...]: sets up $BUILD_DIR with these options, or, if
+# it exists (perhaps configured by demo.sh without tests), switches its `tests` option when needed.
+configure() {
+  local tests=$1
+  shift
+  cd "$CO2_ROOT"
+  if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    log "meson setup $BUILD_DIR -Dtests=$tests $*"
+    meson setup "$BUILD_DIR" -Dtests="$tests" "$@"
+    return
+  fi
+  local current
+  current=$(/usr/bin/python3 -c '
+import json, sys
+for o in json.load(open(sys.argv[1])):
+    if o["name"] == "tests":
+        print(str(o["value"]).lower())
+' "$BUILD_DIR/meson-info/intro-buildoptions.json" 2>/dev/null || true)
+  if [ "$current" != "$tests" ]; then
+    log "meson configure $BUILD_DIR -Dtests=$tests"
+    meson configure "$BUILD_DIR" -Dtests="$tests"
+  fi
+}
+
+# Parallel build jobs: all cores unless CO2_JOBS says otherwise.
+jobs() { echo "${CO2_JOBS:-$(nproc 2>/dev/null || echo 2)}"; }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The test suite: builds co2 with its tests and runs `meson test`. Installs the Debian packages
+# it needs when they are missing (as root, or through sudo). The last line it prints is
+#   N passed, N failed, N skipped
+# counted from $BUILD_DIR/meson-logs/testlog.json; the exit status is nonzero when anything
+# failed (or the build did).
+#   bash scripts/test.sh [extra meson test arguments, e.g. a test name or --suite capi]
+# BUILD_DIR (default build), CO2_JOBS (default: all cores) are honoured. CO2_SANITIZE=1 builds
+# and tests in build-asan with -Db_sanitize=address,undefined instead.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+ensure_packages meson ninja-build gcc g++ pkg-config libgtest-dev libgmock-dev || exit 1
+
+extra_options=()
+if [ "${CO2_SANITIZE:-0}" = 1 ]; then
+  BUILD_DIR=${BUILD_DIR_ASAN:-build-asan}
+  extra_options=(-Db_sanitize=address,undefined -Db_lundef=false)
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+fi
+
+if ! configure true "${extra_options[@]}" || ! ninja -C "$BUILD_DIR" -j "$(jobs)"; then
+  log "error: the build failed"
+  echo "0 passed, 1 failed, 0 skipped"
+  exit 1
+fi
+
+testlog="$BUILD_DIR/meson-logs/testlog.json"
+rm -f "$testlog"
+log "meson test -C $BUILD_DIR $*"
+meson test -C "$BUILD_DIR" --no-rebuild --print-errorlogs "$@"
+rc=$?
+
+if [ ! -f "$testlog" ]; then
+  log "error: meson test wrote no $testlog"
+  echo "0 passed, 1 failed, 0 skipped"
+  exit 1
+fi
+summary=$(/usr/bin/python3 - "$testlog" <<'PY'
+import json, sys
+passed = failed = skipped = 0
+with open(sys.argv[1]) as f:
+    for line in f:
+        line = line.strip()
+        if not line:
+            continue
+        result = json.loads(line).get("result", "ERROR")
+        if result in ("OK", "EXPECTEDFAIL"):
+            passed += 1
+        elif result == "SKIP":
+            skipped += 1
+        else:  # FAIL, TIMEOUT, ERROR, UNEXPECTEDPASS, INTERRUPT
+            failed += 1
+print(f"{passed} passed, {failed} failed, {skipped} skipped")
+sys.exit(1 if failed else 0)
+PY
+)
+parse_rc=$?
+[ -n "$summary" ] || summary="0 passed, 1 failed, 0 skipped"
+echo "$summary"
+if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+exit "$parse_rc"
