@@ -7,7 +7,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-ensure_packages meson ninja-build gcc g++ pkg-config
+ensure_packages meson ninja-build gcc g++ libc6-dev pkg-config
 configure false
 log "building the example"
 ninja -C "$BUILD_DIR" -j "$(jobs)" examples/c/co2_example_regression
