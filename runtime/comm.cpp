@@ -1,0 +1,410 @@
+#include "runtime/comm.hpp"
+
+#include <deque>
+#include <functional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "runtime/collectives.hpp"
+
+namespace co2 {
+
+size_t dtype_size(DataType dtype) {
+  switch (dtype) {
+    case DataType::F32: return 4;
+    case DataType::F64: return 8;
+    case DataType::I32: return 4;
+    case DataType::I64: return 8;
+  }
+  fail(Status::UnknownEnum, "unknown data type " + std::to_string(int(dtype)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request
+
+bool Request::test() {
+  if (!done_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (status_ != Status::Ok) throw Error(status_, message_);
+  return true;
+}
+
+bool Request::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto is_done = [&] { return done_.load(std::memory_order_relaxed); };
+  if (timeout.count() < 0) {
+    cv_.wait(lock, is_done);
+  } else if (!cv_.wait_for(lock, timeout, is_done)) {
+    return false;
+  }
+  if (status_ != Status::Ok) throw Error(status_, message_);
+  return true;
+}
+
+Status Request::wait_status() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return done_.load(std::memory_order_relaxed); });
+  return status_;
+}
+
+Clock::time_point Request::completed_at() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_at_;
+}
+
+void Request::complete(Status status, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_.load(std::memory_order_relaxed)) return;
+    status_ = status;
+    message_ = message;
+    completed_at_ = Clock::now();
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// CollectiveEngine: the progress thread and the collectives it drives.
+
+namespace {
+
+// The transport's wait cannot be interrupted by a submission, so while collectives are active
+// the progress thread looks for new submissions (and re-checks deadlines) at least this often.
+constexpr auto kPollInterval = std::chrono::microseconds(1000);
+
+// After the transport was aborted, how long to wait for it to release a failed collective's
+// messages before giving up on them (an aborted transport releases them at the next test).
+constexpr auto kReleaseLimit = std::chrono::seconds(5);
+
+// Chunks (segments of an all-reduce) in flight per collective: enough to keep every link busy
+// while one chunk is being reduced, few enough to bound the scratch memory.
+constexpr size_t kChunksInFlight = 4;
+
+}  // namespace
+
+class CollectiveEngine {
+ public:
+  using Factory = std::function<std::unique_ptr<collectives::Collective>(
+      transport::PointToPoint&, const collectives::Descriptor&, const collectives::Tuning&)>;
+
+  CollectiveEngine(std::unique_ptr<transport::PointToPoint> transport, const CommOptions& options);
+  ~CollectiveEngine();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CommOptions& options() const { return options_; }
+
+  // Assigns the next sequence number to `descriptor`, builds the collective and queues it.
+  // `on_result` (may be empty) runs on the progress thread once the result is final.
+  std::shared_ptr<Request> submit(collectives::Descriptor descriptor, const Factory& make,
+                                  std::function<void()> on_result = {});
+
+  // Records the first error (later ones are dropped), aborts the transport so that the peers
+  // fail promptly too, and lets the progress thread fail everything in flight.
+  void fail(Status status, const std::string& message);
+
+  Status error_status() const;
+  std::string error_message() const;
+
+ private:
+  struct Submitted {
+    std::shared_ptr<Request> request;
+    std::unique_ptr<collectives::Collective> collective;
+    std::function<void()> on_result;
+  };
+  struct Active {
+    Submitted submitted;
+    Clock::time_point last_progress;
+  };
+
+  void run();
+  // One round-robin pass over every active collective. True if any message completed.
+  bool advance_all(std::vector<Active>& active);
+  void enforce_progress_timeout(const std::vector<Active>& active);
+  void fail_all(std::vector<Active>& active);
+  void complete_successfully(Submitted& submitted);
+  std::string where() const { return "rank " + std::to_string(rank_); }
+
+  std::unique_ptr<transport::PointToPoint> transport_;
+  const CommOptions options_;
+  const collectives::Tuning tuning_;
+  const int rank_;
+  const int size_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;  // submissions, failure, stop
+  std::deque<Submitted> incoming_;
+  uint64_t next_sequence_ = 0;
+  bool stop_requested_ = false;
+  std::atomic<bool> failed_{false};
+  Status error_status_ = Status::Ok;
+  std::string error_message_;
+
+  // Failed collectives whose messages the transport never released: they (and their scratch)
+  // must outlive the transport. Touched by the progress thread only, then by the destructor.
+  std::vector<std::unique_ptr<collectives::Collective>> abandoned_;
+
+  std::thread progress_thread_;  // last: starts once everything above is initialised
+};
+
+CollectiveEngine::CollectiveEngine(std::unique_ptr<transport::PointToPoint> transport,
+                                   const CommOptions& options)
+    : transport_(std::move(transport)),
+      options_(options),
+      tuning_{options.chunk_bytes, kChunksInFlight},
+      rank_(transport_->rank()),
+      size_(transport_->size()),
+      progress_thread_([this] { run(); }) {}
+
+CollectiveEngine::~CollectiveEngine() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_requested_ = true;
+  }
+  wake_.notify_all();
+  progress_thread_.join();
+  transport_.reset();
+  abandoned_.clear();
+}
+
+std::shared_ptr<Request> CollectiveEngine::submit(collectives::Descriptor descriptor,
+                                                  const Factory& make,
+                                                  std::function<void()> on_result) {
+  std::shared_ptr<Request> request;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) throw Error(error_status_, error_message_);
+    descriptor.sequence = next_sequence_;
+    // Built before the sequence number is consumed: a rejected submission leaves no gap.
+    auto collective = make(*transport_, descriptor, tuning_);
+    request = std::make_shared<Request>(next_sequence_++, Clock::now());
+    incoming_.push_back({request, std::move(collective), std::move(on_result)});
+  }
+  wake_.notify_all();
+  return request;
+}
+
+void CollectiveEngine::fail(Status status, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) return;
+    error_status_ = status;
+    error_message_ = message;
+    failed_ = true;
+  }
+  transport_->abort(message);
+  wake_.notify_all();
+}
+
+Status CollectiveEngine::error_status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_status_;
+}
+
+std::string CollectiveEngine::error_message() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_message_;
+}
+
+void CollectiveEngine::run() {
+  std::vector<Active> active;
+  for (;;) {
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (active.empty())
+        wake_.wait(lock, [&] { return stop_requested_ || !incoming_.empty(); });
+      const auto now = Clock::now();
+      for (auto& submitted : incoming_) active.push_back({std::move(submitted), now});
+      incoming_.clear();
+      stopping = stop_requested_;
+    }
+    if (stopping && !active.empty())
+      fail(Status::Aborted, "communicator on " + where() + " destroyed with " +
+                                std::to_string(active.size()) + " collective(s) in flight");
+    if (failed_) {
+      fail_all(active);
+      if (stopping) return;
+      continue;
+    }
+    if (stopping) return;
+
+    const bool progressed = advance_all(active);
+    transport_->progress();
+    enforce_progress_timeout(active);
+    if (!progressed && !active.empty() && !failed_) transport_->wait_for_activity(kPollInterval);
+  }
+}
+
+bool CollectiveEngine::advance_all(std::vector<Active>& active) {
+  bool progressed = false;
+  for (auto it = active.begin(); it != active.end();) {
+    collectives::Collective& collective = *it->submitted.collective;
+    if (collective.advance()) {
+      progressed = true;
+      it->last_progress = Clock::now();
+    }
+    if (collective.failed()) {
+      fail(collective.status(), collective.message());
+      return progressed;  // the next turn of the loop fails everything
+    }
+    if (collective.finished()) {
+      complete_successfully(it->submitted);
+      it = active.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  return progressed;
+}
+
+void CollectiveEngine::enforce_progress_timeout(const std::vector<Active>& active) {
+  const auto now = Clock::now();
+  for (const Active& entry : active) {
+    if (now - entry.last_progress < options_.timeout) continue;
+    fail(Status::PeerTimeout,
+         entry.submitted.collective->descriptor().to_string() + " on " + where() + ": no progress for " +
+             std::to_string(options_.timeout.count()) +
+             " ms (a peer is stalled or gone, or did not issue this collective)");
+    return;
+  }
+}
+
+void CollectiveEngine::fail_all(std::vector<Active>& active) {
+  const Status status = error_status();
+  const std::string message = error_message();
+  const auto give_up_at = Clock::now() + kReleaseLimit;
+  for (Active& entry : active) {
+    Submitted& failed = entry.submitted;
+    // The caller may free its buffers once the request completes, so first make sure the
+    // transport no longer references them.
+    while (!failed.collective->release_transfers() && Clock::now() < give_up_at)
+      transport_->wait_for_activity(kPollInterval);
+    if (!failed.collective->release_transfers()) abandoned_.push_back(std::move(failed.collective));
+    failed.request->complete(status, message);
+  }
+  active.clear();
+}
+
+void CollectiveEngine::complete_successfully(Submitted& submitted) {
+  if (submitted.on_result) {
+    try {
+      submitted.on_result();
+    } catch (const std::exception& error) {
+      // The result is final on every rank, so only this request fails, not the communicator.
+      submitted.request->complete(Status::Internal,
+                                  std::string("result hook of a collective threw: ") + error.what());
+      return;
+    } catch (...) {
+      submitted.request->complete(Status::Internal, "result hook of a collective threw");
+      return;
+    }
+  }
+  submitted.request->complete(Status::Ok, "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Communicator
+
+namespace {
+
+void require_valid_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+    case ReduceOp::Min:
+    case ReduceOp::Max: return;
+  }
+  fail(Status::UnknownEnum, "unknown reduction op " + std::to_string(int(op)));
+}
+
+void require_buffer(const void* buffer, size_t count, const char* what) {
+  require(buffer != nullptr || count == 0, Status::InvalidArgument,
+          std::string(what) + " is NULL but count is " + std::to_string(count));
+}
+
+}  // namespace
+
+Communicator::Communicator(std::unique_ptr<transport::PointToPoint> transport,
+                           const CommOptions& options) {
+  require(transport != nullptr, Status::InvalidArgument, "communicator needs a transport");
+  require(options.timeout.count() > 0, Status::InvalidConfig,
+          "communicator timeout must be > 0 ms, not " + std::to_string(options.timeout.count()));
+  require(options.chunk_bytes > 0, Status::InvalidConfig, "communicator chunk_bytes must be > 0");
+  engine_ = std::make_unique<CollectiveEngine>(std::move(transport), options);
+}
+
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const { return engine_->rank(); }
+int Communicator::size() const { return engine_->size(); }
+const CommOptions& Communicator::options() const { return engine_->options(); }
+
+std::shared_ptr<Request> Communicator::allreduce(void* buffer, size_t count, DataType dtype,
+                                                 ReduceOp op) {
+  return allreduce_then(buffer, count, dtype, op, {});
+}
+
+std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count, DataType dtype,
+                                                      ReduceOp op,
+                                                      std::function<void()> on_result) {
+  dtype_size(dtype);
+  require_valid_op(op);
+  require_buffer(buffer, count, "allreduce buffer");
+  collectives::Descriptor descriptor;
+  descriptor.kind = collectives::Kind::AllReduce;
+  descriptor.op = op;
+  descriptor.dtype = dtype;
+  descriptor.count = count;
+  return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
+                                              const collectives::Descriptor& agreed,
+                                              const collectives::Tuning& tuning) {
+    return collectives::make_allreduce(transport, agreed, buffer, tuning);
+  }, std::move(on_result));
+}
+
+std::shared_ptr<Request> Communicator::broadcast(void* buffer, size_t count, DataType dtype,
+                                                 int root) {
+  dtype_size(dtype);
+  require_buffer(buffer, count, "broadcast buffer");
+  require(root >= 0 && root < size(), Status::InvalidArgument,
+          "broadcast root " + std::to_string(root) + " is out of range for " +
+              std::to_string(size()) + " ranks");
+  collectives::Descriptor descriptor;
+  descriptor.kind = collectives::Kind::Broadcast;
+  descriptor.dtype = dtype;
+  descriptor.count = count;
+  descriptor.root = root;
+  return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
+                                              const collectives::Descriptor& agreed,
+                                              const collectives::Tuning& tuning) {
+    return collectives::make_broadcast(transport, agreed, buffer, tuning);
+  });
+}
+
+std::shared_ptr<Request> Communicator::allgather(const void* send, void* recv,
+                                                 size_t count_per_rank, DataType dtype) {
+  dtype_size(dtype);
+  require_buffer(send, count_per_rank, "allgather send buffer");
+  require_buffer(recv, count_per_rank, "allgather receive buffer");
+  collectives::Descriptor descriptor;
+  descriptor.kind = collectives::Kind::AllGather;
+  descriptor.dtype = dtype;
+  descriptor.count = count_per_rank;
+  return engine_->submit(descriptor, [send, recv](transport::PointToPoint& transport,
+                                                  const collectives::Descriptor& agreed,
+                                                  const collectives::Tuning& tuning) {
+    return collectives::make_allgather(transport, agreed, send, recv, tuning);
+  });
+}
+
+void Communicator::abort() {
+  engine_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
+}
+
+Status Communicator::error_status() const { return engine_->error_status(); }
+std::string Communicator::error_message() const { return engine_->error_message(); }
+
+}  // namespace co2

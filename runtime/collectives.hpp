@@ -1,0 +1,107 @@
+// Collective algorithms over a point-to-point transport, written as non-blocking state machines
+// so that one progress thread can drive many of them at once.
+//
+// All three run on the ring rank -> rank+1. Each starts by sending a small descriptor of itself
+// (sequence, kind, op, dtype, count, root) to its successor and checking the one its predecessor
+// sent: ranks that issue different collectives fail with CollectiveMismatch instead of hanging or
+// exchanging garbage. No data is posted before that check passed, so a mismatched collective
+// never writes into the caller's buffer.
+//
+// - all-reduce: ring reduce-scatter followed by ring all-gather, per segment of W blocks of at
+//   most chunk_bytes each; segments advance independently through their 2(W-1) steps, with a
+//   bounded number in flight. Every block is reduced exactly once, by one owner, in ring order,
+//   and then copied, so the result is bit-identical on every rank.
+// - broadcast: chunks flow down the chain root -> root+1 -> ... -> root-1, pipelined.
+// - all-gather: ring, per chunk of every rank's block.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/comm.hpp"
+#include "runtime/status.hpp"
+#include "transports/transport.hpp"
+
+namespace co2::collectives {
+
+enum class Kind : uint8_t { AllReduce = 1, Broadcast = 2, AllGather = 3 };
+
+// What the peers compare before exchanging data. Fields that do not apply to a kind are zero
+// (op Sum, root 0) so that equal collectives have equal descriptors.
+struct Descriptor {
+  uint64_t sequence = 0;
+  Kind kind = Kind::AllReduce;
+  ReduceOp op = ReduceOp::Sum;    // all-reduce only
+  DataType dtype = DataType::F32;
+  uint64_t count = 0;             // elements of the buffer; per rank for all-gather
+  int32_t root = 0;               // broadcast only
+
+  bool operator==(const Descriptor& other) const;
+  bool operator!=(const Descriptor& other) const { return !(*this == other); }
+  // e.g. "#7 allreduce(sum, f32, count 1000)"
+  std::string to_string() const;
+};
+
+struct Tuning {
+  // Largest message; every message carries at most this many bytes (and at least one element).
+  size_t chunk_bytes = size_t(1) << 20;
+  // Segments (all-reduce) or chunks (broadcast, all-gather) in flight per collective. Bounds
+  // the all-reduce's scratch memory to this many blocks.
+  size_t max_chunks_in_flight = 4;
+};
+
+// Tags: sequence (28 bits, wrapping) | step (12 bits) | chunk (24 bits, wrapping). Wrapping is
+// safe because a rank never runs more than a few chunks ahead of its neighbours. The descriptor
+// uses a step value that no data message uses.
+constexpr int kMaxRanks = 2048;  // 2(W-1) data steps must fit below the descriptor's step
+uint64_t data_tag(uint64_t sequence, uint32_t step, uint64_t chunk);
+uint64_t descriptor_tag(uint64_t sequence);
+
+// Status a transport outcome maps to (Done and Pending map to Ok).
+Status status_of(transport::Outcome outcome);
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  // Posts and tests whatever it can without blocking. Returns true if a message completed.
+  virtual bool advance() = 0;
+  // After a failure (its own or the communicator's, once the transport is aborted): tests the
+  // messages still posted, once each. True when none is left, i.e. the transport will no longer
+  // touch this collective's or the caller's buffers.
+  virtual bool release_transfers() = 0;
+
+  bool finished() const { return state_ == State::Finished; }
+  bool failed() const { return state_ == State::Failed; }
+  Status status() const { return status_; }
+  const std::string& message() const { return message_; }
+  const Descriptor& descriptor() const { return descriptor_; }
+
+ protected:
+  explicit Collective(const Descriptor& descriptor) : descriptor_(descriptor) {}
+  void mark_finished() { state_ = State::Finished; }
+  void mark_failed(Status status, std::string message);
+
+ private:
+  enum class State { Running, Finished, Failed };
+  const Descriptor descriptor_;
+  State state_ = State::Running;
+  Status status_ = Status::Ok;
+  std::string message_;
+};
+
+// The transport must outlive the collective; buffers must stay valid until it finished, or
+// failed and released its transfers. `descriptor.kind` must match the factory.
+std::unique_ptr<Collective> make_allreduce(transport::PointToPoint& transport,
+                                           const Descriptor& descriptor, void* buffer,
+                                           const Tuning& tuning);
+std::unique_ptr<Collective> make_broadcast(transport::PointToPoint& transport,
+                                           const Descriptor& descriptor, void* buffer,
+                                           const Tuning& tuning);
+std::unique_ptr<Collective> make_allgather(transport::PointToPoint& transport,
+                                           const Descriptor& descriptor, const void* send,
+                                           void* recv, const Tuning& tuning);
+
+}  // namespace co2::collectives

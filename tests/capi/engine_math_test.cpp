@@ -1,0 +1,1058 @@
+// The engine's outer-update math against the independent fp64 reference (reference.hpp), through
+// the public C API only, W ranks as threads over the local transport.
+//
+// How a case runs: the reference first executes the case's script (inner steps, τ changes,
+// finalize, synchronize, LOCAL_AVERAGE consensus, NaN injection) and records what every check
+// point must show; then every rank executes the same script against the engine and compares
+// its parameters, co2_engine_consensus and co2_engine_get_stats with the records.
+//
+// Tolerance (see tolerance() below for the derivation from fp32 rounding) and margins: data that
+// come too close to a branch of the algorithm (a clip threshold, g = 0 in the gap penalty) would
+// let fp32 and fp64 take different branches; the setup measures the distance in the reference
+// and moves φ (or the seed) until every branch is decided by a margin larger than the error
+// bound, and fails the setup if it cannot.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "co2/co2.h"
+#include "rank_threads.hpp"
+#include "reference.hpp"
+#include "synthetic.hpp"
+
+using namespace co2test;
+
+namespace {
+
+// Unit roundoff of fp32: every fp32 operation rounds with relative error <= 2^-24.
+constexpr double kU32 = 5.9604644775390625e-08;
+
+enum class Op { Step, SetTau, Finalize, Synchronize, LocalAverage, InjectNonFinite };
+struct Action {
+  Op op = Op::Step;
+  int value = 0;        // SetTau: τ; InjectNonFinite: rank
+  size_t element = 0;   // InjectNonFinite: element of the concatenated state
+  double x = 0.0;       // InjectNonFinite: the value (NaN / Inf)
+};
+
+std::vector<Action> steps(int n) { return std::vector<Action>(n, Action{Op::Step}); }
+std::vector<Action>& operator+=(std::vector<Action>& a, const std::vector<Action>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct MathCase {
+  std::string label;
+  co2_algorithm_t algo = CO2_ALGO_CO2;
+  int world = 2;
+  int tau = 3;
+  Layout layout = layout_mixed();
+  co2_penalty_t penalty = CO2_PENALTY_NONE;
+  double penalty_constant = 1.0;
+  co2_clip_t clip = CO2_CLIP_NONE;
+  double phi = 1.0;
+  int nesterov = 0;
+  double alpha = 1.0;
+  double beta = 0.0;  // CO2_OUTER_MOMENTUM_AUTO allowed
+  int warmup = 0;
+  int rounds = 7;     // used when `script` is empty: rounds * tau steps
+  uint64_t seed = 1;
+  std::vector<Action> script;
+};
+
+co2ref::Config ref_config(const MathCase& c) {
+  co2ref::Config r;
+  r.algo = c.algo == CO2_ALGO_CO2      ? co2ref::Algo::Co2
+           : c.algo == CO2_ALGO_DILOCO ? co2ref::Algo::Diloco
+           : c.algo == CO2_ALGO_SYNC   ? co2ref::Algo::Sync
+                                       : co2ref::Algo::LocalSgd;
+  r.tau = c.tau;
+  r.warmup_sync_rounds = c.warmup;
+  r.alpha = c.alpha;
+  r.beta = c.beta;
+  r.nesterov = c.nesterov != 0;
+  r.penalty = c.penalty == CO2_PENALTY_NONE       ? co2ref::Penalty::None
+              : c.penalty == CO2_PENALTY_CONSTANT ? co2ref::Penalty::Constant
+                                                  : co2ref::Penalty::Gap;
+  r.penalty_constant = c.penalty_constant;
+  r.clip = c.clip == CO2_CLIP_NONE    ? co2ref::Clip::None
+           : c.clip == CO2_CLIP_VALUE ? co2ref::Clip::Value
+                                      : co2ref::Clip::Norm;
+  r.phi = c.phi;
+  return r;
+}
+
+co2_engine_config_t engine_config(const MathCase& c) {
+  co2_engine_config_t e = CO2_ENGINE_CONFIG_INIT;
+  e.algorithm = c.algo;
+  e.tau = uint32_t(c.tau);
+  e.warmup_sync_rounds = uint32_t(c.warmup);
+  e.outer_lr = c.alpha;
+  e.outer_momentum = c.beta;
+  e.nesterov = c.nesterov;
+  e.penalty = c.penalty;
+  e.penalty_constant = c.penalty_constant;
+  e.clip = c.clip;
+  e.clip_threshold = c.phi;
+  return e;
+}
+
+std::vector<co2ref::Segment> ref_segments(const Layout& l) {
+  std::vector<co2ref::Segment> s;
+  for (const auto& t : l.tensors)
+    if (t.role != CO2_ROLE_EXCLUDED) s.push_back({t.count, t.role == CO2_ROLE_BUFFER});
+  return s;
+}
+
+// The bound |x32 - x64| <= tolerance(...) after `updates` rounds (boundaries, finalize and
+// synchronize each count as one).
+//
+// Derivation. Every fp32 operation rounds its result with relative error <= u = 2^-24, i.e. adds
+// an absolute error <= u * S, where S bounds every magnitude in the trajectory (the reference's
+// scale(): parameters, targets, anchors, momentum, averages). Per round and element the fp32 side
+// performs: τ inner steps of 3 roundings (p - t, lr * ., p - .), the delta a - p (1), the ring
+// all-reduce (W - 1 additions and one scaling by 1/W: W), u = βm + Λc (3), the clip (1), s under
+// Nesterov (2), a - αs (2), and Λ itself, a ratio of fp32 step norms accumulated in fp64 whose
+// relative error is a few u (counted as 4): ops = 3τ + W + 13 roundings. The round map does not
+// expand errors in a and p (the inner step contracts towards the target, an average of deltas
+// re-centres a), except through the momentum, which carries an error on with weight β per
+// round (sum <= 1/(1-β)) and which Nesterov applies once more (factor 1+β). Errors of successive
+// rounds therefore add: after R rounds |x32 - x64| <= R * ops * u * S * (1+β)/(1-β). We allow a
+// factor 8 over this first-order bound for second-order terms. For scale: τ = 3, W = 4, R = 8,
+// β = 0 gives 2.0e-4 S; a wrong equation (stale vs fresh average, a lost β or Λ term, a clip not
+// applied, an off-by-one in the gap history) moves parameters by 1e-2..1e-1 S.
+double tolerance(const MathCase& c, double beta, double scale, int updates) {
+  const double ops = 3.0 * c.tau + c.world + 13.0;
+  const double momentum = (1.0 + beta) / (1.0 - beta);
+  return 8.0 * std::max(updates, 1) * ops * kU32 * std::max(scale, 1.0) * momentum;
+}
+
+// What the engine must show at one point of the script.
+struct Expect {
+  Op op = Op::Step;
+  bool boundary = false;
+  co2_status_t status = CO2_OK;
+  bool check_params = false;            // every rank's params equal `params`
+  std::vector<double> params;
+  bool check_anchor = false;            // consensus(ANCHOR) equals `params`
+  std::vector<double> average;          // LocalAverage
+  double tol = 0.0;
+  // statistics
+  uint64_t steps = 0, rounds = 0, outer_updates = 0, nonfinite_rounds = 0;
+  std::vector<uint64_t> nonfinite_local;
+  bool has_update = false;
+  co2ref::UpdateRecord last;
+  bool plain_so_far = true;  // no finalize/synchronize/LOCAL_AVERAGE yet: byte and update
+                             // counters have exactly one reading
+};
+
+struct Prepared {
+  MathCase c;
+  Data data;
+  std::vector<Expect> expect;
+  double beta = 0.0;
+  double scale = 0.0;
+  double final_tol = 0.0;
+  double gap_rms_min = 0.0;
+  std::vector<float> rank0_init;  // concatenated state
+};
+
+// Runs the reference over the script. Returns "" or why the data are too close to a branch.
+std::string run_reference(Prepared& p) {
+  const MathCase& c = p.c;
+  p.data = make_data(c.layout, c.world, c.seed);
+  std::vector<double> init = concat_state(c.layout, p.data.init[0]);
+  p.rank0_init.assign(init.begin(), init.end());
+  co2ref::Reference ref(ref_config(c), ref_segments(c.layout), c.world, init);
+  std::vector<std::vector<double>> targets;
+  for (int r = 0; r < c.world; ++r) {
+    targets.push_back(concat_state(c.layout, p.data.target[r]));
+    ref.observe(targets.back());
+  }
+  p.beta = ref.beta();
+  p.expect.clear();
+  int updates = 0;
+  bool plain = true;
+  uint64_t k = 0;
+  for (const Action& a : c.script) {
+    Expect e;
+    e.op = a.op;
+    switch (a.op) {
+      case Op::Step: {
+        for (int r = 0; r < c.world; ++r) ref_inner_step(ref.p(r), targets[r], k);
+        ++k;
+        e.boundary = ref.step();
+        if (e.boundary) {
+          ++updates;
+          e.status = ref.last_boundary_nonfinite() ? CO2_ERR_NONFINITE : CO2_OK;
+          // localsgd with a skipped average leaves the ranks' params different.
+          e.check_params = !(c.algo == CO2_ALGO_LOCALSGD && ref.last_boundary_nonfinite()) &&
+                           c.algo != CO2_ALGO_SYNC;
+          if (e.check_params) e.params = ref.p(0);
+          e.check_anchor = c.algo == CO2_ALGO_CO2 || c.algo == CO2_ALGO_DILOCO;
+        }
+        break;
+      }
+      case Op::SetTau:
+        ref.set_tau(a.value);
+        break;
+      case Op::Finalize:
+      case Op::Synchronize:
+        if (a.op == Op::Finalize)
+          ref.finalize();
+        else
+          ref.synchronize();
+        ++updates;
+        plain = false;
+        e.check_params = true;
+        e.params = ref.p(0);
+        e.check_anchor = c.algo == CO2_ALGO_CO2 || c.algo == CO2_ALGO_DILOCO;
+        break;
+      case Op::LocalAverage:
+        plain = false;
+        e.average = ref.local_average();
+        break;
+      case Op::InjectNonFinite:
+        ref.p(a.value)[a.element] = a.x;
+        break;
+    }
+    e.steps = ref.steps();
+    e.rounds = ref.rounds();
+    e.outer_updates = ref.outer_updates();
+    e.nonfinite_rounds = ref.nonfinite_rounds();
+    for (int r = 0; r < c.world; ++r) e.nonfinite_local.push_back(ref.nonfinite_local(r));
+    e.has_update = ref.has_update();
+    e.last = ref.last_update();
+    e.plain_so_far = plain;
+    e.tol = updates;  // replaced by the tolerance below, once the scale is known
+    p.expect.push_back(std::move(e));
+  }
+  p.scale = ref.scale();
+  for (auto& e : p.expect) e.tol = tolerance(c, p.beta, p.scale, int(e.tol) + 1);
+  p.final_tol = tolerance(c, p.beta, p.scale, updates + 1);
+  p.gap_rms_min = ref.min_gap_rms();
+
+  // Margins. The engine's u = βm + Λc carries at most ~2 tol of error per element (c is a
+  // difference of two quantities within tol); a branch decided by less than 4 tol could go the
+  // other way in fp32.
+  std::ostringstream why;
+  if (c.clip == CO2_CLIP_VALUE && ref.min_value_clip_distance() <= 4.0 * p.final_tol)
+    why << "an element of u came within " << ref.min_value_clip_distance() << " of phi";
+  if (c.clip == CO2_CLIP_NORM && ref.min_norm_clip_distance() <= 4.0 * p.final_tol)
+    why << "a segment norm came within " << ref.min_norm_clip_distance()
+        << " * sqrt(n) of phi";
+  // g ~ 0: the rms step of every segment that had one must be far above its error, so that the
+  // g = 0 branch and the ratio g / ḡ are decided alike (100 x the bound: Λ then carries <= 2%
+  // of relative error in the worst case, and in practice ~1e-6).
+  if (c.penalty == CO2_PENALTY_GAP && p.gap_rms_min <= 100.0 * p.final_tol)
+    why << "a gap step came within " << p.gap_rms_min << " of 0";
+  return why.str();
+}
+
+Prepared prepare(const MathCase& in) {
+  Prepared p;
+  p.c = in;
+  if (p.c.script.empty()) p.c.script = steps(p.c.rounds * p.c.tau);
+  std::string why;
+  // Move φ (clip policies) or the seed (gap policy) until every branch has its margin.
+  for (int attempt = 0; attempt < 40; ++attempt) {
+    p.c.phi = in.phi * (1.0 + 0.0317 * attempt);
+    p.c.seed = in.seed + (in.penalty == CO2_PENALTY_GAP ? 101 * attempt : 0);
+    why = run_reference(p);
+    if (why.empty()) return p;
+  }
+  ADD_FAILURE() << in.label << ": test data stay too close to a branch: " << why;
+  p.expect.clear();
+  return p;
+}
+
+// Per-rank comparison with a bounded number of reported mismatches.
+struct Checker {
+  int rank = 0;
+  std::string label;
+  int reported = 0;
+  double max_ratio = 0.0;  // max |x32 - x64| / tol over every compared element
+  double max_err = 0.0;
+
+  void compare(const float* got, const std::vector<double>& want, double tol,
+               const std::string& what) {
+    size_t bad = 0, first = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double err = std::fabs(double(got[i]) - want[i]);
+      if (!(err <= tol)) {
+        if (bad++ == 0) first = i;
+      }
+      if (std::isfinite(err)) {
+        worst = std::max(worst, err);
+      } else {
+        worst = std::numeric_limits<double>::infinity();
+      }
+    }
+    max_err = std::max(max_err, worst);
+    max_ratio = std::max(max_ratio, worst / tol);
+    if (bad > 0 && reported++ < 4) {
+      ADD_FAILURE() << label << " rank " << rank << " " << what << ": " << bad << " of "
+                    << want.size() << " elements beyond tol " << tol << "; first [" << first
+                    << "] engine " << got[first] << " reference " << want[first]
+                    << "; max error " << worst;
+    }
+  }
+};
+
+void check_stats(const Prepared& p, const Expect& e, const co2_engine_stats_t& st, int rank,
+                 const std::string& where) {
+  const MathCase& c = p.c;
+  const size_t n = c.layout.state_elements();
+  EXPECT_EQ(st.world_size, c.world) << where;
+  EXPECT_EQ(st.steps, e.steps) << where;
+  EXPECT_EQ(st.rounds, e.rounds) << where;
+  EXPECT_EQ(st.nonfinite_rounds, e.nonfinite_rounds) << where;
+  if (c.algo == CO2_ALGO_CO2) {
+    EXPECT_EQ(st.nonfinite_local, e.nonfinite_local[rank]) << where;
+  }
+  if (e.plain_so_far && c.algo != CO2_ALGO_SYNC) {
+    // One all-reduce of the N-element buffer per boundary (co2: submitted at every boundary;
+    // diloco: the blocking one; localsgd: the copy of p).
+    EXPECT_EQ(st.bytes_reduced, e.rounds * n * sizeof(float)) << where;
+  }
+  if (c.algo == CO2_ALGO_LOCALSGD || c.algo == CO2_ALGO_SYNC) return;
+  EXPECT_EQ(st.resolved_outer_momentum, p.beta) << where;
+  if (e.plain_so_far) {
+    EXPECT_EQ(st.outer_updates, e.outer_updates) << where;
+  }
+  if (!e.has_update) return;
+  const co2ref::UpdateRecord& u = e.last;
+  if (!u.lambda.empty()) {
+    const double lmin = *std::min_element(u.lambda.begin(), u.lambda.end());
+    const double lmax = *std::max_element(u.lambda.begin(), u.lambda.end());
+    // Λ's relative error: none/constant: the fp64 constant itself (1e-12 allows an fp32
+    // round trip of 1/c... we allow 1e-6); gap: <= 2 tol / (rms step) (margin above), + 1e-6.
+    double rel = 1e-6;
+    if (c.penalty == CO2_PENALTY_GAP) rel += 2.0 * e.tol / p.gap_rms_min;
+    EXPECT_NEAR(st.last_penalty_min, lmin, rel * lmin) << where << " last_penalty_min";
+    EXPECT_NEAR(st.last_penalty_max, lmax, rel * lmax) << where << " last_penalty_max";
+  }
+  if (c.clip == CO2_CLIP_NONE) {
+    EXPECT_EQ(st.last_clip_scale_min, 1.0) << where;
+    EXPECT_EQ(st.last_clip_fraction, 0.0) << where;
+  } else if (c.clip == CO2_CLIP_VALUE) {
+    // The margin guarantees fp32 decides every element as fp64 does: exact count.
+    EXPECT_DOUBLE_EQ(st.last_clip_fraction, double(u.clamped) / double(u.clip_elements))
+        << where << " (fraction of PARAMETER momentum elements clamped)";
+  } else {
+    const double smin = *std::min_element(u.clip_scale.begin(), u.clip_scale.end());
+    // scale = φ/‖u‖: relative error <= ‖δu‖/‖u‖ <= 2 tol sqrt(n)/φ when clipped.
+    EXPECT_NEAR(st.last_clip_scale_min, smin, 2.0 * e.tol * std::sqrt(double(n)) / c.phi + 1e-6)
+        << where << " last_clip_scale_min";
+    EXPECT_DOUBLE_EQ(st.last_clip_fraction,
+                     double(u.segments_scaled) / double(c.layout.num_parameter_tensors()))
+        << where << " (fraction of PARAMETER segments scaled)";
+  }
+}
+
+std::mutex print_mutex;
+
+void run_case(const MathCase& in) {
+  Prepared p = prepare(in);
+  if (p.expect.empty()) return;
+  const MathCase& c = p.c;
+  const size_t n = c.layout.state_elements();
+  std::vector<double> max_ratio(c.world, 0.0), max_err(c.world, 0.0);
+  std::vector<std::vector<float>> averages(c.world);  // LOCAL_AVERAGE results, for bit-equality
+
+  run_ranks(c.world, [&](int rank, co2_comm_t comm) {
+    LocalModel model(c.layout, p.data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = engine_config(c);
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+    // Commit broadcasts rank 0's values bit for bit.
+    EXPECT_TRUE(bitwise_equal(model.gather_state(), p.rank0_init)) << "rank " << rank;
+    size_t count = 0;
+    CO2_ASSERT_OK(co2_engine_num_elements(eg.engine, &count));
+    ASSERT_EQ(count, n);
+    {
+      const co2_engine_stats_t st = get_stats(eg.engine);
+      EXPECT_EQ(st.world_size, c.world);
+      if (c.algo == CO2_ALGO_CO2 || c.algo == CO2_ALGO_DILOCO) {
+        EXPECT_EQ(st.resolved_outer_momentum, p.beta) << "after commit";
+      }
+      EXPECT_EQ(st.steps, 0u);
+      EXPECT_EQ(st.rounds, 0u);
+    }
+    Checker chk{rank, c.label};
+    std::vector<float> buf(n);
+    bool anchor_unsupported_checked = false;
+    uint64_t k = 0;
+    for (size_t i = 0; i < c.script.size(); ++i) {
+      const Action& a = c.script[i];
+      const Expect& e = p.expect[i];
+      std::ostringstream where_s;
+      where_s << c.label << " rank " << rank << " action " << i << " (round " << e.rounds << ")";
+      const std::string where = where_s.str();
+      switch (a.op) {
+        case Op::Step: {
+          model.inner_step(k++);
+          int b = -1;
+          const co2_status_t s = co2_engine_step(eg.engine, nullptr, &b);
+          ASSERT_EQ(s, e.status) << where << ": " << co2_status_string(s) << ": "
+                                 << co2_last_error_message();
+          // out_boundary is an output: written on success only.
+          if (s == CO2_OK) {
+            EXPECT_EQ(b, e.boundary ? 1 : 0) << where << " out_boundary";
+          }
+          break;
+        }
+        case Op::SetTau:
+          CO2_ASSERT_OK(co2_engine_set_param(eg.engine, CO2_PARAM_TAU, double(a.value)));
+          break;
+        case Op::Finalize:
+          CO2_ASSERT_OK(co2_engine_finalize(eg.engine));
+          break;
+        case Op::Synchronize:
+          CO2_ASSERT_OK(co2_engine_synchronize(eg.engine));
+          break;
+        case Op::LocalAverage:
+          CO2_ASSERT_OK(
+              co2_engine_consensus(eg.engine, CO2_CONSENSUS_LOCAL_AVERAGE, buf.data(), n));
+          chk.compare(buf.data(), e.average, e.tol, where + " consensus(LOCAL_AVERAGE)");
+          averages[rank].insert(averages[rank].end(), buf.begin(), buf.end());
+          break;
+        case Op::InjectNonFinite:
+          if (a.value == rank) *model.state_element(a.element) = float(a.x);
+          break;
+      }
+      if (e.check_params) {
+        const std::vector<float> got = model.gather_state();
+        chk.compare(got.data(), e.params, e.tol, where + " params");
+      }
+      if (e.check_anchor) {
+        CO2_ASSERT_OK(co2_engine_consensus(eg.engine, CO2_CONSENSUS_ANCHOR, buf.data(), n));
+        chk.compare(buf.data(), e.params, e.tol, where + " consensus(ANCHOR)");
+      } else if (c.algo == CO2_ALGO_LOCALSGD && !anchor_unsupported_checked) {
+        anchor_unsupported_checked = true;
+        CO2_EXPECT_STATUS(CO2_ERR_UNSUPPORTED,
+                          co2_engine_consensus(eg.engine, CO2_CONSENSUS_ANCHOR, buf.data(), n));
+      }
+      if (e.boundary || a.op == Op::Finalize || a.op == Op::Synchronize)
+        check_stats(p, e, get_stats(eg.engine), rank, where);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    EXPECT_TRUE(model.excluded_untouched()) << c.label << " rank " << rank
+                                            << ": an EXCLUDED tensor was written";
+    max_ratio[rank] = chk.max_ratio;
+    max_err[rank] = chk.max_err;
+    eg.reset();
+  });
+
+  // LOCAL_AVERAGE is an all-reduce: bit-identical on every rank.
+  for (int r = 1; r < c.world; ++r)
+    EXPECT_TRUE(bitwise_equal(averages[r], averages[0])) << c.label << " rank " << r;
+  std::lock_guard<std::mutex> lock(print_mutex);
+  std::printf("[ math ] %-44s max|x32-x64| = %.3g  (%.2g of tol %.3g, scale %.3g)\n",
+              c.label.c_str(), *std::max_element(max_err.begin(), max_err.end()),
+              *std::max_element(max_ratio.begin(), max_ratio.end()), p.final_tol, p.scale);
+}
+
+// ------------------------------------------------------------------------------------------
+// Case lists
+// ------------------------------------------------------------------------------------------
+
+const char* algo_name(co2_algorithm_t a) {
+  switch (a) {
+    case CO2_ALGO_CO2: return "co2";
+    case CO2_ALGO_DILOCO: return "diloco";
+    case CO2_ALGO_LOCALSGD: return "localsgd";
+    default: return "sync";
+  }
+}
+const char* penalty_name(co2_penalty_t p) {
+  return p == CO2_PENALTY_NONE ? "none" : p == CO2_PENALTY_CONSTANT ? "const" : "gap";
+}
+const char* clip_name(co2_clip_t c) {
+  return c == CO2_CLIP_NONE ? "none" : c == CO2_CLIP_VALUE ? "value" : "norm";
+}
+
+// Every algorithm with an anchor or averaging, every W, τ in {1, 3}; β = 0.5 so the momentum
+// path is exercised (localsgd ignores it).
+std::vector<MathCase> sweep_cases() {
+  std::vector<MathCase> out;
+  for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO, CO2_ALGO_LOCALSGD})
+    for (int w : {1, 2, 3, 4})
+      for (int tau : {1, 3}) {
+        MathCase c;
+        c.algo = algo;
+        c.world = w;
+        c.tau = tau;
+        c.beta = 0.5;
+        c.alpha = 0.8;
+        c.seed = 11 + 7 * w + tau;
+        c.label = std::string(algo_name(algo)) + "_W" + std::to_string(w) + "_tau" +
+                  std::to_string(tau);
+        out.push_back(c);
+      }
+  return out;
+}
+
+// Every penalty x clip x Nesterov for co2 and diloco, W = 3, τ = 3.
+std::vector<MathCase> policy_cases() {
+  std::vector<MathCase> out;
+  for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO})
+    for (co2_penalty_t pen : {CO2_PENALTY_NONE, CO2_PENALTY_CONSTANT, CO2_PENALTY_GAP})
+      for (co2_clip_t clip : {CO2_CLIP_NONE, CO2_CLIP_VALUE, CO2_CLIP_NORM})
+        for (int nest : {0, 1}) {
+          MathCase c;
+          c.algo = algo;
+          c.world = 3;
+          c.tau = 3;
+          c.penalty = pen;
+          c.penalty_constant = 2.5;
+          c.clip = clip;
+          // value: |u| is O(0.1) here, so φ = 0.05 clamps some elements and not others;
+          // norm: segment norms range from O(0.1) (1 element) to O(1) (31 elements).
+          c.phi = clip == CO2_CLIP_VALUE ? 0.05 : 0.3;
+          c.nesterov = nest;
+          c.alpha = 0.7;
+          c.beta = 0.8;
+          c.rounds = 8;
+          c.seed = 100 + 10 * int(pen) + 3 * int(clip) + nest;
+          c.label = std::string(algo_name(algo)) + "_pen_" + penalty_name(pen) + "_clip_" +
+                    clip_name(clip) + (nest ? "_nesterov" : "");
+          out.push_back(c);
+        }
+  return out;
+}
+
+// Layout variations: tensor sizes 1 and 7 alone, the flat storage (owned and adopted), and the
+// 1000003-element tensor in a few combinations only (runtime).
+std::vector<MathCase> layout_cases() {
+  std::vector<MathCase> out;
+  auto add = [&](MathCase c) { out.push_back(c); };
+  for (size_t n : {size_t(1), size_t(7)})
+    for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO}) {
+      MathCase c;
+      c.layout = layout_single(n);
+      c.algo = algo;
+      c.world = 3;
+      c.beta = 0.6;
+      c.penalty = CO2_PENALTY_GAP;
+      c.label = std::string(algo_name(algo)) + "_single" + std::to_string(n) + "_gap";
+      add(c);
+    }
+  for (Storage st : {Storage::AllocFlat, Storage::AdoptFlat})
+    for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO, CO2_ALGO_LOCALSGD}) {
+      MathCase c;
+      c.layout = layout_mixed(st);
+      c.algo = algo;
+      c.world = 3;
+      c.beta = 0.5;
+      c.clip = CO2_CLIP_NORM;
+      c.phi = 0.3;
+      c.label = std::string(algo_name(algo)) + "_" + c.layout.name;
+      add(c);
+    }
+  {
+    MathCase c;
+    c.layout = layout_big();
+    c.algo = CO2_ALGO_CO2;
+    c.world = 2;
+    c.tau = 3;
+    c.beta = 0.9;
+    c.alpha = 0.7;
+    c.nesterov = 1;
+    c.penalty = CO2_PENALTY_GAP;
+    c.clip = CO2_CLIP_NORM;
+    c.phi = 30.0;  // the big segment's ‖u‖ is O(100): clipped
+    c.rounds = 6;
+    c.label = "co2_big_W2_gap_norm_nesterov";
+    add(c);
+    c = MathCase{};
+    c.layout = layout_big();
+    c.algo = CO2_ALGO_DILOCO;
+    c.world = 3;
+    c.tau = 1;
+    c.beta = 0.5;
+    c.penalty = CO2_PENALTY_CONSTANT;
+    c.penalty_constant = 2.0;
+    c.rounds = 6;
+    c.label = "diloco_big_W3_const";
+    add(c);
+    c = MathCase{};
+    c.layout = layout_big();
+    c.algo = CO2_ALGO_CO2;
+    c.world = 4;
+    c.tau = 1;
+    c.beta = CO2_OUTER_MOMENTUM_AUTO;
+    c.rounds = 6;
+    c.label = "co2_big_W4_auto_beta";
+    add(c);
+    c = MathCase{};
+    c.layout = layout_big();
+    c.algo = CO2_ALGO_LOCALSGD;
+    c.world = 4;
+    c.tau = 3;
+    c.rounds = 5;
+    c.label = "localsgd_big_W4";
+    add(c);
+  }
+  return out;
+}
+
+// warmup_sync_rounds: boundaries 0..K-1 as diloco, boundary K like t = 0 of co2.
+std::vector<MathCase> warmup_cases() {
+  std::vector<MathCase> out;
+  MathCase c;
+  c.algo = CO2_ALGO_CO2;
+  c.world = 3;
+  c.tau = 3;
+  c.warmup = 2;
+  c.beta = 0.8;
+  c.nesterov = 1;
+  c.penalty = CO2_PENALTY_GAP;
+  c.clip = CO2_CLIP_NORM;
+  c.phi = 0.3;
+  c.rounds = 7;
+  c.label = "co2_warmup2_gap_norm_nesterov";
+  out.push_back(c);
+  c = MathCase{};
+  c.algo = CO2_ALGO_CO2;
+  c.world = 2;
+  c.tau = 1;
+  c.warmup = 3;
+  c.beta = 0.0;
+  c.rounds = 7;
+  c.label = "co2_warmup3_tau1";
+  out.push_back(c);
+  return out;
+}
+
+// Scripts beyond plain rounds: τ changes, finalize/synchronize, LOCAL_AVERAGE, NaN skips.
+std::vector<MathCase> script_cases() {
+  std::vector<MathCase> out;
+  // τ = 3; during round 1 set τ = 5 (round 1 still has 3 steps, round 2 has 5); during round 2
+  // (after 4 of its 5 steps) set τ = 2: round 2 still ends after 5, round 3 has 2.
+  for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO, CO2_ALGO_LOCALSGD}) {
+    MathCase c;
+    c.algo = algo;
+    c.world = 2;
+    c.tau = 3;
+    c.beta = 0.5;
+    c.script = steps(3);
+    c.script += steps(1);
+    c.script.push_back({Op::SetTau, 5});
+    c.script += steps(2 + 4);
+    c.script.push_back({Op::SetTau, 2});
+    c.script += steps(1 + 2 + 2);
+    c.label = std::string(algo_name(algo)) + "_tau_change";
+    out.push_back(c);
+  }
+  // LOCAL_AVERAGE mid-round (collective, does not change the trajectory).
+  for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO, CO2_ALGO_LOCALSGD}) {
+    MathCase c;
+    c.algo = algo;
+    c.world = 3;
+    c.tau = 3;
+    c.beta = 0.5;
+    for (int r = 0; r < 4; ++r) {
+      c.script += steps(2);
+      c.script.push_back({Op::LocalAverage});
+      c.script += steps(1);
+    }
+    c.label = std::string(algo_name(algo)) + "_local_average_mid_round";
+    out.push_back(c);
+  }
+  // finalize after a boundary, then more rounds (the next boundary behaves like t = 0);
+  // synchronize mid-round (one more update with the fresh average, the next round starts
+  // afresh) and right after a boundary.
+  for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO, CO2_ALGO_LOCALSGD}) {
+    MathCase c;
+    c.algo = algo;
+    c.world = 3;
+    c.tau = 3;
+    c.beta = 0.6;
+    c.penalty = algo == CO2_ALGO_LOCALSGD ? CO2_PENALTY_NONE : CO2_PENALTY_GAP;
+    c.script = steps(9);
+    c.script.push_back({Op::Finalize});
+    c.script += steps(6);
+    c.script.push_back({Op::Synchronize});  // right after a boundary
+    c.script += steps(3 + 1);
+    c.script.push_back({Op::Synchronize});  // mid-round, 1 step into the round
+    c.script += steps(9);
+    c.label = std::string(algo_name(algo)) + "_finalize_synchronize";
+    out.push_back(c);
+  }
+  // A NaN in one rank's params before a co2 boundary: OK there (nonfinite_local), the next
+  // boundary skips the average (CO2_ERR_NONFINITE everywhere, a, m and the gap history
+  // unchanged), and the run continues as the reference says. diloco: skipped at once.
+  for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO}) {
+    for (double bad : {std::nan(""), double(INFINITY)}) {
+      MathCase c;
+      c.algo = algo;
+      c.world = 3;
+      c.tau = 3;
+      c.beta = 0.7;
+      c.penalty = CO2_PENALTY_GAP;
+      c.script = steps(6 + 2);
+      c.script.push_back({Op::InjectNonFinite, 1, 30, bad});
+      c.script += steps(1 + 12);
+      c.label = std::string(algo_name(algo)) + (std::isnan(bad) ? "_nan" : "_inf") +
+                "_skips_round";
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+class EngineMath : public ::testing::TestWithParam<MathCase> {};
+TEST_P(EngineMath, MatchesReference) { run_case(GetParam()); }
+
+std::string case_name(const ::testing::TestParamInfo<MathCase>& info) { return info.param.label; }
+
+INSTANTIATE_TEST_SUITE_P(AlgoWorldTau, EngineMath, ::testing::ValuesIn(sweep_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Policies, EngineMath, ::testing::ValuesIn(policy_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Layouts, EngineMath, ::testing::ValuesIn(layout_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Warmup, EngineMath, ::testing::ValuesIn(warmup_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Scripts, EngineMath, ::testing::ValuesIn(script_cases()), case_name);
+
+// ------------------------------------------------------------------------------------------
+// Specific properties
+// ------------------------------------------------------------------------------------------
+
+// β = 0 with α = 1 still averages (the released code switches itself off there). diloco: the
+// anchor after a boundary is the plain mean of the ranks' params before it. co2: the update at
+// boundary t is -Δ̄_{t-1} = -(a_start(t-1) - mean_i p_i^{t-1}): the stale mean. Checked against
+// values the test computes itself from what the ranks held (not via the reference).
+TEST(EngineMathProperty, BetaZeroAlphaOneAverages) {
+  for (co2_algorithm_t algo : {CO2_ALGO_DILOCO, CO2_ALGO_CO2}) {
+    for (double beta : {0.0, CO2_OUTER_MOMENTUM_AUTO}) {
+      const int W = 3, tau = 2, R = 5;
+      const Layout layout = layout_mixed();
+      const Data data = make_data(layout, W, 77);
+      const size_t n = layout.state_elements();
+      // before[t][r]: rank r's params just before boundary t; anchor[t]: after boundary t.
+      std::vector<std::vector<std::vector<float>>> before(R, std::vector<std::vector<float>>(W));
+      std::vector<std::vector<float>> anchor(R), committed(1);
+      run_ranks(W, [&](int rank, co2_comm_t comm) {
+        LocalModel model(layout, data, rank);
+        EngineGuard eg;
+        co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+        cfg.algorithm = algo;
+        cfg.tau = tau;
+        cfg.outer_lr = 1.0;
+        cfg.outer_momentum = beta;
+        CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+        CO2_ASSERT_OK(model.register_with(eg.engine));
+        CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+        if (rank == 0) committed[0] = model.gather_state();
+        EXPECT_EQ(get_stats(eg.engine).resolved_outer_momentum, 0.0);
+        uint64_t k = 0;
+        std::vector<float> buf(n);
+        for (int t = 0; t < R; ++t) {
+          for (int j = 0; j < tau; ++j) {
+            model.inner_step(k++);
+            if (j == tau - 1) before[t][rank] = model.gather_state();
+            CO2_ASSERT_OK(co2_engine_step(eg.engine, nullptr, nullptr));
+          }
+          CO2_ASSERT_OK(co2_engine_consensus(eg.engine, CO2_CONSENSUS_ANCHOR, buf.data(), n));
+          if (rank == 0) anchor[t] = buf;
+        }
+      });
+      if (HasFailure()) return;
+      // Tolerance: a handful of fp32 roundings of O(1) values per round (see tolerance()).
+      const double tol = 1e-5;
+      for (int t = 0; t < R; ++t) {
+        const std::vector<float>& a_prev = t == 0 ? committed[0] : anchor[t - 1];
+        double moved = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+          double want;
+          if (algo == CO2_ALGO_DILOCO) {
+            want = 0.0;
+            for (int r = 0; r < W; ++r) want += before[t][r][i];
+            want /= W;
+          } else if (t == 0) {
+            want = a_prev[i];  // round 0 of co2 applies nothing
+          } else {
+            const std::vector<float>& a_start = t == 1 ? committed[0] : anchor[t - 2];
+            double mean = 0.0;
+            for (int r = 0; r < W; ++r) mean += before[t - 1][r][i];
+            mean /= W;
+            want = double(a_prev[i]) - (double(a_start[i]) - mean);
+          }
+          ASSERT_NEAR(anchor[t][i], want, tol)
+              << algo_name(algo) << " beta " << beta << " boundary " << t << " element " << i;
+          moved = std::max(moved, std::fabs(double(anchor[t][i]) - a_prev[i]));
+        }
+        if (algo == CO2_ALGO_DILOCO || t > 0) {
+          EXPECT_GT(moved, 1e-3) << "the anchor did not move at boundary " << t
+                                 << ": averaging switched itself off";
+        }
+      }
+    }
+  }
+}
+
+// Auto β resolves by the number of outer participants: 0 up to 16 ranks (17: 0.2).
+TEST(EngineMathProperty, AutoBetaResolvesByWorldSize) {
+  for (int W : {1, 2, 3, 4, 16, 17}) {
+    const Layout layout = layout_single(7);
+    const Data data = make_data(layout, W, 5);
+    run_ranks(W, [&](int rank, co2_comm_t comm) {
+      LocalModel model(layout, data, rank);
+      EngineGuard eg;
+      co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;  // β = CO2_OUTER_MOMENTUM_AUTO
+      cfg.tau = 1;
+      CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+      CO2_ASSERT_OK(model.register_with(eg.engine));
+      CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+      model.inner_step(0);
+      CO2_ASSERT_OK(co2_engine_step(eg.engine, nullptr, nullptr));
+      EXPECT_EQ(get_stats(eg.engine).resolved_outer_momentum, co2ref::auto_beta(W))
+          << "W = " << W;
+    });
+  }
+  EXPECT_EQ(co2ref::auto_beta(16), 0.0);
+  EXPECT_EQ(co2ref::auto_beta(17), 0.2);
+}
+
+// step's out_boundary: 1 exactly on every τ-th call, 0 otherwise; NULL is allowed.
+TEST(EngineMathProperty, StepReportsBoundary) {
+  const int W = 2, tau = 4;
+  const Layout layout = layout_single(7);
+  const Data data = make_data(layout, W, 9);
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    LocalModel model(layout, data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.tau = tau;
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+    for (int i = 1; i <= 4 * tau; ++i) {
+      model.inner_step(i);
+      if (i % 3 == 0) {
+        CO2_ASSERT_OK(co2_engine_step(eg.engine, nullptr, nullptr));
+      } else {
+        int b = -1;
+        CO2_ASSERT_OK(co2_engine_step(eg.engine, nullptr, &b));
+        EXPECT_EQ(b, i % tau == 0 ? 1 : 0) << "step " << i;
+      }
+    }
+    const co2_engine_stats_t st = get_stats(eg.engine);
+    EXPECT_EQ(st.steps, uint64_t(4 * tau));
+    EXPECT_EQ(st.rounds, 4u);
+  });
+}
+
+// A τ set right after a boundary: the round that boundary started is already in progress, so
+// by docs/algorithm.md ("the round in progress ends after the τ that was in force when it
+// began") it keeps the old τ; the new one applies from the following boundary on.
+TEST(EngineMathProperty, TauSetRightAfterBoundaryAppliesFromTheNextBoundary) {
+  const int W = 2;
+  const Layout layout = layout_single(7);
+  const Data data = make_data(layout, W, 13);
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    LocalModel model(layout, data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.tau = 2;
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+    std::vector<int> flags;
+    uint64_t k = 0;
+    auto step = [&] {
+      model.inner_step(k++);
+      int b = -1;
+      CO2_EXPECT_OK(co2_engine_step(eg.engine, nullptr, &b));
+      flags.push_back(b);
+    };
+    step();
+    step();  // boundary 0 (τ = 2)
+    CO2_ASSERT_OK(co2_engine_set_param(eg.engine, CO2_PARAM_TAU, 4.0));
+    double tau = 0;
+    CO2_ASSERT_OK(co2_engine_get_param(eg.engine, CO2_PARAM_TAU, &tau));
+    EXPECT_EQ(tau, 4.0);
+    for (int i = 0; i < 2 + 4; ++i) step();
+    EXPECT_EQ(flags, (std::vector<int>{0, 1, 0, 1, 0, 0, 0, 1})) << "rank " << rank;
+  });
+}
+
+// sync: reduce_gradients averages the gradients passed in that call; step only counts and
+// averages BUFFER segments every τ steps. Against the reference, W in {1..4}.
+class EngineMathSync : public ::testing::TestWithParam<int> {};
+TEST_P(EngineMathSync, ReduceGradientsAndBuffersMatchReference) {
+  const int W = GetParam(), tau = 3, S = 10;
+  const Layout layout = layout_mixed();
+  const Data data = make_data(layout, W, 31 + W);
+  const size_t n = layout.state_elements();
+  co2ref::Config rc;
+  rc.algo = co2ref::Algo::Sync;
+  rc.tau = tau;
+  std::vector<double> init = concat_state(layout, data.init[0]);
+  co2ref::Reference ref(rc, ref_segments(layout), W, init);
+  std::vector<std::vector<double>> targets;
+  for (int r = 0; r < W; ++r) targets.push_back(concat_state(layout, data.target[r]));
+  std::vector<bool> is_param;
+  for (const auto& t : layout.tensors)
+    if (t.role != CO2_ROLE_EXCLUDED)
+      for (size_t i = 0; i < t.count; ++i) is_param.push_back(t.role == CO2_ROLE_PARAMETER);
+  // Reference: grad_r = p_r - target_r on PARAMETER elements, averaged, p -= lr * avg;
+  // BUFFER elements take the synthetic inner step locally.
+  std::vector<std::vector<double>> expect_grad(S), expect_state(S);
+  for (int k = 0; k < S; ++k) {
+    std::vector<std::vector<double>> g(W, std::vector<double>(n, 0.0));
+    for (int r = 0; r < W; ++r)
+      for (size_t i = 0; i < n; ++i)
+        if (is_param[i]) g[r][i] = ref.p(r)[i] - targets[r][i];
+    std::vector<std::vector<double>*> gp;
+    for (auto& x : g) gp.push_back(&x);
+    co2ref::Reference::average_gradients(gp);
+    expect_grad[k] = g[0];
+    const double lr = inner_lr(k);
+    for (int r = 0; r < W; ++r)
+      for (size_t i = 0; i < n; ++i)
+        ref.p(r)[i] = is_param[i] ? ref.p(r)[i] - lr * g[r][i]
+                                  : ref.p(r)[i] - lr * (ref.p(r)[i] - targets[r][i]);
+    ref.step();
+    expect_state[k] = ref.p(0);  // only compared at boundaries (buffers differ in between)
+  }
+  // ~ (3 + W) roundings per step on O(1) values over S steps (see tolerance()).
+  const double tol = 8.0 * S * (3 + W + 4) * kU32 * 2.0;
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    LocalModel model(layout, data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.algorithm = CO2_ALGO_SYNC;
+    cfg.tau = tau;
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+    std::vector<std::vector<float>> grads;
+    std::vector<size_t> param_tensors;
+    for (size_t t = 0; t < model.num_tensors(); ++t)
+      if (model.role(t) == CO2_ROLE_PARAMETER) {
+        param_tensors.push_back(t);
+        grads.emplace_back(model.count(t));
+      }
+    Checker chk{rank, "sync"};
+    std::vector<float> buf(n);
+    for (int k = 0; k < S; ++k) {
+      const float lr = inner_lr(k);
+      // Fresh gradient buffers every call (frameworks reallocate them).
+      std::vector<std::vector<float>> g(param_tensors.size());
+      std::vector<void*> ptrs;
+      for (size_t j = 0; j < param_tensors.size(); ++j) {
+        const size_t t = param_tensors[j];
+        g[j].resize(model.count(t));
+        for (size_t i = 0; i < model.count(t); ++i)
+          g[j][i] = model.tensor(t)[i] - data.target[rank][t][i];
+        ptrs.push_back(g[j].data());
+      }
+      CO2_ASSERT_OK(co2_engine_reduce_gradients(eg.engine, ptrs.data(), ptrs.size(), nullptr));
+      // Compare the averaged gradient (PARAMETER elements of the concatenation).
+      std::vector<float> flat_g;
+      std::vector<double> want_g;
+      size_t off = 0;
+      for (size_t t = 0, j = 0; t < model.num_tensors(); ++t) {
+        if (model.role(t) == CO2_ROLE_EXCLUDED) continue;
+        if (model.role(t) == CO2_ROLE_PARAMETER) {
+          flat_g.insert(flat_g.end(), g[j].begin(), g[j].end());
+          want_g.insert(want_g.end(), expect_grad[k].begin() + off,
+                        expect_grad[k].begin() + off + model.count(t));
+          ++j;
+        }
+        off += model.count(t);
+      }
+      chk.compare(flat_g.data(), want_g, tol, "averaged gradient step " + std::to_string(k));
+      // The optimizer step.
+      for (size_t j = 0; j < param_tensors.size(); ++j) {
+        float* p = model.tensor(param_tensors[j]);
+        for (size_t i = 0; i < g[j].size(); ++i) p[i] = p[i] - lr * g[j][i];
+      }
+      for (size_t t = 0; t < model.num_tensors(); ++t) {
+        if (model.role(t) != CO2_ROLE_BUFFER) continue;
+        float* p = model.tensor(t);
+        for (size_t i = 0; i < model.count(t); ++i)
+          p[i] = p[i] - lr * (p[i] - data.target[rank][t][i]);
+      }
+      int b = -1;
+      CO2_ASSERT_OK(co2_engine_step(eg.engine, nullptr, &b));
+      EXPECT_EQ(b, (k + 1) % tau == 0 ? 1 : 0);
+      if (b == 1) {
+        const std::vector<float> got = model.gather_state();
+        chk.compare(got.data(), expect_state[k], tol, "state after boundary " + std::to_string(k));
+        // sync has no anchor: consensus(ANCHOR) copies the parameters.
+        CO2_ASSERT_OK(co2_engine_consensus(eg.engine, CO2_CONSENSUS_ANCHOR, buf.data(), n));
+        EXPECT_TRUE(bitwise_equal(buf, got)) << "rank " << rank << " step " << k;
+      }
+    }
+    const co2_engine_stats_t st = get_stats(eg.engine);
+    EXPECT_EQ(st.steps, uint64_t(S));
+    EXPECT_EQ(st.rounds, uint64_t(S / tau));
+    EXPECT_TRUE(model.excluded_untouched());
+  });
+}
+INSTANTIATE_TEST_SUITE_P(World, EngineMathSync, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "W" + std::to_string(i.param);
+                         });
+
+// sync: a NULL gradient entry contributes zeros and receives nothing.
+TEST(EngineMathSyncNull, NullEntryContributesZeros) {
+  const int W = 3;
+  const Layout layout{"two", {{"a", 7, CO2_ROLE_PARAMETER}, {"b", 5, CO2_ROLE_PARAMETER}}};
+  const Data data = make_data(layout, W, 3);
+  std::vector<std::vector<float>> got_a(W), got_b(W);
+  auto grad = [](int r, int t, size_t i) { return float(r + 1) * 0.25f + float(t) + 0.125f * float(i); };
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    LocalModel model(layout, data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.algorithm = CO2_ALGO_SYNC;
+    cfg.tau = 1;
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+    std::vector<float> a(7), b(5);
+    for (size_t i = 0; i < 7; ++i) a[i] = grad(rank, 0, i);
+    for (size_t i = 0; i < 5; ++i) b[i] = grad(rank, 1, i);
+    std::vector<float> b_before = b;
+    void* ptrs[2] = {a.data(), rank == 1 ? nullptr : b.data()};
+    CO2_ASSERT_OK(co2_engine_reduce_gradients(eg.engine, ptrs, 2, nullptr));
+    got_a[rank] = a;
+    got_b[rank] = b;
+    if (rank == 1) {
+      EXPECT_TRUE(bitwise_equal(b, b_before)) << "a NULL entry received nothing";
+    }
+    // num_grads must equal the number of trained tensors.
+    CO2_EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT,
+                      co2_engine_reduce_gradients(eg.engine, ptrs, 1, nullptr));
+  });
+  // Values are multiples of 1/8 below 16: the sums and the division by 3 are exact in fp32
+  // up to one rounding of the quotient.
+  for (int r = 0; r < W; ++r) {
+    for (size_t i = 0; i < 7; ++i) {
+      double want = 0;
+      for (int q = 0; q < W; ++q) want += grad(q, 0, i);
+      EXPECT_NEAR(got_a[r][i], want / W, 4 * kU32 * 8) << r << " " << i;
+    }
+    if (r == 1) continue;
+    for (size_t i = 0; i < 5; ++i) {
+      double want = 0;
+      for (int q = 0; q < W; ++q)
+        if (q != 1) want += grad(q, 1, i);
+      EXPECT_NEAR(got_b[r][i], want / W, 4 * kU32 * 8) << r << " " << i;
+    }
+  }
+}
+
+}  // namespace

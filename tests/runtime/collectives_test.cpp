@@ -1,0 +1,725 @@
+// Tests of the collective state machines over the local transport, without the communicator:
+// each rank is a thread that drives its collectives the way a progress thread does.
+#include "runtime/collectives.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "transports/local/transport.hpp"
+
+namespace {
+
+using co2::DataType;
+using co2::ReduceOp;
+using co2::Status;
+using co2::collectives::Collective;
+using co2::collectives::Descriptor;
+using co2::collectives::Kind;
+using co2::collectives::Tuning;
+using co2::transport::Outcome;
+using co2::transport::PointToPoint;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using Group = std::vector<std::unique_ptr<PointToPoint>>;
+using Bytes = std::vector<std::byte>;
+
+std::string unique_name() {
+  static std::atomic<int> counter{0};
+  return "collectives_test/" + std::to_string(counter++);
+}
+
+Group join_all(int size, const co2::transport::local::LinkModel& link = {}) {
+  const std::string name = unique_name();
+  Group group(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank)
+    threads.emplace_back([&, rank] {
+      group[size_t(rank)] = co2::transport::local::join(name, rank, size, milliseconds(10000), link);
+    });
+  for (auto& thread : threads) thread.join();
+  return group;
+}
+
+struct RankResult {
+  Status status = Status::Ok;
+  std::string message;
+};
+
+using Factory = std::function<std::vector<std::unique_ptr<Collective>>(PointToPoint&, int rank)>;
+
+// Runs each rank's collectives to the end on one thread per rank, advancing them round-robin.
+// Like the communicator, a rank whose collective fails aborts its transport, so that its peers
+// fail too instead of waiting. A rank still running after `limit` reports Status::Timeout.
+std::vector<RankResult> run_ranks(Group& group, const Factory& make,
+                                  milliseconds limit = milliseconds(60000)) {
+  std::vector<RankResult> results(group.size());
+  std::vector<std::thread> threads;
+  for (size_t rank = 0; rank < group.size(); ++rank) {
+    threads.emplace_back([&, rank] {
+      PointToPoint& transport = *group[rank];
+      auto collectives = make(transport, int(rank));
+      RankResult& result = results[rank];
+      const auto deadline = Clock::now() + limit;
+      bool running = true;
+      while (running) {
+        running = false;
+        bool progressed = false;
+        for (auto& collective : collectives) {
+          progressed |= collective->advance();
+          if (collective->failed() && result.status == Status::Ok) {
+            result = {collective->status(), collective->message()};
+            transport.abort(collective->message());
+          }
+          running |= !collective->finished() && !collective->failed();
+        }
+        if (result.status != Status::Ok) break;
+        if (Clock::now() > deadline) {
+          result = {Status::Timeout, "rank did not finish in time"};
+          transport.abort("test timeout");
+          break;
+        }
+        if (running && !progressed) transport.wait_for_activity(std::chrono::microseconds(1000));
+      }
+      for (auto& collective : collectives) {
+        const auto release_deadline = Clock::now() + milliseconds(5000);
+        while (!collective->release_transfers() && Clock::now() < release_deadline)
+          transport.wait_for_activity(std::chrono::microseconds(1000));
+        EXPECT_TRUE(collective->release_transfers()) << "rank " << rank;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return results;
+}
+
+std::vector<std::unique_ptr<Collective>> one(std::unique_ptr<Collective> collective) {
+  std::vector<std::unique_ptr<Collective>> list;
+  list.push_back(std::move(collective));
+  return list;
+}
+
+Descriptor allreduce_descriptor(uint64_t sequence, size_t count, DataType dtype, ReduceOp op) {
+  Descriptor descriptor;
+  descriptor.sequence = sequence;
+  descriptor.kind = Kind::AllReduce;
+  descriptor.count = count;
+  descriptor.dtype = dtype;
+  descriptor.op = op;
+  return descriptor;
+}
+
+Descriptor broadcast_descriptor(uint64_t sequence, size_t count, DataType dtype, int root) {
+  Descriptor descriptor;
+  descriptor.sequence = sequence;
+  descriptor.kind = Kind::Broadcast;
+  descriptor.count = count;
+  descriptor.dtype = dtype;
+  descriptor.root = root;
+  return descriptor;
+}
+
+Descriptor allgather_descriptor(uint64_t sequence, size_t count, DataType dtype) {
+  Descriptor descriptor;
+  descriptor.sequence = sequence;
+  descriptor.kind = Kind::AllGather;
+  descriptor.count = count;
+  descriptor.dtype = dtype;
+  return descriptor;
+}
+
+void expect_all_ok(const std::vector<RankResult>& results) {
+  for (size_t rank = 0; rank < results.size(); ++rank)
+    EXPECT_EQ(results[rank].status, Status::Ok) << "rank " << rank << ": " << results[rank].message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed inputs and references. Float inputs are small multiples of 1/4, so every sum is exact in
+// any order and the reference can be compared exactly.
+
+template <typename T>
+T input_value(int rank, size_t index) {
+  const int64_t base = int64_t((uint64_t(rank) * 7919 + index * 13) % 251) - 125;
+  if constexpr (std::is_floating_point_v<T>) {
+    return T(base) * T(0.25);
+  } else if constexpr (sizeof(T) == 8) {
+    return T(base * 1000000007LL + rank);  // needs 64-bit arithmetic
+  } else {
+    return T(base * 1000 + rank);
+  }
+}
+
+template <typename T>
+T reference_value(ReduceOp op, int ranks, size_t index) {
+  T extreme = input_value<T>(0, index);
+  long double sum = 0;
+  int64_t integer_sum = 0;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const T value = input_value<T>(rank, index);
+    if (op == ReduceOp::Min) extreme = std::min(extreme, value);
+    if (op == ReduceOp::Max) extreme = std::max(extreme, value);
+    sum += value;
+    integer_sum += int64_t(value);
+  }
+  switch (op) {
+    case ReduceOp::Min:
+    case ReduceOp::Max: return extreme;
+    case ReduceOp::Sum:
+      if constexpr (std::is_floating_point_v<T>) return T(sum);
+      else return T(integer_sum);
+    case ReduceOp::Avg:
+      if constexpr (std::is_floating_point_v<T>) return T(sum) * (T(1) / T(ranks));
+      else return T(integer_sum / ranks);
+  }
+  return T(0);
+}
+
+size_t element_size(DataType dtype) { return co2::dtype_size(dtype); }
+
+template <typename T>
+void fill_typed(Bytes& bytes, int rank) {
+  T* values = reinterpret_cast<T*>(bytes.data());
+  for (size_t i = 0; i < bytes.size() / sizeof(T); ++i) values[i] = input_value<T>(rank, i);
+}
+
+template <typename T>
+Bytes reference_typed(ReduceOp op, int ranks, size_t count) {
+  Bytes bytes(count * sizeof(T));
+  T* values = reinterpret_cast<T*>(bytes.data());
+  for (size_t i = 0; i < count; ++i) values[i] = reference_value<T>(op, ranks, i);
+  return bytes;
+}
+
+Bytes make_input(DataType dtype, int rank, size_t count) {
+  Bytes bytes(count * element_size(dtype));
+  switch (dtype) {
+    case DataType::F32: fill_typed<float>(bytes, rank); break;
+    case DataType::F64: fill_typed<double>(bytes, rank); break;
+    case DataType::I32: fill_typed<int32_t>(bytes, rank); break;
+    case DataType::I64: fill_typed<int64_t>(bytes, rank); break;
+  }
+  return bytes;
+}
+
+Bytes make_reference(DataType dtype, ReduceOp op, int ranks, size_t count) {
+  switch (dtype) {
+    case DataType::F32: return reference_typed<float>(op, ranks, count);
+    case DataType::F64: return reference_typed<double>(op, ranks, count);
+    case DataType::I32: return reference_typed<int32_t>(op, ranks, count);
+    case DataType::I64: return reference_typed<int64_t>(op, ranks, count);
+  }
+  return {};
+}
+
+// Index of the first differing element, or -1.
+long long first_difference(const Bytes& a, const Bytes& b, size_t element_bytes) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); i += element_bytes)
+    if (std::memcmp(&a[i], &b[i], element_bytes) != 0) return (long long)(i / element_bytes);
+  return -1;
+}
+
+const char* dtype_label(DataType dtype) {
+  switch (dtype) {
+    case DataType::F32: return "F32";
+    case DataType::F64: return "F64";
+    case DataType::I32: return "I32";
+    case DataType::I64: return "I64";
+  }
+  return "?";
+}
+
+const char* op_label(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "Sum";
+    case ReduceOp::Avg: return "Avg";
+    case ReduceOp::Min: return "Min";
+    case ReduceOp::Max: return "Max";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// All-reduce: every W x count x dtype x op
+
+using AllReduceCase = std::tuple<int, size_t, DataType, ReduceOp>;
+
+class AllReduceMatrix : public ::testing::TestWithParam<AllReduceCase> {};
+
+TEST_P(AllReduceMatrix, MatchesReferenceBitIdenticallyOnEveryRank) {
+  const auto [ranks, count, dtype, op] = GetParam();
+  Tuning tuning;
+  tuning.chunk_bytes = 16384;  // many segments for the large counts: exercises the pipeline
+  Group group = join_all(ranks);
+  std::vector<Bytes> buffers;
+  for (int rank = 0; rank < ranks; ++rank) buffers.push_back(make_input(dtype, rank, count));
+  const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+    return one(co2::collectives::make_allreduce(
+        transport, allreduce_descriptor(0, count, dtype, op), buffers[size_t(rank)].data(), tuning));
+  });
+  expect_all_ok(results);
+  const Bytes expected = make_reference(dtype, op, ranks, count);
+  for (int rank = 0; rank < ranks; ++rank) {
+    EXPECT_EQ(first_difference(buffers[size_t(rank)], expected, element_size(dtype)), -1)
+        << "rank " << rank << " differs from the reference";
+    EXPECT_TRUE(buffers[size_t(rank)] == buffers[0]) << "rank " << rank << " differs from rank 0";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllCombinations, AllReduceMatrix,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::Values(size_t(1), size_t(7), size_t(1000), size_t(1000003)),
+                       ::testing::Values(DataType::F32, DataType::F64, DataType::I32, DataType::I64),
+                       ::testing::Values(ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max)),
+    [](const ::testing::TestParamInfo<AllReduceCase>& info) {
+      return "W" + std::to_string(std::get<0>(info.param)) + "_n" +
+             std::to_string(std::get<1>(info.param)) + "_" + dtype_label(std::get<2>(info.param)) +
+             "_" + op_label(std::get<3>(info.param));
+    });
+
+TEST(AllReduce, RandomFloatSumsAreBitIdenticalAcrossRanks) {
+  // Random values: the rounding depends on the order of additions, so equal bytes on every rank
+  // show that each element is reduced once, in one order, and then copied.
+  for (int ranks : {3, 4}) {
+    const size_t count = 100003;
+    Group group = join_all(ranks);
+    std::vector<std::vector<float>> buffers(static_cast<size_t>(ranks), std::vector<float>(count));
+    std::vector<double> exact(count, 0.0);
+    std::mt19937 random(42);
+    std::uniform_real_distribution<float> distribution(-1.0f, 1.0f);
+    for (auto& buffer : buffers)
+      for (size_t i = 0; i < count; ++i) {
+        buffer[i] = distribution(random) * std::pow(10.0f, float(i % 7) - 3.0f);
+        exact[i] += buffer[i];
+      }
+    Tuning tuning;
+    tuning.chunk_bytes = 4096;
+    const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+      return one(co2::collectives::make_allreduce(
+          transport, allreduce_descriptor(0, count, DataType::F32, ReduceOp::Sum),
+          buffers[size_t(rank)].data(), tuning));
+    });
+    expect_all_ok(results);
+    for (int rank = 1; rank < ranks; ++rank)
+      EXPECT_EQ(std::memcmp(buffers[size_t(rank)].data(), buffers[0].data(), count * sizeof(float)), 0)
+          << "W=" << ranks << " rank " << rank;
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_NEAR(buffers[0][i], exact[i], 1e-5 * (1.0 + std::fabs(exact[i]) * 1e3)) << i;
+  }
+}
+
+TEST(AllReduce, WorksWithOneElementPerMessageAndWithOneHugeChunk) {
+  for (size_t chunk_bytes : {size_t(1), size_t(1) << 30}) {
+    const int ranks = 3;
+    const size_t count = 101;
+    Tuning tuning;
+    tuning.chunk_bytes = chunk_bytes;
+    Group group = join_all(ranks);
+    std::vector<Bytes> buffers;
+    for (int rank = 0; rank < ranks; ++rank) buffers.push_back(make_input(DataType::I64, rank, count));
+    const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+      return one(co2::collectives::make_allreduce(
+          transport, allreduce_descriptor(0, count, DataType::I64, ReduceOp::Sum),
+          buffers[size_t(rank)].data(), tuning));
+    });
+    expect_all_ok(results);
+    const Bytes expected = make_reference(DataType::I64, ReduceOp::Sum, ranks, count);
+    for (const Bytes& buffer : buffers) EXPECT_EQ(first_difference(buffer, expected, 8), -1);
+  }
+}
+
+TEST(AllReduce, ZeroElementsCompletes) {
+  Group group = join_all(3);
+  const auto results = run_ranks(group, [&](PointToPoint& transport, int) {
+    return one(co2::collectives::make_allreduce(
+        transport, allreduce_descriptor(0, 0, DataType::F32, ReduceOp::Sum), nullptr, Tuning{}));
+  });
+  expect_all_ok(results);
+}
+
+TEST(AllReduce, IntegerSumsWrapAroundInsteadOfOverflowing) {
+  const int ranks = 2;
+  Group group = join_all(ranks);
+  std::vector<std::vector<int32_t>> buffers = {{INT32_MAX, INT32_MIN}, {1, -1}};
+  const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+    return one(co2::collectives::make_allreduce(
+        transport, allreduce_descriptor(0, 2, DataType::I32, ReduceOp::Sum),
+        buffers[size_t(rank)].data(), Tuning{}));
+  });
+  expect_all_ok(results);
+  EXPECT_EQ(buffers[0][0], INT32_MIN);
+  EXPECT_EQ(buffers[0][1], INT32_MAX);
+  EXPECT_EQ(buffers[1], buffers[0]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Broadcast and all-gather
+
+TEST(Broadcast, CopiesTheRootsBufferToEveryRank) {
+  for (int ranks : {1, 2, 3, 4}) {
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(1000003)}) {
+      for (DataType dtype : {DataType::F64, DataType::I32}) {
+        for (int root = 0; root < ranks; ++root) {
+          Tuning tuning;
+          tuning.chunk_bytes = 8192;
+          Group group = join_all(ranks);
+          std::vector<Bytes> buffers;
+          for (int rank = 0; rank < ranks; ++rank) buffers.push_back(make_input(dtype, rank, count));
+          const Bytes expected = buffers[size_t(root)];
+          const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+            return one(co2::collectives::make_broadcast(
+                transport, broadcast_descriptor(0, count, dtype, root), buffers[size_t(rank)].data(),
+                tuning));
+          });
+          expect_all_ok(results);
+          for (int rank = 0; rank < ranks; ++rank)
+            ASSERT_TRUE(buffers[size_t(rank)] == expected)
+                << "W=" << ranks << " count=" << count << " root=" << root << " rank=" << rank;
+        }
+      }
+    }
+  }
+}
+
+TEST(AllGather, CollectsEveryRanksBlockInRankOrder) {
+  for (int ranks : {1, 2, 3, 4}) {
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(100003)}) {
+      for (bool in_place : {false, true}) {
+        Tuning tuning;
+        tuning.chunk_bytes = 4096;
+        Group group = join_all(ranks);
+        const DataType dtype = DataType::F32;
+        const size_t block_bytes = count * element_size(dtype);
+        std::vector<Bytes> sends, recvs(static_cast<size_t>(ranks), Bytes(block_bytes * size_t(ranks)));
+        Bytes expected;
+        for (int rank = 0; rank < ranks; ++rank) {
+          sends.push_back(make_input(dtype, rank, count));
+          expected.insert(expected.end(), sends.back().begin(), sends.back().end());
+          if (in_place && count > 0)
+            std::memcpy(recvs[size_t(rank)].data() + size_t(rank) * block_bytes, sends.back().data(),
+                        block_bytes);
+        }
+        const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+          std::byte* recv = recvs[size_t(rank)].data();
+          const void* send = in_place ? recv + size_t(rank) * block_bytes : sends[size_t(rank)].data();
+          return one(co2::collectives::make_allgather(
+              transport, allgather_descriptor(0, count, dtype), send, recv, tuning));
+        });
+        expect_all_ok(results);
+        for (int rank = 0; rank < ranks; ++rank)
+          ASSERT_TRUE(recvs[size_t(rank)] == expected)
+              << "W=" << ranks << " count=" << count << " in_place=" << in_place << " rank=" << rank;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several collectives at once
+
+TEST(Collectives, ManyInFlightAdvancedInDifferentOrdersOnEachRank) {
+  const int ranks = 4;
+  const int kCollectives = 24;
+  Group group = join_all(ranks);
+  Tuning tuning;
+  tuning.chunk_bytes = 1024;
+  // Per rank, per collective: one buffer (all-gather: send + recv).
+  std::vector<std::vector<Bytes>> buffers(static_cast<size_t>(ranks)), sends(static_cast<size_t>(ranks));
+  auto count_of = [](int index) { return size_t(index * 997 % 5000 + 1); };
+  for (int rank = 0; rank < ranks; ++rank)
+    for (int index = 0; index < kCollectives; ++index) {
+      const size_t count = count_of(index);
+      sends[size_t(rank)].push_back(make_input(DataType::I64, rank, count));
+      buffers[size_t(rank)].push_back(index % 3 == 2 ? Bytes(count * 8 * ranks)
+                                                     : sends[size_t(rank)].back());
+    }
+  const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+    std::vector<std::unique_ptr<Collective>> list;
+    for (int index = 0; index < kCollectives; ++index) {
+      const size_t count = count_of(index);
+      void* buffer = buffers[size_t(rank)][size_t(index)].data();
+      const uint64_t sequence = uint64_t(index);
+      switch (index % 3) {
+        case 0:
+          list.push_back(co2::collectives::make_allreduce(
+              transport, allreduce_descriptor(sequence, count, DataType::I64, ReduceOp::Max), buffer,
+              tuning));
+          break;
+        case 1:
+          list.push_back(co2::collectives::make_broadcast(
+              transport, broadcast_descriptor(sequence, count, DataType::I64, index % ranks), buffer,
+              tuning));
+          break;
+        case 2:
+          list.push_back(co2::collectives::make_allgather(
+              transport, allgather_descriptor(sequence, count, DataType::I64),
+              sends[size_t(rank)][size_t(index)].data(), buffer, tuning));
+          break;
+      }
+    }
+    // Odd ranks drive them newest first, so the ranks post different collectives first.
+    if (rank % 2 == 1) std::reverse(list.begin(), list.end());
+    return list;
+  });
+  expect_all_ok(results);
+  for (int index = 0; index < kCollectives; ++index) {
+    const size_t count = count_of(index);
+    Bytes expected;
+    if (index % 3 == 0) expected = make_reference(DataType::I64, ReduceOp::Max, ranks, count);
+    if (index % 3 == 1) expected = sends[size_t(index % ranks)][size_t(index)];
+    if (index % 3 == 2)
+      for (int rank = 0; rank < ranks; ++rank)
+        expected.insert(expected.end(), sends[size_t(rank)][size_t(index)].begin(),
+                        sends[size_t(rank)][size_t(index)].end());
+    for (int rank = 0; rank < ranks; ++rank)
+      EXPECT_TRUE(buffers[size_t(rank)][size_t(index)] == expected)
+          << "collective " << index << " rank " << rank;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mismatches and transport failures
+
+// Runs one collective per rank built by `make_for_rank` (on 16 int32 elements), expecting that
+// none succeeds and that none hangs. Returns the results.
+std::vector<RankResult> run_expecting_failure(
+    int ranks, const std::function<std::unique_ptr<Collective>(PointToPoint&, int, void*)>& make_for_rank) {
+  Group group = join_all(ranks);
+  std::vector<std::vector<int32_t>> buffers(static_cast<size_t>(ranks), std::vector<int32_t>(16, 0));
+  for (int rank = 0; rank < ranks; ++rank)
+    for (size_t i = 0; i < 16; ++i) buffers[size_t(rank)][i] = int32_t(100 * rank + int(i));
+  const auto originals = buffers;
+  const auto start = Clock::now();
+  auto results = run_ranks(
+      group,
+      [&](PointToPoint& transport, int rank) {
+        return one(make_for_rank(transport, rank, buffers[size_t(rank)].data()));
+      },
+      milliseconds(20000));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10)) << "failure took too long to spread";
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    EXPECT_NE(results[rank].status, Status::Ok) << "rank " << rank;
+    EXPECT_NE(results[rank].status, Status::Timeout) << "rank " << rank << " hung";
+  }
+  // A rank posts no data before it checked its predecessor's descriptor, so a rank that saw the
+  // mismatch never had its buffer written. (Ranks further along may hold partial results.)
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    if (results[rank].status == Status::CollectiveMismatch) {
+      EXPECT_EQ(buffers[rank], originals[rank]) << "rank " << rank << "'s buffer was written";
+    }
+  }
+  return results;
+}
+
+// Only the ranks next to the difference can see it; the first to do so aborts the group, so the
+// others fail with Aborted (carrying the detector's message). Checks that a detector exists and
+// that every CollectiveMismatch message contains `needles`.
+void expect_mismatch_detected(const std::vector<RankResult>& results,
+                              const std::vector<std::string>& needles) {
+  int detectors = 0;
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    const RankResult& result = results[rank];
+    if (result.status != Status::CollectiveMismatch) {
+      EXPECT_EQ(result.status, Status::Aborted) << "rank " << rank << ": " << result.message;
+      EXPECT_NE(result.message.find("collective mismatch"), std::string::npos) << result.message;
+      continue;
+    }
+    ++detectors;
+    for (const std::string& needle : needles)
+      EXPECT_NE(result.message.find(needle), std::string::npos)
+          << "rank " << rank << ": " << result.message;
+  }
+  EXPECT_GE(detectors, 1);
+}
+
+TEST(CollectiveMismatch, DifferentCountIsDetectedAndNamesBothDescriptors) {
+  const auto results = run_expecting_failure(3, [](PointToPoint& transport, int rank, void* buffer) {
+    const size_t count = rank == 1 ? 8 : 7;
+    return co2::collectives::make_allreduce(
+        transport, allreduce_descriptor(0, count, DataType::I32, ReduceOp::Sum), buffer, Tuning{});
+  });
+  expect_mismatch_detected(results, {"count 7", "count 8", "rank 1"});
+  EXPECT_NE(results[0].status, Status::CollectiveMismatch) << "rank 0 and its predecessor agree";
+}
+
+TEST(CollectiveMismatch, DifferentKindIsDetected) {
+  const auto results = run_expecting_failure(2, [](PointToPoint& transport, int rank, void* buffer) {
+    if (rank == 0)
+      return co2::collectives::make_broadcast(transport, broadcast_descriptor(0, 16, DataType::I32, 0),
+                                              buffer, Tuning{});
+    return co2::collectives::make_allreduce(
+        transport, allreduce_descriptor(0, 16, DataType::I32, ReduceOp::Sum), buffer, Tuning{});
+  });
+  expect_mismatch_detected(results, {"broadcast", "allreduce"});
+}
+
+TEST(CollectiveMismatch, DifferentOpDtypeOrRootIsDetected) {
+  using Make = std::function<std::unique_ptr<Collective>(PointToPoint&, int, void*)>;
+  const std::vector<Make> variants = {
+      [](PointToPoint& transport, int rank, void* buffer) {
+        return co2::collectives::make_allreduce(
+            transport,
+            allreduce_descriptor(0, 16, DataType::I32, rank == 3 ? ReduceOp::Max : ReduceOp::Sum),
+            buffer, Tuning{});
+      },
+      [](PointToPoint& transport, int rank, void* buffer) {
+        // f32 and i32 have the same size: only the descriptor tells them apart.
+        return co2::collectives::make_allreduce(
+            transport,
+            allreduce_descriptor(0, 16, rank == 3 ? DataType::F32 : DataType::I32, ReduceOp::Sum),
+            buffer, Tuning{});
+      },
+      [](PointToPoint& transport, int rank, void* buffer) {
+        return co2::collectives::make_broadcast(
+            transport, broadcast_descriptor(0, 16, DataType::I32, rank == 3 ? 1 : 0), buffer, Tuning{});
+      },
+  };
+  for (const Make& make : variants) {
+    const auto results = run_expecting_failure(4, make);
+    expect_mismatch_detected(results, {"rank 3"});  // rank 3 or its successor, rank 0, sees it
+    EXPECT_NE(results[1].status, Status::CollectiveMismatch);
+    EXPECT_NE(results[2].status, Status::CollectiveMismatch);
+  }
+}
+
+TEST(CollectiveMismatch, TransportSizeMismatchMapsToCollectiveMismatch) {
+  Group group = join_all(2);
+  std::vector<int32_t> buffer(4, 1);
+  auto collective = co2::collectives::make_allreduce(
+      *group[1], allreduce_descriptor(0, 4, DataType::I32, ReduceOp::Sum), buffer.data(), Tuning{});
+  // A stranger on the descriptor tag with a message of the wrong length.
+  char junk[3] = {1, 2, 3};
+  group[0]->post_send(1, co2::collectives::descriptor_tag(0), junk, sizeof junk);
+  for (int i = 0; i < 1000 && !collective->failed(); ++i) {
+    collective->advance();
+    group[1]->wait_for_activity(std::chrono::microseconds(1000));
+  }
+  ASSERT_TRUE(collective->failed());
+  EXPECT_EQ(collective->status(), Status::CollectiveMismatch) << collective->message();
+  group[1]->abort("done");
+  EXPECT_TRUE(collective->release_transfers());
+}
+
+TEST(CollectiveMismatch, MalformedDescriptorIsReported) {
+  Group group = join_all(2);
+  std::vector<int32_t> buffer(4, 1);
+  auto collective = co2::collectives::make_allreduce(
+      *group[1], allreduce_descriptor(0, 4, DataType::I32, ReduceOp::Sum), buffer.data(), Tuning{});
+  std::vector<char> zeros(32, 0);
+  group[0]->post_send(1, co2::collectives::descriptor_tag(0), zeros.data(), zeros.size());
+  for (int i = 0; i < 1000 && !collective->failed(); ++i) {
+    collective->advance();
+    group[1]->wait_for_activity(std::chrono::microseconds(1000));
+  }
+  ASSERT_TRUE(collective->failed());
+  EXPECT_EQ(collective->status(), Status::CollectiveMismatch);
+  EXPECT_NE(collective->message().find("malformed"), std::string::npos) << collective->message();
+  group[1]->abort("done");
+  EXPECT_TRUE(collective->release_transfers());
+}
+
+TEST(CollectiveFailure, LostPeerMapsToPeerLost) {
+  Group group = join_all(2);
+  std::vector<int32_t> buffer(4, 1);
+  auto collective = co2::collectives::make_allreduce(
+      *group[0], allreduce_descriptor(0, 4, DataType::I32, ReduceOp::Sum), buffer.data(), Tuning{});
+  collective->advance();
+  group[1].reset();
+  for (int i = 0; i < 1000 && !collective->failed(); ++i) {
+    collective->advance();
+    group[0]->wait_for_activity(std::chrono::microseconds(1000));
+  }
+  ASSERT_TRUE(collective->failed());
+  EXPECT_EQ(collective->status(), Status::PeerLost) << collective->message();
+}
+
+TEST(CollectiveFailure, AbortedTransportMapsToAborted) {
+  Group group = join_all(2);
+  std::vector<int32_t> buffer(4, 1);
+  auto collective = co2::collectives::make_allreduce(
+      *group[0], allreduce_descriptor(0, 4, DataType::I32, ReduceOp::Sum), buffer.data(), Tuning{});
+  collective->advance();
+  group[1]->abort("stop everything");
+  collective->advance();
+  ASSERT_TRUE(collective->failed());
+  EXPECT_EQ(collective->status(), Status::Aborted);
+  EXPECT_NE(collective->message().find("stop everything"), std::string::npos) << collective->message();
+  EXPECT_TRUE(collective->release_transfers());
+}
+
+TEST(CollectiveFailure, OutcomesMapToStatuses) {
+  EXPECT_EQ(co2::collectives::status_of(Outcome::Done), Status::Ok);
+  EXPECT_EQ(co2::collectives::status_of(Outcome::PeerLost), Status::PeerLost);
+  EXPECT_EQ(co2::collectives::status_of(Outcome::SizeMismatch), Status::CollectiveMismatch);
+  EXPECT_EQ(co2::collectives::status_of(Outcome::Aborted), Status::Aborted);
+  EXPECT_EQ(co2::collectives::status_of(Outcome::Failed), Status::Transport);
+}
+
+TEST(CollectiveFailure, BroadcastRootOutOfRangeIsRejected) {
+  Group group = join_all(1);
+  int32_t value = 0;
+  try {
+    co2::collectives::make_broadcast(*group[0], broadcast_descriptor(0, 1, DataType::I32, 1), &value,
+                                     Tuning{});
+    FAIL() << "expected an error";
+  } catch (const co2::Error& error) {
+    EXPECT_EQ(error.status(), Status::InvalidArgument);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tags and descriptors
+
+TEST(CollectiveTags, AreDistinctPerSequenceStepAndChunk) {
+  std::set<uint64_t> tags;
+  size_t made = 0;
+  for (uint64_t sequence : {0ull, 1ull, 2ull, 12345ull})
+    for (uint32_t step : {0u, 1u, 5u, 4093u})
+      for (uint64_t chunk : {0ull, 1ull, 2ull, 1000ull, 4000000ull}) {
+        tags.insert(co2::collectives::data_tag(sequence, step, chunk));
+        ++made;
+      }
+  for (uint64_t sequence : {0ull, 1ull, 2ull, 12345ull}) {
+    tags.insert(co2::collectives::descriptor_tag(sequence));
+    ++made;
+  }
+  EXPECT_EQ(tags.size(), made);
+}
+
+TEST(CollectiveDescriptor, ComparesAndDescribesEveryField) {
+  const Descriptor base = allreduce_descriptor(7, 1000, DataType::F32, ReduceOp::Sum);
+  EXPECT_EQ(base.to_string(), "#7 allreduce(sum, f32, count 1000)");
+  EXPECT_EQ(broadcast_descriptor(2, 5, DataType::I64, 3).to_string(), "#2 broadcast(i64, count 5, root 3)");
+  EXPECT_EQ(allgather_descriptor(3, 9, DataType::F64).to_string(), "#3 allgather(f64, count 9)");
+  Descriptor other = base;
+  EXPECT_EQ(other, base);
+  other.sequence = 8;
+  EXPECT_NE(other, base);
+  other = base;
+  other.count = 1001;
+  EXPECT_NE(other, base);
+  other = base;
+  other.op = ReduceOp::Avg;
+  EXPECT_NE(other, base);
+  other = base;
+  other.dtype = DataType::I32;
+  EXPECT_NE(other, base);
+  other = base;
+  other.kind = Kind::Broadcast;
+  EXPECT_NE(other, base);
+  other = base;
+  other.root = 1;
+  EXPECT_NE(other, base);
+}
+
+}  // namespace
