@@ -10,7 +10,7 @@
 //            u32 name_length, name bytes, u32 role, u64 count, f64 last_step_norm, f64 gap_sum,
 //            u64 updates, f32 anchor[count] (if flags.anchor), f32 momentum[count] (if
 //            flags.momentum), f32 average[count] (if flags.average)
-//   trailer: u32 crc32(everything before), "CO2END\0\0"
+//   trailer: u32 crc32(everything before), "CO2END!!"
 #include <cstring>
 #include <string>
 
@@ -26,7 +26,7 @@ namespace co2 {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'O', '2', 'S', 'T', 'A', 'T', 'E'};
-constexpr char kTrailer[8] = {'C', 'O', '2', 'E', 'N', 'D', '\0', '\0'};
+constexpr char kTrailer[8] = {'C', 'O', '2', 'E', 'N', 'D', '!', '!'};
 constexpr uint32_t kFormatVersion = 1;
 
 constexpr uint32_t kBetaAuto = 1u << 0;
@@ -61,8 +61,8 @@ class Source {
   explicit Source(const ReadFn& read) : read_(read) {}
   void bytes(void* data, size_t length) {
     if (!read_(data, length))
-      fail(Status::CheckpointCorrupt, "the checkpoint read callback failed at byte " + std::to_string(total_) +
-                                          ": the blob is truncated or unreadable");
+      fail(Status::Callback, "the checkpoint read callback reported failure at byte " + std::to_string(total_) +
+                                 " (truncated or unreadable blob); the engine is unchanged");
     crc_ = crc32_update(crc_, data, length);
     total_ += length;
   }
@@ -192,6 +192,7 @@ void Engine::load(const ReadFn& read) {
   require(std::memcmp(magic, kMagic, sizeof magic) == 0, Status::CheckpointCorrupt,
           "not a co2 checkpoint (bad magic)");
   const auto version = in.value<uint32_t>();
+  require(version != 0, Status::CheckpointCorrupt, "checkpoint format version is 0: the blob is corrupted");
   require(version == kFormatVersion, Status::CheckpointMismatch,
           "checkpoint format version " + std::to_string(version) + " is not supported (this library reads " +
               std::to_string(kFormatVersion) + ")");
@@ -234,13 +235,14 @@ void Engine::load(const ReadFn& read) {
     const Segment& seg = s.segments[i];
     if (seg.role == Role::Excluded) continue;
     const auto name_length = in.value<uint32_t>();
-    require(name_length == seg.name.size(), Status::CheckpointMismatch,
+    // The header (CRC-checked) already matched this layout: a differing segment is corruption.
+    require(name_length == seg.name.size(), Status::CheckpointCorrupt,
             "checkpoint segment " + std::to_string(i) + " does not match '" + seg.name + "'");
     std::string name(name_length, '\0');
     in.bytes(name.data(), name_length);
     const auto role = in.value<uint32_t>();
     const auto count = in.value<uint64_t>();
-    require(name == seg.name && role == uint32_t(seg.role) && count == seg.count, Status::CheckpointMismatch,
+    require(name == seg.name && role == uint32_t(seg.role) && count == seg.count, Status::CheckpointCorrupt,
             "checkpoint segment '" + name + "' does not match the registered '" + seg.name + "'");
     history[i].last_step_norm = in.value<double>();
     history[i].gap_sum = in.value<double>();

@@ -389,7 +389,9 @@ typedef struct co2_engine_stats {
                                       norm clip: fraction of segments scaled                   */
 } co2_engine_stats_t;
 
-#define CO2_ENGINE_STATS_INIT { sizeof(co2_engine_stats_t), CO2_ABI_VERSION }
+#define CO2_ENGINE_STATS_INIT                                                              \
+    { sizeof(co2_engine_stats_t), CO2_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0,     \
+      1.0, 1.0, 1.0, 0.0 }
 
 co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_stats_t *out_stats);
 
