@@ -110,7 +110,16 @@ TEST(LocalRendezvous, RejectsRankOutOfRange) {
 TEST(LocalRendezvous, RejectsSizeConflict) {
   const std::string name = unique_name("g");
   std::unique_ptr<PointToPoint> first;
-  std::thread joiner([&] { first = join(name, 0, 2, milliseconds(10000), {}); });
+  // The probe in wait_until_joined may briefly hold rank 0 itself: retry until ours.
+  std::thread joiner([&] {
+    while (!first) {
+      try {
+        first = join(name, 0, 2, milliseconds(10000), {});
+      } catch (const RendezvousError&) {
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+    }
+  });
   wait_until_joined(name, 0, 2);
   const std::string message = rendezvous_error(name, 1, 3, milliseconds(1000));
   EXPECT_NE(message.find("size 2"), std::string::npos) << message;
@@ -124,7 +133,16 @@ TEST(LocalRendezvous, RejectsSizeConflict) {
 TEST(LocalRendezvous, RejectsRankAlreadyTaken) {
   const std::string name = unique_name("g");
   std::unique_ptr<PointToPoint> first;
-  std::thread joiner([&] { first = join(name, 0, 2, milliseconds(10000), {}); });
+  // The probe in wait_until_joined may briefly hold rank 0 itself: retry until ours.
+  std::thread joiner([&] {
+    while (!first) {
+      try {
+        first = join(name, 0, 2, milliseconds(10000), {});
+      } catch (const RendezvousError&) {
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+    }
+  });
   wait_until_joined(name, 0, 2);
   const std::string message = rendezvous_error(name, 0, 2, milliseconds(1000));
   EXPECT_NE(message.find("rank 0 is already taken"), std::string::npos) << message;
