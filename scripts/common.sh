@@ -34,8 +34,9 @@ ensure_packages() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# configure TESTS(true|false) [meson options...]: sets up $BUILD_DIR with these options, or, if
-# it exists (perhaps configured by demo.sh without tests), switches its `tests` option when needed.
+# configure TESTS(true|false) [meson options...]: sets up $BUILD_DIR with these options. If it
+# exists already, only turns tests on when TESTS is true (demo.sh sets up without tests; it never
+# turns them off in a directory that test.sh configured).
 configure() {
   local tests=$1
   shift
@@ -52,7 +53,7 @@ for o in json.load(open(sys.argv[1])):
     if o["name"] == "tests":
         print(str(o["value"]).lower())
 ' "$BUILD_DIR/meson-info/intro-buildoptions.json" 2>/dev/null || true)
-  if [ "$current" != "$tests" ]; then
+  if [ "$tests" = true ] && [ "$current" != true ]; then
     log "meson configure $BUILD_DIR -Dtests=$tests"
     meson configure "$BUILD_DIR" -Dtests="$tests"
   fi
