@@ -29,9 +29,6 @@ fi
 testlog="$BUILD_DIR/meson-logs/testlog.json"
 rm -f "$testlog"
 log "meson test -C $BUILD_DIR $*"
-# The 'wip' suite (engine_math, engine_checkpoint) holds tests whose set-up is still being
-# finished; run it with: bash scripts/test.sh --suite wip
-if [ $# -eq 0 ]; then set -- --no-suite wip; fi
 meson test -C "$BUILD_DIR" --no-rebuild --print-errorlogs "$@"
 rc=$?
 
