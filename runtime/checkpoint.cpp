@@ -104,13 +104,14 @@ size_t stateful_segments(const Engine::State& s) {
   return n;
 }
 
-Header header_of(const Engine::State& s) {
+// with_average: whether the blob carries an average (save collects an in-flight one first).
+Header header_of(const Engine::State& s, bool with_average) {
   Header h;
   h.layout_hash = s.layout_hash;
   h.world_size = uint32_t(s.comm->size());
   h.algorithm = uint32_t(s.config.algorithm);
   h.flags = (s.beta_auto ? kBetaAuto : 0) | (s.config.nesterov ? kNesterov : 0) |
-            (!s.momentum.empty() ? kHasMomentum : 0) | (s.average_ready ? kHasAverage : 0) |
+            (!s.momentum.empty() ? kHasMomentum : 0) | (with_average ? kHasAverage : 0) |
             (s.has_anchor() ? kHasAnchor : 0);
   h.tau = s.config.tau;
   h.round_tau = s.round_tau;
@@ -132,10 +133,10 @@ Header header_of(const Engine::State& s) {
   return h;
 }
 
-void serialize(const Engine::State& s, Sink& out) {
+void serialize(const Engine::State& s, bool with_average, Sink& out) {
   out.bytes(kMagic, sizeof kMagic);
   out.value(kFormatVersion);
-  Header h = header_of(s);
+  Header h = header_of(s, with_average);
   auto put = [&](auto v) { out.value(v); };
   visit_header(put, h);
   out.value(out.crc());
@@ -163,13 +164,9 @@ void serialize(const Engine::State& s, Sink& out) {
 size_t Engine::state_size() const {
   const State& s = *state_;
   require(s.committed, Status::InvalidState, "commit the layout before asking for the state size");
-  // The size depends on whether an average is in flight: save collects it first.
-  State& mutable_state = const_cast<State&>(s);
-  const bool had_average = s.average_ready;
-  if (s.pending) mutable_state.average_ready = true;
+  // An average in flight counts: save collects it before writing.
   Sink counter(nullptr);
-  serialize(s, counter);
-  mutable_state.average_ready = had_average;
+  serialize(s, s.average_ready || s.pending != nullptr, counter);
   return counter.total();
 }
 
@@ -179,7 +176,7 @@ void Engine::save(const WriteFn& write) {
   collect_pending_average(s);
   check_anchor(s);
   Sink out(&write);
-  serialize(s, out);
+  serialize(s, s.average_ready, out);
 }
 
 void Engine::load(const ReadFn& read) {

@@ -168,7 +168,8 @@ bool collect_average(S& s, bool* finite) {
   return false;
 }
 
-double segment_lambda(S& s, size_t index, bool record) {
+// Lambda of one PARAMETER segment for the update being applied; records g in the gap history.
+double segment_lambda(S& s, size_t index) {
   const auto& config = s.config;
   switch (config.penalty) {
     case Penalty::None:
@@ -178,12 +179,10 @@ double segment_lambda(S& s, size_t index, bool record) {
     case Penalty::Gap: {
       GapHistory& h = s.history[index];
       const double g = h.last_step_norm;
-      double sum = h.gap_sum + g;
-      uint64_t n = h.updates + 1;
-      if (record) {
-        h.gap_sum = sum;
-        h.updates = n;
-      }
+      const double sum = h.gap_sum + g;
+      const uint64_t n = h.updates + 1;
+      h.gap_sum = sum;
+      h.updates = n;
       if (g == 0.0) return 1.0;
       const double mean = sum / double(n);
       return 1.0 / (1.0 + g / (mean + kGapEpsilon));
@@ -212,7 +211,7 @@ bool fused_pass(S& s, bool update, bool write_delta) {
     OuterCoefficients k;
     PassFlags flags{update, false, false, false, write_delta};
     if (update && seg.role == Role::Parameter) {
-      const double lambda = segment_lambda(s, index, /*record=*/true);
+      const double lambda = segment_lambda(s, index);
       penalty_min = std::min(penalty_min, lambda);
       penalty_max = std::max(penalty_max, lambda);
       k.alpha = float(config.outer_lr);
