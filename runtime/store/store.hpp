@@ -24,4 +24,8 @@ class Store : public transport::Rendezvous {
 // A store in this process's memory: shared by threads (tests, the in-process ranks).
 std::shared_ptr<Store> make_memory_store();
 
+// A store in `directory` (created if missing), shared by every process that can see it: a
+// shared filesystem across hosts, or a local directory for processes on one host.
+std::shared_ptr<Store> open_file_store(const std::string& directory);
+
 }  // namespace co2::store
