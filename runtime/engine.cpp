@@ -64,6 +64,12 @@ void validate_storage(const StorageDesc& storage) {
   require(storage.device_index >= 0, Status::InvalidArgument, "device_index must be >= 0");
 }
 
+// Marks the caller's return to its own compute when an engine call leaves, normally or not.
+struct AdvisorExitGuard {
+  TauAdvisor& advisor;
+  ~AdvisorExitGuard() { advisor.caller_left(Clock::now()); }
+};
+
 bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
@@ -125,7 +131,9 @@ void wait_charged(S& s, const std::shared_ptr<Request>& request) {
     const std::string message = s.comm->error_message();
     fail(status, message.empty() ? "collective failed" : message);
   }
-  s.stats.collective_ns += elapsed_ns(request->submitted_at(), request->completed_at());
+  const uint64_t collective = elapsed_ns(request->submitted_at(), request->completed_at());
+  s.stats.collective_ns += collective;
+  s.advisor.allreduce_completed(collective);
 }
 
 // A blocking all-reduce (average) of `count` floats that reports whether the result is finite.
@@ -536,6 +544,9 @@ void Engine::commit() {
 bool Engine::step(void* /*stream: host tensors need none*/) {
   State& s = *state_;
   require_committed(s);
+  s.advisor.caller_entered(Clock::now());
+  s.advisor.step_ended();
+  const AdvisorExitGuard left{s.advisor};
   ++s.stats.steps;
   if (++s.steps_in_round < s.round_tau) return false;
   s.steps_in_round = 0;
@@ -571,6 +582,8 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* /*stre
           "num_grads is " + std::to_string(num_grads) + " but " + std::to_string(s.num_trained) +
               " PARAMETER tensors are registered");
   check_comm(s);
+  s.advisor.caller_entered(Clock::now());
+  const AdvisorExitGuard left{s.advisor};
   FloatBuffer* buffer = &s.comm_buffer;
   if (s.config.algorithm != Algorithm::Sync) {  // comm_buffer may hold an average in flight
     if (s.gradient_buffer.empty()) s.gradient_buffer = FloatBuffer(s.trained_count);
@@ -604,6 +617,7 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* /*stre
 void Engine::finalize() {
   State& s = *state_;
   require_committed(s);
+  s.advisor.pause();
   if (s.config.algorithm != Algorithm::Co2) return synchronize();
   check_comm(s);
   s.steps_in_round = 0;
@@ -614,6 +628,7 @@ void Engine::finalize() {
 void Engine::synchronize() {
   State& s = *state_;
   require_committed(s);
+  s.advisor.pause();
   check_comm(s);
   const bool mid_round = s.steps_in_round > 0;
   s.steps_in_round = 0;
@@ -647,6 +662,7 @@ void Engine::consensus(ConsensusKind kind, float* out, size_t count) {
   require(count == s.state_count, Status::InvalidArgument,
           "output count is " + std::to_string(count) + " but the consensus has " +
               std::to_string(s.state_count) + " elements (co2_engine_num_elements)");
+  s.advisor.pause();
   switch (kind) {
     case ConsensusKind::Anchor:
       if (s.has_anchor()) {
@@ -727,7 +743,13 @@ double Engine::get_param(Param key) const {
   fail(Status::UnknownEnum, "unknown parameter key " + std::to_string(int(key)));
 }
 
-EngineStats Engine::stats() const { return state_->stats; }
+EngineStats Engine::stats() const {
+  EngineStats out = state_->stats;
+  out.step_time_ns = state_->advisor.step_ns();
+  out.allreduce_time_ns = state_->advisor.allreduce_ns();
+  out.advised_tau = state_->advisor.advised_tau();
+  return out;
+}
 
 float* Engine::anchor_for_testing() { return state_->anchor.data(); }
 

@@ -9,6 +9,7 @@
 #include "runtime/buffer.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/tau_advisor.hpp"
 
 namespace co2 {
 
@@ -52,6 +53,7 @@ struct Engine::State {
   bool ready_average_finite = true;
 
   EngineStats stats;
+  TauAdvisor advisor;  // step and all-reduce times -> the smallest tau that hides the all-reduce
 
   bool has_anchor() const {
     return config.algorithm == Algorithm::Co2 || config.algorithm == Algorithm::Diloco;
