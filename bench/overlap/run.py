@@ -259,8 +259,15 @@ def netns_available():
 
 
 def multiprocess_transport_built(args):
-    """Asks the benchmark itself: --mode process exits 77 when the build has no transport for
-    separate processes."""
+    """Whether co2_comm_create(AUTO) can join separate processes: libco2 links UCX, and the
+    benchmark in --mode process does not answer 77 (unsupported)."""
+    libs = [os.path.join(args.build, f) for f in os.listdir(args.build) if f.startswith("libco2.so")]
+    try:
+        needed = subprocess.run(["readelf", "-d"] + libs[:1], capture_output=True, text=True).stdout
+    except OSError:
+        needed = ""
+    if not libs or "libucp" not in needed:
+        return False
     overlap = os.path.join(args.build, "bench", "overlap", "overlap")
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1",
                UCX_TLS="tcp", UCX_NET_DEVICES="lo")
