@@ -227,7 +227,16 @@ def run_config(args, transport, world, rate, works, burn_iters, want_ddp, prefix
             for algo in ALGOS_TAU:
                 record(f"{algo} tau={tau}",
                        lambda a=algo, t=tau: runner.overlap_run(a, t, params, work, burn_iters))
+        # The machine is shared: compute-only once more at the end, and the faster of the two is
+        # the reference (so a ratio is never flattered by a slow reference run).
+        record("none (again)", lambda: runner.overlap_run("none", 1, params, work, burn_iters))
     return results
+
+
+def best_reference(rows):
+    """The compute-only reference of a group of rows: the fastest of its runs."""
+    refs = [r for r in rows if r["algo"] == "none"]
+    return max(refs, key=lambda r: r["steps_per_s"]) if refs else None
 
 
 def inner_main(args):
@@ -319,7 +328,7 @@ def tables(results, args):
         lines.append(f"\n### W = {world}, step = {title}\n")
         for rate in RATES_BITS:
             rows = [r for r in results if r["work"] == work and r["world"] == world and r["rate"] == rate]
-            base = next((r for r in rows if r["algo"] == "none"), None)
+            base = best_reference(rows)
             if not base:
                 continue
             def get(algo, tau=None):
@@ -338,12 +347,12 @@ def tables(results, args):
                 lines.append(f"measured: one all-reduce {ar_ms:.1f} ms = {ar_ms / step_ms:.1f} steps of "
                              f"{step_ms:.2f} ms; advised tau {advised['advised_tau'] if advised else '-'}")
             lines.append("")
-            lines.append("    algorithm     " + "".join(f"  tau={t:<4}" for t in args.taus) + "   (steps/s over compute-only)")
+            lines.append("    algorithm         " + "".join(f"  tau={t:<4}" for t in args.taus) + "   (steps/s over compute-only)")
             for algo in ("sync", "ddp"):
                 r = get(algo)
                 if r:
-                    name = "sync (co2)" if algo == "sync" else "DDP (torch gloo)"
-                    lines.append(f"    {name:<16}{fmt_ratio(r['steps_per_s'] / base['steps_per_s'])}   (every step)")
+                    name = "sync (co2)" if algo == "sync" else f"DDP (gloo {r['transport']})"
+                    lines.append(f"    {name:<20}{fmt_ratio(r['steps_per_s'] / base['steps_per_s'])}   (every step)")
             for algo in ALGOS_TAU:
                 cells = []
                 for t in args.taus:
@@ -356,7 +365,7 @@ def tables(results, args):
                     if algo == "co2" and step_ms and ar_ms < t * step_ms:
                         mark = "*" if ratio >= 0.95 else "!"
                     cells.append(f"{fmt_ratio(ratio)}{mark}  ")
-                lines.append(f"    {algo:<16}" + "".join(cells))
+                lines.append(f"    {algo:<20}" + "".join(cells))
             lines.append("")
     lines.append("* co2 where one all-reduce takes less than tau steps and the target (>= 0.95) holds; "
                  "! where it does not.")
@@ -376,6 +385,12 @@ def plot(results, path, args):
     styles = {"sync": ("tab:red", "s"), "ddp": ("tab:purple", "v"), "localsgd": ("tab:orange", "^"),
               "diloco": ("tab:green", "D"), "co2": ("tab:blue", "o")}
     worlds = sorted({r["world"] for r in results})
+    top = 0.0
+    for r in results:
+        base = best_reference([b for b in results if b["work"] == r["work"] and b["world"] == r["world"]
+                               and b["rate"] == r["rate"]])
+        if base and r["work"] == "wait":
+            top = max(top, r["steps_per_s"] / base["steps_per_s"])
     for ax, tau in zip(axes, args.taus):
         for world in worlds:
             ls = "-" if world == worlds[0] else "--"
@@ -383,7 +398,7 @@ def plot(results, path, args):
                 ys = []
                 for rate in rates:
                     rows = [r for r in results if r["work"] == "wait" and r["world"] == world and r["rate"] == rate]
-                    base = next((r for r in rows if r["algo"] == "none"), None)
+                    base = best_reference(rows)
                     r = next((r for r in rows if r["algo"] == algo and (algo in ("sync", "ddp") or r["tau"] == tau)), None)
                     ys.append(r["steps_per_s"] / base["steps_per_s"] if r and base else float("nan"))
                 if all(math.isnan(y) for y in ys):
@@ -393,13 +408,14 @@ def plot(results, path, args):
         ax.set_xticks(xs)
         ax.set_xticklabels(["100 Mbit/s", "1 Gbit/s", "uncapped"])
         ax.set_title(f"tau = {tau}")
-        ax.set_ylim(0, 1.08)
+        ax.set_ylim(0, max(1.1, top + 0.05))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("throughput / compute-only")
-    axes[-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle("Timed-wait step (10 ms); N sized per link so one all-reduce is about "
-                 f"{args.target_steps} steps", fontsize=9)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=len(styles) * len(worlds) // 2 or 1)
+    fig.suptitle(f"Timed-wait step ({args.step_ms:g} ms); N sized per link so one all-reduce is about "
+                 f"{args.target_steps:g} steps (uncapped: N = {args.max_params:,})", fontsize=9)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -412,10 +428,11 @@ def parse_args(argv):
     ap.add_argument("--rates", default="100mbit,1gbit,none")
     ap.add_argument("--taus", default="4,12,48")
     ap.add_argument("--step-ms", type=float, default=10.0)
-    ap.add_argument("--seconds", type=float, default=1.0, help="target length of one run")
+    ap.add_argument("--seconds", type=float, default=0.6, help="target length of one run")
     ap.add_argument("--target-steps", type=float, default=20.0,
                     help="size N so that one all-reduce takes about this many steps")
-    ap.add_argument("--max-params", type=int, default=8_000_000)
+    ap.add_argument("--max-params", type=int, default=4_000_000,
+                    help="the cap for uncapped links (where the host CPU, not the link, limits)")
     ap.add_argument("--burn", action="store_true", help="also the CPU-burn table (W = 2)")
     ap.add_argument("--burn-iters", type=int, default=0)
     ap.add_argument("--ddp", dest="ddp", action="store_true", default=True)
@@ -466,8 +483,11 @@ def main(argv):
         log("--transport loopback needs a build with the multi-process transport: skipped")
         return 77
     if args.burn and not args.burn_iters:
-        args.burn_iters = int(subprocess.run([overlap, "--calibrate-burn", str(int(args.step_ms * 1000))],
-                                             capture_output=True, text=True, check=True).stdout)
+        # The cores are shared: the largest of three calibrations is the least disturbed one.
+        args.burn_iters = max(
+            int(subprocess.run([overlap, "--calibrate-burn", str(int(args.step_ms * 1000))],
+                               capture_output=True, text=True, check=True).stdout)
+            for _ in range(3))
         log(f"burn: {args.burn_iters} iterations take {args.step_ms} ms on an idle core")
     log(f"co2 ranks: {transport}; torch DDP: "
         + ("in namespaces" if args.ddp and have_netns else "on loopback (uncapped)" if args.ddp else "off"))

@@ -101,8 +101,8 @@ def calibrate(measured, default_eta):
     for r in rows:
         if r["algo"] in ("none", "ddp"):
             continue
-        base = next((b for b in rows if b["algo"] == "none" and b["world"] == r["world"]
-                     and b["rate"] == r["rate"]), None)
+        refs = [b for b in rows if b["algo"] == "none" and b["world"] == r["world"] and b["rate"] == r["rate"]]
+        base = max(refs, key=lambda b: b["steps_per_s"]) if refs else None
         if not base or not r.get("step_time_ms"):
             continue
         s = r["step_time_ms"] / 1e3
@@ -112,7 +112,9 @@ def calibrate(measured, default_eta):
         predicted = s_base / step_seconds(r["algo"], tau, s_base, ar, 0.0, 0.0, 1.0)
         measured_ratio = r["steps_per_s"] / base["steps_per_s"]
         validation.append((r["world"], r["rate"], r["algo"], tau, ar / s, predicted, measured_ratio))
-        if r["algo"] == "co2" and ar < 0.8 * tau * s:
+        # Hiding is judged where the link limits (capped rates), as on a GPU cluster; uncapped,
+        # the all-reduce is host CPU work competing with everything else on 2 cores.
+        if r["algo"] == "co2" and r["rate"] != "none" and ar < 0.8 * tau * s:
             hidden.append(measured_ratio)
     overlap_eff = min(1.0, sorted(hidden)[len(hidden) // 2]) if hidden else 1.0
     return eta, overlap_eff, validation
