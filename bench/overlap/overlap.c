@@ -57,6 +57,8 @@ struct rank_result {
     int64_t measured_steps;
     co2_engine_stats_t stats;
     double burn_sink;
+    double engine_seconds; /* inside co2_engine_* calls during the measured steps */
+    int64_t boundaries;    /* measured steps that were boundaries */
 };
 
 static void usage(void) {
@@ -186,20 +188,29 @@ static int train(const struct options *o, co2_comm_t comm, int rank, struct rank
     }
     {
         double sink = 0.0;
-        int64_t t_measure = now_ns();
+        int64_t t_measure = now_ns(), engine_ns = 0;
         for (int64_t step = 0; step < o->steps; ++step) {
-            if (step == o->warmup_steps) t_measure = now_ns();
+            if (step == o->warmup_steps) {
+                t_measure = now_ns();
+                engine_ns = 0;
+                out->boundaries = 0;
+            }
             model_step(o, params, step, now_ns(), &sink);
             if (engine) {
+                const int64_t t0 = now_ns();
+                int boundary = 0;
                 if (grad) {
                     void *grads[1] = {grad};
                     if (!check(co2_engine_reduce_gradients(engine, grads, 1, NULL),
                                "co2_engine_reduce_gradients", rank))
                         goto done;
                 }
-                if (!check(co2_engine_step(engine, NULL, NULL), "co2_engine_step", rank)) goto done;
+                if (!check(co2_engine_step(engine, NULL, &boundary), "co2_engine_step", rank)) goto done;
+                engine_ns += now_ns() - t0;
+                out->boundaries += boundary;
             }
         }
+        out->engine_seconds = (double)engine_ns / 1e9;
         out->seconds = (double)(now_ns() - t_measure) / 1e9;
         out->measured_steps = o->steps - o->warmup_steps;
         out->burn_sink = sink;
@@ -227,13 +238,15 @@ static void print_result(const struct options *o, int rank, int world, const str
            "\"work\": \"%s\", \"step_us\": %lld, \"burn_iters\": %llu, \"steps\": %lld, "
            "\"seconds\": %.6f, \"steps_per_s\": %.4f, \"boundary_wait_ms\": %.3f, "
            "\"collective_ms\": %.3f, \"allreduces\": %.0f, \"step_time_ms\": %.4f, "
-           "\"allreduce_time_ms\": %.4f, \"advised_tau\": %u}\n",
+           "\"allreduce_time_ms\": %.4f, \"advised_tau\": %u, \"engine_ms\": %.3f, "
+           "\"boundaries\": %lld}\n",
            rank, world, o->algo_name, o->algo == CO2_ALGO_SYNC ? 1u : o->tau, o->params,
            o->work == WORK_WAIT ? "wait" : "burn", (long long)o->step_us,
            (unsigned long long)o->burn_iters, (long long)r->measured_steps, r->seconds,
            r->seconds > 0 ? (double)r->measured_steps / r->seconds : 0.0,
            (double)s->boundary_wait_ns / 1e6, (double)s->collective_ns / 1e6, allreduces,
-           (double)s->step_time_ns / 1e6, (double)s->allreduce_time_ns / 1e6, s->advised_tau);
+           (double)s->step_time_ns / 1e6, (double)s->allreduce_time_ns / 1e6, s->advised_tau,
+           r->engine_seconds * 1e3, (long long)r->boundaries);
     fflush(stdout);
 }
 

@@ -188,7 +188,7 @@ def aggregate(lines):
     slowest = min(lines, key=lambda d: d["steps_per_s"])
     out = dict(slowest)
     out["ranks"] = len(lines)
-    for key in ("allreduce_time_ms", "step_time_ms", "advised_tau", "boundary_wait_ms"):
+    for key in ("allreduce_time_ms", "step_time_ms", "advised_tau", "boundary_wait_ms", "engine_ms"):
         vals = [d[key] for d in lines if key in d]
         if vals:
             out[key] = max(vals)
@@ -346,6 +346,12 @@ def tables(results, args):
             if step_ms:
                 lines.append(f"measured: one all-reduce {ar_ms:.1f} ms = {ar_ms / step_ms:.1f} steps of "
                              f"{step_ms:.2f} ms; advised tau {advised['advised_tau'] if advised else '-'}")
+            if advised and advised.get("boundaries"):
+                per_round = advised["engine_ms"] / advised["boundaries"]
+                tau_max = args.taus[-1]
+                lines.append(f"co2 at tau={tau_max}: {per_round:.1f} ms inside the engine per round "
+                             f"(host boundary pass + waits) = {per_round / (tau_max * 1e3 / base['steps_per_s']):.1%} "
+                             f"of the round's compute")
             lines.append("")
             lines.append("    algorithm         " + "".join(f"  tau={t:<4}" for t in args.taus) + "   (steps/s over compute-only)")
             for algo in ("sync", "ddp"):
