@@ -25,24 +25,38 @@ namespace {
 // How often a blocked get() looks for its key again.
 constexpr auto kFilePollInterval = std::chrono::milliseconds(5);
 
-// Hex digits per path component: file names are limited to 255 bytes (NAME_MAX).
-constexpr size_t kHexDigitsPerComponent = 200;
+// Keys are arbitrary bytes; file names are not. A key becomes "k-" + its bytes in hex. File names
+// are limited to 255 bytes, so a key longer than kLongestHexKey bytes becomes "h-" + a 128-bit
+// hash of it instead, and its file starts with the key itself (a u32 length, then the bytes) so
+// that a read can tell a collision from its own key.
+constexpr size_t kLongestHexKey = 100;
 
-// Keys are arbitrary bytes; file names are not. A key becomes "k-" + its bytes in hex; a long
-// key is split into directories of kHexDigitsPerComponent digits, named with a ".d" suffix so
-// that a directory never has the name of a shorter key's file.
-std::string relative_path(const std::string& key) {
+bool is_long(const std::string& key) { return key.size() > kLongestHexKey; }
+
+std::string hex(const void* data, size_t size) {
   static const char digits[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : key) {
-    hex += digits[c >> 4];
-    hex += digits[c & 15];
+  std::string out;
+  for (size_t i = 0; i < size; ++i) {
+    const unsigned char c = static_cast<const unsigned char*>(data)[i];
+    out += digits[c >> 4];
+    out += digits[c & 15];
   }
-  std::string path = "k-";
-  size_t start = 0;
-  for (; hex.size() - start > kHexDigitsPerComponent; start += kHexDigitsPerComponent)
-    path += hex.substr(start, kHexDigitsPerComponent) + ".d/";
-  return path + hex.substr(start);
+  return out;
+}
+
+std::string file_name(const std::string& key) {
+  if (!is_long(key)) return "k-" + hex(key.data(), key.size());
+  uint64_t hashes[2] = {14695981039346656037ull, 0x9e3779b97f4a7c15ull};  // FNV-1a, two seeds
+  for (unsigned char c : key)
+    for (auto& hash : hashes) hash = (hash ^ c) * 1099511628211ull;
+  return "h-" + hex(hashes, sizeof(hashes));
+}
+
+std::string key_header(const std::string& key) {
+  if (!is_long(key)) return "";
+  std::string header(4, '\0');
+  for (int i = 0; i < 4; ++i) header[size_t(i)] = char((key.size() >> (8 * i)) & 0xff);
+  return header + key;
 }
 
 [[noreturn]] void store_failure(const std::string& what) {
@@ -53,16 +67,17 @@ class FileStore final : public Store {
  public:
   explicit FileStore(std::string directory) : directory_(std::move(directory)) {
     if (directory_.empty()) throw transport::RendezvousError("file store: no directory given");
-    make_parent_directories(directory_ + "/", 1);
+    make_directories(directory_ + "/");
   }
 
   void set(const std::string& key, const std::string& value) override {
     const std::string path = path_of(key);
-    make_parent_directories(path, directory_.size() + 1);
+    const std::string header = key_header(key);
     const std::string temporary = path + ".tmp" + std::to_string(::getpid()) + "-" + std::to_string(nonce_) + "-" +
                                   std::to_string(sequence_.fetch_add(1));
     {
       std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      out.write(header.data(), std::streamsize(header.size()));
       out.write(value.data(), std::streamsize(value.size()));
       if (!out.flush()) store_failure("cannot write " + temporary);
     }
@@ -72,7 +87,7 @@ class FileStore final : public Store {
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     const auto deadline = deadline_after(timeout);
     std::string value;
-    while (!try_read(path_of(key), value)) {
+    while (!try_read(key, value)) {
       if (Clock::now() >= deadline)
         throw transport::RendezvousError("file store: key '" + key + "' did not appear in " + directory_ +
                                          " within " + std::to_string(timeout.count()) + " ms");
@@ -92,7 +107,7 @@ class FileStore final : public Store {
     int64_t result;
     try {
       std::string current;
-      const bool present = try_read(path_of(key), current);
+      const bool present = try_read(key, current);
       result = add_to_stored_integer("file store", key, present ? &current : nullptr, delta);
       set(key, std::to_string(result));
     } catch (...) {
@@ -111,23 +126,27 @@ class FileStore final : public Store {
   }
 
  private:
-  std::string path_of(const std::string& key) const { return directory_ + "/" + relative_path(key); }
+  std::string path_of(const std::string& key) const { return directory_ + "/" + file_name(key); }
 
-  // mkdir -p of everything above `path`: the store's directory, the ".d" directories of a long key.
-  // Looks for slashes from `from` on.
-  void make_parent_directories(const std::string& path, size_t from) const {
-    for (size_t slash = from; (slash = path.find('/', slash)) != std::string::npos; ++slash) {
+  // mkdir -p of everything above `path`.
+  static void make_directories(const std::string& path) {
+    for (size_t slash = 1; (slash = path.find('/', slash)) != std::string::npos; ++slash) {
       const std::string parent = path.substr(0, slash);
       if (::mkdir(parent.c_str(), 0700) != 0 && errno != EEXIST) store_failure("cannot create " + parent);
     }
   }
 
-  static bool try_read(const std::string& path, std::string& value) {
-    std::ifstream in(path, std::ios::binary);
+  // The value under `key`, if its file exists.
+  bool try_read(const std::string& key, std::string& value) const {
+    std::ifstream in(path_of(key), std::ios::binary);
     if (!in) return false;
     std::ostringstream contents;
     contents << in.rdbuf();
     value = contents.str();
+    const std::string header = key_header(key);
+    if (value.compare(0, header.size(), header) != 0)
+      throw transport::RendezvousError("file store: two keys share the file " + path_of(key) + " (a hash collision)");
+    value.erase(0, header.size());
     return true;
   }
 

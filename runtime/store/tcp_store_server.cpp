@@ -234,7 +234,7 @@ class Server final : public TcpStoreServer {
       if (version != wire::kVersion)
         return refuse(connection, "TCP store: protocol version " + std::to_string(version) +
                                       " is not supported (the server speaks " + std::to_string(wire::kVersion) + ")");
-      if (!same_token(token, token_)) {
+      if (!token_.empty() && !same_token(token, token_)) {  // no token: any client is welcome
         return refuse(connection, token.empty()
                                       ? "authentication failed: the store requires CO2_AUTH_TOKEN and this client presented none"
                                       : "authentication failed: this client's CO2_AUTH_TOKEN does not match the store's");
