@@ -138,6 +138,8 @@ class UcxTransport final : public PointToPoint {
   void post_control_recv();
   void check_control_recv();
   void on_control(const ucp_tag_recv_info_t& info);
+  void drain_unexpected();
+  void reap_drains();
   void mark_lost(Peer& peer, const std::string& reason);
   void say_goodbye();
   void close_lost_endpoints();
@@ -175,6 +177,13 @@ class UcxTransport final : public PointToPoint {
   void* control_recv_ = nullptr;
   std::vector<void*> goodbyes_;
   std::vector<void*> closing_;  // ucp_ep_close_nbx requests in flight
+
+  // Data messages received (and dropped) after an abort: the request and the buffer it fills.
+  struct Drain {
+    void* request = nullptr;
+    std::unique_ptr<char[]> buffer;
+  };
+  std::vector<Drain> drains_;
 };
 
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
@@ -273,8 +282,11 @@ UcxTransport::~UcxTransport() {
   for (void* request : closing_) ucp_request_free(request);
   for (void* request : goodbyes_) ucp_request_free(request);
   if (control_recv_) ucp_request_free(control_recv_);
+  for (Drain& drain : drains_)
+    if (drain.request) ucp_request_free(drain.request);
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
+  drains_.clear();  // their buffers outlive the worker, which may still have written into them
 }
 
 void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h /*endpoint*/, ucs_status_t status) {
@@ -599,8 +611,12 @@ bool UcxTransport::progress_locked() {
     close_lost_endpoints();
     happened = true;
   }
-  if (aborted_) settle_abort();
+  if (aborted_) {
+    settle_abort();
+    drain_unexpected();
+  }
   reap_closing_requests();
+  reap_drains();
   return happened || aborted_ != was_aborted;
 }
 
@@ -750,9 +766,43 @@ void UcxTransport::settle_abort() {
                                      }),
                       notice_sends_.end());
   if (!notice_sends_.empty() && Clock::now() - aborted_at_ < kNoticeGrace) return;
-  // Closing cancels every send still queued, so the caller's buffers are free again.
+  // Closing cancels every send still queued, so the caller's buffers are free again. Endpoints
+  // without peer error handling cannot be closed that way; they stay open so that the peers'
+  // drains can complete the sends instead (drain_unexpected).
   endpoints_closed_ = true;
-  for (auto& peer : peers_) close_endpoint(*peer);
+  for (auto& peer : peers_)
+    if (peer->peer_error_handling) close_endpoint(*peer);
+}
+
+void UcxTransport::drain_unexpected() {
+  // After an abort nobody receives data any more, but a peer's rendezvous send waits until its
+  // message is received. Over transports with peer error handling, closing the endpoints
+  // cancels those sends on both sides; without it (shared memory), receiving and dropping the
+  // messages is what lets the senders' sends complete.
+  for (;;) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, kControlBit, 1, &info);
+    if (!message) return;
+    Drain drain;
+    drain.buffer.reset(new char[std::max<size_t>(info.length, 1)]);
+    ucp_request_param_t param{};
+    void* request = ucp_tag_msg_recv_nbx(worker_, drain.buffer.get(), info.length, message, &param);
+    if (UCS_PTR_IS_PTR(request)) {
+      drain.request = request;
+      drains_.push_back(std::move(drain));
+    }
+  }
+}
+
+void UcxTransport::reap_drains() {
+  drains_.erase(std::remove_if(drains_.begin(), drains_.end(),
+                               [](Drain& drain) {
+                                 if (ucp_request_check_status(drain.request) == UCS_INPROGRESS)
+                                   return false;
+                                 ucp_request_free(drain.request);
+                                 return true;
+                               }),
+                drains_.end());
 }
 
 void UcxTransport::reap_closing_requests() {
