@@ -362,13 +362,10 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
   };
   for (int peer = 0; peer < size_; ++peer) {
     ucp_request_param_t param{};
-    ucp_tag_recv_info_t info{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-    param.recv_info.tag_info = &info;
+    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     void* request = ucp_tag_recv_nbx(worker_, nullptr, 0, wire_tag(Kind::Hello, peer, 0),
                                      kMatchAll, &param);
-    if (request == nullptr) heard[size_t(peer)] = true;
-    else if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer)] = request;
+    if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer)] = request;
   }
   for (int peer = 0; peer < size_; ++peer) {
     ucp_request_param_t param{};
@@ -539,16 +536,14 @@ Handle UcxTransport::post_recv(int peer, uint64_t tag, void* data, size_t length
     operation.detail = aborted_detail();
   } else {
     // Posted even when the peer is lost: a message that arrived before it died is still valid.
-    ucp_tag_recv_info_t info{};
+    // Always as a request: UCX 1.13 leaves recv_info unset when a receive completes at once
+    // from the unexpected queue, and the message's length is needed to detect mismatches.
     ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-    param.recv_info.tag_info = &info;
+    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     void* request = ucp_tag_recv_nbx(worker_, data, length, wire_tag(Kind::Data, peer, tag),
                                      kMatchAll, &param);
-    if (request == nullptr) {
-      complete_recv(operation, UCS_OK, info);
-    } else if (UCS_PTR_IS_ERR(request)) {
-      complete_recv(operation, UCS_PTR_STATUS(request), info);
+    if (UCS_PTR_IS_ERR(request)) {
+      complete_recv(operation, UCS_PTR_STATUS(request), ucp_tag_recv_info_t{});
     } else {
       operation.request = request;
       if (peers_[size_t(peer)]->lost) {
@@ -693,21 +688,11 @@ void UcxTransport::start_abort(const std::string& reason) {
 void UcxTransport::post_control_recv() {
   // Control messages that arrived while none was posted wait in UCX's unexpected queue, so
   // one standing receive loses nothing.
-  for (;;) {
-    ucp_tag_recv_info_t info{};
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-    param.recv_info.tag_info = &info;
-    void* request = ucp_tag_recv_nbx(worker_, control_in_.data(), control_in_.size(), kControlBit,
-                                     kControlBit, &param);
-    if (UCS_PTR_IS_PTR(request)) {
-      control_recv_ = request;
-      return;
-    }
-    control_recv_ = nullptr;
-    if (UCS_PTR_IS_ERR(request) && UCS_PTR_STATUS(request) != UCS_ERR_MESSAGE_TRUNCATED) return;
-    on_control(info);  // completed at once: handle it and post the next
-  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // see post_recv
+  void* request = ucp_tag_recv_nbx(worker_, control_in_.data(), control_in_.size(), kControlBit,
+                                   kControlBit, &param);
+  control_recv_ = UCS_PTR_IS_PTR(request) ? request : nullptr;
 }
 
 void UcxTransport::check_control_recv() {
