@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <sstream>
@@ -52,6 +53,19 @@ constexpr auto kCloseLimit = std::chrono::milliseconds(1000);
 constexpr size_t kNoticeBytes = 512;
 // ucp_worker_progress calls per progress(): enough to drain what a burst of messages queued.
 constexpr int kProgressRounds = 8;
+
+// How long wait_for_activity progresses the worker before it sleeps on the event fd.
+// CO2_UCX_SPIN_US overrides it (0: sleep at once).
+constexpr std::chrono::microseconds kDefaultSpin{50};
+
+std::chrono::microseconds spin_before_sleep() {
+  const char* text = std::getenv("CO2_UCX_SPIN_US");
+  if (!text || !*text) return kDefaultSpin;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (*end != '\0' || value < 0) return kDefaultSpin;
+  return std::chrono::microseconds(value);
+}
 
 std::string describe_tag(uint64_t tag) {
   std::ostringstream out;
@@ -153,6 +167,7 @@ class UcxTransport final : public PointToPoint {
 
   const int rank_;
   const int size_;
+  const std::chrono::microseconds spin_ = spin_before_sleep();
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;  // -1: the worker has no wakeup support; wait by progressing
@@ -624,6 +639,12 @@ void UcxTransport::wait_for_activity(std::chrono::microseconds max_wait) {
   const auto deadline = Clock::now() + max_wait;
   std::unique_lock<std::mutex> lock(mutex_);
   if (progress_locked()) return;
+  // Spin briefly first: a message that is about to arrive is picked up without a sleep and
+  // wakeup (tens of microseconds on loopback); after that, sleep on the event fd.
+  const auto spin_until = std::min(deadline, Clock::now() + spin_);
+  while (Clock::now() < spin_until) {
+    if (progress_locked() || abort_signalled_) return;
+  }
   if (event_fd_ < 0) {
     // No event fd: progress until something happens or the time is up.
     while (Clock::now() < deadline) {
