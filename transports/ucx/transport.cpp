@@ -54,9 +54,11 @@ constexpr size_t kNoticeBytes = 512;
 // ucp_worker_progress calls per progress(): enough to drain what a burst of messages queued.
 constexpr int kProgressRounds = 8;
 
-// How long wait_for_activity progresses the worker before it sleeps on the event fd.
+// How long wait_for_activity progresses the worker before it sleeps on the event fd (spinning
+// measured no better than sleeping at once on a shared 2-core machine, and it takes CPU from
+// the training thread).
 // CO2_UCX_SPIN_US overrides it (0: sleep at once).
-constexpr std::chrono::microseconds kDefaultSpin{50};
+constexpr std::chrono::microseconds kDefaultSpin{0};
 
 std::chrono::microseconds spin_before_sleep() {
   const char* text = std::getenv("CO2_UCX_SPIN_US");
