@@ -58,6 +58,15 @@ int connect_address(int fd, const addrinfo& address, Clock::time_point deadline)
 
 }  // namespace
 
+void tune_connection(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleSeconds, sizeof(kKeepAliveIdleSeconds));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalSeconds, sizeof(kKeepAliveIntervalSeconds));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(kKeepAliveProbes));
+}
+
 Socket connect_once(const std::string& host, uint16_t port, Clock::time_point deadline, std::string& error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -81,8 +90,7 @@ Socket connect_once(const std::string& host, uint16_t port, Clock::time_point de
       error = std::strerror(failure);
       continue;
     }
-    const int one = 1;
-    ::setsockopt(socket.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    tune_connection(socket.fd());
     ::freeaddrinfo(addresses);
     return socket;
   }

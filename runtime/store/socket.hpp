@@ -38,6 +38,16 @@ class Socket {
   int fd_ = -1;
 };
 
+// TCP keepalive on store connections: a peer whose host vanished without closing (power loss, a
+// cut link) is noticed after about kKeepAliveIdle + kKeepAliveProbes * kKeepAliveInterval
+// instead of at the end of a long timeout.
+constexpr int kKeepAliveIdleSeconds = 30;
+constexpr int kKeepAliveIntervalSeconds = 5;
+constexpr int kKeepAliveProbes = 3;
+
+// Turns on TCP_NODELAY and keepalive (best effort: a failure only loses the early detection).
+void tune_connection(int fd);
+
 // One attempt to connect to every address of host:port in turn, each bounded by `deadline`.
 // Returns an invalid socket and fills `error` when none accepted. The socket is blocking, with
 // TCP_NODELAY and close-on-exec.

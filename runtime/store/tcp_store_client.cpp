@@ -135,17 +135,20 @@ class TcpStore final : public Store {
   void say_hello(Socket& socket, Clock::time_point deadline) {
     const std::string hello =
         wire::Writer().u8(uint8_t(wire::Op::Hello)).u32(wire::kMagic).u32(wire::kVersion).str(options_.auth_token).frame();
-    const Answer answer = exchange(socket, hello, deadline, "hello");
+    const Answer answer = exchange(socket, hello, deadline, "hello",
+                                   "is it a co2 store? Under torchrun MASTER_PORT is torchrun's own store: "
+                                   "give co2's store another port with CO2_MASTER_PORT");
     if (answer.kind == wire::Reply::Ok) return;
     wire::Reader in(answer.payload.data(), answer.payload.size());
     fail("refused this client: " + in.str(wire::kMaxFrameBytes));
   }
 
   // Sends one request frame and receives its answer; throws on anything but a complete answer.
-  Answer exchange(Socket& socket, const std::string& frame, Clock::time_point deadline, const std::string& what) {
+  Answer exchange(Socket& socket, const std::string& frame, Clock::time_point deadline, const std::string& what,
+                  const std::string& hint = "is the store's host, rank 0, still running?") {
     const auto gone = [&](IoResult result) {
-      if (result == IoResult::Timeout) fail(what + ": the server did not answer in time");
-      fail(what + ": the server closed the connection (is the store's host, rank 0, still running?)");
+      if (result == IoResult::Timeout) fail(what + ": the server did not answer in time (" + hint + ")");
+      fail(what + ": the server closed the connection (" + hint + ")");
     };
     IoResult result = net::send_all(socket.fd(), frame.data(), frame.size(), deadline);
     if (result != IoResult::Ok) gone(result);

@@ -31,6 +31,9 @@ namespace {
 using net::Clock;
 using net::Socket;
 
+// How long the server stops accepting when it has no descriptors left.
+constexpr std::chrono::milliseconds kAcceptPauseWhenOutOfDescriptors{100};
+
 // Bytes read from one connection per loop iteration, so one busy client cannot starve others.
 constexpr size_t kReadBudgetPerWakeup = size_t(1) << 20;
 
@@ -96,14 +99,27 @@ class Server final : public TcpStoreServer {
 
  private:
   void serve() {
+    try {
+      serve_until_stopped();
+    } catch (const std::exception&) {
+      // Out of memory outside any one request: close everything, so that clients fail at
+      // once instead of waiting for their timeouts.
+    }
+    connections_.clear();
+    listener_.reset();
+  }
+
+  void serve_until_stopped() {
     std::vector<pollfd> polled;
     std::vector<Connection*> polled_connections;
     for (;;) {
       polled.clear();
       polled_connections.clear();
       polled.push_back({wake_.fd(), POLLIN, 0});
-      polled.push_back({listener_.fd(), POLLIN, 0});
-      Clock::time_point next_deadline = Clock::now() + std::chrono::hours(24);
+      const auto now = Clock::now();
+      polled.push_back({listener_.fd(), short(now >= accept_paused_until_ ? POLLIN : 0), 0});
+      Clock::time_point next_deadline = now + std::chrono::hours(24);
+      if (now < accept_paused_until_) next_deadline = accept_paused_until_;
       for (auto& connection : connections_) {
         short events = 0;
         const size_t input_limit = wire::kFrameHeaderBytes + frame_limit(connection);
@@ -146,10 +162,15 @@ class Server final : public TcpStoreServer {
   void accept_new() {
     for (;;) {
       Socket socket(::accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      if (!socket.valid()) return;  // EAGAIN, or out of descriptors: try again next wake-up
+      if (!socket.valid()) {
+        // Out of descriptors: the pending connection keeps the listener readable, so stop
+        // watching it for a moment instead of spinning.
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+          accept_paused_until_ = Clock::now() + kAcceptPauseWhenOutOfDescriptors;
+        return;
+      }
       if (connections_.size() >= kMaxStoreConnections) continue;  // closes it
-      const int one = 1;
-      ::setsockopt(socket.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      net::tune_connection(socket.fd());
       connections_.emplace_back();
       Connection& connection = connections_.back();
       connection.socket = std::move(socket);
@@ -347,6 +368,7 @@ class Server final : public TcpStoreServer {
   }
 
   Socket listener_;
+  Clock::time_point accept_paused_until_;
   const uint16_t port_;
   const std::string token_;
   Socket wake_;

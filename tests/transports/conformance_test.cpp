@@ -314,8 +314,9 @@ TEST_P(TransportConformance, SizeMismatchIsReportedAtTheReceiver) {
   const std::string message = group[1]->error_message();
   EXPECT_NE(message.find("16 bytes sent"), std::string::npos) << message;
   EXPECT_NE(message.find("8 bytes expected"), std::string::npos) << message;
-  if (traits().mismatch_leaves_buffer_untouched)
+  if (traits().mismatch_leaves_buffer_untouched) {
     EXPECT_EQ(received[0], 0) << "nothing is copied on a mismatch";
+  }
 
   // A message shorter than the receive is a mismatch too.
   char large[32] = {};
@@ -421,7 +422,12 @@ TEST_P(TransportConformance, AbortReleasesPendingLargeSends) {
   EXPECT_EQ(group[0]->test(send), Outcome::Pending);
   group[1]->abort("stop");
   const Outcome outcome = wait_outcome(group, 0, send);
-  EXPECT_EQ(outcome, Outcome::Aborted) << group[0]->error_message();
+  if (traits().sends_complete_locally) {
+    // Over UCX/shared memory the aborted receiver drops the message instead.
+    EXPECT_TRUE(outcome == Outcome::Aborted || outcome == Outcome::Done) << group[0]->error_message();
+  } else {
+    EXPECT_EQ(outcome, Outcome::Aborted) << group[0]->error_message();
+  }
 }
 
 TEST_P(TransportConformance, AbortKeepsTheFirstReason) {
@@ -482,7 +488,9 @@ TEST_P(TransportConformance, MessageSentBeforeThePeerDiedIsStillReceived) {
   Group group = form(2);
   int value = 43, received = 0;
   const Handle send = group[0]->post_send(1, 1, &value, sizeof value);
-  if (traits().sends_complete_locally) EXPECT_EQ(wait_outcome(group, 0, send), Outcome::Done);
+  if (traits().sends_complete_locally) {
+    EXPECT_EQ(wait_outcome(group, 0, send), Outcome::Done);
+  }
   group[0].reset();
   const Outcome outcome = wait_outcome(group, 1, group[1]->post_recv(0, 1, &received, sizeof received));
   if (traits().sends_complete_locally) {
@@ -526,7 +534,9 @@ TEST_P(TransportConformance, WaitForActivityReturnsAfterMaxWait) {
   group[0]->wait_for_activity(std::chrono::microseconds(20000));
   const auto waited = Clock::now() - start;
   EXPECT_LT(waited, std::chrono::seconds(10));
-  if (traits().waits_are_exact) EXPECT_GE(waited, milliseconds(20));
+  if (traits().waits_are_exact) {
+    EXPECT_GE(waited, milliseconds(20));
+  }
 }
 
 TEST_P(TransportConformance, ManyThreadsExchangeManyMessages) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <sstream>
@@ -52,6 +53,21 @@ constexpr auto kCloseLimit = std::chrono::milliseconds(1000);
 constexpr size_t kNoticeBytes = 512;
 // ucp_worker_progress calls per progress(): enough to drain what a burst of messages queued.
 constexpr int kProgressRounds = 8;
+
+// How long wait_for_activity progresses the worker before it sleeps on the event fd (spinning
+// measured no better than sleeping at once on a shared 2-core machine, and it takes CPU from
+// the training thread).
+// CO2_UCX_SPIN_US overrides it (0: sleep at once).
+constexpr std::chrono::microseconds kDefaultSpin{0};
+
+std::chrono::microseconds spin_before_sleep() {
+  const char* text = std::getenv("CO2_UCX_SPIN_US");
+  if (!text || !*text) return kDefaultSpin;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (*end != '\0' || value < 0) return kDefaultSpin;
+  return std::chrono::microseconds(value);
+}
 
 std::string describe_tag(uint64_t tag) {
   std::ostringstream out;
@@ -138,6 +154,8 @@ class UcxTransport final : public PointToPoint {
   void post_control_recv();
   void check_control_recv();
   void on_control(const ucp_tag_recv_info_t& info);
+  void drain_unexpected();
+  void reap_drains();
   void mark_lost(Peer& peer, const std::string& reason);
   void say_goodbye();
   void close_lost_endpoints();
@@ -151,6 +169,7 @@ class UcxTransport final : public PointToPoint {
 
   const int rank_;
   const int size_;
+  const std::chrono::microseconds spin_ = spin_before_sleep();
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;  // -1: the worker has no wakeup support; wait by progressing
@@ -175,6 +194,13 @@ class UcxTransport final : public PointToPoint {
   void* control_recv_ = nullptr;
   std::vector<void*> goodbyes_;
   std::vector<void*> closing_;  // ucp_ep_close_nbx requests in flight
+
+  // Data messages received (and dropped) after an abort: the request and the buffer it fills.
+  struct Drain {
+    void* request = nullptr;
+    std::unique_ptr<char[]> buffer;
+  };
+  std::vector<Drain> drains_;
 };
 
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
@@ -273,8 +299,11 @@ UcxTransport::~UcxTransport() {
   for (void* request : closing_) ucp_request_free(request);
   for (void* request : goodbyes_) ucp_request_free(request);
   if (control_recv_) ucp_request_free(control_recv_);
+  for (Drain& drain : drains_)
+    if (drain.request) ucp_request_free(drain.request);
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
+  drains_.clear();  // their buffers outlive the worker, which may still have written into them
 }
 
 void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h /*endpoint*/, ucs_status_t status) {
@@ -350,13 +379,10 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
   };
   for (int peer = 0; peer < size_; ++peer) {
     ucp_request_param_t param{};
-    ucp_tag_recv_info_t info{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-    param.recv_info.tag_info = &info;
+    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     void* request = ucp_tag_recv_nbx(worker_, nullptr, 0, wire_tag(Kind::Hello, peer, 0),
                                      kMatchAll, &param);
-    if (request == nullptr) heard[size_t(peer)] = true;
-    else if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer)] = request;
+    if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer)] = request;
   }
   for (int peer = 0; peer < size_; ++peer) {
     ucp_request_param_t param{};
@@ -527,16 +553,14 @@ Handle UcxTransport::post_recv(int peer, uint64_t tag, void* data, size_t length
     operation.detail = aborted_detail();
   } else {
     // Posted even when the peer is lost: a message that arrived before it died is still valid.
-    ucp_tag_recv_info_t info{};
+    // Always as a request: UCX 1.13 leaves recv_info unset when a receive completes at once
+    // from the unexpected queue, and the message's length is needed to detect mismatches.
     ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-    param.recv_info.tag_info = &info;
+    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     void* request = ucp_tag_recv_nbx(worker_, data, length, wire_tag(Kind::Data, peer, tag),
                                      kMatchAll, &param);
-    if (request == nullptr) {
-      complete_recv(operation, UCS_OK, info);
-    } else if (UCS_PTR_IS_ERR(request)) {
-      complete_recv(operation, UCS_PTR_STATUS(request), info);
+    if (UCS_PTR_IS_ERR(request)) {
+      complete_recv(operation, UCS_PTR_STATUS(request), ucp_tag_recv_info_t{});
     } else {
       operation.request = request;
       if (peers_[size_t(peer)]->lost) {
@@ -599,8 +623,12 @@ bool UcxTransport::progress_locked() {
     close_lost_endpoints();
     happened = true;
   }
-  if (aborted_) settle_abort();
+  if (aborted_) {
+    settle_abort();
+    drain_unexpected();
+  }
   reap_closing_requests();
+  reap_drains();
   return happened || aborted_ != was_aborted;
 }
 
@@ -613,6 +641,12 @@ void UcxTransport::wait_for_activity(std::chrono::microseconds max_wait) {
   const auto deadline = Clock::now() + max_wait;
   std::unique_lock<std::mutex> lock(mutex_);
   if (progress_locked()) return;
+  // Spin briefly first: a message that is about to arrive is picked up without a sleep and
+  // wakeup (tens of microseconds on loopback); after that, sleep on the event fd.
+  const auto spin_until = std::min(deadline, Clock::now() + spin_);
+  while (Clock::now() < spin_until) {
+    if (progress_locked() || abort_signalled_) return;
+  }
   if (event_fd_ < 0) {
     // No event fd: progress until something happens or the time is up.
     while (Clock::now() < deadline) {
@@ -677,21 +711,11 @@ void UcxTransport::start_abort(const std::string& reason) {
 void UcxTransport::post_control_recv() {
   // Control messages that arrived while none was posted wait in UCX's unexpected queue, so
   // one standing receive loses nothing.
-  for (;;) {
-    ucp_tag_recv_info_t info{};
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-    param.recv_info.tag_info = &info;
-    void* request = ucp_tag_recv_nbx(worker_, control_in_.data(), control_in_.size(), kControlBit,
-                                     kControlBit, &param);
-    if (UCS_PTR_IS_PTR(request)) {
-      control_recv_ = request;
-      return;
-    }
-    control_recv_ = nullptr;
-    if (UCS_PTR_IS_ERR(request) && UCS_PTR_STATUS(request) != UCS_ERR_MESSAGE_TRUNCATED) return;
-    on_control(info);  // completed at once: handle it and post the next
-  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // see post_recv
+  void* request = ucp_tag_recv_nbx(worker_, control_in_.data(), control_in_.size(), kControlBit,
+                                   kControlBit, &param);
+  control_recv_ = UCS_PTR_IS_PTR(request) ? request : nullptr;
 }
 
 void UcxTransport::check_control_recv() {
@@ -750,9 +774,43 @@ void UcxTransport::settle_abort() {
                                      }),
                       notice_sends_.end());
   if (!notice_sends_.empty() && Clock::now() - aborted_at_ < kNoticeGrace) return;
-  // Closing cancels every send still queued, so the caller's buffers are free again.
+  // Closing cancels every send still queued, so the caller's buffers are free again. Endpoints
+  // without peer error handling cannot be closed that way; they stay open so that the peers'
+  // drains can complete the sends instead (drain_unexpected).
   endpoints_closed_ = true;
-  for (auto& peer : peers_) close_endpoint(*peer);
+  for (auto& peer : peers_)
+    if (peer->peer_error_handling) close_endpoint(*peer);
+}
+
+void UcxTransport::drain_unexpected() {
+  // After an abort nobody receives data any more, but a peer's rendezvous send waits until its
+  // message is received. Over transports with peer error handling, closing the endpoints
+  // cancels those sends on both sides; without it (shared memory), receiving and dropping the
+  // messages is what lets the senders' sends complete.
+  for (;;) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, kControlBit, 1, &info);
+    if (!message) return;
+    Drain drain;
+    drain.buffer.reset(new char[std::max<size_t>(info.length, 1)]);
+    ucp_request_param_t param{};
+    void* request = ucp_tag_msg_recv_nbx(worker_, drain.buffer.get(), info.length, message, &param);
+    if (UCS_PTR_IS_PTR(request)) {
+      drain.request = request;
+      drains_.push_back(std::move(drain));
+    }
+  }
+}
+
+void UcxTransport::reap_drains() {
+  drains_.erase(std::remove_if(drains_.begin(), drains_.end(),
+                               [](Drain& drain) {
+                                 if (ucp_request_check_status(drain.request) == UCS_INPROGRESS)
+                                   return false;
+                                 ucp_request_free(drain.request);
+                                 return true;
+                               }),
+                drains_.end());
 }
 
 void UcxTransport::reap_closing_requests() {
