@@ -267,26 +267,42 @@ def netns_available():
     return subprocess.run(["bash", NETNS, "check"], capture_output=True).returncode == 0
 
 
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def multiprocess_transport_built(args):
-    """Whether co2_comm_create(AUTO) can join separate processes: libco2 links UCX, and the
-    benchmark in --mode process does not answer 77 (unsupported)."""
-    libs = [os.path.join(args.build, f) for f in os.listdir(args.build) if f.startswith("libco2.so")]
-    try:
-        needed = subprocess.run(["readelf", "-d"] + libs[:1], capture_output=True, text=True).stdout
-    except OSError:
-        needed = ""
-    if not libs or "libucp" not in needed:
-        return False
+    """Whether co2_comm_create(AUTO) joins separate processes: two ranks of a tiny run on
+    loopback must meet (a build without it answers 77, or its ranks never meet)."""
     overlap = os.path.join(args.build, "bench", "overlap", "overlap")
-    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1",
-               UCX_TLS="tcp", UCX_NET_DEVICES="lo")
-    try:
-        p = subprocess.run([overlap, "--mode", "process", "--algo", "co2", "--params", "16",
-                            "--steps", "2", "--warmup-steps", "1", "--timeout-ms", "2000"],
-                           env=env, capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return True  # it is waiting for a peer: the transport exists
-    return p.returncode != 77
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+        env.pop("CO2_LOCAL_TEST_BANDWIDTH", None)
+        procs.append(subprocess.Popen(
+            [overlap, "--mode", "process", "--algo", "co2", "--tau", "1", "--params", "16",
+             "--step-us", "0", "--steps", "2", "--warmup-steps", "1", "--timeout-ms", "5000"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    codes, errors = [], []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        codes.append(p.returncode)
+        errors.append(err.strip())
+    if all(c == 0 for c in codes):
+        return True
+    if not any(c == 77 for c in codes):
+        log("multi-process probe: the ranks did not meet: " + " | ".join(e[-300:] for e in errors if e))
+    return False
 
 
 def in_netns(args, world, rate, inner_args):
