@@ -11,11 +11,15 @@ root=$(cd "$here/../../.." && pwd)
 header="$root/capi/include/co2/co2.h"
 committed="$here/src/bindings.rs"
 
-if ! command -v bindgen >/dev/null 2>&1; then
-  echo "bindgen not found (Debian: apt-get install bindgen libclang-dev)" >&2
-  [ "${1:-}" = --check ] && exit 77
-  exit 1
-fi
+# bindgen formats its output with rustfmt (part of the Rust toolchain), with the settings of
+# bindgen-rustfmt.toml, so the bytes do not depend on the working directory.
+for tool in bindgen rustfmt; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "$tool not found (Debian: apt-get install bindgen libclang-dev; rustfmt comes with Rust)" >&2
+    [ "${1:-}" = --check ] && exit 77
+    exit 1
+  fi
+done
 
 generate() {
   # --size_t-is-usize: size_t is usize (bindgen 0.60 otherwise emits c_ulong).
@@ -29,6 +33,7 @@ generate() {
     --no-doc-comments \
     --disable-header-comment \
     --rust-target 1.47 \
+    --rustfmt-configuration-file "$here/bindgen-rustfmt.toml" \
     -o "$1" \
     -- -I"$root/capi/include" -std=c99
 }

@@ -20,7 +20,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::thread;
 
-use co2::{Algorithm, CommConfig, Communicator, Consensus, Engine, EngineConfig, ReduceOp, Role, Transport};
+use co2::{
+    Algorithm, CommConfig, Communicator, Consensus, Engine, EngineConfig, ReduceOp, Role, Transport,
+};
 
 const FEATURES: usize = 16;
 const SAMPLES_PER_RANK: usize = 1024;
@@ -53,7 +55,9 @@ fn parse_options() -> Result<Options, String> {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--world" => options.world = value()?.parse().map_err(|e| format!("--world: {e}"))?,
-            "--rounds" => options.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
+            "--rounds" => {
+                options.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?
+            }
             "--tau" => options.tau = value()?.parse().map_err(|e| format!("--tau: {e}"))?,
             "--group" => options.group = value()?,
             "--algorithm" => {
@@ -104,7 +108,10 @@ fn make_shard(rank: i32) -> Shard {
     let w_true: Vec<f64> = (0..FEATURES).map(|_| truth.normal()).collect();
     let b_true = 0.5;
     let mut rng = Rng(0xC02C02 + 7919 * (rank as u64 + 1));
-    let mut shard = Shard { x: Vec::with_capacity(SAMPLES_PER_RANK), y: Vec::with_capacity(SAMPLES_PER_RANK) };
+    let mut shard = Shard {
+        x: Vec::with_capacity(SAMPLES_PER_RANK),
+        y: Vec::with_capacity(SAMPLES_PER_RANK),
+    };
     for _ in 0..SAMPLES_PER_RANK {
         let mut row = [0f32; FEATURES];
         let mut y = b_true + NOISE * rng.normal();
@@ -123,7 +130,12 @@ fn make_shard(rank: i32) -> Shard {
 fn mse(shard: &Shard, w: &[f32], b: f32) -> f64 {
     let mut sum = 0.0;
     for (row, &y) in shard.x.iter().zip(&shard.y) {
-        let pred: f64 = f64::from(b) + row.iter().zip(w).map(|(x, w)| f64::from(*x) * f64::from(*w)).sum::<f64>();
+        let pred: f64 = f64::from(b)
+            + row
+                .iter()
+                .zip(w)
+                .map(|(x, w)| f64::from(*x) * f64::from(*w))
+                .sum::<f64>();
         sum += (pred - f64::from(y)).powi(2);
     }
     sum / shard.y.len() as f64
@@ -134,7 +146,12 @@ fn minibatch_gradient(shard: &Shard, start: usize, params: &[f32], grad: &mut [f
     grad.iter_mut().for_each(|g| *g = 0.0);
     for i in start..start + BATCH {
         let row = &shard.x[i % SAMPLES_PER_RANK];
-        let pred = params[FEATURES] + row.iter().zip(&params[..FEATURES]).map(|(x, w)| x * w).sum::<f32>();
+        let pred = params[FEATURES]
+            + row
+                .iter()
+                .zip(&params[..FEATURES])
+                .map(|(x, w)| x * w)
+                .sum::<f32>();
         let residual = 2.0 * (pred - shard.y[i % SAMPLES_PER_RANK]) / BATCH as f32;
         for j in 0..FEATURES {
             grad[j] += residual * row[j];
@@ -147,19 +164,29 @@ fn minibatch_gradient(shard: &Shard, start: usize, params: &[f32], grad: &mut [f
 fn run_rank(comm: &Communicator, options: &Options) -> co2::Result<(f64, f64)> {
     let rank = comm.rank()?;
     let shard = make_shard(rank);
-    let config = EngineConfig::new().algorithm(options.algorithm).tau(options.tau);
+    let config = EngineConfig::new()
+        .algorithm(options.algorithm)
+        .tau(options.tau);
     let mut engine = Engine::new(comm, &config)?;
     engine.alloc_flat(FEATURES + 1)?;
     engine.add_segment("w", 0, FEATURES, Role::Parameter)?;
     engine.add_segment("b", FEATURES, 1, Role::Parameter)?;
     // Rank 0's start is broadcast to every rank at commit.
     let mut init = Rng(42 + rank as u64);
-    engine.flat_mut().expect("flat storage").iter_mut().for_each(|p| *p = (0.1 * init.normal()) as f32);
+    engine
+        .flat_mut()
+        .expect("flat storage")
+        .iter_mut()
+        .for_each(|p| *p = (0.1 * init.normal()) as f32);
     engine.commit()?;
 
     let mut consensus = vec![0f32; engine.num_elements()?];
     // localsgd keeps no anchor: its consensus is the (collective) average of the ranks' models.
-    let kind = if options.algorithm == Algorithm::LocalSgd { Consensus::LocalAverage } else { Consensus::Anchor };
+    let kind = if options.algorithm == Algorithm::LocalSgd {
+        Consensus::LocalAverage
+    } else {
+        Consensus::Anchor
+    };
     let global_loss = |engine: &mut Engine, consensus: &mut Vec<f32>| -> co2::Result<f64> {
         engine.consensus(kind, consensus)?;
         let mut loss = [mse(&shard, &consensus[..FEATURES], consensus[FEATURES])];
@@ -183,12 +210,19 @@ fn run_rank(comm: &Communicator, options: &Options) -> co2::Result<(f64, f64)> {
             let (w_grad, b_grad) = grad.split_at_mut(FEATURES);
             engine.reduce_gradients(&mut [w_grad, b_grad])?;
         }
-        for (p, g) in engine.flat_mut().expect("flat storage").iter_mut().zip(&grad) {
+        for (p, g) in engine
+            .flat_mut()
+            .expect("flat storage")
+            .iter_mut()
+            .zip(&grad)
+        {
             *p -= LEARNING_RATE * g;
         }
         let boundary = engine.step()?;
         // sync has no rounds of its own: report every τ steps all the same.
-        let report = boundary || (options.algorithm == Algorithm::Sync && engine.stats()?.steps % u64::from(options.tau) == 0);
+        let report = boundary
+            || (options.algorithm == Algorithm::Sync
+                && engine.stats()?.steps % u64::from(options.tau) == 0);
         if report {
             round += 1;
             let loss = global_loss(&mut engine, &mut consensus)?;
@@ -231,10 +265,16 @@ fn main() -> ExitCode {
         if rank == 0 {
             println!("rank {rank} of {world} (from the launcher's RANK/WORLD_SIZE), transport auto, {:?}", options.algorithm);
         }
-        let config = CommConfig::new().transport(Transport::Auto).rank(rank).world_size(world);
+        let config = CommConfig::new()
+            .transport(Transport::Auto)
+            .rank(rank)
+            .world_size(world);
         vec![Communicator::new(&config).and_then(|comm| run_rank(&comm, &options))]
     } else {
-        println!("{} in-process ranks (local transport), {:?}, tau {}", options.world, options.algorithm, options.tau);
+        println!(
+            "{} in-process ranks (local transport), {:?}, tau {}",
+            options.world, options.algorithm, options.tau
+        );
         let options = Arc::new(options.clone());
         let handles: Vec<_> = (0..options.world)
             .map(|rank| {
@@ -255,7 +295,10 @@ fn main() -> ExitCode {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
     };
 
     let mut status = ExitCode::SUCCESS;

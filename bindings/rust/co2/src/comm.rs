@@ -85,9 +85,10 @@ impl CommConfig {
     /// The C struct plus the C string its `group_name` points into (keep both alive together).
     fn to_raw(&self) -> Result<(sys::co2_comm_config_t, Option<CString>)> {
         let name = match &self.group_name {
-            Some(name) => Some(CString::new(name.as_str()).map_err(|_| {
-                Error::new(Status::InvalidArgument, "group_name contains a NUL byte")
-            })?),
+            Some(name) => Some(
+                CString::new(name.as_str())
+                    .map_err(|_| Error::new(Status::InvalidArgument, "group_name contains a NUL byte"))?,
+            ),
             None => None,
         };
         let mut raw = self.raw;
@@ -155,7 +156,12 @@ impl Communicator {
     }
 
     /// NCCL-style creation: `rank` and `world_size` override the config's.
-    pub fn with_unique_id(config: &CommConfig, id: &UniqueId, rank: i32, world_size: i32) -> Result<Communicator> {
+    pub fn with_unique_id(
+        config: &CommConfig,
+        id: &UniqueId,
+        rank: i32,
+        world_size: i32,
+    ) -> Result<Communicator> {
         let (raw_config, _name) = config.to_raw()?;
         let mut comm: sys::co2_comm_t = ptr::null_mut();
         // SAFETY: all pointers are valid for the duration of the call.
@@ -199,8 +205,15 @@ impl Communicator {
         // SAFETY: the buffer is borrowed mutably until the request is freed below, which waits
         // for completion.
         check(unsafe {
-            sys::co2_allreduce(self.as_raw(), buffer.as_mut_ptr().cast(), buffer.len(), T::DTYPE, op.raw(),
-                               ptr::null_mut(), &mut request)
+            sys::co2_allreduce(
+                self.as_raw(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                T::DTYPE,
+                op.raw(),
+                ptr::null_mut(),
+                &mut request,
+            )
         })?;
         // SAFETY: a request returned by co2_allreduce; freed exactly once, here or in wait_raw.
         unsafe { wait_and_free(request) }
@@ -211,8 +224,15 @@ impl Communicator {
         let mut request: sys::co2_request_t = ptr::null_mut();
         // SAFETY: as in allreduce.
         check(unsafe {
-            sys::co2_broadcast(self.as_raw(), buffer.as_mut_ptr().cast(), buffer.len(), T::DTYPE, root,
-                               ptr::null_mut(), &mut request)
+            sys::co2_broadcast(
+                self.as_raw(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                T::DTYPE,
+                root,
+                ptr::null_mut(),
+                &mut request,
+            )
         })?;
         // SAFETY: as in allreduce.
         unsafe { wait_and_free(request) }
@@ -224,8 +244,15 @@ impl Communicator {
         let mut request: sys::co2_request_t = ptr::null_mut();
         // SAFETY: the heap block of `buffer` moves into the Request and stays put until freed.
         check(unsafe {
-            sys::co2_allreduce(self.as_raw(), buffer.as_mut_ptr().cast(), buffer.len(), T::DTYPE, op.raw(),
-                               ptr::null_mut(), &mut request)
+            sys::co2_allreduce(
+                self.as_raw(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                T::DTYPE,
+                op.raw(),
+                ptr::null_mut(),
+                &mut request,
+            )
         })?;
         Ok(Request::new(request, buffer))
     }
@@ -235,8 +262,15 @@ impl Communicator {
         let mut request: sys::co2_request_t = ptr::null_mut();
         // SAFETY: as in allreduce_async.
         check(unsafe {
-            sys::co2_broadcast(self.as_raw(), buffer.as_mut_ptr().cast(), buffer.len(), T::DTYPE, root,
-                               ptr::null_mut(), &mut request)
+            sys::co2_broadcast(
+                self.as_raw(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                T::DTYPE,
+                root,
+                ptr::null_mut(),
+                &mut request,
+            )
         })?;
         Ok(Request::new(request, buffer))
     }

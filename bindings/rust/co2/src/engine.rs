@@ -110,8 +110,14 @@ impl<'a> Engine<'a> {
         let mut data: *mut c_void = ptr::null_mut();
         // SAFETY: valid handle and output.
         check(unsafe {
-            sys::co2_engine_alloc_flat(self.as_raw(), count, sys::CO2_DTYPE_FP32 as i32,
-                                       sys::CO2_DEVICE_HOST as i32, 0, &mut data)
+            sys::co2_engine_alloc_flat(
+                self.as_raw(),
+                count,
+                sys::CO2_DTYPE_FP32 as i32,
+                sys::CO2_DEVICE_HOST as i32,
+                0,
+                &mut data,
+            )
         })?;
         let data = NonNull::new(data.cast::<f32>()).expect("alloc_flat returned OK and NULL");
         self.flat = Some(Span { data, len: count });
@@ -123,8 +129,14 @@ impl<'a> Engine<'a> {
         let len = data.len();
         // SAFETY: `data` stays valid and exclusively ours for 'a.
         check(unsafe {
-            sys::co2_engine_adopt_flat(self.as_raw(), data.as_mut_ptr().cast(), len,
-                                       sys::CO2_DTYPE_FP32 as i32, sys::CO2_DEVICE_HOST as i32, 0)
+            sys::co2_engine_adopt_flat(
+                self.as_raw(),
+                data.as_mut_ptr().cast(),
+                len,
+                sys::CO2_DTYPE_FP32 as i32,
+                sys::CO2_DEVICE_HOST as i32,
+                0,
+            )
         })?;
         self.flat = Some(Span { data: NonNull::from(data).cast(), len });
         Ok(())
@@ -226,7 +238,12 @@ impl<'a> Engine<'a> {
         // SAFETY: each pointer covers exactly its tensor's count (checked above) and is borrowed
         // mutably for the (blocking) call.
         check(unsafe {
-            sys::co2_engine_reduce_gradients(self.as_raw(), pointers.as_mut_ptr(), pointers.len(), ptr::null_mut())
+            sys::co2_engine_reduce_gradients(
+                self.as_raw(),
+                pointers.as_mut_ptr(),
+                pointers.len(),
+                ptr::null_mut(),
+            )
         })
     }
 
@@ -298,7 +315,11 @@ impl<'a> Engine<'a> {
         let mut ctx = CallbackContext { io: writer, error: None };
         // SAFETY: `ctx` outlives the blocking call; the trampoline casts `user` back to it.
         let status = unsafe {
-            sys::co2_engine_save(self.as_raw(), Some(write_trampoline::<W>), (&mut ctx as *mut CallbackContext<W>).cast())
+            sys::co2_engine_save(
+                self.as_raw(),
+                Some(write_trampoline::<W>),
+                (&mut ctx as *mut CallbackContext<W>).cast(),
+            )
         };
         with_io_error(check(status), ctx.error)
     }
@@ -309,7 +330,11 @@ impl<'a> Engine<'a> {
         let mut ctx = CallbackContext { io: reader, error: None };
         // SAFETY: as in save.
         let status = unsafe {
-            sys::co2_engine_load(self.as_raw(), Some(read_trampoline::<R>), (&mut ctx as *mut CallbackContext<R>).cast())
+            sys::co2_engine_load(
+                self.as_raw(),
+                Some(read_trampoline::<R>),
+                (&mut ctx as *mut CallbackContext<R>).cast(),
+            )
         };
         with_io_error(check(status), ctx.error)
     }
@@ -324,7 +349,8 @@ impl Drop for Engine<'_> {
 }
 
 fn c_name(name: &str) -> Result<CString> {
-    CString::new(name).map_err(|_| Error::new(Status::InvalidArgument, format!("name {name:?} contains a NUL byte")))
+    CString::new(name)
+        .map_err(|_| Error::new(Status::InvalidArgument, format!("name {name:?} contains a NUL byte")))
 }
 
 struct CallbackContext<'w, T: ?Sized> {
@@ -340,7 +366,11 @@ fn with_io_error(result: Result<()>, io_error: Option<String>) -> Result<()> {
 }
 
 // Panics must not unwind into C: they are caught and reported as a failed callback.
-unsafe extern "C" fn write_trampoline<W: Write>(user: *mut c_void, data: *const c_void, length: usize) -> c_int {
+unsafe extern "C" fn write_trampoline<W: Write>(
+    user: *mut c_void,
+    data: *const c_void,
+    length: usize,
+) -> c_int {
     let ctx = &mut *user.cast::<CallbackContext<W>>();
     let bytes = std::slice::from_raw_parts(data.cast::<u8>(), length);
     match catch_unwind(AssertUnwindSafe(|| ctx.io.write_all(bytes))) {

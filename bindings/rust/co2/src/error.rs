@@ -61,11 +61,7 @@ const CODES: [(Status, u32); 21] = [
 impl Status {
     /// The status for a nonzero C code.
     pub fn from_code(code: i32) -> Status {
-        CODES
-            .iter()
-            .find(|(_, c)| *c as i32 == code)
-            .map(|(s, _)| *s)
-            .unwrap_or(Status::Other(code))
+        CODES.iter().find(|(_, c)| *c as i32 == code).map(|(s, _)| *s).unwrap_or(Status::Other(code))
     }
 
     /// The C `co2_status_t` value.

@@ -5,7 +5,10 @@ mod common;
 
 use std::io::{self, Cursor, Read, Write};
 
-use co2::{sys, Algorithm, CommConfig, Communicator, Consensus, Engine, EngineConfig, Param, ReduceOp, Role, Status, Transport};
+use co2::{
+    sys, Algorithm, CommConfig, Communicator, Consensus, Engine, EngineConfig, Param, ReduceOp, Role, Status,
+    Transport,
+};
 use common::{group_name, local_config, run_ranks};
 
 fn single(test: &str) -> Communicator {
@@ -22,13 +25,27 @@ fn assert_status<T: std::fmt::Debug>(result: co2::Result<T>, status: Status) -> 
 #[test]
 fn status_codes_round_trip_and_have_texts() {
     let codes: [u32; 21] = [
-        sys::CO2_ERR_INVALID_ARGUMENT, sys::CO2_ERR_INVALID_STATE, sys::CO2_ERR_UNSUPPORTED,
-        sys::CO2_ERR_INVALID_CONFIG, sys::CO2_ERR_UNKNOWN_ENUM, sys::CO2_ERR_DUPLICATE_TENSOR,
-        sys::CO2_ERR_OUT_OF_MEMORY, sys::CO2_ERR_NONFINITE, sys::CO2_ERR_LAYOUT_MISMATCH,
-        sys::CO2_ERR_ANCHOR_MISMATCH, sys::CO2_ERR_CHECKPOINT_CORRUPT, sys::CO2_ERR_CHECKPOINT_MISMATCH,
-        sys::CO2_ERR_CALLBACK, sys::CO2_ERR_TIMEOUT, sys::CO2_ERR_PEER_LOST, sys::CO2_ERR_PEER_TIMEOUT,
-        sys::CO2_ERR_COLLECTIVE_MISMATCH, sys::CO2_ERR_ABORTED, sys::CO2_ERR_TRANSPORT,
-        sys::CO2_ERR_RENDEZVOUS, sys::CO2_ERR_INTERNAL,
+        sys::CO2_ERR_INVALID_ARGUMENT,
+        sys::CO2_ERR_INVALID_STATE,
+        sys::CO2_ERR_UNSUPPORTED,
+        sys::CO2_ERR_INVALID_CONFIG,
+        sys::CO2_ERR_UNKNOWN_ENUM,
+        sys::CO2_ERR_DUPLICATE_TENSOR,
+        sys::CO2_ERR_OUT_OF_MEMORY,
+        sys::CO2_ERR_NONFINITE,
+        sys::CO2_ERR_LAYOUT_MISMATCH,
+        sys::CO2_ERR_ANCHOR_MISMATCH,
+        sys::CO2_ERR_CHECKPOINT_CORRUPT,
+        sys::CO2_ERR_CHECKPOINT_MISMATCH,
+        sys::CO2_ERR_CALLBACK,
+        sys::CO2_ERR_TIMEOUT,
+        sys::CO2_ERR_PEER_LOST,
+        sys::CO2_ERR_PEER_TIMEOUT,
+        sys::CO2_ERR_COLLECTIVE_MISMATCH,
+        sys::CO2_ERR_ABORTED,
+        sys::CO2_ERR_TRANSPORT,
+        sys::CO2_ERR_RENDEZVOUS,
+        sys::CO2_ERR_INTERNAL,
     ];
     let mut texts = std::collections::HashSet::new();
     for code in codes {
@@ -60,7 +77,8 @@ fn communicator_creation_errors() {
     // An id that co2_get_unique_id did not make.
     let forged = co2::UniqueId::from_bytes([0x5a; sys::CO2_UNIQUE_ID_BYTES as usize]);
     assert_status(
-        Communicator::with_unique_id(&CommConfig::new().transport(Transport::Local), &forged, 0, 1).map(|_| ()),
+        Communicator::with_unique_id(&CommConfig::new().transport(Transport::Local), &forged, 0, 1)
+            .map(|_| ()),
         Status::InvalidArgument,
     );
 }
@@ -72,7 +90,10 @@ fn raw_collective_errors() {
     assert_status(comm.allreduce(&mut empty, ReduceOp::Sum), Status::InvalidArgument);
     let mut one = [1.0f64];
     assert_status(comm.broadcast(&mut one, 1), Status::InvalidArgument); // root outside the group
-    assert_status(comm.allreduce_async(Vec::<i32>::new(), ReduceOp::Max).map(|_| ()), Status::InvalidArgument);
+    assert_status(
+        comm.allreduce_async(Vec::<i32>::new(), ReduceOp::Max).map(|_| ()),
+        Status::InvalidArgument,
+    );
     comm.allreduce(&mut one, ReduceOp::Sum).unwrap(); // still usable
     comm.abort().unwrap();
     assert_status(comm.allreduce(&mut one, ReduceOp::Sum), Status::Aborted);
@@ -92,7 +113,10 @@ fn request_wait_timeout_leaves_it_pending() {
             assert_eq!(request.wait().unwrap(), vec![2.0; 5]);
         } else {
             rx.lock().unwrap().recv().unwrap();
-            assert_eq!(comm.allreduce_async(vec![1.0f32; 5], ReduceOp::Sum).unwrap().wait().unwrap(), vec![2.0; 5]);
+            assert_eq!(
+                comm.allreduce_async(vec![1.0f32; 5], ReduceOp::Sum).unwrap().wait().unwrap(),
+                vec![2.0; 5]
+            );
         }
     });
 }
@@ -222,7 +246,8 @@ fn nonfinite_average_is_reported_on_every_rank() {
     // diloco averages at the boundary itself: a NaN on rank 1 fails that boundary everywhere.
     let statuses = run_ranks(2, &group_name("nonfinite"), |rank, comm| {
         let mut w = vec![0.5f32; 6];
-        let mut engine = Engine::new(&comm, &EngineConfig::new().algorithm(Algorithm::Diloco).tau(1)).unwrap();
+        let mut engine =
+            Engine::new(&comm, &EngineConfig::new().algorithm(Algorithm::Diloco).tau(1)).unwrap();
         let id = engine.register_tensor("w", &mut w, Role::Parameter).unwrap();
         engine.commit().unwrap();
         engine.step().unwrap();
@@ -250,7 +275,8 @@ fn layout_and_anchor_mismatch() {
     // compares the checksums.
     run_ranks(2, &group_name("anchor-mismatch"), |rank, comm| {
         let mut w = vec![1f32; 5];
-        let mut engine = Engine::new(&comm, &EngineConfig::new().algorithm(Algorithm::Diloco).tau(1)).unwrap();
+        let mut engine =
+            Engine::new(&comm, &EngineConfig::new().algorithm(Algorithm::Diloco).tau(1)).unwrap();
         let id = engine.register_tensor("w", &mut w, Role::Parameter).unwrap();
         engine.commit().unwrap();
         engine.set_param(Param::OuterLr, if rank == 0 { 1.0 } else { 0.5 }).unwrap();
@@ -265,7 +291,7 @@ fn layout_and_anchor_mismatch() {
 struct FailingWriter;
 impl Write for FailingWriter {
     fn write(&mut self, _: &[u8]) -> io::Result<usize> {
-        Err(io::Error::new(io::ErrorKind::Other, "disk full"))
+        Err(io::Error::other("disk full"))
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())

@@ -2,7 +2,10 @@
 
 mod common;
 
-use co2::{sys, Algorithm, Clip, CommConfig, Communicator, Engine, EngineConfig, Penalty, ReduceOp, Role, Transport, UniqueId};
+use co2::{
+    sys, Algorithm, Clip, CommConfig, Communicator, Engine, EngineConfig, Penalty, ReduceOp, Role, Transport,
+    UniqueId,
+};
 use common::{group_name, local_config, run_ranks};
 
 #[test]
@@ -111,7 +114,13 @@ fn unique_id_groups() {
         let handles: Vec<_> = (0..2)
             .map(|rank| {
                 scope.spawn(move || {
-                    let comm = Communicator::with_unique_id(&CommConfig::new().transport(Transport::Local), &copy, rank, 2).unwrap();
+                    let comm = Communicator::with_unique_id(
+                        &CommConfig::new().transport(Transport::Local),
+                        &copy,
+                        rank,
+                        2,
+                    )
+                    .unwrap();
                     let mut x = [rank as f32 + 1.0];
                     comm.allreduce(&mut x, ReduceOp::Max).unwrap();
                     (comm.size().unwrap(), x[0])

@@ -15,7 +15,13 @@ const BUFFER: usize = 3; // one averaged buffer (BatchNorm statistics, say)
 const STEPS: usize = 17; // not a multiple of tau: finalize has steps to fold in
 
 /// The "framework": a deterministic inner step, different on every rank.
-fn inner_step(rank: i32, step: usize, params: &mut [&mut [f32]], buffer: &mut [f32], grads: Option<&mut [Vec<f32>]>) {
+fn inner_step(
+    rank: i32,
+    step: usize,
+    params: &mut [&mut [f32]],
+    buffer: &mut [f32],
+    grads: Option<&mut [Vec<f32>]>,
+) {
     let lr = 0.1f32;
     let mut grads = grads;
     for (t, tensor) in params.iter_mut().enumerate() {
@@ -43,7 +49,8 @@ fn apply_grads(params: &mut [&mut [f32]], grads: &[Vec<f32>]) {
 }
 
 fn initial(rank: i32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let f = |n: usize, k: f32| (0..n).map(|i| ((i as f32 + k) * 0.37 + rank as f32).cos()).collect::<Vec<f32>>();
+    let f =
+        |n: usize, k: f32| (0..n).map(|i| ((i as f32 + k) * 0.37 + rank as f32).cos()).collect::<Vec<f32>>();
     (f(SIZES[0], 1.0), f(SIZES[1], 2.0), f(BUFFER, 3.0))
 }
 
@@ -93,8 +100,13 @@ fn safe_run(algorithm: Algorithm, group: &str) -> Vec<Outcome> {
         let mut consensus = vec![0f32; engine.num_elements().unwrap()];
         engine.consensus(Consensus::LocalAverage, &mut consensus).unwrap();
         let s = engine.stats().unwrap();
-        let out = (bits(engine.tensor(ta)), bits(engine.tensor(tb)), bits(engine.tensor(tbuf)), bits(&consensus),
-                   (s.steps, s.rounds, s.outer_updates));
+        let out = (
+            bits(engine.tensor(ta)),
+            bits(engine.tensor(tb)),
+            bits(engine.tensor(tbuf)),
+            bits(&consensus),
+            (s.steps, s.rounds, s.outer_updates),
+        );
         drop(engine);
         out
     })
@@ -124,7 +136,11 @@ fn c_run(algorithm: Algorithm, group: &str) -> Vec<Outcome> {
                     ok(sys::co2_comm_create(&cc, &mut comm));
                     let mut engine: sys::co2_engine_t = ptr::null_mut();
                     ok(sys::co2_engine_create(comm, &cfg, &mut engine));
-                    let names = [CString::new("a").unwrap(), CString::new("b").unwrap(), CString::new("stats").unwrap()];
+                    let names = [
+                        CString::new("a").unwrap(),
+                        CString::new("b").unwrap(),
+                        CString::new("stats").unwrap(),
+                    ];
                     let tensors: [(*mut f32, usize, u32); 3] = [
                         (a.as_mut_ptr(), a.len(), sys::CO2_ROLE_PARAMETER),
                         (b.as_mut_ptr(), b.len(), sys::CO2_ROLE_PARAMETER),
@@ -148,7 +164,12 @@ fn c_run(algorithm: Algorithm, group: &str) -> Vec<Outcome> {
                             inner_step(rank, step, &mut [pa, pb], pbuf, Some(&mut grads));
                             let mut ptrs: Vec<*mut std::os::raw::c_void> =
                                 grads.iter_mut().map(|g| g.as_mut_ptr().cast()).collect();
-                            ok(sys::co2_engine_reduce_gradients(engine, ptrs.as_mut_ptr(), 2, ptr::null_mut()));
+                            ok(sys::co2_engine_reduce_gradients(
+                                engine,
+                                ptrs.as_mut_ptr(),
+                                2,
+                                ptr::null_mut(),
+                            ));
                             let pa = std::slice::from_raw_parts_mut(tensors[0].0, tensors[0].1);
                             let pb = std::slice::from_raw_parts_mut(tensors[1].0, tensors[1].1);
                             apply_grads(&mut [pa, pb], &grads);
@@ -161,7 +182,12 @@ fn c_run(algorithm: Algorithm, group: &str) -> Vec<Outcome> {
                     let mut n = 0usize;
                     ok(sys::co2_engine_num_elements(engine, &mut n));
                     let mut consensus = vec![0f32; n];
-                    ok(sys::co2_engine_consensus(engine, sys::CO2_CONSENSUS_LOCAL_AVERAGE as i32, consensus.as_mut_ptr(), n));
+                    ok(sys::co2_engine_consensus(
+                        engine,
+                        sys::CO2_CONSENSUS_LOCAL_AVERAGE as i32,
+                        consensus.as_mut_ptr(),
+                        n,
+                    ));
                     let mut s = sys::co2_engine_stats_t::init();
                     ok(sys::co2_engine_get_stats(engine, &mut s));
                     ok(sys::co2_engine_destroy(engine));
