@@ -13,6 +13,7 @@ committed="$here/src/bindings.rs"
 
 # bindgen formats its output with rustfmt (part of the Rust toolchain), with the settings of
 # bindgen-rustfmt.toml, so the bytes do not depend on the working directory.
+[ -d "${HOME:-/root}/.cargo/bin" ] && PATH="$PATH:${HOME:-/root}/.cargo/bin"
 for tool in bindgen rustfmt; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "$tool not found (Debian: apt-get install bindgen libclang-dev; rustfmt comes with Rust)" >&2
