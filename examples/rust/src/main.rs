@@ -12,7 +12,9 @@
 //! - otherwise: `--world W` ranks as threads of this process over the `local` transport.
 //!
 //! Usage: co2-regression [--world W] [--rounds N] [--tau N] [--algorithm co2|sync|diloco|localsgd]
-//!                       [--group NAME] [--quiet]
+//!                       [--group NAME] [--timeout-ms MS] [--quiet]
+//! --timeout-ms: the communicator's no-progress (and rendezvous) timeout; the library's default
+//! (CO2_DEFAULT_TIMEOUT_MS, 5 minutes) otherwise.
 //! Exit status: 0 when the final loss is below 1% of the initial one, 1 on a co2 error, 2 if
 //! training did not converge that far, 64 on bad arguments.
 
@@ -38,6 +40,7 @@ struct Options {
     tau: u32,
     algorithm: Algorithm,
     group: String,
+    timeout_ms: Option<u32>,
     quiet: bool,
 }
 
@@ -48,6 +51,7 @@ fn parse_options() -> Result<Options, String> {
         tau: 8,
         algorithm: Algorithm::Co2,
         group: format!("co2-example-rust-{}", std::process::id()),
+        timeout_ms: None,
         quiet: false,
     };
     let mut args = std::env::args().skip(1);
@@ -60,6 +64,10 @@ fn parse_options() -> Result<Options, String> {
             }
             "--tau" => options.tau = value()?.parse().map_err(|e| format!("--tau: {e}"))?,
             "--group" => options.group = value()?,
+            "--timeout-ms" => {
+                options.timeout_ms =
+                    Some(value()?.parse().map_err(|e| format!("--timeout-ms: {e}"))?)
+            }
             "--algorithm" => {
                 options.algorithm = match value()?.as_str() {
                     "co2" => Algorithm::Co2,
@@ -265,10 +273,13 @@ fn main() -> ExitCode {
         if rank == 0 {
             println!("rank {rank} of {world} (from the launcher's RANK/WORLD_SIZE), transport auto, {:?}", options.algorithm);
         }
-        let config = CommConfig::new()
+        let mut config = CommConfig::new()
             .transport(Transport::Auto)
             .rank(rank)
             .world_size(world);
+        if let Some(timeout) = options.timeout_ms {
+            config = config.timeout_ms(timeout);
+        }
         vec![Communicator::new(&config).and_then(|comm| run_rank(&comm, &options))]
     } else {
         println!(
@@ -280,11 +291,14 @@ fn main() -> ExitCode {
             .map(|rank| {
                 let options = Arc::clone(&options);
                 thread::spawn(move || {
-                    let config = CommConfig::new()
+                    let mut config = CommConfig::new()
                         .transport(Transport::Local)
                         .rank(rank)
                         .world_size(options.world)
                         .group_name(options.group.clone());
+                    if let Some(timeout) = options.timeout_ms {
+                        config = config.timeout_ms(timeout);
+                    }
                     let comm = Communicator::new(&config)?;
                     let result = run_rank(&comm, &options);
                     if result.is_err() {
