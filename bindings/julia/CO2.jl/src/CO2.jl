@@ -220,7 +220,7 @@ function _free!(r::Request)
 end
 
 """`true` once complete; throws the collective's failure."""
-function Base.istaskdone(r::Request)
+function Base.isready(r::Request)
     done = Ref{Cint}(0)
     check(co2_request_test(r.handle, done))
     return done[] != 0
