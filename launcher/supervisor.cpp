@@ -85,8 +85,10 @@ class Supervisor {
     supervise();
     ::close(signals_);
 
-    if (interrupted_by_ != 0) return 128 + interrupted_by_;
     if (start_failed_) return 1;
+    // A failure seen before an interrupt is what the user needs to hear about; failures after
+    // it are the forwarded signal's doing.
+    if (first_failure_ == nullptr && interrupted_by_ != 0) return 128 + interrupted_by_;
     if (first_failure_ != nullptr) {
       std::string message = "rank " + std::to_string(first_failure_->rank) + " (pid " +
                             std::to_string(first_failure_->pid) + ") " + how_it_ended(first_failure_->status) + "; " +

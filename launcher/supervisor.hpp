@@ -20,7 +20,8 @@ struct RankLaunch {
 // Runs `program` (argv; found on PATH like a shell would) once per entry of `ranks`, each in
 // its own process group with stdin from /dev/null. Returns co2run's exit status: 0 when every
 // rank exited 0; the failed rank's exit code (or 128 + its signal) when one failed first, after
-// printing which rank failed and how; 128 + the signal when co2run itself was interrupted.
+// printing which rank failed and how; 128 + the signal when co2run itself was interrupted
+// (before any rank failed).
 int run_ranks(const std::vector<std::string>& program, const std::vector<RankLaunch>& ranks,
               std::chrono::milliseconds grace_period);
 
