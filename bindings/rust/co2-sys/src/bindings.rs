@@ -1115,12 +1115,16 @@ pub struct co2_engine_stats {
     pub last_penalty_max: f64,
     pub last_clip_scale_min: f64,
     pub last_clip_fraction: f64,
+    pub step_time_ns: u64,
+    pub allreduce_time_ns: u64,
+    pub advised_tau: u32,
+    pub reserved0: u32,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_stats() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_stats>(),
-        136usize,
+        160usize,
         concat!("Size of: ", stringify!(co2_engine_stats))
     );
     assert_eq!(
@@ -1434,6 +1438,74 @@ fn bindgen_test_layout_co2_engine_stats() {
         );
     }
     test_field_last_clip_fraction();
+    fn test_field_step_time_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).step_time_ns) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(step_time_ns)
+            )
+        );
+    }
+    test_field_step_time_ns();
+    fn test_field_allreduce_time_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).allreduce_time_ns) as usize - ptr as usize
+            },
+            144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(allreduce_time_ns)
+            )
+        );
+    }
+    test_field_allreduce_time_ns();
+    fn test_field_advised_tau() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).advised_tau) as usize - ptr as usize
+            },
+            152usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(advised_tau)
+            )
+        );
+    }
+    test_field_advised_tau();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            156usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
 }
 pub type co2_engine_stats_t = co2_engine_stats;
 extern "C" {
