@@ -251,11 +251,14 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         if (const char* token = std::getenv("CO2_AUTH_TOKEN")) where.auth_token = token;
         if (request.rank == 0) server = serve_master_port(where.port, where.auth_token);
       }
-      bool serves_store = server != nullptr;
       if (!request.unique_id.empty()) {
+        // Every rank of this process that uses the id holds the server until it is done with
+        // the store, so that the last one to leave stops it.
         std::lock_guard<std::mutex> lock(servers().mutex);
-        serves_store = servers().by_id.count(request.unique_id) > 0;
+        auto found = servers().by_id.find(request.unique_id);
+        if (found != servers().by_id.end()) server = found->second;
       }
+      const bool serves_store = server != nullptr;
       std::shared_ptr<store::Store> store = store::connect_tcp_store(where);
       auto comm = connect_over_ucx(*store, request.rank, request.world_size, serves_store, request.options);
       if (!request.unique_id.empty()) {
