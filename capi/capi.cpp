@@ -1,6 +1,7 @@
 // The extern "C" shims: validate arguments, translate structs, call the runtime, and turn every
 // exception into a status plus a thread-local message. Nothing else lives here.
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <random>
@@ -11,7 +12,11 @@
 #include "runtime/comm.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/status.hpp"
+#include "runtime/store/store.hpp"
 #include "transports/local/transport.hpp"
+#if defined(CO2_HAVE_NCCL)
+#include "transports/nccl/transport.hpp"
+#endif
 
 #define CO2_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -123,14 +128,46 @@ void require_host(co2_comm_t comm, const void* buffer, size_t count) {
   require_arg(count >= 1, "count is 0");
 }
 
+void check_group_config(const co2_comm_config_t& config) {
+  require_arg(config.world_size >= 1, "world_size must be >= 1");
+  co2::require(config.rank >= 0 && config.rank < config.world_size, Status::InvalidArgument,
+               "rank " + std::to_string(config.rank) + " is outside [0, " + std::to_string(config.world_size) + ")");
+  require_arg(config.timeout_ms >= 1, "timeout_ms must be >= 1 (CO2_DEFAULT_TIMEOUT_MS is the default)");
+}
+
+// NCCL: the unique id travels through a store: CO2_STORE_DIR (a file store shared by the
+// processes) when set, else a store in this process (ranks are threads, one GPU each).
+co2_comm_t create_nccl_comm(const co2_comm_config_t& config, const std::string& group_name) {
+#if defined(CO2_HAVE_NCCL)
+  check_group_config(config);
+  co2::require(co2::transport::nccl::usable_devices() > 0, Status::Unsupported,
+               "the NCCL transport needs a usable CUDA device (cudaGetDeviceCount found none)");
+  static const std::shared_ptr<co2::store::Store> in_process = co2::store::make_memory_store();
+  const char* dir = std::getenv("CO2_STORE_DIR");
+  const std::shared_ptr<co2::store::Store> store = dir && *dir ? co2::store::open_file_store(dir) : in_process;
+  co2::CommOptions options;
+  options.timeout = std::chrono::milliseconds(config.timeout_ms);
+  auto transport = co2::transport::nccl::connect(*store, group_name, config.rank, config.world_size,
+                                                 /*device: the thread's current one*/ -1, options.timeout);
+  auto handle = std::make_unique<co2_comm>();
+  handle->comm = std::make_shared<co2::Communicator>(std::move(transport), options);
+  return handle.release();
+#else
+  (void)config;
+  (void)group_name;
+  co2::fail(Status::Unsupported, "this build has no NCCL transport (built without the cuda/nccl options)");
+#endif
+}
+
 co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group_name) {
   switch (config.transport) {
     case CO2_TRANSPORT_AUTO:
     case CO2_TRANSPORT_LOCAL:
       break;
-    case CO2_TRANSPORT_UCX:
     case CO2_TRANSPORT_NCCL:
-      co2::fail(Status::Unsupported, "this build has no UCX or NCCL transport yet; use CO2_TRANSPORT_LOCAL");
+      return create_nccl_comm(config, group_name);
+    case CO2_TRANSPORT_UCX:
+      co2::fail(Status::Unsupported, "this build has no UCX transport yet; use CO2_TRANSPORT_LOCAL");
     default:
       co2::fail(Status::UnknownEnum, "unknown transport " + std::to_string(config.transport));
   }
@@ -429,6 +466,20 @@ CO2_EXPORT co2_status_t co2_engine_add_segment(co2_engine_t engine, const co2_se
     d.count = s.count;
     d.role = s.role;
     e.add_segment(d);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_set_allocator(co2_engine_t engine, const co2_allocator_t* allocator) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    co2::DeviceAllocator a;
+    if (allocator) {
+      const co2_allocator_t c = read_sized(allocator, co2_allocator_t CO2_ALLOCATOR_INIT, "co2_allocator_t");
+      a.user = c.user;
+      a.allocate = c.allocate;
+      a.release = c.release;
+    }
+    e.set_device_allocator(a);
   });
 }
 

@@ -9,6 +9,7 @@
 #include "runtime/boundary_pass.hpp"
 #include "runtime/checksum.hpp"
 #include "runtime/device/device_path.hpp"
+#include "runtime/device/selection.hpp"
 #include "runtime/engine_state.hpp"
 
 namespace co2 {
@@ -76,6 +77,23 @@ void note_placement(Engine::State& s, const StorageDesc& storage) {
   s.placement = storage.device;
   s.device_index = storage.device_index;
 }
+
+// A rejected first tensor or flat storage leaves the engine without a placement, as before.
+class PlacementRollback {
+ public:
+  explicit PlacementRollback(Engine::State& s) : s_(s) {}
+  ~PlacementRollback() {
+    if (armed_ && s_.segments.empty() && !s_.flat) {
+      s_.placement = -1;
+      s_.device.reset();
+    }
+  }
+  void dismiss() { armed_ = false; }
+
+ private:
+  Engine::State& s_;
+  bool armed_ = true;
+};
 
 bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
@@ -438,8 +456,10 @@ void Engine::register_tensor(const TensorDesc& t) {
   require(t.count <= (size_t(1) << 40), Status::InvalidArgument, "tensor '" + t.name + "' is implausibly large");
   validate_storage(t.storage);
   const Role role = parse_role(t.role);
-  note_placement(s, t.storage);
   const size_t bytes = t.count * sizeof(float);
+  PlacementRollback rollback(s);
+  note_placement(s, t.storage);
+  if (s.device) s.device->check_device_memory(t.data, bytes, "tensor '" + t.name + "'");
   for (const Segment& seg : s.segments) {
     require(seg.name != t.name, Status::DuplicateTensor, "a tensor named '" + t.name + "' is already registered");
     require(!ranges_overlap(seg.data, seg.count * sizeof(float), t.data, bytes), Status::DuplicateTensor,
@@ -449,6 +469,7 @@ void Engine::register_tensor(const TensorDesc& t) {
   require(!s.flat || !ranges_overlap(s.flat, s.flat_count * sizeof(float), t.data, bytes),
           Status::DuplicateTensor, "tensor '" + t.name + "' overlaps the engine's flat storage");
   s.segments.push_back(Segment{t.name, static_cast<float*>(t.data), t.count, role, 0});
+  rollback.dismiss();
 }
 
 void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
@@ -457,12 +478,15 @@ void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
   require(!s.flat, Status::InvalidState, "this engine already has flat storage (one per engine)");
   require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
   validate_storage(storage);
+  PlacementRollback rollback(s);
   note_placement(s, storage);
   if (s.device) {
     s.flat = static_cast<float*>(s.device->allocate_flat(s, count));
     s.flat_count = count;
+    rollback.dismiss();
     return s.flat;
   }
+  rollback.dismiss();
   s.owned_flat = FloatBuffer(count);
   s.flat = s.owned_flat.data();
   s.flat_count = count;
@@ -479,9 +503,23 @@ void Engine::adopt_flat(void* data, size_t count, const StorageDesc& storage) {
   for (const Segment& seg : s.segments)
     require(!ranges_overlap(seg.data, seg.count * sizeof(float), data, count * sizeof(float)),
             Status::DuplicateTensor, "the adopted flat storage overlaps registered tensor '" + seg.name + "'");
+  PlacementRollback rollback(s);
   note_placement(s, storage);
+  if (s.device) s.device->check_device_memory(data, count * sizeof(float), "the adopted flat storage");
+  rollback.dismiss();
   s.flat = static_cast<float*>(data);
   s.flat_count = count;
+}
+
+void Engine::set_device_allocator(const DeviceAllocator& allocator) {
+  State& s = *state_;
+  require(device_path_built(), Status::Unsupported,
+          "a device allocator needs a build with the cuda option (this libco2 was built without CUDA)");
+  require(!s.committed && !(s.device && s.flat), Status::InvalidState,
+          "set the allocator before co2_engine_alloc_flat and co2_engine_commit: device memory was already allocated");
+  require((allocator.allocate == nullptr) == (allocator.release == nullptr), Status::InvalidArgument,
+          "co2_allocator_t needs both allocate and release (or neither, for cudaMalloc)");
+  s.allocator = allocator;
 }
 
 void Engine::add_segment(const SegmentDesc& d) {
@@ -507,6 +545,10 @@ void Engine::commit() {
   State& s = *state_;
   require(!s.committed, Status::InvalidState, "the layout is already committed");
   check_comm(s);
+  std::string why;
+  device::choose_averaging(s.device ? device::Placement::Device : device::Placement::Host,
+                           s.comm->collective_stream() != nullptr, &why);
+  require(why.empty(), Status::InvalidArgument, why);
   ByteHasher layout;
   size_t offset = 0;
   s.num_trained = 0;

@@ -38,6 +38,20 @@ class CudaPath final : public DevicePath {
     for (size_t i = 0; i < kReportSlots; ++i) report_ready_.push_back(std::make_unique<CudaEvent>());
   }
 
+  void check_device_memory(const void* data, size_t bytes, const std::string& what) override {
+    const char* last = static_cast<const char*>(data) + (bytes ? bytes - 1 : 0);
+    for (const void* p : {data, static_cast<const void*>(last)}) {
+      cudaPointerAttributes attributes{};
+      const cudaError_t e = cudaPointerGetAttributes(&attributes, p);
+      if (e != cudaSuccess) cudaGetLastError();
+      const bool device_memory =
+          e == cudaSuccess && (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
+      require(device_memory && attributes.device == device_, Status::InvalidArgument,
+              what + " is declared CUDA device " + std::to_string(device_) +
+                  " memory but is not (host memory, another device, or not allocated)");
+    }
+  }
+
   void* allocate_flat(S& s, size_t count) override {
     use_device(device_);
     flat_ = DeviceMemory(count * sizeof(float), device_, s.allocator, own_stream_->get());

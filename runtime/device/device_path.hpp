@@ -6,21 +6,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
+#include "runtime/device/allocator.hpp"
 #include "runtime/engine.hpp"
 
 namespace co2 {
 
-// The caller-supplied allocator of co2_engine_set_allocator (same signatures as co2_allocator_t).
-struct DeviceAllocator {
-  void* user = nullptr;
-  void* (*allocate)(void* user, size_t bytes, int32_t device_index, void* stream) = nullptr;
-  void (*release)(void* user, void* ptr, size_t bytes, int32_t device_index, void* stream) = nullptr;
-};
-
 class DevicePath {
  public:
   virtual ~DevicePath() = default;
+  // Throws InvalidArgument unless [data, +bytes) is memory of this path's CUDA device.
+  virtual void check_device_memory(const void* data, size_t bytes, const std::string& what) = 0;
   // Runtime-owned flat storage on the device, zeroed.
   virtual void* allocate_flat(Engine::State& s, size_t count) = 0;
   // The device half of commit: tables, outer state, broadcast of rank 0's values (blocking).

@@ -235,13 +235,20 @@ class NcclCollective final : public Collective {
 
 }  // namespace
 
+int usable_devices() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count > 0 ? count : 0;
+}
+
 std::unique_ptr<Collective> connect(Rendezvous& store, const std::string& key, int rank, int size, int device,
                                     std::chrono::milliseconds timeout) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
-    cudaGetLastError();
-    throw RendezvousError("the NCCL transport needs a usable CUDA device (cudaGetDeviceCount found none)");
-  }
+  const int count = usable_devices();
+  if (count == 0) throw RendezvousError("the NCCL transport needs a usable CUDA device (cudaGetDeviceCount found none)");
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) throw RendezvousError("cudaGetDevice failed");
   if (device < 0 || device >= count)
     throw RendezvousError("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " found)");
   if (cudaSetDevice(device) != cudaSuccess) throw RendezvousError("cudaSetDevice failed");

@@ -13,9 +13,13 @@
 
 namespace co2::transport::nccl {
 
+// CUDA devices NCCL could use here: 0 on any error (no driver) or when there are none.
+int usable_devices();
+
 // Forms the group `key` of `size` ranks on CUDA device `device`. Rank 0 creates the NCCL unique
 // id and publishes it under `key`; the others read it. Throws RendezvousError when the group does
-// not form within `timeout` (a missing peer, or a second rank on the same GPU).
+// not form within `timeout` (a missing peer, or a second rank on the same GPU). device < 0: the
+// calling thread's current CUDA device.
 std::unique_ptr<Collective> connect(Rendezvous& store, const std::string& key, int rank, int size,
                                     int device, std::chrono::milliseconds timeout);
 
