@@ -128,7 +128,7 @@ void require_host(co2_comm_t comm, const void* buffer, size_t count) {
   require_arg(count >= 1, "count is 0");
 }
 
-void check_group_config(const co2_comm_config_t& config) {
+[[maybe_unused]] void check_group_config(const co2_comm_config_t& config) {
   require_arg(config.world_size >= 1, "world_size must be >= 1");
   co2::require(config.rank >= 0 && config.rank < config.world_size, Status::InvalidArgument,
                "rank " + std::to_string(config.rank) + " is outside [0, " + std::to_string(config.world_size) + ")");

@@ -50,8 +50,9 @@ bool is_device_memory(const void* p) {
 
 class NcclCollective final : public Collective {
  public:
-  NcclCollective(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device)
-      : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device) {}
+  NcclCollective(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device,
+                 std::chrono::milliseconds timeout)
+      : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
 
   ~NcclCollective() override {
     cudaSetDevice(device_);
@@ -188,15 +189,29 @@ class NcclCollective final : public Collective {
     const Handle handle = next_handle_++;
     if (op.failed == Outcome::Pending && aborted_.load()) op.failed = Outcome::Aborted;
     if (op.failed == Outcome::Pending) {
-      std::lock_guard<std::mutex> lock(comm_mutex_);
+      std::unique_lock<std::mutex> lock(comm_mutex_);
       ncclResult_t r = comm_ ? call(op.send, op.recv) : ncclInvalidUsage;
       // A non-blocking communicator may still be connecting: the call is enqueued once the
-      // communicator's state leaves ncclInProgress (bounded: abort() ends it).
+      // communicator's state leaves ncclInProgress. The lock is released between polls so that
+      // abort() (the communicator's timeout, co2_comm_abort) can end the wait.
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
       while (r == ncclInProgress) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          set_error("NCCL could not start a collective within " + std::to_string(timeout_.count()) +
+                    " ms (its peers did not connect)");
+          op.failed = Outcome::Failed;
+          break;
+        }
+        lock.unlock();
         std::this_thread::sleep_for(std::chrono::microseconds(100));
+        lock.lock();
+        if (!comm_ || aborted_.load()) {
+          op.failed = Outcome::Aborted;
+          break;
+        }
         if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
       }
-      if (r != ncclSuccess) {
+      if (op.failed == Outcome::Pending && r != ncclSuccess) {
         set_error("NCCL collective failed to start: " + nccl_text(r));
         op.failed = outcome_of(r);
       }
@@ -225,6 +240,7 @@ class NcclCollective final : public Collective {
   ncclComm_t comm_;
   cudaStream_t stream_;
   const int rank_, size_, device_;
+  const std::chrono::milliseconds timeout_;  // bounds the wait for a collective to start
   std::mutex comm_mutex_;
   std::atomic<bool> aborted_{false};
   mutable std::mutex error_mutex_;
@@ -289,7 +305,7 @@ std::unique_ptr<Collective> connect(Rendezvous& store, const std::string& key, i
     ncclCommAbort(comm);
     throw RendezvousError("cudaStreamCreate failed for the NCCL transport");
   }
-  return std::make_unique<NcclCollective>(comm, stream, rank, size, device);
+  return std::make_unique<NcclCollective>(comm, stream, rank, size, device, timeout);
 }
 
 }  // namespace co2::transport::nccl

@@ -94,10 +94,12 @@ TEST(StreamPlan, StagedPathBlocksOnceAfterTheCopyOut) {
 TEST(StreamPlan, FrameworkMemoryOnlyOnTheCallersStream) {
   for (Averaging a : {Averaging::Collective, Averaging::StagedHost})
     for (const Op& op : co2_boundary_plan(a, true)) {
-      if (op.kind == OpKind::Pass || op.kind == OpKind::Coefficients || op.kind == OpKind::Report)
+      if (op.kind == OpKind::Pass || op.kind == OpKind::Coefficients || op.kind == OpKind::Report) {
         EXPECT_EQ(op.stream, Stream::Caller);
-      if (op.kind == OpKind::DeviceAllReduce || op.kind == OpKind::CopyAverageIn || op.kind == OpKind::CopyDeltaOut)
+      }
+      if (op.kind == OpKind::DeviceAllReduce || op.kind == OpKind::CopyAverageIn || op.kind == OpKind::CopyDeltaOut) {
         EXPECT_EQ(op.stream, Stream::Comm);
+      }
     }
 }
 
