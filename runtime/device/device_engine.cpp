@@ -53,13 +53,13 @@ class CudaPath final : public DevicePath {
   }
 
   void* allocate_flat(S& s, size_t count) override {
-    use_device(device_);
+    make_current();
     flat_ = DeviceMemory(count * sizeof(float), device_, s.allocator, own_stream_->get());
     return flat_.as();
   }
 
   void commit(S& s) override {
-    use_device(device_);
+    make_current();
     std::string why;
     averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr, &why);
     comm_stream_ = averaging_ == Averaging::Collective ? as_stream(s.comm->collective_stream()) : own_stream_->get();
@@ -88,7 +88,7 @@ class CudaPath final : public DevicePath {
   }
 
   bool boundary(S& s, void* stream) override {
-    use_device(device_);
+    make_current();
     fold_reports(s, false);
     cudaStream_t caller = as_stream(stream);
     const bool warmup = s.stats.rounds <= s.config.warmup_sync_rounds;
@@ -113,7 +113,7 @@ class CudaPath final : public DevicePath {
   }
 
   void reduce_gradients(S& s, void* const* grads, size_t, void* stream) override {
-    use_device(device_);
+    make_current();
     cudaStream_t caller = as_stream(stream);
     float* packed;
     if (s.config.algorithm == Algorithm::Sync) {
@@ -150,7 +150,7 @@ class CudaPath final : public DevicePath {
   }
 
   void synchronize(S& s) override {
-    use_device(device_);
+    make_current();
     // No stream argument: everything the framework enqueued must be finished.
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (synchronize)");
     cudaStream_t caller = nullptr;
@@ -183,7 +183,7 @@ class CudaPath final : public DevicePath {
   }
 
   void finalize(S& s) override {
-    use_device(device_);
+    make_current();
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (finalize)");
     s.steps_in_round = 0;
     s.round_tau = s.config.tau;
@@ -195,7 +195,7 @@ class CudaPath final : public DevicePath {
   }
 
   void consensus(S& s, ConsensusKind kind, float* out, size_t count) override {
-    use_device(device_);
+    make_current();
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (consensus)");
     const size_t bytes = count * sizeof(float);
     switch (kind) {
@@ -222,7 +222,7 @@ class CudaPath final : public DevicePath {
 
   void momentum_needed(S& s) override {
     if (!momentum_.empty() || comm_.empty()) return;
-    use_device(device_);
+    make_current();
     momentum_ = alloc(s, s.state_count * sizeof(float));  // starts from zero momentum
     refresh_tables();
   }
@@ -270,6 +270,9 @@ class CudaPath final : public DevicePath {
   }
 
  private:
+  // The engine's device for this thread (the caller may have switched): one cheap call.
+  void make_current() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
   DeviceMemory alloc(S& s, size_t bytes) { return DeviceMemory(bytes, device_, s.allocator, own_stream_->get()); }
 
   void build_tables(S& s) {
