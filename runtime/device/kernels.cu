@@ -100,39 +100,58 @@ __global__ void norm_scale_kernel(Tables t, Config c) {
   }
 }
 
-template <bool kValueClip>
+// kFull: the chunk has all kChunkElements elements, so the loop needs no bounds check.
+template <bool kValueClip, bool kFull>
 __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const Chunk& ch,
                            const SegmentEntry& seg, double* step_squares, uint32_t* clamped, float* probe) {
   const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
   const bool momentum = seg.is_parameter && c.momentum;
   const bool nesterov = seg.is_parameter && c.nesterov;
   const size_t base = seg.state_offset + ch.begin;
-  float* p = seg.params + ch.begin;
-  float* a = t.anchor + base;
-  float* m = momentum ? t.momentum + base : nullptr;
-  float* cb = t.comm + base;
-#pragma unroll 4
-  for (int j = 0; j < kPerThread; ++j) {
-    const uint32_t i = threadIdx.x + uint32_t(j) * kThreads;
-    if (i >= ch.count) break;
-    const float anchor_old = a[i];
-    float anchor_new = anchor_old;
-    if (update) {
-      const float average = cb[i];
-      const float m_old = momentum ? m[i] : 0.0f;
-      const float m_new = clip_momentum<kValueClip>(momentum_candidate(m_old, average, k), k, clamped);
-      const float step = nesterov ? outer_step<true>(m_new, average, k) : outer_step<false>(m_new, average, k);
-      if (momentum) m[i] = m_new;
-      anchor_new = anchor_old - k.alpha * step;
-      a[i] = anchor_new;
-      *step_squares += double(step) * double(step);
+  // Distinct buffers: the layout rejects overlapping tensors.
+  float* __restrict__ p = seg.params + ch.begin;
+  float* __restrict__ a = t.anchor + base;
+  float* __restrict__ m = momentum ? t.momentum + base : nullptr;
+  float* __restrict__ cb = t.comm + base;
+  // Batches of kBatch elements per thread: every load of a batch is issued before its stores,
+  // so each thread keeps several cache lines in flight (the pass is memory-bound).
+  constexpr int kBatch = 4;
+  static_assert(kPerThread % kBatch == 0, "whole batches");
+#pragma unroll
+  for (int j0 = 0; j0 < kPerThread; j0 += kBatch) {
+    float pv[kBatch], av[kBatch], mv[kBatch], cv[kBatch];
+    bool in[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
+      in[b] = kFull || i < ch.count;
+      av[b] = in[b] ? a[i] : 0.0f;
+      pv[b] = in[b] && c.write_delta ? p[i] : 0.0f;
+      cv[b] = in[b] && update ? cb[i] : 0.0f;
+      mv[b] = in[b] && update && momentum ? m[i] : 0.0f;
     }
-    if (c.write_delta) {
-      const float delta = anchor_old - p[i];
-      *probe += delta * 0.0f;
-      cb[i] = delta;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (!in[b]) continue;
+      const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
+      const float anchor_old = av[b];
+      float anchor_new = anchor_old;
+      if (update) {
+        const float average = cv[b];
+        const float m_new = clip_momentum<kValueClip>(momentum_candidate(mv[b], average, k), k, clamped);
+        const float step = nesterov ? outer_step<true>(m_new, average, k) : outer_step<false>(m_new, average, k);
+        if (momentum) m[i] = m_new;
+        anchor_new = anchor_old - k.alpha * step;
+        a[i] = anchor_new;
+        *step_squares += double(step) * double(step);
+      }
+      if (c.write_delta) {
+        const float delta = anchor_old - pv[b];
+        *probe += delta * 0.0f;
+        cb[i] = delta;
+      }
+      p[i] = anchor_new;
     }
-    p[i] = anchor_new;
   }
 }
 
@@ -144,10 +163,16 @@ __global__ void pass_kernel(Tables t, Config c) {
   double squares = 0.0;
   uint32_t clamped = 0;
   float probe = 0.0f;
-  if (seg.is_parameter && c.clip == 1)
-    pass_chunk<true>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  const bool value_clip = seg.is_parameter && c.clip == 1;
+  const bool full = ch.count == kChunkElements;
+  if (value_clip && full)
+    pass_chunk<true, true>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  else if (value_clip)
+    pass_chunk<true, false>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  else if (full)
+    pass_chunk<false, true>(t, c, update, ch, seg, &squares, &clamped, &probe);
   else
-    pass_chunk<false>(t, c, update, ch, seg, &squares, &clamped, &probe);
+    pass_chunk<false, false>(t, c, update, ch, seg, &squares, &clamped, &probe);
   if (probe != 0.0f) atomicExch(t.delta_nonfinite, 1);
   const double total = block_sum(squares, shared);
   if (threadIdx.x == 0) t.chunk_squares[blockIdx.x] = total;
