@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -91,6 +92,18 @@ int worker_fault(const fs::path& dir, int rank, int size, milliseconds timeout) 
   CommOptions options;
   options.timeout = timeout;
   auto comm = std::make_unique<Communicator>(connect_rank(dir, rank, size, kConnectTimeout), options);
+  // The test asks a rank to abort by creating abort.<rank>: from another thread, as a user would.
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    const fs::path trigger = dir / ("abort." + std::to_string(rank));
+    while (!done) {
+      if (fs::exists(trigger)) {
+        comm->abort();
+        return;
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  });
   std::vector<float> data(size_t(2) << 20, 1.0f);
   Status status = Status::Ok;
   std::string message;
@@ -106,6 +119,8 @@ int worker_fault(const fs::path& dir, int rank, int size, milliseconds timeout) 
     if (round == 0) write_file(dir / ("ready." + std::to_string(rank)), "");
   }
   const int64_t failed_at = now_ns();
+  done = true;
+  watcher.join();
   const auto destroy_start = Clock::now();
   comm.reset();
   const auto destroy_ms =
@@ -383,6 +398,36 @@ TEST(UcxFaults, StoppedPeerTimesOutAndDestroyIsPrompt) {
     const int64_t waited_ns = report.failed_at_ns - stopped_at;
     EXPECT_LT(waited_ns, std::chrono::nanoseconds(kFaultTimeout + kFaultMargin).count())
         << "rank " << rank;
+    EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
+  }
+}
+
+TEST(UcxFaults, AbortReachesTheLivePeersLongBeforeTheirTimeout) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  constexpr int kSize = 3, kAborter = 1;
+  constexpr milliseconds kLongTimeout{120000};
+  TemporaryDirectory dir;
+  Children children(dir.path());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < kSize; ++rank)
+    pids.push_back(children.spawn("fault", rank, kSize, kLongTimeout));
+  const auto ready_deadline = Clock::now() + std::chrono::seconds(60);
+  for (int rank = 0; rank < kSize; ++rank)
+    while (!fs::exists(dir.path() / ("ready." + std::to_string(rank)))) {
+      ASSERT_LT(Clock::now(), ready_deadline) << children.error_of(rank);
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  const int64_t aborted_at = now_ns();
+  write_file(dir.path() / ("abort." + std::to_string(kAborter)), "");
+  const auto deadline = Clock::now() + kFaultMargin + std::chrono::seconds(10);
+  for (int rank = 0; rank < kSize; ++rank) {
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0)
+        << "rank " << rank << " did not exit: " << children.error_of(rank);
+    const FaultReport report = read_fault(dir.path(), rank);
+    describe(rank, report, aborted_at);
+    EXPECT_EQ(report.status, Status::Aborted) << report.message;
+    EXPECT_NE(report.message.find("aborted on rank 1"), std::string::npos) << report.message;
+    EXPECT_LT(report.failed_at_ns - aborted_at, std::chrono::nanoseconds(kFaultMargin).count());
     EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
   }
 }
