@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include "runtime/store/store.hpp"
@@ -44,6 +45,14 @@ TEST_F(UcxConnect, RejectsArgumentsOutOfRange) {
                 .find("must be in 1.."),
             std::string::npos);
   EXPECT_NE(connect_error(*store_, "a/", 0, 2, milliseconds(-1)).find("timeout"), std::string::npos);
+}
+
+TEST_F(UcxConnect, RejectsAMalformedSpinSetting) {
+  ::setenv("CO2_UCX_SPIN_US", "soon", 1);
+  const std::string message = connect_error(*store_, "spin/", 0, 1, milliseconds(1000));
+  ::unsetenv("CO2_UCX_SPIN_US");
+  EXPECT_NE(message.find("CO2_UCX_SPIN_US"), std::string::npos) << message;
+  EXPECT_NE(message.find("'soon'"), std::string::npos) << message;
 }
 
 TEST_F(UcxConnect, PeerWhoseAddressNeverArrivesIsARendezvousError) {
