@@ -11,7 +11,7 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 ensure_packages meson ninja-build gcc g++ libc6-dev binutils pkg-config libgtest-dev libgmock-dev \
-  libucx-dev ucx-utils bindgen libclang-dev python3-clang valgrind || exit 1
+  libucx-dev ucx-utils bindgen libclang-dev python3-clang valgrind iproute2 || exit 1
 
 extra_options=()
 if [ "${CO2_SANITIZE:-0}" = 1 ]; then
