@@ -67,6 +67,7 @@ void form_from_id(TransportKind kind, int world) {
   std::vector<double> sums(world, -1.0);
   for (int r = 0; r < world; ++r) {
     ranks.emplace_back([&, r] {
+     try {
       GroupRequest request;
       request.transport = kind;
       request.rank = r;
@@ -78,6 +79,9 @@ void form_from_id(TransportKind kind, int world) {
       double value = r + 1;
       comm->allreduce(&value, 1, DataType::F64, ReduceOp::Sum)->wait_for(std::chrono::milliseconds(30000));
       sums[r] = value;
+     } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+     }
     });
   }
   for (auto& t : ranks) t.join();
