@@ -92,7 +92,9 @@ TEST(TauAdvisor, SmallestTauThatCoversTheAllReduce) {
     EXPECT_EQ(a.advised_tau(), c.tau) << c.step_ms << " ms steps, " << c.allreduce_ns << " ns";
     const uint64_t tau = a.advised_tau();
     EXPECT_GE(tau * a.step_ns(), a.allreduce_ns());
-    if (tau > 1) EXPECT_LT((tau - 1) * a.step_ns(), a.allreduce_ns());
+    if (tau > 1) {
+      EXPECT_LT((tau - 1) * a.step_ns(), a.allreduce_ns());
+    }
   }
 }
 
