@@ -446,18 +446,21 @@ static int co2_file_failed(co2_file_stream *s) {
 static int co2_file_write(void *user, const void *data, size_t length) {
     co2_file_stream *s = (co2_file_stream *)user;
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *view = PyMemoryView_FromMemory((char *)data, (Py_ssize_t)length, PyBUF_READ);
-    PyObject *r = view ? PyObject_CallMethod(s->file, "write", "O", view) : NULL;
     int rc = 0;
-    if (view != NULL) {
+    PyObject *view = PyMemoryView_FromMemory((char *)data, (Py_ssize_t)length, PyBUF_READ);
+    if (view == NULL) {
+        rc = co2_file_failed(s);
+    } else {
+        PyObject *r = PyObject_CallMethod(s->file, "write", "O", view);
+        PyObject *released;
+        if (r == NULL) rc = co2_file_failed(s);
+        Py_XDECREF(r);
         /* The memory is the library's: a file object that kept the view must not read it. */
-        PyObject *released = PyObject_CallMethod(view, "release", NULL);
+        released = PyObject_CallMethod(view, "release", NULL);
+        if (released == NULL) rc = co2_file_failed(s);
         Py_XDECREF(released);
-        if (released == NULL && r != NULL) { Py_DECREF(r); r = NULL; }
+        Py_DECREF(view);
     }
-    if (r == NULL) rc = co2_file_failed(s);
-    Py_XDECREF(r);
-    Py_XDECREF(view);
     PyGILState_Release(gil);
     return rc;
 }
