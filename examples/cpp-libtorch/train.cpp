@@ -12,7 +12,7 @@
 // in-process `local` transport.
 //
 // Usage: co2_example_libtorch [--algorithm co2|sync|localsgd|diloco] [--ranks N] [--rounds N]
-//                             [--tau N]
+//                             [--tau N] [--outer-lr ALPHA]
 // Exit status: 0 when the held-out accuracy of the final consensus model beats chance by a wide
 // margin (>= 0.6 for 4 classes), 1 on any co2 error, 2 when it does not.
 #include <co2/co2.h>
@@ -41,7 +41,10 @@ constexpr int kTrainPerRank = 2048, kTest = 1024;
 
 struct Options {
     co2_algorithm_t algorithm = CO2_ALGO_CO2;
-    int ranks = 4, rounds = 30, tau = 8;
+    int ranks = 4, rounds = 40, tau = 4;
+    // co2's one-round-stale update with the C default alpha = 1 oscillates with this inner
+    // optimizer (SGD, momentum 0.9); alpha = 0.5 is stable (see examples/python/README.md).
+    double outer_lr = 0.5;
 };
 
 // The data set is the same in every rank (fixed seed); rank r trains on rows [r*n, (r+1)*n).
@@ -79,6 +82,7 @@ double run_rank(const Options &opt, const Data &data, int rank, int world, co2_c
     co2_engine_config_t config = CO2_ENGINE_CONFIG_INIT;
     config.algorithm = opt.algorithm;
     config.tau = static_cast<uint32_t>(opt.tau);
+    config.outer_lr = opt.outer_lr;
     co2_engine_t engine;
     CHECK(co2_engine_create(comm, &config, &engine));
     CHECK(co2_engine_adopt_flat(engine, flat.data_ptr<float>(), static_cast<size_t>(total),
@@ -157,6 +161,7 @@ int main(int argc, char **argv) {
         else if (key == "--ranks") opt.ranks = std::atoi(value.c_str());
         else if (key == "--rounds") opt.rounds = std::atoi(value.c_str());
         else if (key == "--tau") opt.tau = std::atoi(value.c_str());
+        else if (key == "--outer-lr") opt.outer_lr = std::atof(value.c_str());
         else { std::fprintf(stderr, "unknown option %s\n", key.c_str()); return 1; }
     }
     if (opt.ranks < 1 || opt.rounds < 1 || opt.tau < 1) {
