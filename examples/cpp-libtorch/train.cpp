@@ -14,7 +14,7 @@
 // Usage: co2_example_libtorch [--algorithm co2|sync|localsgd|diloco] [--ranks N] [--rounds N]
 //                             [--tau N] [--outer-lr ALPHA]
 // Exit status: 0 when the held-out accuracy of the final consensus model beats chance by a wide
-// margin (>= 0.6 for 4 classes), 1 on any co2 error, 2 when it does not.
+// margin (>= 0.75 for 4 classes), 1 on any co2 error, 2 when it does not.
 #include <co2/co2.h>
 #include <torch/torch.h>
 
@@ -34,10 +34,12 @@ void check(co2_status_t status, const char *call) {
     std::fflush(nullptr);
     std::_Exit(1);  // other ranks may be blocked in a collective
 }
-#define CHECK(call) check((call), #call)
+#define CO2_CHECK(call) check((call), #call)  // glog (under torch) owns CHECK
 
 constexpr int kFeatures = 16, kClasses = 4, kHidden = 32, kBatch = 32;
 constexpr int kTrainPerRank = 2048, kTest = 1024;
+// Every algorithm reaches about 0.86 in the default 40 rounds; chance is 0.25.
+constexpr double kPassAccuracy = 0.75;
 
 struct Options {
     co2_algorithm_t algorithm = CO2_ALGO_CO2;
@@ -84,8 +86,8 @@ double run_rank(const Options &opt, const Data &data, int rank, int world, co2_c
     config.tau = static_cast<uint32_t>(opt.tau);
     config.outer_lr = opt.outer_lr;
     co2_engine_t engine;
-    CHECK(co2_engine_create(comm, &config, &engine));
-    CHECK(co2_engine_adopt_flat(engine, flat.data_ptr<float>(), static_cast<size_t>(total),
+    CO2_CHECK(co2_engine_create(comm, &config, &engine));
+    CO2_CHECK(co2_engine_adopt_flat(engine, flat.data_ptr<float>(), static_cast<size_t>(total),
                                 CO2_DTYPE_FP32, CO2_DEVICE_HOST, 0));
     auto named = model->named_parameters();
     int64_t offset = 0;
@@ -99,10 +101,10 @@ double run_rank(const Options &opt, const Data &data, int rank, int world, co2_c
         segment.name = item.key().c_str();
         segment.offset = static_cast<size_t>(offset);
         segment.count = static_cast<size_t>(n);
-        CHECK(co2_engine_add_segment(engine, &segment));
+        CO2_CHECK(co2_engine_add_segment(engine, &segment));
         offset += n;
     }
-    CHECK(co2_engine_commit(engine));  // every rank now holds rank 0's initial weights
+    CO2_CHECK(co2_engine_commit(engine));  // every rank now holds rank 0's initial weights
 
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     auto x = data.train_x.narrow(0, rank * kTrainPerRank, kTrainPerRank);
@@ -120,25 +122,25 @@ double run_rank(const Options &opt, const Data &data, int rank, int world, co2_c
                 torch::Tensor g = named[i].value().grad();
                 grads[i] = g.defined() ? g.data_ptr<float>() : nullptr;
             }
-            CHECK(co2_engine_reduce_gradients(engine, grads.data(), grads.size(), nullptr));
+            CO2_CHECK(co2_engine_reduce_gradients(engine, grads.data(), grads.size(), nullptr));
         }
         sgd.step();
         int boundary = 0;
-        CHECK(co2_engine_step(engine, nullptr, &boundary));
+        CO2_CHECK(co2_engine_step(engine, nullptr, &boundary));
         if (boundary && rank == 0 && (step + 1) % (opt.tau * 10) == 0)
             std::printf("round %4d  loss %.4f\n", (step + 1) / opt.tau, loss.item<double>());
     }
-    CHECK(co2_engine_finalize(engine));  // parameters = the common model on every rank
+    CO2_CHECK(co2_engine_finalize(engine));  // parameters = the common model on every rank
     const double acc = accuracy(model, data.test_x, data.test_y);
     co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
-    CHECK(co2_engine_get_stats(engine, &stats));
+    CO2_CHECK(co2_engine_get_stats(engine, &stats));
     if (rank == 0)
         std::printf("rank 0 of %d: %llu steps, %llu rounds, waited %.3f ms at boundaries, "
                     "held-out accuracy %.3f\n",
                     world, static_cast<unsigned long long>(stats.steps),
                     static_cast<unsigned long long>(stats.rounds), stats.boundary_wait_ns / 1e6,
                     acc);
-    CHECK(co2_engine_destroy(engine));  // before `flat`, which it adopted, goes away
+    CO2_CHECK(co2_engine_destroy(engine));  // before `flat`, which it adopted, goes away
     return acc;
 }
 
@@ -177,9 +179,9 @@ int main(int argc, char **argv) {
         cc.rank = std::atoi(env_rank);
         cc.world_size = std::atoi(env_world);
         co2_comm_t comm;
-        CHECK(co2_comm_create(&cc, &comm));
+        CO2_CHECK(co2_comm_create(&cc, &comm));
         acc = run_rank(opt, make_data(cc.world_size), cc.rank, cc.world_size, comm);
-        CHECK(co2_comm_destroy(comm));
+        CO2_CHECK(co2_comm_destroy(comm));
     } else {  // ranks are threads of this process
         const Data data = make_data(opt.ranks);
         std::vector<double> accs(opt.ranks);
@@ -192,9 +194,9 @@ int main(int argc, char **argv) {
                 cc.world_size = opt.ranks;
                 cc.group_name = "libtorch-example";
                 co2_comm_t comm;
-                CHECK(co2_comm_create(&cc, &comm));
+                CO2_CHECK(co2_comm_create(&cc, &comm));
                 accs[r] = run_rank(opt, data, r, opt.ranks, comm);
-                CHECK(co2_comm_destroy(comm));
+                CO2_CHECK(co2_comm_destroy(comm));
             });
         for (auto &t : threads) t.join();
         for (int r = 1; r < opt.ranks; ++r)
@@ -205,5 +207,5 @@ int main(int argc, char **argv) {
             }
         acc = accs[0];
     }
-    return acc >= 0.6 ? 0 : 2;
+    return acc >= kPassAccuracy ? 0 : 2;
 }
