@@ -80,7 +80,10 @@ def run_torchrun(world, args, what):
     torchrun = shutil.which("torchrun")
     if torchrun is None:
         pytest.skip("torchrun is not installed (python3-torch)")
-    p = subprocess.Popen([torchrun, "--nnodes", "1", "--nproc_per_node", str(world),
+    # --redirects 1 --tee 1: Debian 12's torchrun (torch 1.13 on Python 3.11) fails in its
+    # defaults ("0" parses to None because 3.11 no longer iterates IntFlag's zero member).
+    p = subprocess.Popen([torchrun, "--redirects", "1", "--tee", "1",
+                          "--nnodes", "1", "--nproc_per_node", str(world),
                           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                           WORKER, *args], env=launch_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
