@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstring>
 #include <new>
-#include <random>
 #include <string>
 
 #include "capi/handles.hpp"
@@ -11,7 +10,8 @@
 #include "runtime/comm.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/status.hpp"
-#include "transports/local/transport.hpp"
+#include "runtime/group.hpp"
+#include "transports/transport.hpp"
 
 #define CO2_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -42,6 +42,9 @@ static_assert(CO2_ALGO_CO2 == int(co2::Algorithm::Co2) && CO2_ALGO_SYNC == int(c
               "algorithm values must agree");
 static_assert(CO2_PARAM_ANCHOR_CHECK_INTERVAL == int(co2::Param::AnchorCheckInterval), "param keys must agree");
 static_assert(CO2_ROLE_EXCLUDED == int(co2::Role::Excluded), "roles must agree");
+static_assert(CO2_TRANSPORT_AUTO == int(co2::TransportKind::Auto) && CO2_TRANSPORT_LOCAL == int(co2::TransportKind::Local) &&
+                  CO2_TRANSPORT_UCX == int(co2::TransportKind::Ucx) && CO2_TRANSPORT_NCCL == int(co2::TransportKind::Nccl),
+              "transport kinds must agree");
 
 namespace {
 
@@ -123,14 +126,16 @@ void require_host(co2_comm_t comm, const void* buffer, size_t count) {
   require_arg(count >= 1, "count is 0");
 }
 
-co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group_name) {
+// Forms the group `config` describes; `unique_id` is "" for co2_comm_create.
+co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group_name, const std::string& unique_id,
+                       bool rank_is_default) {
   switch (config.transport) {
     case CO2_TRANSPORT_AUTO:
     case CO2_TRANSPORT_LOCAL:
-      break;
     case CO2_TRANSPORT_UCX:
+      break;
     case CO2_TRANSPORT_NCCL:
-      co2::fail(Status::Unsupported, "this build has no UCX or NCCL transport yet; use CO2_TRANSPORT_LOCAL");
+      co2::fail(Status::Unsupported, "this build has no NCCL transport");
     default:
       co2::fail(Status::UnknownEnum, "unknown transport " + std::to_string(config.transport));
   }
@@ -139,13 +144,17 @@ co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group
                "rank " + std::to_string(config.rank) + " is outside [0, " + std::to_string(config.world_size) + ")");
   require_arg(config.timeout_ms >= 1, "timeout_ms must be >= 1 (CO2_DEFAULT_TIMEOUT_MS is the default)");
   require_arg(config.chunk_bytes >= 8, "chunk_bytes must be >= 8");
-  co2::CommOptions options;
-  options.timeout = std::chrono::milliseconds(config.timeout_ms);
-  options.chunk_bytes = size_t(config.chunk_bytes);
-  auto transport = co2::transport::local::join(group_name, config.rank, config.world_size, options.timeout,
-                                               co2::transport::local::LinkModel::from_environment());
+  co2::GroupRequest request;
+  request.transport = co2::TransportKind(config.transport);
+  request.rank = config.rank;
+  request.world_size = config.world_size;
+  request.rank_is_default = rank_is_default;
+  request.group_name = group_name;
+  request.unique_id = unique_id;
+  request.options.timeout = std::chrono::milliseconds(config.timeout_ms);
+  request.options.chunk_bytes = size_t(config.chunk_bytes);
   auto handle = std::make_unique<co2_comm>();
-  handle->comm = std::make_shared<co2::Communicator>(std::move(transport), options);
+  handle->comm = co2::form_group(request);
   return handle.release();
 }
 
@@ -227,15 +236,12 @@ CO2_EXPORT co2_status_t co2_comm_config_init(co2_comm_config_t* config) {
 CO2_EXPORT co2_status_t co2_get_unique_id(co2_unique_id_t* out_id) {
   return guarded([&] {
     require_arg(out_id != nullptr, "out_id is NULL");
-    std::random_device entropy;
-    std::mt19937_64 random((uint64_t(entropy()) << 32) ^ entropy() ^
-                           uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
-    char text[64];
-    std::snprintf(text, sizeof text, "co2-id-%016llx%016llx", (unsigned long long)random(),
-                  (unsigned long long)random());
+    const std::string text = co2::make_unique_id();
+    co2::require(text.size() < CO2_UNIQUE_ID_BYTES, Status::InvalidArgument,
+                 "the id '" + text + "' does not fit in co2_unique_id_t: set CO2_MASTER_ADDR to a shorter address");
     co2_unique_id_t id;
     std::memset(&id, 0, sizeof id);
-    std::memcpy(id.internal, text, std::strlen(text));
+    std::memcpy(id.internal, text.data(), text.size());
     *out_id = id;
   });
 }
@@ -246,7 +252,7 @@ CO2_EXPORT co2_status_t co2_comm_create(const co2_comm_config_t* config, co2_com
     const co2_comm_config_t c = read_config(config, default_comm_config(), "co2_comm_config_t");
     const std::string group = c.group_name ? c.group_name : "default";
     require_arg(!group.empty(), "group_name is empty");
-    *out_comm = create_comm(c, "name:" + group);
+    *out_comm = create_comm(c, group, "", config == nullptr || (c.rank == 0 && c.world_size == 1));
   });
 }
 
@@ -261,7 +267,7 @@ CO2_EXPORT co2_status_t co2_comm_create_with_id(const co2_comm_config_t* config,
                  Status::InvalidArgument, "id was not produced by co2_get_unique_id");
     c.rank = rank;
     c.world_size = world_size;
-    *out_comm = create_comm(c, "id:" + std::string(id->internal, length));
+    *out_comm = create_comm(c, "", std::string(id->internal, length), false);
   });
 }
 

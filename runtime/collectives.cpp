@@ -595,9 +595,10 @@ std::string Descriptor::to_string() const {
 }
 
 namespace {
-constexpr unsigned kChunkBits = 24;
+constexpr unsigned kChunkBits = 20;
 constexpr unsigned kStepBits = 12;
-constexpr unsigned kSequenceBits = 64 - kStepBits - kChunkBits;
+constexpr unsigned kSequenceBits = transport::kTagBits - kStepBits - kChunkBits;
+static_assert(kSequenceBits >= 16, "sequence numbers must not wrap among collectives in flight");
 constexpr uint64_t kDescriptorStep = (uint64_t(1) << kStepBits) - 1;
 static_assert(2 * (kMaxRanks - 1) < kDescriptorStep, "data steps must not reach the descriptor's");
 

@@ -52,9 +52,9 @@ struct Tuning {
   size_t max_chunks_in_flight = 4;
 };
 
-// Tags: sequence (28 bits, wrapping) | step (12 bits) | chunk (24 bits, wrapping). Wrapping is
-// safe because a rank never runs more than a few chunks ahead of its neighbours. The descriptor
-// uses a step value that no data message uses.
+// Tags (transport::kTagBits = 48 bits): sequence (16 bits, wrapping) | step (12 bits) | chunk
+// (20 bits, wrapping). Wrapping is safe because a rank never runs more than a few chunks ahead of
+// its neighbours. The descriptor uses a step value that no data message uses.
 constexpr int kMaxRanks = 2048;  // 2(W-1) data steps must fit below the descriptor's step
 uint64_t data_tag(uint64_t sequence, uint32_t step, uint64_t chunk);
 uint64_t descriptor_tag(uint64_t sequence);

@@ -22,6 +22,10 @@ enum class Outcome {
 
 using Handle = uint64_t;
 
+// Tags carry at most this many bits (tag < 2^kTagBits): a transport may use the bits above for
+// its own matching (UCX puts the source rank and a message kind there, docs/transports.md).
+constexpr unsigned kTagBits = 48;
+
 class PointToPoint {
  public:
   virtual ~PointToPoint() = default;
@@ -31,7 +35,7 @@ class PointToPoint {
 
   // Posts an asynchronous send/receive of `length` bytes. The buffer must stay valid until the
   // handle completes. Messages between one (sender, receiver) pair with the same tag are matched
-  // in posting order.
+  // in posting order. A tag of kTagBits or more bits fails the operation (Outcome::Failed).
   virtual Handle post_send(int peer, uint64_t tag, const void* data, size_t length) = 0;
   virtual Handle post_recv(int peer, uint64_t tag, void* data, size_t length) = 0;
 

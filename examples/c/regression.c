@@ -1,8 +1,14 @@
 /*
- * co2 example: least-squares linear regression trained data-parallel on 4 ranks.
+ * co2 example: least-squares linear regression trained data-parallel on several ranks.
  *
- * Each rank is a thread of this process with its own communicator (CO2_TRANSPORT_LOCAL, one
- * group name per run) and its own shard of generated data (fixed seeds). The inner optimizer is
+ * Two ways to run it:
+ *   - as real processes under a launcher: `co2run --nproc-per-node 4 co2_example_regression`
+ *     (or torchrun, mpirun, srun). Each process is one rank; CO2_TRANSPORT_AUTO picks UCX
+ *     because the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) says the
+ *     ranks are processes, and the default config takes rank and world size from it.
+ *   - on its own: 4 ranks as threads of this process, each with its own communicator
+ *     (CO2_TRANSPORT_LOCAL, one group name per run).
+ * Every rank has its own shard of generated data (fixed seeds, the same in both modes). The inner optimizer is
  * plain minibatch SGD with a cosine learning-rate schedule, written here: it belongs to the
  * "framework", not to co2. The model is trained twice on the same data from the same start:
  *
@@ -19,6 +25,7 @@
  * than 1.05x the sync loss.
  *
  * Usage: co2_example_regression [--rounds N] [--tau N] [--quiet]
+ * Under a launcher only rank 0 prints, and only rank 0's exit status reflects the loss target.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -31,7 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define WORLD 4
+#define THREAD_WORLD 4 /* ranks when run on its own (threads) */
+#define MAX_WORLD 16
 #define FEATURES 64
 #define DIM (FEATURES + 1) /* weights and one bias */
 #define SAMPLES_PER_RANK 4096
@@ -88,7 +96,8 @@ typedef struct {
     float y[SAMPLES_PER_RANK];
 } shard_t;
 
-static shard_t g_shards[WORLD];
+static shard_t g_shards[MAX_WORLD];
+static int g_world = THREAD_WORLD;
 
 static void make_data(void) {
     double w_true[FEATURES], b_true;
@@ -96,7 +105,7 @@ static void make_data(void) {
     int i, j, r;
     for (j = 0; j < FEATURES; ++j) w_true[j] = rng_normal(&truth);
     b_true = 0.5;
-    for (r = 0; r < WORLD; ++r) {
+    for (r = 0; r < g_world; ++r) {
         rng_t rng = {0xC02C02ULL + 7919ULL * (uint64_t)(r + 1)};
         for (i = 0; i < SAMPLES_PER_RANK; ++i) {
             double y = b_true + NOISE * rng_normal(&rng);
@@ -131,7 +140,7 @@ static double optimal_loss(void) {
     int r, i, j, k;
     memset(a, 0, sizeof a);
     memset(rhs, 0, sizeof rhs);
-    for (r = 0; r < WORLD; ++r) {
+    for (r = 0; r < g_world; ++r) {
         for (i = 0; i < SAMPLES_PER_RANK; ++i) {
             double x[DIM];
             for (j = 0; j < FEATURES; ++j) x[j] = g_shards[r].x[i][j];
@@ -161,8 +170,8 @@ static double optimal_loss(void) {
         sol[i] /= a[i][i];
     }
     for (j = 0; j < FEATURES; ++j) w[j] = (float)sol[j];
-    for (r = 0; r < WORLD; ++r) sse += shard_sse(&g_shards[r], w, (float)sol[FEATURES]);
-    return 0.5 * sse / (double)(WORLD * SAMPLES_PER_RANK);
+    for (r = 0; r < g_world; ++r) sse += shard_sse(&g_shards[r], w, (float)sol[FEATURES]);
+    return 0.5 * sse / (double)(g_world * SAMPLES_PER_RANK);
 }
 
 /* Minibatch gradient of 1/(2B) sum (x.w + b - y)^2 into (gw, gb). */
@@ -211,9 +220,9 @@ static void initial_model(int rank, float *w, float *b) {
 /* ---------------------------------------------------------------------------------------- */
 
 typedef struct {
-    int rank;
+    int rank;       /* -1 under a launcher: the communicator says which */
     co2_algorithm_t algorithm;
-    const char *group;
+    const char *group; /* NULL under a launcher */
     int rounds, tau;
     int quiet;
     /* results (rank 0's are printed) */
@@ -224,9 +233,9 @@ typedef struct {
 
 static void *run_rank(void *arg) {
     rank_job_t *job = (rank_job_t *)arg;
-    const shard_t *shard = &g_shards[job->rank];
+    const shard_t *shard;
     const int total_steps = job->rounds * job->tau;
-    rng_t batches = {0x5A5A5A5AULL + 31ULL * (uint64_t)job->rank};
+    rng_t batches;
     co2_comm_config_t comm_config = CO2_COMM_CONFIG_INIT;
     co2_engine_config_t engine_config = CO2_ENGINE_CONFIG_INIT;
     co2_comm_t comm;
@@ -238,12 +247,17 @@ static void *run_rank(void *arg) {
     size_t num_elements;
     int step, round = 0;
 
-    /* One communicator per rank; equal group names form one group of WORLD ranks. */
-    comm_config.transport = CO2_TRANSPORT_LOCAL;
-    comm_config.rank = job->rank;
-    comm_config.world_size = WORLD;
-    comm_config.group_name = job->group;
+    if (job->group) {
+        /* Threads: one communicator per rank; equal group names form one group. */
+        comm_config.transport = CO2_TRANSPORT_LOCAL;
+        comm_config.rank = job->rank;
+        comm_config.world_size = g_world;
+        comm_config.group_name = job->group;
+    } /* else processes: the defaults (AUTO, rank 0 of 1) defer to the launcher's environment */
     CHECK(co2_comm_create(&comm_config, &comm));
+    CHECK(co2_comm_rank(comm, &job->rank));
+    shard = &g_shards[job->rank];
+    batches.state = 0x5A5A5A5AULL + 31ULL * (uint64_t)job->rank;
 
     engine_config.algorithm = job->algorithm;
     engine_config.tau = (uint32_t)job->tau;
@@ -330,10 +344,10 @@ static void *run_rank(void *arg) {
 }
 
 static void train(co2_algorithm_t algorithm, const char *group, int rounds, int tau, int quiet,
-                  rank_job_t jobs[WORLD]) {
-    pthread_t threads[WORLD];
+                  rank_job_t jobs[THREAD_WORLD]) {
+    pthread_t threads[THREAD_WORLD];
     int r;
-    for (r = 0; r < WORLD; ++r) {
+    for (r = 0; r < THREAD_WORLD; ++r) {
         memset(&jobs[r], 0, sizeof jobs[r]);
         jobs[r].rank = r;
         jobs[r].algorithm = algorithm;
@@ -346,8 +360,8 @@ static void train(co2_algorithm_t algorithm, const char *group, int rounds, int 
             exit(1);
         }
     }
-    for (r = 0; r < WORLD; ++r) pthread_join(threads[r], NULL);
-    for (r = 1; r < WORLD; ++r) {
+    for (r = 0; r < THREAD_WORLD; ++r) pthread_join(threads[r], NULL);
+    for (r = 1; r < THREAD_WORLD; ++r) {
         if (jobs[r].final_loss != jobs[0].final_loss) {
             fprintf(stderr, "error: ranks disagree on the final loss (%.9g vs %.9g)\n",
                     jobs[r].final_loss, jobs[0].final_loss);
@@ -372,9 +386,35 @@ static void print_stats(const char *name, const co2_engine_stats_t *s) {
     printf("\n");
 }
 
+/* Under a launcher: this process is one rank; it runs both trainings as that rank. */
+static void train_as_process(co2_algorithm_t algorithm, int rounds, int tau, int quiet, rank_job_t *job) {
+    memset(job, 0, sizeof *job);
+    job->rank = -1;
+    job->algorithm = algorithm;
+    job->rounds = rounds;
+    job->tau = tau;
+    job->quiet = quiet;
+    run_rank(job);
+    if (job->rank != 0) job->quiet = 1;
+}
+
+/* The first of the launchers' variables that is set (torchrun/co2run, Open MPI, Slurm), or -1. */
+static int launcher_variable(const char *torchrun, const char *openmpi, const char *slurm) {
+    const char *names[3];
+    size_t k;
+    names[0] = torchrun;
+    names[1] = openmpi;
+    names[2] = slurm;
+    for (k = 0; k < 3; ++k) {
+        const char *text = getenv(names[k]);
+        if (text && *text) return atoi(text);
+    }
+    return -1;
+}
+
 int main(int argc, char **argv) {
-    static rank_job_t co2_jobs[WORLD], sync_jobs[WORLD];
-    int rounds = 40, tau = 8, quiet = 0, i;
+    static rank_job_t co2_jobs[THREAD_WORLD], sync_jobs[THREAD_WORLD];
+    int rounds = 40, tau = 8, quiet = 0, i, launched;
     int major, minor, patch;
     double ratio, best;
 
@@ -395,18 +435,42 @@ int main(int argc, char **argv) {
         return 1;
     }
 
+    launched = launcher_variable("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS");
+    if (launched > MAX_WORLD) {
+        fprintf(stderr, "error: this example supports at most %d ranks\n", MAX_WORLD);
+        return 1;
+    }
+    if (launched > 0) g_world = launched;
     CHECK(co2_get_version(&major, &minor, &patch));
-    printf("co2 %d.%d.%d: least-squares regression, %d features, %d ranks x %d samples, "
-           "SGD batch %d, %d rounds of tau = %d steps\n",
-           major, minor, patch, FEATURES, WORLD, SAMPLES_PER_RANK, BATCH, rounds, tau);
     make_data();
     best = optimal_loss();
-    printf("loss of the exact least-squares solution: %.6f\n\n", best);
-
-    printf("CO2 (asynchronous outer all-reduce, one round stale):\n");
-    train(CO2_ALGO_CO2, "co2-example-co2", rounds, tau, quiet, co2_jobs);
-    printf("\nsync (gradients averaged every step, DDP):\n");
-    train(CO2_ALGO_SYNC, "co2-example-sync", rounds, tau, quiet, sync_jobs);
+    if (launched > 0) {
+        /* Rank 0 prints; the others train silently. */
+        const int printer = launcher_variable("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID") == 0;
+        if (printer)
+            printf("co2 %d.%d.%d: least-squares regression, %d features, %d processes x %d samples, "
+                   "SGD batch %d, %d rounds of tau = %d steps\nloss of the exact least-squares "
+                   "solution: %.6f\n\nCO2 (asynchronous outer all-reduce, one round stale):\n",
+                   major, minor, patch, FEATURES, g_world, SAMPLES_PER_RANK, BATCH, rounds, tau, best);
+        fflush(stdout);
+        train_as_process(CO2_ALGO_CO2, rounds, tau, quiet || !printer, &co2_jobs[0]);
+        if (co2_jobs[0].rank != 0) {
+            train_as_process(CO2_ALGO_SYNC, rounds, tau, 1, &sync_jobs[0]);
+            return 0;
+        }
+        printf("\nsync (gradients averaged every step, DDP):\n");
+        fflush(stdout);
+        train_as_process(CO2_ALGO_SYNC, rounds, tau, quiet, &sync_jobs[0]);
+    } else {
+        printf("co2 %d.%d.%d: least-squares regression, %d features, %d ranks (threads) x %d samples, "
+               "SGD batch %d, %d rounds of tau = %d steps\n",
+               major, minor, patch, FEATURES, g_world, SAMPLES_PER_RANK, BATCH, rounds, tau);
+        printf("loss of the exact least-squares solution: %.6f\n\n", best);
+        printf("CO2 (asynchronous outer all-reduce, one round stale):\n");
+        train(CO2_ALGO_CO2, "co2-example-co2", rounds, tau, quiet, co2_jobs);
+        printf("\nsync (gradients averaged every step, DDP):\n");
+        train(CO2_ALGO_SYNC, "co2-example-sync", rounds, tau, quiet, sync_jobs);
+    }
 
     printf("\noverlap statistics (rank 0):\n");
     print_stats("co2", &co2_jobs[0].stats);

@@ -1,4 +1,3 @@
-#include <algorithm>
 // A store in a directory that every rank can see (a shared filesystem, or /tmp on one host).
 // One file per key: set writes a temporary file and renames it into place, so a reader sees a
 // whole value or none; add serialises through an flock()ed lock file.
@@ -7,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -14,7 +15,9 @@
 #include <sstream>
 #include <thread>
 
+#include "runtime/store/deadline.hpp"
 #include "runtime/store/store.hpp"
+#include "runtime/store/stored_integer.hpp"
 
 namespace co2::store {
 namespace {
@@ -22,15 +25,38 @@ namespace {
 // How often a blocked get() looks for its key again.
 constexpr auto kFilePollInterval = std::chrono::milliseconds(5);
 
-std::string hex_key(const std::string& key) {
-  // Keys are arbitrary bytes; file names are not.
+// Keys are arbitrary bytes; file names are not. A key becomes "k-" + its bytes in hex. File names
+// are limited to 255 bytes, so a key longer than kLongestHexKey bytes becomes "h-" + a 128-bit
+// hash of it instead, and its file starts with the key itself (a u32 length, then the bytes) so
+// that a read can tell a collision from its own key.
+constexpr size_t kLongestHexKey = 100;
+
+bool is_long(const std::string& key) { return key.size() > kLongestHexKey; }
+
+std::string hex(const void* data, size_t size) {
   static const char digits[] = "0123456789abcdef";
-  std::string out = "k-";
-  for (unsigned char c : key) {
+  std::string out;
+  for (size_t i = 0; i < size; ++i) {
+    const unsigned char c = static_cast<const unsigned char*>(data)[i];
     out += digits[c >> 4];
     out += digits[c & 15];
   }
   return out;
+}
+
+std::string file_name(const std::string& key) {
+  if (!is_long(key)) return "k-" + hex(key.data(), key.size());
+  uint64_t hashes[2] = {14695981039346656037ull, 0x9e3779b97f4a7c15ull};  // FNV-1a, two seeds
+  for (unsigned char c : key)
+    for (auto& hash : hashes) hash = (hash ^ c) * 1099511628211ull;
+  return "h-" + hex(hashes, sizeof(hashes));
+}
+
+std::string key_header(const std::string& key) {
+  if (!is_long(key)) return "";
+  std::string header(4, '\0');
+  for (int i = 0; i < 4; ++i) header[size_t(i)] = char((key.size() >> (8 * i)) & 0xff);
+  return header + key;
 }
 
 [[noreturn]] void store_failure(const std::string& what) {
@@ -40,14 +66,18 @@ std::string hex_key(const std::string& key) {
 class FileStore final : public Store {
  public:
   explicit FileStore(std::string directory) : directory_(std::move(directory)) {
-    if (::mkdir(directory_.c_str(), 0700) != 0 && errno != EEXIST) store_failure("cannot create " + directory_);
+    if (directory_.empty()) throw transport::RendezvousError("file store: no directory given");
+    make_directories(directory_ + "/");
   }
 
   void set(const std::string& key, const std::string& value) override {
     const std::string path = path_of(key);
-    const std::string temporary = path + ".tmp" + std::to_string(::getpid()) + "-" + std::to_string(random_());
+    const std::string header = key_header(key);
+    const std::string temporary = path + ".tmp" + std::to_string(::getpid()) + "-" + std::to_string(nonce_) + "-" +
+                                  std::to_string(sequence_.fetch_add(1));
     {
       std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      out.write(header.data(), std::streamsize(header.size()));
       out.write(value.data(), std::streamsize(value.size()));
       if (!out.flush()) store_failure("cannot write " + temporary);
     }
@@ -55,10 +85,10 @@ class FileStore final : public Store {
   }
 
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = deadline_after(timeout);
     std::string value;
-    while (!try_read(path_of(key), value)) {
-      if (std::chrono::steady_clock::now() >= deadline)
+    while (!try_read(key, value)) {
+      if (Clock::now() >= deadline)
         throw transport::RendezvousError("file store: key '" + key + "' did not appear in " + directory_ +
                                          " within " + std::to_string(timeout.count()) + " ms");
       std::this_thread::sleep_for(kFilePollInterval);
@@ -74,10 +104,11 @@ class FileStore final : public Store {
       ::close(fd);
       store_failure("cannot lock " + lock_path);
     }
-    int64_t result = delta;
+    int64_t result;
     try {
       std::string current;
-      if (try_read(path_of(key), current)) result += std::stoll(current);
+      const bool present = try_read(key, current);
+      result = add_to_stored_integer("file store", key, present ? &current : nullptr, delta);
       set(key, std::to_string(result));
     } catch (...) {
       ::close(fd);  // releases the lock
@@ -88,27 +119,41 @@ class FileStore final : public Store {
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (const auto& key : keys) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      get(key, std::max(left, std::chrono::milliseconds(0)));
-    }
+    const auto deadline = deadline_after(timeout);
+    for (const auto& key : keys)
+      get(key, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                        std::chrono::milliseconds(0)));
   }
 
  private:
-  std::string path_of(const std::string& key) const { return directory_ + "/" + hex_key(key); }
+  std::string path_of(const std::string& key) const { return directory_ + "/" + file_name(key); }
 
-  static bool try_read(const std::string& path, std::string& value) {
-    std::ifstream in(path, std::ios::binary);
+  // mkdir -p of everything above `path`.
+  static void make_directories(const std::string& path) {
+    for (size_t slash = 1; (slash = path.find('/', slash)) != std::string::npos; ++slash) {
+      const std::string parent = path.substr(0, slash);
+      if (::mkdir(parent.c_str(), 0700) != 0 && errno != EEXIST) store_failure("cannot create " + parent);
+    }
+  }
+
+  // The value under `key`, if its file exists.
+  bool try_read(const std::string& key, std::string& value) const {
+    std::ifstream in(path_of(key), std::ios::binary);
     if (!in) return false;
     std::ostringstream contents;
     contents << in.rdbuf();
     value = contents.str();
+    const std::string header = key_header(key);
+    if (value.compare(0, header.size(), header) != 0)
+      throw transport::RendezvousError("file store: two keys share the file " + path_of(key) + " (a hash collision)");
+    value.erase(0, header.size());
     return true;
   }
 
   const std::string directory_;
-  std::mt19937_64 random_{std::random_device{}()};
+  // Temporary file names: unique across processes (pid), stores (nonce) and threads (sequence).
+  const uint64_t nonce_ = std::random_device{}();
+  std::atomic<uint64_t> sequence_{0};
 };
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <map>
 #include <mutex>
 
+#include "runtime/store/deadline.hpp"
 #include "runtime/store/store.hpp"
+#include "runtime/store/stored_integer.hpp"
 
 namespace co2::store {
 namespace {
@@ -20,7 +22,7 @@ class MemoryStore final : public Store {
 
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!changed_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; }))
+    if (!changed_.wait_until(lock, deadline_after(timeout), [&] { return values_.count(key) > 0; }))
       throw transport::RendezvousError("store: key '" + key + "' did not appear within " +
                                        std::to_string(timeout.count()) + " ms");
     return values_.at(key);
@@ -31,8 +33,7 @@ class MemoryStore final : public Store {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = values_.find(key);
-      const int64_t current = it == values_.end() ? 0 : std::stoll(it->second);
-      result = current + delta;
+      result = add_to_stored_integer("memory store", key, it == values_.end() ? nullptr : &it->second, delta);
       values_[key] = std::to_string(result);
     }
     changed_.notify_all();
@@ -40,12 +41,10 @@ class MemoryStore final : public Store {
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (const auto& key : keys) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      get(key, std::max(left, std::chrono::milliseconds(0)));
-    }
+    const auto deadline = deadline_after(timeout);
+    for (const auto& key : keys)
+      get(key, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                        std::chrono::milliseconds(0)));
   }
 
  private:

@@ -281,6 +281,12 @@ Handle LocalTransport::post_send(int peer, uint64_t tag, const void* data, size_
   send->tag = tag;
   send->send_data = static_cast<const std::byte*>(data);
   send->length = length;
+  if (tag >> kTagBits) {
+    finish(*send, Outcome::Failed, "send tag " + describe_tag(tag) + " has more than " +
+                                       std::to_string(kTagBits) + " bits");
+    send->peer = -1;  // never queued: test() reports the outcome as it is
+    return remember(std::move(send));
+  }
   if (peer < 0 || peer >= group_->size) {
     finish(*send, Outcome::Failed, "send to rank " + std::to_string(peer) +
                                        " which is out of range for a group of " +
@@ -320,6 +326,12 @@ Handle LocalTransport::post_recv(int peer, uint64_t tag, void* data, size_t leng
   recv->tag = tag;
   recv->recv_data = static_cast<std::byte*>(data);
   recv->length = length;
+  if (tag >> kTagBits) {
+    finish(*recv, Outcome::Failed, "receive tag " + describe_tag(tag) + " has more than " +
+                                       std::to_string(kTagBits) + " bits");
+    recv->peer = -1;  // never queued: test() reports the outcome as it is
+    return remember(std::move(recv));
+  }
   if (peer < 0 || peer >= group_->size) {
     finish(*recv, Outcome::Failed, "receive from rank " + std::to_string(peer) +
                                        " which is out of range for a group of " +

@@ -102,9 +102,11 @@ enum { CO2_REDUCE_SUM = 0, CO2_REDUCE_AVG = 1, CO2_REDUCE_MIN = 2, CO2_REDUCE_MA
 
 typedef int32_t co2_transport_kind_t;
 enum {
-    CO2_TRANSPORT_AUTO = 0,
+    CO2_TRANSPORT_AUTO = 0,   /* CO2_TRANSPORT env ("auto", "local", "ucx") if set; else UCX when
+                                 a launcher (RANK/WORLD_SIZE, OMPI_*, SLURM_*) started several
+                                 processes, else local. The choice is logged at CO2_LOG_LEVEL=info */
     CO2_TRANSPORT_LOCAL = 1,  /* ranks are threads of one process */
-    CO2_TRANSPORT_UCX = 2,    /* reserved */
+    CO2_TRANSPORT_UCX = 2,    /* ranks are processes: UCX tag send/recv over TCP or shared memory */
     CO2_TRANSPORT_NCCL = 3    /* reserved */
 };
 
@@ -192,8 +194,10 @@ typedef struct co2_comm_config {
 
 co2_status_t co2_comm_config_init(co2_comm_config_t *config);
 
-/* Opaque identifier of a group, produced by one rank and broadcast by the caller's own means
- * (torchrun, MPI, srun), NCCL style. */
+/* Opaque identifier of a group, produced by one process and broadcast by the caller's own means
+ * (torchrun, MPI, srun), NCCL style. co2_get_unique_id starts a small rendezvous server in the
+ * calling process (address: CO2_MASTER_ADDR, else the first non-loopback IPv4 address), which
+ * stays until a group formed from the id has met in this process (or the process exits). */
 #define CO2_UNIQUE_ID_BYTES 128
 typedef struct co2_unique_id {
     char internal[CO2_UNIQUE_ID_BYTES];
@@ -202,11 +206,17 @@ typedef struct co2_unique_id {
 co2_status_t co2_get_unique_id(co2_unique_id_t *out_id);
 
 /* Collective over the group: blocks until all world_size ranks joined (up to the timeout,
- * then CO2_ERR_RENDEZVOUS). `config` may be NULL for defaults (a group of one). */
+ * then CO2_ERR_RENDEZVOUS). `config` may be NULL for defaults (a group of one).
+ * Across processes (UCX), rank 0 serves a rendezvous store at MASTER_ADDR:MASTER_PORT
+ * (CO2_MASTER_PORT overrides MASTER_PORT; CO2_AUTH_TOKEN, if set, must match on every rank), and
+ * a config whose rank/world_size are the defaults (0, 1) takes them from the launcher's
+ * environment (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*). See docs/launching.md. */
 co2_status_t co2_comm_create(const co2_comm_config_t *config, co2_comm_t *out_comm);
 
-/* NCCL-style creation: `id` from co2_get_unique_id on one rank; rank and world_size override
- * the config's fields. `config` may be NULL for defaults. */
+/* NCCL-style creation: `id` from co2_get_unique_id on one process, passed to every rank by the
+ * caller's own means (torchrun's store, MPI_Bcast, a file); rank and world_size override the
+ * config's fields. Needs no port of ours: the id names a store that the process which made it
+ * serves on an ephemeral port. `config` may be NULL for defaults. */
 co2_status_t co2_comm_create_with_id(const co2_comm_config_t *config, const co2_unique_id_t *id,
                                      int32_t rank, int32_t world_size, co2_comm_t *out_comm);
 

@@ -1,0 +1,293 @@
+//! `Communicator` and `CommConfig`: a group of ranks and its raw collectives.
+
+use std::ffi::CString;
+use std::ptr::{self, NonNull};
+
+use co2_sys as sys;
+
+use crate::enums::{Element, ReduceOp, Transport};
+use crate::error::{check, Error, Result, Status};
+use crate::request::Request;
+
+/// How to form a group. Starts from the C defaults (`co2_comm_config_init`): transport `Auto`,
+/// rank 0 of a group of 1, group name "default", 300 s no-progress timeout, 1 MiB chunks.
+#[derive(Clone, Debug)]
+pub struct CommConfig {
+    raw: sys::co2_comm_config_t,
+    group_name: Option<String>,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig::new()
+    }
+}
+
+impl CommConfig {
+    pub fn new() -> CommConfig {
+        // SAFETY: an all-zero config is a valid place for the init function to write into.
+        let mut raw: sys::co2_comm_config_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `raw` is a valid, writable co2_comm_config_t; the call only fails on NULL.
+        let status = unsafe { sys::co2_comm_config_init(&mut raw) };
+        debug_assert_eq!(status, sys::CO2_OK as i32);
+        CommConfig { raw, group_name: None }
+    }
+
+    pub fn transport(mut self, transport: Transport) -> Self {
+        self.raw.transport = transport.raw();
+        self
+    }
+    /// This rank, in `[0, world_size)`.
+    pub fn rank(mut self, rank: i32) -> Self {
+        self.raw.rank = rank;
+        self
+    }
+    pub fn world_size(mut self, world_size: i32) -> Self {
+        self.raw.world_size = world_size;
+        self
+    }
+    /// Local transport: communicators with equal names form one group.
+    pub fn group_name(mut self, name: impl Into<String>) -> Self {
+        self.group_name = Some(name.into());
+        self
+    }
+    /// No-progress timeout: a blocked operation fails with `PeerTimeout` when nothing moved for
+    /// this long (also the rendezvous timeout).
+    pub fn timeout_ms(mut self, timeout_ms: u32) -> Self {
+        self.raw.timeout_ms = timeout_ms;
+        self
+    }
+    /// Size of one pipelined chunk of a collective.
+    pub fn chunk_bytes(mut self, chunk_bytes: u64) -> Self {
+        self.raw.chunk_bytes = chunk_bytes;
+        self
+    }
+
+    pub fn get_transport(&self) -> Option<Transport> {
+        Transport::from_raw(self.raw.transport)
+    }
+    pub fn get_rank(&self) -> i32 {
+        self.raw.rank
+    }
+    pub fn get_world_size(&self) -> i32 {
+        self.raw.world_size
+    }
+    pub fn get_group_name(&self) -> Option<&str> {
+        self.group_name.as_deref()
+    }
+    pub fn get_timeout_ms(&self) -> u32 {
+        self.raw.timeout_ms
+    }
+    pub fn get_chunk_bytes(&self) -> u64 {
+        self.raw.chunk_bytes
+    }
+
+    /// The C struct plus the C string its `group_name` points into (keep both alive together).
+    fn to_raw(&self) -> Result<(sys::co2_comm_config_t, Option<CString>)> {
+        let name = match &self.group_name {
+            Some(name) => Some(
+                CString::new(name.as_str())
+                    .map_err(|_| Error::new(Status::InvalidArgument, "group_name contains a NUL byte"))?,
+            ),
+            None => None,
+        };
+        let mut raw = self.raw;
+        raw.group_name = name.as_ref().map_or(ptr::null(), |n| n.as_ptr());
+        Ok((raw, name))
+    }
+}
+
+/// Opaque group identifier (NCCL style): made by one rank, sent to the others by the caller's
+/// own means (MPI, a launcher's store), passed to `Communicator::with_unique_id` by every rank.
+#[derive(Clone, Copy)]
+pub struct UniqueId(sys::co2_unique_id_t);
+
+impl UniqueId {
+    pub fn new() -> Result<UniqueId> {
+        // SAFETY: zeroed bytes are a valid co2_unique_id_t to overwrite.
+        let mut id: sys::co2_unique_id_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `id` is valid and writable.
+        check(unsafe { sys::co2_get_unique_id(&mut id) })?;
+        Ok(UniqueId(id))
+    }
+
+    pub fn as_bytes(&self) -> [u8; sys::CO2_UNIQUE_ID_BYTES as usize] {
+        self.0.internal.map(|c| c as u8)
+    }
+
+    /// Rebuilds an id received from another rank. Any bytes are accepted here; the library
+    /// rejects ids it did not produce when the communicator is created.
+    pub fn from_bytes(bytes: [u8; sys::CO2_UNIQUE_ID_BYTES as usize]) -> UniqueId {
+        UniqueId(sys::co2_unique_id_t { internal: bytes.map(|b| b as std::os::raw::c_char) })
+    }
+}
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UniqueId(..)")
+    }
+}
+
+/// One rank's membership in a group. Dropping it releases this handle's reference
+/// (`co2_comm_destroy`); engines and requests created on it keep the group alive.
+pub struct Communicator {
+    raw: NonNull<sys::co2_comm>,
+}
+
+// SAFETY: the handle is a reference-counted C++ object that is not tied to the thread that
+// created it (docs/capi.md, Threading: nothing in the communicator API is thread-affine).
+unsafe impl Send for Communicator {}
+// SAFETY: every call taking `&self` may run concurrently from several threads: rank/size are
+// "any thread", `co2_comm_abort` is explicitly safe from any thread while another is blocked,
+// and collective submission is thread-safe in the library (issue order across threads is then
+// up to the caller, which is a matter of matching ranks, not of memory safety). Destroy, the one
+// call that must not be concurrent, needs ownership (Drop).
+unsafe impl Sync for Communicator {}
+
+impl Communicator {
+    /// Collective over the group: blocks until all `world_size` ranks joined (each rank on its
+    /// own thread for the local transport), or fails with `Rendezvous` after the timeout.
+    pub fn new(config: &CommConfig) -> Result<Communicator> {
+        let (raw_config, _name) = config.to_raw()?;
+        let mut comm: sys::co2_comm_t = ptr::null_mut();
+        // SAFETY: raw_config and the name it points to live until the call returns.
+        check(unsafe { sys::co2_comm_create(&raw_config, &mut comm) })?;
+        Ok(Communicator::from_created(comm))
+    }
+
+    /// NCCL-style creation: `rank` and `world_size` override the config's.
+    pub fn with_unique_id(
+        config: &CommConfig,
+        id: &UniqueId,
+        rank: i32,
+        world_size: i32,
+    ) -> Result<Communicator> {
+        let (raw_config, _name) = config.to_raw()?;
+        let mut comm: sys::co2_comm_t = ptr::null_mut();
+        // SAFETY: all pointers are valid for the duration of the call.
+        check(unsafe { sys::co2_comm_create_with_id(&raw_config, &id.0, rank, world_size, &mut comm) })?;
+        Ok(Communicator::from_created(comm))
+    }
+
+    fn from_created(comm: sys::co2_comm_t) -> Communicator {
+        Communicator { raw: NonNull::new(comm).expect("co2_comm_create returned OK and a NULL handle") }
+    }
+
+    /// The raw handle, for calls this crate does not wrap. It stays owned by `self`.
+    pub fn as_raw(&self) -> sys::co2_comm_t {
+        self.raw.as_ptr()
+    }
+
+    pub fn rank(&self) -> Result<i32> {
+        let mut rank = -1;
+        // SAFETY: valid handle and output.
+        check(unsafe { sys::co2_comm_rank(self.as_raw(), &mut rank) })?;
+        Ok(rank)
+    }
+
+    pub fn size(&self) -> Result<i32> {
+        let mut size = -1;
+        // SAFETY: valid handle and output.
+        check(unsafe { sys::co2_comm_size(self.as_raw(), &mut size) })?;
+        Ok(size)
+    }
+
+    /// Fails every pending and future operation of this communicator and its peers with
+    /// `Aborted`. Callable from any thread, also while another is blocked in a call.
+    pub fn abort(&self) -> Result<()> {
+        // SAFETY: valid handle; abort is thread-safe.
+        check(unsafe { sys::co2_comm_abort(self.as_raw()) })
+    }
+
+    /// Blocking in-place all-reduce (collective). The result is bit-identical on every rank.
+    pub fn allreduce<T: Element>(&self, buffer: &mut [T], op: ReduceOp) -> Result<()> {
+        let mut request: sys::co2_request_t = ptr::null_mut();
+        // SAFETY: the buffer is borrowed mutably until the request is freed below, which waits
+        // for completion.
+        check(unsafe {
+            sys::co2_allreduce(
+                self.as_raw(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                T::DTYPE,
+                op.raw(),
+                ptr::null_mut(),
+                &mut request,
+            )
+        })?;
+        // SAFETY: a request returned by co2_allreduce; freed exactly once, here or in wait_raw.
+        unsafe { wait_and_free(request) }
+    }
+
+    /// Blocking in-place broadcast from `root` (collective).
+    pub fn broadcast<T: Element>(&self, buffer: &mut [T], root: i32) -> Result<()> {
+        let mut request: sys::co2_request_t = ptr::null_mut();
+        // SAFETY: as in allreduce.
+        check(unsafe {
+            sys::co2_broadcast(
+                self.as_raw(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                T::DTYPE,
+                root,
+                ptr::null_mut(),
+                &mut request,
+            )
+        })?;
+        // SAFETY: as in allreduce.
+        unsafe { wait_and_free(request) }
+    }
+
+    /// Asynchronous all-reduce: the request owns `buffer` until it completes (so a forgotten
+    /// request leaks the buffer instead of freeing memory the collective still writes).
+    pub fn allreduce_async<T: Element>(&self, mut buffer: Vec<T>, op: ReduceOp) -> Result<Request<T>> {
+        let mut request: sys::co2_request_t = ptr::null_mut();
+        // SAFETY: the heap block of `buffer` moves into the Request and stays put until freed.
+        check(unsafe {
+            sys::co2_allreduce(
+                self.as_raw(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                T::DTYPE,
+                op.raw(),
+                ptr::null_mut(),
+                &mut request,
+            )
+        })?;
+        Ok(Request::new(request, buffer))
+    }
+
+    /// Asynchronous broadcast from `root`; see `allreduce_async`.
+    pub fn broadcast_async<T: Element>(&self, mut buffer: Vec<T>, root: i32) -> Result<Request<T>> {
+        let mut request: sys::co2_request_t = ptr::null_mut();
+        // SAFETY: as in allreduce_async.
+        check(unsafe {
+            sys::co2_broadcast(
+                self.as_raw(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                T::DTYPE,
+                root,
+                ptr::null_mut(),
+                &mut request,
+            )
+        })?;
+        Ok(Request::new(request, buffer))
+    }
+}
+
+/// Waits for a request without a caller timeout (bounded by the communicator's no-progress
+/// timeout), then frees it, returning the wait's status.
+unsafe fn wait_and_free(request: sys::co2_request_t) -> Result<()> {
+    let waited = check(sys::co2_request_wait(request, -1));
+    sys::co2_request_free(request);
+    waited
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // SAFETY: the handle is owned and released exactly once. The status is only ever
+        // INTERNAL, which a destructor cannot report.
+        unsafe { sys::co2_comm_destroy(self.as_raw()) };
+    }
+}

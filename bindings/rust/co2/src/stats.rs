@@ -1,0 +1,52 @@
+//! `Stats`: an engine's counters and overlap timings (`co2_engine_get_stats`).
+
+use co2_sys as sys;
+
+/// See docs/capi.md, `co2_engine_get_stats`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    pub world_size: i32,
+    /// Calls to `step`.
+    pub steps: u64,
+    /// Boundaries.
+    pub rounds: u64,
+    /// Boundaries that applied an outer update.
+    pub outer_updates: u64,
+    pub bytes_reduced: u64,
+    /// Sum over collectives of submit-to-completion time.
+    pub collective_ns: u64,
+    /// Time the training thread waited for collectives (near 0 when the overlap works).
+    pub boundary_wait_ns: u64,
+    pub last_boundary_wait_ns: u64,
+    pub nonfinite_rounds: u64,
+    pub nonfinite_local: u64,
+    pub anchor_checks: u64,
+    pub resolved_outer_momentum: f64,
+    pub last_penalty_min: f64,
+    pub last_penalty_max: f64,
+    pub last_clip_scale_min: f64,
+    pub last_clip_fraction: f64,
+}
+
+impl From<&sys::co2_engine_stats_t> for Stats {
+    fn from(s: &sys::co2_engine_stats_t) -> Stats {
+        Stats {
+            world_size: s.world_size,
+            steps: s.steps,
+            rounds: s.rounds,
+            outer_updates: s.outer_updates,
+            bytes_reduced: s.bytes_reduced,
+            collective_ns: s.collective_ns,
+            boundary_wait_ns: s.boundary_wait_ns,
+            last_boundary_wait_ns: s.last_boundary_wait_ns,
+            nonfinite_rounds: s.nonfinite_rounds,
+            nonfinite_local: s.nonfinite_local,
+            anchor_checks: s.anchor_checks,
+            resolved_outer_momentum: s.resolved_outer_momentum,
+            last_penalty_min: s.last_penalty_min,
+            last_penalty_max: s.last_penalty_max,
+            last_clip_scale_min: s.last_clip_scale_min,
+            last_clip_fraction: s.last_clip_fraction,
+        }
+    }
+}

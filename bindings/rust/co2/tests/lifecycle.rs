@@ -1,0 +1,180 @@
+//! Create / destroy, configs with the C defaults, drop releasing the C handles, thread markers.
+
+mod common;
+
+use co2::{
+    sys, Algorithm, Clip, CommConfig, Communicator, Engine, EngineConfig, Penalty, ReduceOp, Role, Transport,
+    UniqueId,
+};
+use common::{group_name, local_config, run_ranks};
+
+#[test]
+fn configs_start_from_the_c_defaults() {
+    let c = CommConfig::new();
+    assert_eq!(c.get_transport(), Some(Transport::Auto));
+    assert_eq!((c.get_rank(), c.get_world_size()), (0, 1));
+    assert_eq!(c.get_group_name(), None);
+    assert_eq!(c.get_timeout_ms(), sys::CO2_DEFAULT_TIMEOUT_MS);
+    assert_eq!(c.get_chunk_bytes(), sys::CO2_DEFAULT_CHUNK_BYTES);
+
+    let e = EngineConfig::new();
+    assert_eq!(e.get_algorithm(), Some(Algorithm::Co2));
+    assert_eq!(e.get_tau(), sys::CO2_DEFAULT_TAU);
+    assert_eq!(e.get_warmup_sync_rounds(), 0);
+    assert_eq!(e.get_outer_lr(), sys::CO2_DEFAULT_OUTER_LR);
+    assert_eq!(e.get_outer_momentum(), None, "beta defaults to automatic");
+    assert!(!e.get_nesterov());
+    assert_eq!(e.get_penalty(), Some(Penalty::None));
+    assert_eq!(e.get_penalty_constant(), 1.0);
+    assert_eq!(e.get_clip(), Some(Clip::None));
+    assert_eq!(e.get_clip_threshold(), sys::CO2_DEFAULT_CLIP_THRESHOLD);
+    assert_eq!(e.get_anchor_check_interval(), sys::CO2_DEFAULT_ANCHOR_CHECK_INTERVAL);
+    assert_eq!(e.get_inner_lr(), 0.0);
+
+    let b = EngineConfig::new().algorithm(Algorithm::Diloco).tau(5).outer_momentum(Some(0.9)).nesterov(true);
+    assert_eq!(b.get_algorithm(), Some(Algorithm::Diloco));
+    assert_eq!((b.get_tau(), b.get_outer_momentum(), b.get_nesterov()), (5, Some(0.9), true));
+    assert_eq!(b.as_raw().size, std::mem::size_of::<sys::co2_engine_config_t>());
+}
+
+#[test]
+fn version_matches_the_header() {
+    let (major, minor, patch) = co2::version().unwrap();
+    assert_eq!(
+        (major as u32, minor as u32, patch as u32),
+        (sys::CO2_VERSION_MAJOR, sys::CO2_VERSION_MINOR, sys::CO2_VERSION_PATCH)
+    );
+}
+
+#[test]
+fn communicator_and_engine_create_and_destroy() {
+    let group = group_name("create");
+    let comm = Communicator::new(&local_config(&group, 0, 1)).unwrap();
+    assert_eq!((comm.rank().unwrap(), comm.size().unwrap()), (0, 1));
+    let mut values = vec![1.0f32, 2.0, 3.0];
+    {
+        let mut engine = Engine::new(&comm, &EngineConfig::new().tau(2)).unwrap();
+        let id = engine.register_tensor("w", &mut values, Role::Parameter).unwrap();
+        engine.commit().unwrap();
+        assert_eq!(engine.num_elements().unwrap(), 3);
+        engine.tensor_mut(id)[0] = 5.0;
+        assert!(!engine.step().unwrap());
+        assert!(engine.step().unwrap(), "the second step of tau = 2 is a boundary");
+        engine.finalize().unwrap();
+        let stats = engine.stats().unwrap();
+        assert_eq!((stats.steps, stats.rounds, stats.world_size), (2, 1, 1));
+    }
+    // The engine's borrow ended with it: the caller's slice is readable again.
+    assert!(values.iter().all(|v| v.is_finite()));
+    drop(comm);
+}
+
+#[test]
+fn dropping_every_handle_frees_the_group_name() {
+    // The local transport reserves a group name until every member was destroyed: forming the
+    // same group again proves that Drop released the communicators and the engines that kept
+    // them alive, including an engine dropped with an all-reduce in flight.
+    let group = group_name("drop");
+    for _ in 0..3 {
+        run_ranks(2, &group, |_, comm| {
+            let mut engine = Engine::new(&comm, &EngineConfig::new().tau(1)).unwrap();
+            engine.alloc_flat(64).unwrap();
+            engine.add_segment("all", 0, 64, Role::Parameter).unwrap();
+            engine.commit().unwrap();
+            assert!(engine.step().unwrap()); // boundary 0: its all-reduce is now in flight
+            let request = comm.allreduce_async(vec![1.0f64; 10], ReduceOp::Sum).unwrap();
+            drop(request); // waits for completion
+            drop(engine); // waits for the engine's all-reduce
+        });
+    }
+}
+
+#[test]
+fn async_request_returns_its_buffer() {
+    let group = group_name("async");
+    let results = run_ranks(3, &group, |rank, comm| {
+        let mut request = comm.allreduce_async(vec![rank as i64 + 1; 7], ReduceOp::Sum).unwrap();
+        let _ = request.test().unwrap();
+        let summed = request.wait().unwrap();
+        let root_values = if rank == 2 { vec![2.5f32; 3] } else { vec![0.0; 3] };
+        let broadcast = comm.broadcast_async(root_values, 2).unwrap().wait().unwrap();
+        (summed, broadcast)
+    });
+    for (summed, broadcast) in results {
+        assert_eq!(summed, vec![6i64; 7]);
+        assert_eq!(broadcast, vec![2.5f32; 3]);
+    }
+}
+
+#[test]
+fn unique_id_groups() {
+    let id = UniqueId::new().unwrap();
+    let copy = UniqueId::from_bytes(id.as_bytes());
+    let sizes = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                scope.spawn(move || {
+                    let comm = Communicator::with_unique_id(
+                        &CommConfig::new().transport(Transport::Local),
+                        &copy,
+                        rank,
+                        2,
+                    )
+                    .unwrap();
+                    let mut x = [rank as f32 + 1.0];
+                    comm.allreduce(&mut x, ReduceOp::Max).unwrap();
+                    (comm.size().unwrap(), x[0])
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    assert_eq!(sizes, vec![(2, 2.0), (2, 2.0)]);
+}
+
+#[test]
+fn abort_from_another_thread_unblocks_a_collective() {
+    // Only rank 0 of a 2-rank group issues the all-reduce, so it blocks; a watchdog thread
+    // aborts it through a shared reference (Communicator is Sync for exactly this). Rank 1 is
+    // held by this thread and never takes part.
+    let group = group_name("abort");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (comm_tx, comm_rx) = std::sync::mpsc::channel::<Communicator>();
+    let g = group.clone();
+    let peer = std::thread::spawn(move || {
+        let comm = Communicator::new(&local_config(&g, 0, 2)).unwrap();
+        comm_tx.send(comm).unwrap();
+    });
+    let _peer1 = Communicator::new(&local_config(&group, 1, 2)).unwrap();
+    peer.join().unwrap();
+    let comm = comm_rx.recv().unwrap(); // a Communicator moves between threads (Send)
+    std::thread::scope(|scope| {
+        let comm_ref = &comm;
+        scope.spawn(move || {
+            ready_rx.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            comm_ref.abort().unwrap();
+        });
+        ready_tx.send(()).unwrap();
+        let mut x = [1.0f32; 4];
+        let err = comm.allreduce(&mut x, ReduceOp::Sum).unwrap_err();
+        assert_eq!(err.status(), co2::Status::Aborted, "{err}");
+        assert!(err.status().is_communicator_failure());
+        done_tx.send(()).unwrap();
+    });
+    drop(done_rx);
+}
+
+// What may cross threads, checked at compile time (the reasons are on the impls).
+#[allow(dead_code)]
+fn thread_markers() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<Communicator>();
+    sync::<Communicator>();
+    send::<Engine<'static>>();
+    send::<co2::Request<f32>>();
+    send::<co2::Error>();
+    sync::<co2::Error>();
+}

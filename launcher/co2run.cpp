@@ -1,0 +1,128 @@
+// co2run: starts the ranks of a co2 job on this node with the environment co2 reads (torchrun's
+// names), prefixes their output with the rank, forwards signals, and stops them all when one
+// fails. It does not link the runtime: it is a process supervisor and nothing else.
+#include <netinet/in.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "launcher/command_line.hpp"
+#include "launcher/supervisor.hpp"
+
+extern char** environ;
+
+namespace co2::launcher {
+namespace {
+
+// Bytes of randomness in a token co2run makes up (hex-encoded in CO2_AUTH_TOKEN).
+constexpr size_t kTokenBytes = 16;
+
+// A port nothing listens on right now (the kernel's choice). Rank 0 binds it moments later; the
+// store server sets SO_REUSEADDR, so the probe's own socket does not stand in the way.
+int free_port() {
+  const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return 0;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0)
+    port = ntohs(address.sin_port);
+  ::close(probe);
+  return port;
+}
+
+std::string random_token() {
+  unsigned char bytes[kTokenBytes];
+  size_t filled = 0;
+  while (filled < sizeof(bytes)) {
+    const ssize_t got = ::getrandom(bytes + filled, sizeof(bytes) - filled, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return "";
+    filled += size_t(got);
+  }
+  static const char digits[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char byte : bytes) {
+    token += digits[byte >> 4];
+    token += digits[byte & 15];
+  }
+  return token;
+}
+
+int main_or_status(int argc, char** argv) {
+  Options options;
+  try {
+    options = parse_command_line(argc, argv);
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "co2run: error: %s\nrun 'co2run --help' for the options\n", error.what());
+    return 2;
+  }
+  if (options.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+
+  const bool one_node = options.nnodes == 1;
+  const std::string master_addr = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
+  const int master_port = options.master_port != 0 ? options.master_port : free_port();
+  if (master_port == 0) {
+    std::fprintf(stderr, "co2run: error: cannot find a free port (%s); give --master-port\n", std::strerror(errno));
+    return 1;
+  }
+  const char* user_token = std::getenv("CO2_AUTH_TOKEN");
+  std::string token = user_token ? user_token : "";
+  if (token.empty() && one_node) {
+    token = random_token();
+    if (token.empty()) {
+      std::fprintf(stderr, "co2run: error: cannot make a random CO2_AUTH_TOKEN (%s)\n", std::strerror(errno));
+      return 1;
+    }
+  }
+  if (token.empty())
+    std::fprintf(stderr,
+                 "co2run: warning: CO2_AUTH_TOKEN is not set: the store at %s:%d will accept any client; "
+                 "export the same secret on every node\n",
+                 master_addr.c_str(), master_port);
+
+  // Our variables replace any the caller had (co2run inside another launcher's job).
+  const std::set<std::string> ours = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                      "MASTER_PORT", "CO2_AUTH_TOKEN"};
+  std::vector<std::string> inherited;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const char* equals = std::strchr(*entry, '=');
+    if (equals == nullptr || ours.count(std::string(*entry, size_t(equals - *entry))) == 0) inherited.push_back(*entry);
+  }
+  std::vector<RankLaunch> ranks;
+  const int world_size = options.nproc_per_node * options.nnodes;
+  for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
+    RankLaunch rank;
+    rank.rank = options.node_rank * options.nproc_per_node + local_rank;
+    rank.environment = inherited;
+    rank.environment.push_back("RANK=" + std::to_string(rank.rank));
+    rank.environment.push_back("WORLD_SIZE=" + std::to_string(world_size));
+    rank.environment.push_back("LOCAL_RANK=" + std::to_string(local_rank));
+    rank.environment.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc_per_node));
+    rank.environment.push_back("MASTER_ADDR=" + master_addr);
+    rank.environment.push_back("MASTER_PORT=" + std::to_string(master_port));
+    if (!token.empty()) rank.environment.push_back("CO2_AUTH_TOKEN=" + token);
+    ranks.push_back(std::move(rank));
+  }
+  return run_ranks(options.program, ranks, options.grace_period);
+}
+
+}  // namespace
+}  // namespace co2::launcher
+
+int main(int argc, char** argv) { return co2::launcher::main_or_status(argc, argv); }

@@ -1,0 +1,122 @@
+#include "launcher/command_line.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace co2::launcher {
+
+const char kUsage[] =
+    "usage: co2run [OPTIONS] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts PROGRAM once per local rank with the environment co2 (and torchrun-style programs) read:\n"
+    "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, CO2_AUTH_TOKEN.\n"
+    "Each output line is prefixed with '[rank N] ' (stdout and stderr kept apart). SIGINT, SIGTERM\n"
+    "and SIGHUP are forwarded to every rank. When a rank exits non-zero or is killed, the others get\n"
+    "SIGTERM, then SIGKILL after the grace period, and co2run exits non-zero naming the rank.\n"
+    "\n"
+    "options:\n"
+    "  --nproc-per-node N   ranks to start on this node (default 1)\n"
+    "  --nnodes M           nodes in the job (default 1); run co2run once per node\n"
+    "  --node-rank K        this node's index, 0..M-1 (default 0); ranks K*N .. K*N+N-1 run here\n"
+    "  --master-addr A      host of rank 0, where the rendezvous store listens\n"
+    "                       (default 127.0.0.1 on one node; required with --nnodes > 1)\n"
+    "  --master-port P      port of the rendezvous store (default: a free port on one node;\n"
+    "                       required with --nnodes > 1)\n"
+    "  --grace-period S     seconds between SIGTERM and SIGKILL when stopping ranks (default 10)\n"
+    "  -h, --help           this text\n"
+    "\n"
+    "On one node co2run makes up a random CO2_AUTH_TOKEN unless one is set; across nodes, export\n"
+    "the same CO2_AUTH_TOKEN on every node. CO2_MASTER_PORT, when set, is passed on and overrides\n"
+    "MASTER_PORT for co2's store. Ranks read stdin from /dev/null. See docs/launching.md.\n"
+    "\n"
+    "example: co2run --nproc-per-node 4 ./train --steps 1000\n";
+
+namespace {
+
+long long parse_integer(const std::string& flag, const std::string& text, long long low, long long high) {
+  errno = 0;
+  char* end = nullptr;
+  const long long value = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || end != text.c_str() + text.size())
+    throw UsageError(flag + " wants an integer, not '" + text + "'");
+  if (value < low || value > high)
+    throw UsageError(flag + " " + text + " is out of range [" + std::to_string(low) + ", " + std::to_string(high) + "]");
+  return value;
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double seconds = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || !std::isfinite(seconds) || seconds < 0 ||
+      seconds > 86400)
+    throw UsageError(flag + " wants seconds between 0 and 86400, not '" + text + "'");
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+}
+
+// "--nproc_per_node" -> "--nproc-per-node"
+std::string canonical(std::string flag) {
+  for (size_t i = 2; i < flag.size(); ++i)
+    if (flag[i] == '_') flag[i] = '-';
+  return flag;
+}
+
+}  // namespace
+
+Options parse_command_line(int argc, char** argv) {
+  Options options;
+  constexpr long long kMaxRanks = 1 << 20;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string argument = argv[i];
+    if (argument == "--") {
+      ++i;
+      break;
+    }
+    if (argument == "-h" || argument == "--help") {
+      options.help = true;
+      return options;
+    }
+    if (argument.size() < 2 || argument[0] != '-') break;  // PROGRAM
+    std::string flag = argument, value;
+    bool has_value = false;
+    const size_t equals = argument.find('=');
+    if (equals != std::string::npos) {
+      flag = argument.substr(0, equals);
+      value = argument.substr(equals + 1);
+      has_value = true;
+    }
+    flag = canonical(flag);
+    const bool known = flag == "--nproc-per-node" || flag == "--nnodes" || flag == "--node-rank" ||
+                       flag == "--master-addr" || flag == "--master-port" || flag == "--grace-period";
+    if (!known) throw UsageError("unknown option '" + argument + "'");
+    if (!has_value) {
+      if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+      value = argv[++i];
+    }
+    if (flag == "--nproc-per-node") options.nproc_per_node = int(parse_integer(flag, value, 1, kMaxRanks));
+    if (flag == "--nnodes") options.nnodes = int(parse_integer(flag, value, 1, kMaxRanks));
+    if (flag == "--node-rank") options.node_rank = int(parse_integer(flag, value, 0, kMaxRanks));
+    if (flag == "--master-port") options.master_port = int(parse_integer(flag, value, 1, 65535));
+    if (flag == "--grace-period") options.grace_period = parse_seconds(flag, value);
+    if (flag == "--master-addr") {
+      if (value.empty()) throw UsageError("--master-addr is empty");
+      options.master_addr = value;
+    }
+  }
+  for (; i < argc; ++i) options.program.push_back(argv[i]);
+
+  if (options.program.empty()) throw UsageError("no PROGRAM to run");
+  if (options.node_rank >= options.nnodes)
+    throw UsageError("--node-rank " + std::to_string(options.node_rank) + " is not below --nnodes " +
+                     std::to_string(options.nnodes));
+  if (static_cast<long long>(options.nproc_per_node) * options.nnodes > kMaxRanks)
+    throw UsageError("more than " + std::to_string(kMaxRanks) + " ranks");
+  if (options.nnodes > 1 && (options.master_addr.empty() || options.master_port == 0))
+    throw UsageError("with --nnodes > 1, give --master-addr and --master-port (the same on every node)");
+  return options;
+}
+
+}  // namespace co2::launcher

@@ -1,0 +1,37 @@
+// co2run's command line.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace co2::launcher {
+
+// How long ranks get between SIGTERM and SIGKILL once co2run stops them.
+constexpr std::chrono::milliseconds kDefaultGracePeriod{10000};
+
+struct Options {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;  // "" = not given
+  int master_port = 0;      // 0 = not given
+  std::chrono::milliseconds grace_period = kDefaultGracePeriod;
+  bool help = false;
+  std::vector<std::string> program;  // PROGRAM ARGS...
+};
+
+// A command line co2run cannot run; the message says what is wrong.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Parses argv (both --name VALUE and --name=VALUE; torchrun's underscore spellings too).
+// Options end at the first argument that is not one, or after "--".
+Options parse_command_line(int argc, char** argv);
+
+extern const char kUsage[];
+
+}  // namespace co2::launcher

@@ -1,0 +1,284 @@
+#include "runtime/group.hpp"
+
+#include <ifaddrs.h>
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+
+#include "runtime/log.hpp"
+#include "runtime/store/tcp_store.hpp"
+#include "transports/local/transport.hpp"
+#ifdef CO2_HAVE_UCX
+#include "transports/ucx/transport.hpp"
+#endif
+
+namespace co2 {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr const char* kIdPrefix = "co2-id-";
+
+std::string random_hex(size_t bytes) {
+  std::random_device entropy;
+  std::string out;
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned value = entropy() & 0xff;
+    out += digits[value >> 4];
+    out += digits[value & 15];
+  }
+  return out;
+}
+
+// The address other hosts reach this one at, for ids: CO2_MASTER_ADDR if set, else the first
+// IPv4 address of an interface that is up and not loopback, else loopback.
+std::string advertised_host() {
+  if (const char* host = std::getenv("CO2_MASTER_ADDR"); host && *host) return host;
+  std::string found = "127.0.0.1";
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return found;
+  for (ifaddrs* entry = list; entry; entry = entry->ifa_next) {
+    if (!entry->ifa_addr || entry->ifa_addr->sa_family != AF_INET) continue;
+    if (!(entry->ifa_flags & IFF_UP) || (entry->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN];
+    const auto* address = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
+    if (inet_ntop(AF_INET, &address->sin_addr, text, sizeof text)) {
+      found = text;
+      break;
+    }
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// Store servers this process runs: the ones behind ids it made (until a group formed from the id
+// met here) and the MASTER_PORT one of rank 0 (shared by every communicator that uses it).
+struct ServerRegistry {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<store::TcpStoreServer>> by_id;
+  std::map<uint16_t, std::weak_ptr<store::TcpStoreServer>> by_port;
+};
+
+ServerRegistry& servers() {
+  static ServerRegistry* registry = new ServerRegistry;  // never destroyed: used at exit
+  return *registry;
+}
+
+struct IdParts {
+  std::string host;
+  uint16_t port = 0;
+  std::string token;
+};
+
+// "co2-id-tcp:<host>:<port>:<token>"; any other text is an id of the local transport only.
+bool parse_tcp_id(const std::string& id, IdParts& parts) {
+  const std::string head = std::string(kIdPrefix) + "tcp:";
+  if (id.compare(0, head.size(), head) != 0) return false;
+  const std::string rest = id.substr(head.size());
+  const size_t token_colon = rest.rfind(':');
+  if (token_colon == std::string::npos) return false;
+  const size_t port_colon = rest.rfind(':', token_colon - 1);
+  if (port_colon == std::string::npos || token_colon == 0) return false;
+  parts.host = rest.substr(0, port_colon);
+  const std::string port = rest.substr(port_colon + 1, token_colon - port_colon - 1);
+  parts.token = rest.substr(token_colon + 1);
+  char* end = nullptr;
+  const long value = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end || value <= 0 || value > 65535 || parts.host.empty()) return false;
+  parts.port = uint16_t(value);
+  return true;
+}
+
+// Rank 0 serves the store at MASTER_PORT; every communicator of this process that uses that port
+// shares one server, which lives as long as one of them does.
+std::shared_ptr<store::TcpStoreServer> serve_master_port(uint16_t port, const std::string& token) {
+  ServerRegistry& registry = servers();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  if (auto running = registry.by_port[port].lock()) return running;
+  std::shared_ptr<store::TcpStoreServer> server = store::TcpStoreServer::start("", port, token);
+  registry.by_port[port] = server;
+  return server;
+}
+
+std::string describe(const GroupRequest& request) {
+  return "rank " + std::to_string(request.rank) + " of " + std::to_string(request.world_size);
+}
+
+// Every rank says which world size it believes in, claims its rank, and checks the others'
+// claims: a wrong WORLD_SIZE or a rank started twice is a clear rendezvous error, not a hang.
+void agree_on_the_group(store::Store& store, const std::string& prefix, int rank, int world_size,
+                        milliseconds timeout) {
+  if (store.add(prefix + "claim/" + std::to_string(rank), 1) != 1)
+    throw transport::RendezvousError("rank " + std::to_string(rank) +
+                                     " joined twice: two processes were given the same RANK");
+  store.set(prefix + "world/" + std::to_string(rank), std::to_string(world_size));
+  const auto deadline = Clock::now() + timeout;
+  for (int peer = 0; peer < world_size; ++peer) {
+    const auto left = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+    std::string theirs;
+    try {
+      theirs = store.get(prefix + "world/" + std::to_string(peer), left);
+    } catch (const transport::RendezvousError& e) {
+      throw transport::RendezvousError("rank " + std::to_string(peer) + " never arrived within " +
+                                       std::to_string(timeout.count()) + " ms (" + e.what() + ")");
+    }
+    if (theirs != std::to_string(world_size))
+      throw transport::RendezvousError("world size mismatch: rank " + std::to_string(peer) + " says " + theirs +
+                                       ", rank " + std::to_string(rank) + " says " +
+                                       std::to_string(world_size));
+  }
+}
+
+// Keeps every rank at the store until all have their endpoints, and the process that serves the
+// store until every rank is done with it, so that the server cannot vanish under a peer.
+void leave_together(store::Store& store, const std::string& prefix, int rank, int world_size, bool serves_store,
+                    milliseconds timeout) {
+  const auto keys = [&](const char* what) {
+    std::vector<std::string> out;
+    for (int peer = 0; peer < world_size; ++peer) out.push_back(prefix + what + std::to_string(peer));
+    return out;
+  };
+  store.set(prefix + "ready/" + std::to_string(rank), "1");
+  store.wait(keys("ready/"), timeout);
+  store.set(prefix + "left/" + std::to_string(rank), "1");
+  if (serves_store) store.wait(keys("left/"), timeout);
+}
+
+std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, int rank, int world_size, bool serves_store,
+                                               const CommOptions& options) {
+#ifdef CO2_HAVE_UCX
+  // The n-th group this rank forms on this store: ranks form groups in the same order, so equal
+  // n name the same group, and several communicators can share one store.
+  const int64_t generation = store.add("co2/generation/" + std::to_string(rank), 1);
+  const std::string prefix = "co2/group" + std::to_string(generation) + "/";
+  agree_on_the_group(store, prefix, rank, world_size, options.timeout);
+  auto transport = transport::ucx::connect(store, prefix + "ucx/", rank, world_size, options.timeout);
+  leave_together(store, prefix, rank, world_size, serves_store, options.timeout);
+  return std::make_shared<Communicator>(std::move(transport), options);
+#else
+  (void)store, (void)rank, (void)world_size, (void)serves_store, (void)options;
+  fail(Status::Unsupported, "this build has no UCX transport (configure with -Ducx=enabled and libucx-dev)");
+#endif
+}
+
+}  // namespace
+
+bool ucx_built() {
+#ifdef CO2_HAVE_UCX
+  return transport::ucx::available();
+#else
+  return false;
+#endif
+}
+
+const char* transport_name(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::Auto: return "auto";
+    case TransportKind::Local: return "local";
+    case TransportKind::Ucx: return "ucx";
+    case TransportKind::Nccl: return "nccl";
+  }
+  return "?";
+}
+
+TransportChoice choose_transport(TransportKind requested, const std::string& environment_override,
+                                 const store::LaunchEnvironment& launched, int world_size, bool ucx_is_built) {
+  if (requested == TransportKind::Auto && !environment_override.empty()) {
+    if (environment_override == "local") return {TransportKind::Local, "CO2_TRANSPORT=local"};
+    if (environment_override == "ucx") return {TransportKind::Ucx, "CO2_TRANSPORT=ucx"};
+    if (environment_override != "auto")
+      fail(Status::InvalidArgument, "CO2_TRANSPORT=" + environment_override + " is not one of auto, local, ucx");
+  }
+  if (requested != TransportKind::Auto) return {requested, "the communicator config asks for it"};
+  if (world_size == 1) return {TransportKind::Local, "a group of one needs no network"};
+  if (launched.present && launched.world_size > 1) {
+    if (!ucx_is_built)
+      fail(Status::Unsupported, "a launcher (" + launched.source + ") started " + std::to_string(launched.world_size) +
+                                    " processes, but this build has no UCX transport to connect them");
+    return {TransportKind::Ucx, "a launcher (" + launched.source + ") started " +
+                                    std::to_string(launched.world_size) + " processes"};
+  }
+  return {TransportKind::Local, "no launcher environment (RANK/WORLD_SIZE): the ranks are threads of this process"};
+}
+
+std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
+  GroupRequest request = original;
+  const store::LaunchEnvironment launched = store::read_launch_environment();
+  if (request.rank_is_default && request.unique_id.empty() && launched.present) {
+    request.rank = launched.rank;
+    request.world_size = launched.world_size;
+  }
+  const char* override_text = std::getenv("CO2_TRANSPORT");
+  const TransportChoice choice =
+      choose_transport(request.transport, override_text ? override_text : "", launched, request.world_size, ucx_built());
+  log::info(describe(request) + ": transport " + transport_name(choice.kind) + " (" + choice.reason + ")");
+
+  switch (choice.kind) {
+    case TransportKind::Local: {
+      const std::string group = request.unique_id.empty() ? "name:" + request.group_name : "id:" + request.unique_id;
+      auto transport = transport::local::join(group, request.rank, request.world_size, request.options.timeout,
+                                              transport::local::LinkModel::from_environment());
+      if (!request.unique_id.empty()) {
+        std::lock_guard<std::mutex> lock(servers().mutex);
+        servers().by_id.erase(request.unique_id);  // the group met: its id's store is not needed
+      }
+      return std::make_shared<Communicator>(std::move(transport), request.options);
+    }
+    case TransportKind::Ucx: {
+      store::TcpStoreOptions where;
+      where.timeout = request.options.timeout;
+      std::shared_ptr<store::TcpStoreServer> server;
+      if (!request.unique_id.empty()) {
+        IdParts parts;
+        require(parse_tcp_id(request.unique_id, parts), Status::InvalidArgument,
+                "this id names no store (it was made by an older co2): make it with co2_get_unique_id");
+        where.host = parts.host;
+        where.port = parts.port;
+        where.auth_token = parts.token;
+      } else {
+        require(launched.present && !launched.master_addr.empty() && launched.master_port != 0, Status::InvalidArgument,
+                "transport ucx needs MASTER_ADDR and MASTER_PORT (or CO2_MASTER_PORT) in the environment, as co2run "
+                "and torchrun set them; or form the group with co2_comm_create_with_id");
+        where.host = launched.master_addr;
+        where.port = launched.master_port;
+        if (const char* token = std::getenv("CO2_AUTH_TOKEN")) where.auth_token = token;
+        if (request.rank == 0) server = serve_master_port(where.port, where.auth_token);
+      }
+      bool serves_store = server != nullptr;
+      if (!request.unique_id.empty()) {
+        std::lock_guard<std::mutex> lock(servers().mutex);
+        serves_store = servers().by_id.count(request.unique_id) > 0;
+      }
+      std::shared_ptr<store::Store> store = store::connect_tcp_store(where);
+      auto comm = connect_over_ucx(*store, request.rank, request.world_size, serves_store, request.options);
+      if (!request.unique_id.empty()) {
+        std::lock_guard<std::mutex> lock(servers().mutex);
+        servers().by_id.erase(request.unique_id);
+      }
+      return comm;
+    }
+    case TransportKind::Nccl:
+    case TransportKind::Auto:
+      break;
+  }
+  fail(Status::Unsupported, std::string("transport ") + transport_name(choice.kind) + " is not built");
+}
+
+std::string make_unique_id() {
+  const std::string token = random_hex(16);
+  std::shared_ptr<store::TcpStoreServer> server = store::TcpStoreServer::start("", 0, token);
+  const std::string id = std::string(kIdPrefix) + "tcp:" + advertised_host() + ":" +
+                         std::to_string(server->port()) + ":" + token;
+  std::lock_guard<std::mutex> lock(servers().mutex);
+  servers().by_id[id] = std::move(server);
+  return id;
+}
+
+}  // namespace co2

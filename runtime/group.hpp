@@ -1,0 +1,51 @@
+// Forming a group: which transport connects the ranks, and the rendezvous that gets them there.
+// capi's co2_comm_create / co2_comm_create_with_id / co2_get_unique_id are thin shims over this.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runtime/comm.hpp"
+#include "runtime/store/launch_environment.hpp"
+
+namespace co2 {
+
+enum class TransportKind : int { Auto = 0, Local = 1, Ucx = 2, Nccl = 3 };
+
+const char* transport_name(TransportKind kind);
+
+struct TransportChoice {
+  TransportKind kind;
+  std::string reason;  // one sentence for the log: why this transport
+};
+
+// The decision alone, free of side effects so that it can be tested. `requested` is the
+// config's transport; CO2_TRANSPORT (`environment_override`, "" when unset) applies only when
+// the config says Auto. Auto picks UCX when a launcher says this process is one of several
+// (`launched.present` with world_size > 1), else the in-process local transport.
+TransportChoice choose_transport(TransportKind requested, const std::string& environment_override,
+                                 const store::LaunchEnvironment& launched, int world_size, bool ucx_built);
+
+struct GroupRequest {
+  TransportKind transport = TransportKind::Auto;
+  int rank = 0;
+  int world_size = 1;
+  // True when rank/world_size are the config's defaults (0, 1): a launcher's RANK/WORLD_SIZE
+  // then fill them in.
+  bool rank_is_default = true;
+  std::string group_name;  // co2_comm_create: ranks with equal names form one group
+  std::string unique_id;   // co2_comm_create_with_id: the id's text ("" otherwise)
+  CommOptions options;
+};
+
+// Forms the group (blocking up to options.timeout) and returns its communicator.
+std::shared_ptr<Communicator> form_group(const GroupRequest& request);
+
+// NCCL-style id: starts a rendezvous store server in this process (kept until a group formed
+// from the id has met here, or until the process exits) and returns text naming it. Fits in
+// CO2_UNIQUE_ID_BYTES - 1 bytes.
+std::string make_unique_id();
+
+bool ucx_built();
+
+}  // namespace co2

@@ -1,0 +1,30 @@
+// Where a process stands in its job, as its launcher told it through the environment.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace co2::store {
+
+struct LaunchEnvironment {
+  bool present = false;  // false: no launcher variables at all (a single process on its own)
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr;  // "" when the launcher gives none and the ranks span several hosts
+  uint16_t master_port = 0;  // 0 when neither given nor derivable
+  std::string source;  // "torchrun/co2run", "openmpi", "slurm"
+};
+
+// Reads, in this order (the first family present wins):
+//   torchrun / co2run: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+//   Open MPI (mpirun): OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+//   Slurm (srun):      SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID,
+//                      SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE) at SLURM_NODEID;
+//                      only inside a job step (SLURM_STEP_ID set), not in the batch script itself.
+// The store's address: MASTER_ADDR, else 127.0.0.1 when every rank is on this host, else the
+// first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST). Its port: CO2_MASTER_PORT (which
+// wins, because torchrun's agent already serves its own store at MASTER_PORT), else MASTER_PORT,
+// else one derived from the Open MPI or Slurm job id (10000-29999), else 0.
+// A malformed or inconsistent value throws co2::Error(Status::InvalidArgument) naming the variable.
+LaunchEnvironment read_launch_environment();
+
+}  // namespace co2::store

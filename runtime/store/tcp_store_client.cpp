@@ -1,0 +1,219 @@
+// The TCP store client. A request takes an idle connection from a small pool (or opens one), so
+// threads sharing the store do not queue behind one another's blocking get(). Every send and
+// receive has a deadline; a connection the server closed, or one left mid-request, is dropped.
+#include <algorithm>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/store/socket.hpp"
+#include "runtime/store/tcp_store.hpp"
+#include "runtime/store/wire_protocol.hpp"
+
+namespace co2::store {
+namespace {
+
+using net::Clock;
+using net::IoResult;
+using net::Socket;
+
+// Idle connections kept for reuse; more concurrent calls than this open and close their own.
+constexpr size_t kMaxIdleConnections = 8;
+// Pause between attempts while the server is not up yet (doubling from the first).
+constexpr std::chrono::milliseconds kFirstRetryPause{10};
+constexpr std::chrono::milliseconds kLongestRetryPause{250};
+
+struct Answer {
+  wire::Reply kind = wire::Reply::Error;
+  std::string payload;  // after the reply byte
+};
+
+class TcpStore final : public Store {
+ public:
+  explicit TcpStore(TcpStoreOptions options)
+      : options_(std::move(options)), where_(net::endpoint_name(options_.host, options_.port)) {}
+
+  // Opens the first connection, retrying while nobody listens yet.
+  void connect_first() {
+    const auto deadline = net::deadline_after(options_.timeout);
+    auto pause = kFirstRetryPause;
+    std::string error;
+    for (;;) {
+      Socket socket = net::connect_once(options_.host, options_.port, deadline, error);
+      if (socket.valid()) {
+        say_hello(socket, deadline);
+        give_back(std::move(socket));
+        return;
+      }
+      if (Clock::now() + pause >= deadline)
+        fail("no TCP store answered at " + where_ + " within " + std::to_string(options_.timeout.count()) +
+             " ms (last error: " + error +
+             "); is rank 0 running, and do MASTER_ADDR and MASTER_PORT (or CO2_MASTER_PORT) agree on every rank?");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, kLongestRetryPause);
+    }
+  }
+
+  void set(const std::string& key, const std::string& value) override {
+    check_key(key, "set");
+    if (value.size() > wire::kMaxValueBytes)
+      fail("set('" + key + "'): a value of " + std::to_string(value.size()) + " bytes is over the limit of " +
+           std::to_string(wire::kMaxValueBytes));
+    const Answer answer =
+        request(wire::Writer().u8(uint8_t(wire::Op::Set)).str(key).str(value).frame(), options_.timeout, "set('" + key + "')");
+    expect_ok(answer, "set('" + key + "')");
+  }
+
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    check_key(key, "get");
+    const std::string what = "get('" + key + "')";
+    Answer answer = request(wire::Writer().u8(uint8_t(wire::Op::Get)).str(key).u64(milliseconds(timeout)).frame(),
+                            with_grace(timeout), what);
+    expect_ok(answer, what);
+    wire::Reader in(answer.payload.data(), answer.payload.size());
+    std::string value = in.str(wire::kMaxValueBytes);
+    if (!in.finished()) fail(what + ": a malformed answer from the server");
+    return value;
+  }
+
+  int64_t add(const std::string& key, int64_t delta) override {
+    check_key(key, "add");
+    const std::string what = "add('" + key + "')";
+    const Answer answer =
+        request(wire::Writer().u8(uint8_t(wire::Op::Add)).str(key).i64(delta).frame(), options_.timeout, what);
+    expect_ok(answer, what);
+    wire::Reader in(answer.payload.data(), answer.payload.size());
+    const int64_t value = in.i64();
+    if (!in.finished()) fail(what + ": a malformed answer from the server");
+    return value;
+  }
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    if (keys.size() > wire::kMaxWaitKeys)
+      fail("wait(): " + std::to_string(keys.size()) + " keys are over the limit of " + std::to_string(wire::kMaxWaitKeys));
+    wire::Writer out;
+    out.u8(uint8_t(wire::Op::Wait)).u32(uint32_t(keys.size()));
+    size_t bytes = 0;
+    for (const auto& key : keys) {
+      check_key(key, "wait");
+      out.str(key);
+      bytes += key.size() + 4;
+    }
+    if (bytes + 32 > wire::kMaxFrameBytes) fail("wait(): the keys take more than a frame");
+    out.u64(milliseconds(timeout));
+    const Answer answer = request(out.frame(), with_grace(timeout), "wait()");
+    expect_ok(answer, "wait()");
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& message) const {
+    throw transport::RendezvousError("TCP store at " + where_ + ": " + message);
+  }
+
+  // timeout + kReplyGrace, saturating.
+  static std::chrono::milliseconds with_grace(std::chrono::milliseconds timeout) {
+    if (timeout > std::chrono::milliseconds::max() - kReplyGrace) return std::chrono::milliseconds::max();
+    return timeout + kReplyGrace;
+  }
+
+  static uint64_t milliseconds(std::chrono::milliseconds timeout) { return uint64_t(std::max<int64_t>(timeout.count(), 0)); }
+
+  void check_key(const std::string& key, const char* call) const {
+    if (key.size() > wire::kMaxKeyBytes)
+      fail(std::string(call) + "(): a key of " + std::to_string(key.size()) + " bytes is over the limit of " +
+           std::to_string(wire::kMaxKeyBytes));
+  }
+
+  void expect_ok(const Answer& answer, const std::string& what) const {
+    if (answer.kind == wire::Reply::Ok) return;
+    wire::Reader in(answer.payload.data(), answer.payload.size());
+    const std::string message = in.str(wire::kMaxFrameBytes);
+    if (answer.kind == wire::Reply::Timeout) throw transport::RendezvousError(message);
+    fail(what + ": " + message);
+  }
+
+  void say_hello(Socket& socket, Clock::time_point deadline) {
+    const std::string hello =
+        wire::Writer().u8(uint8_t(wire::Op::Hello)).u32(wire::kMagic).u32(wire::kVersion).str(options_.auth_token).frame();
+    const Answer answer = exchange(socket, hello, deadline, "hello",
+                                   "is it a co2 store? Under torchrun MASTER_PORT is torchrun's own store: "
+                                   "give co2's store another port with CO2_MASTER_PORT");
+    if (answer.kind == wire::Reply::Ok) return;
+    wire::Reader in(answer.payload.data(), answer.payload.size());
+    fail("refused this client: " + in.str(wire::kMaxFrameBytes));
+  }
+
+  // Sends one request frame and receives its answer; throws on anything but a complete answer.
+  Answer exchange(Socket& socket, const std::string& frame, Clock::time_point deadline, const std::string& what,
+                  const std::string& hint = "is the store's host, rank 0, still running?") {
+    const auto gone = [&](IoResult result) {
+      if (result == IoResult::Timeout) fail(what + ": the server did not answer in time (" + hint + ")");
+      fail(what + ": the server closed the connection (" + hint + ")");
+    };
+    IoResult result = net::send_all(socket.fd(), frame.data(), frame.size(), deadline);
+    if (result != IoResult::Ok) gone(result);
+    char header[wire::kFrameHeaderBytes];
+    result = net::receive_exact(socket.fd(), header, sizeof(header), deadline);
+    if (result != IoResult::Ok) gone(result);
+    const uint32_t length = wire::read_u32(header);
+    if (length == 0 || length > wire::kMaxFrameBytes)
+      fail(what + ": the server sent a frame of " + std::to_string(length) + " bytes (not a co2 store?)");
+    std::string payload(length, '\0');
+    result = net::receive_exact(socket.fd(), payload.data(), length, deadline);
+    if (result != IoResult::Ok) gone(result);
+    Answer answer;
+    answer.kind = wire::Reply(uint8_t(payload[0]));
+    if (answer.kind != wire::Reply::Ok && answer.kind != wire::Reply::Error && answer.kind != wire::Reply::Timeout)
+      fail(what + ": the server sent an unknown answer (not a co2 store?)");
+    answer.payload = payload.substr(1);
+    return answer;
+  }
+
+  Answer request(const std::string& frame, std::chrono::milliseconds timeout, const std::string& what) {
+    const auto deadline = net::deadline_after(timeout);
+    Socket socket = take_idle();
+    if (!socket.valid()) {
+      // The server was up when we first connected: one attempt, no retries.
+      std::string error;
+      socket = net::connect_once(options_.host, options_.port, deadline, error);
+      if (!socket.valid()) fail(what + ": cannot reconnect (" + error + "); the store's host, rank 0, is gone?");
+      say_hello(socket, deadline);
+    }
+    Answer answer = exchange(socket, frame, deadline, what);  // throws: the connection is dropped
+    give_back(std::move(socket));
+    return answer;
+  }
+
+  Socket take_idle() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (idle_.empty()) return Socket();
+    Socket socket = std::move(idle_.back());
+    idle_.pop_back();
+    return socket;
+  }
+
+  void give_back(Socket socket) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(socket));
+  }
+
+  const TcpStoreOptions options_;
+  const std::string where_;
+  std::mutex mutex_;
+  std::vector<Socket> idle_;
+};
+
+}  // namespace
+
+std::shared_ptr<Store> connect_tcp_store(const TcpStoreOptions& options) {
+  if (options.host.empty()) throw transport::RendezvousError("TCP store: no host given (MASTER_ADDR is empty?)");
+  if (options.port == 0) throw transport::RendezvousError("TCP store: no port given (MASTER_PORT is 0 or unset?)");
+  if (options.auth_token.size() > wire::kMaxTokenBytes)
+    throw transport::RendezvousError("TCP store: CO2_AUTH_TOKEN is longer than " + std::to_string(wire::kMaxTokenBytes) +
+                                     " bytes");
+  auto store = std::make_shared<TcpStore>(options);
+  store->connect_first();
+  return store;
+}
+
+}  // namespace co2::store

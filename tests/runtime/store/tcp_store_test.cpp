@@ -1,0 +1,353 @@
+// The TCP store beyond conformance: authentication, hostile bytes on the wire, a server that
+// goes away, peers that never arrive, and real processes as ranks.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <random>
+
+#include "runtime/store/tcp_store.hpp"
+#include "runtime/store/wire_protocol.hpp"
+#include "tests/subprocess.hpp"
+
+#ifndef CO2_TCP_STORE_HELPER
+#error "CO2_TCP_STORE_HELPER must name the helper program"
+#endif
+
+namespace co2::store {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::RendezvousError;
+
+// Generous: a call that has not returned by then hangs.
+constexpr auto kHangDeadline = 60s;
+
+TcpStoreOptions options_for(uint16_t port, const std::string& token, std::chrono::milliseconds timeout = 30s) {
+  TcpStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.auth_token = token;
+  options.timeout = timeout;
+  return options;
+}
+
+// The message of the RendezvousError that `call` throws ("" if it throws none).
+template <class Call>
+std::string rendezvous_error(Call call) {
+  try {
+    call();
+  } catch (const RendezvousError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A raw TCP connection, for bytes no client would send.
+class RawConnection {
+ public:
+  explicit RawConnection(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  }
+  ~RawConnection() { ::close(fd_); }
+
+  bool connected() const { return connected_; }
+  void send(const std::string& bytes) { (void)::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+
+  // Reads until the server closes the connection; false if it is still open at the deadline.
+  bool closed_by_server(std::string* received = nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + kHangDeadline;
+    char chunk[4096];
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd polled{fd_, POLLIN, 0};
+      if (::poll(&polled, 1, int(left.count())) <= 0) continue;
+      const ssize_t got = ::recv(fd_, chunk, sizeof(chunk), 0);
+      if (got <= 0) return true;
+      if (received) received->append(chunk, size_t(got));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+std::string hello(const std::string& token) {
+  return wire::Writer().u8(uint8_t(wire::Op::Hello)).u32(wire::kMagic).u32(wire::kVersion).str(token).frame();
+}
+
+std::string length_header(uint32_t length) {
+  std::string header(4, '\0');
+  for (int i = 0; i < 4; ++i) header[size_t(i)] = char((length >> (8 * i)) & 0xff);
+  return header;
+}
+
+// A normal client can still do everything: the server survived.
+void expect_server_works(uint16_t port, const std::string& token, const std::string& tag) {
+  auto store = connect_tcp_store(options_for(port, token));
+  store->set("alive/" + tag, tag);
+  EXPECT_EQ(store->get("alive/" + tag, 1s), tag);
+  EXPECT_EQ(store->add("alive/count", 1) > 0, true);
+}
+
+TEST(TcpStoreAuth, AWrongTokenIsRefusedWithAClearError) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "right-token");
+  auto refused = std::async(std::launch::async, [&] {
+    return rendezvous_error([&] { connect_tcp_store(options_for(server->port(), "wrong-token", 300s)); });
+  });
+  ASSERT_EQ(refused.wait_for(kHangDeadline), std::future_status::ready) << "a refusal must not be retried until the timeout";
+  const std::string message = refused.get();
+  EXPECT_TRUE(contains(message, "refused")) << message;
+  EXPECT_TRUE(contains(message, "CO2_AUTH_TOKEN does not match")) << message;
+
+  const std::string none = rendezvous_error([&] { connect_tcp_store(options_for(server->port(), "")); });
+  EXPECT_TRUE(contains(none, "presented none")) << none;
+  const std::string prefix = rendezvous_error([&] { connect_tcp_store(options_for(server->port(), "right")); });
+  EXPECT_TRUE(contains(prefix, "does not match")) << prefix;
+
+  expect_server_works(server->port(), "right-token", "after-refusals");
+}
+
+TEST(TcpStoreAuth, ARefusedClientReadsNothing) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "secret");
+  connect_tcp_store(options_for(server->port(), "secret"))->set("private", "value");
+  RawConnection stranger(server->port());
+  ASSERT_TRUE(stranger.connected());
+  stranger.send(hello("guess"));
+  stranger.send(wire::Writer().u8(uint8_t(wire::Op::Get)).str("private").u64(0).frame());
+  std::string received;
+  ASSERT_TRUE(stranger.closed_by_server(&received));
+  EXPECT_TRUE(contains(received, "authentication failed")) << received;
+  EXPECT_FALSE(contains(received, "value")) << "the stranger read a value";
+}
+
+TEST(TcpStoreAuth, AServerWithoutTokenAcceptsAnyClient) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "");
+  expect_server_works(server->port(), "", "no-token");
+  expect_server_works(server->port(), "some-token", "with-token");
+}
+
+struct HostileBytes {
+  const char* name;
+  bool after_hello;  // sent after a valid hello
+  std::string bytes;
+};
+
+std::vector<HostileBytes> hostile_messages() {
+  using wire::Op;
+  using wire::Writer;
+  std::vector<HostileBytes> cases;
+  cases.push_back({"oversized length before hello", false, length_header(0xffffffffu) + "xxxx"});
+  cases.push_back({"hello over the hello limit", false, length_header(uint32_t(wire::kMaxHelloFrameBytes + 1))});
+  cases.push_back({"zero length frame", false, length_header(0)});
+  cases.push_back({"wrong magic", false, Writer().u8(uint8_t(Op::Hello)).u32(0xdeadbeef).u32(wire::kVersion).str("t").frame()});
+  cases.push_back({"wrong version", false, Writer().u8(uint8_t(Op::Hello)).u32(wire::kMagic).u32(99).str("t").frame()});
+  cases.push_back({"request before hello", false, Writer().u8(uint8_t(Op::Set)).str("k").str("v").frame()});
+  cases.push_back({"token length past the frame", false,
+                   Writer().u8(uint8_t(Op::Hello)).u32(wire::kMagic).u32(wire::kVersion).u32(1000).frame()});
+  cases.push_back({"oversized frame after hello", true, length_header(uint32_t(wire::kMaxFrameBytes + 1))});
+  cases.push_back({"unknown op", true, Writer().u8(77).str("k").frame()});
+  cases.push_back({"second hello", true, hello("t")});
+  cases.push_back({"key length past the frame", true, Writer().u8(uint8_t(Op::Set)).u32(500).frame()});
+  cases.push_back({"value length past the frame", true, Writer().u8(uint8_t(Op::Set)).str("k").u32(0x7fffffff).frame()});
+  cases.push_back({"trailing bytes", true, Writer().u8(uint8_t(Op::Set)).str("k").str("v").u8(0).frame()});
+  cases.push_back({"get without its timeout", true, Writer().u8(uint8_t(Op::Get)).str("k").frame()});
+  cases.push_back({"key over the key limit", true,
+                   Writer().u8(uint8_t(Op::Set)).str(std::string(wire::kMaxKeyBytes + 1, 'k')).str("v").frame()});
+  cases.push_back({"wait for too many keys", true, Writer().u8(uint8_t(Op::Wait)).u32(0xffffffffu).u64(0).frame()});
+  cases.push_back({"add without delta", true, Writer().u8(uint8_t(Op::Add)).str("k").frame()});
+  return cases;
+}
+
+TEST(TcpStoreHostileBytes, EachMalformedMessageClosesOnlyThatConnection) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "t");
+  // A well-behaved client connected throughout must keep working.
+  auto bystander = connect_tcp_store(options_for(server->port(), "t"));
+  for (const auto& hostile : hostile_messages()) {
+    SCOPED_TRACE(hostile.name);
+    RawConnection raw(server->port());
+    ASSERT_TRUE(raw.connected());
+    if (hostile.after_hello) raw.send(hello("t"));
+    raw.send(hostile.bytes);
+    std::string answer;
+    EXPECT_TRUE(raw.closed_by_server(&answer)) << "the server kept a connection that sent " << hostile.name;
+    bystander->set(std::string("bystander/") + hostile.name, "ok");
+    EXPECT_EQ(bystander->get(std::string("bystander/") + hostile.name, 1s), "ok");
+    expect_server_works(server->port(), "t", hostile.name);
+  }
+}
+
+TEST(TcpStoreHostileBytes, TruncatedFramesAndSilentClientsDoNotBlockOthers) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "t");
+  // Half a hello, half a request, and a connection that says nothing, all left open.
+  RawConnection half_hello(server->port()), half_request(server->port()), silent(server->port());
+  const std::string full_hello = hello("t");
+  half_hello.send(full_hello.substr(0, full_hello.size() / 2));
+  half_request.send(hello("t"));
+  const std::string request = wire::Writer().u8(uint8_t(wire::Op::Set)).str("key").str(std::string(1000, 'v')).frame();
+  half_request.send(request.substr(0, 500));
+  expect_server_works(server->port(), "t", "while-truncated-frames-wait");
+  // Connections that close mid-frame are dropped cleanly.
+  {
+    RawConnection closes_mid_frame(server->port());
+    closes_mid_frame.send(hello("t"));
+    closes_mid_frame.send(request.substr(0, 10));
+  }
+  expect_server_works(server->port(), "t", "after-mid-frame-close");
+}
+
+TEST(TcpStoreHostileBytes, RandomBytesNeverTakeTheServerDown) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "t");
+  std::mt19937 random(12345);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    RawConnection raw(server->port());
+    ASSERT_TRUE(raw.connected());
+    if (attempt % 2 == 1) raw.send(hello("t"));
+    // A plausible small length (so that the server parses the payload), then random bytes.
+    const uint32_t length = 1 + random() % 64;
+    std::string bytes = length_header(length);
+    for (uint32_t i = 0; i < length; ++i) bytes.push_back(char(random() & 0xff));
+    raw.send(bytes);
+  }
+  expect_server_works(server->port(), "t", "after-random-bytes");
+}
+
+TEST(TcpStoreClientLimits, OversizedKeysAndValuesAreRefusedBeforeSending) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "");
+  auto store = connect_tcp_store(options_for(server->port(), ""));
+  const std::string long_key = rendezvous_error([&] { store->set(std::string(wire::kMaxKeyBytes + 1, 'k'), "v"); });
+  EXPECT_TRUE(contains(long_key, "over the limit")) << long_key;
+  const std::string big_value = rendezvous_error([&] { store->set("k", std::string(wire::kMaxValueBytes + 1, 'v')); });
+  EXPECT_TRUE(contains(big_value, "over the limit")) << big_value;
+  store->set("k", std::string(wire::kMaxValueBytes, 'v'));  // exactly at the limit is fine
+  EXPECT_EQ(store->get("k", 1s).size(), wire::kMaxValueBytes);
+}
+
+TEST(TcpStoreTimeouts, APeerThatNeverArrivesIsATimeoutNotAHang) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "");
+  auto store = connect_tcp_store(options_for(server->port(), ""));
+  auto get = std::async(std::launch::async, [&] { return rendezvous_error([&] { store->get("rank/7", 300ms); }); });
+  ASSERT_EQ(get.wait_for(kHangDeadline), std::future_status::ready);
+  const std::string message = get.get();
+  EXPECT_TRUE(contains(message, "'rank/7' was not set within 300 ms")) << message;
+  // The connection that timed out is usable again.
+  store->set("rank/7", "late");
+  EXPECT_EQ(store->get("rank/7", 1s), "late");
+}
+
+TEST(TcpStoreTimeouts, NoServerAtAllIsATimeoutNotAHang) {
+  uint16_t port;
+  {  // a port that nobody listens on once this server is gone
+    auto server = TcpStoreServer::start("127.0.0.1", 0, "");
+    port = server->port();
+  }
+  auto connect = std::async(std::launch::async, [&] {
+    return rendezvous_error([&] { connect_tcp_store(options_for(port, "", 500ms)); });
+  });
+  ASSERT_EQ(connect.wait_for(kHangDeadline), std::future_status::ready);
+  const std::string message = connect.get();
+  EXPECT_TRUE(contains(message, "no TCP store answered")) << message;
+  EXPECT_TRUE(contains(message, "MASTER_PORT")) << message;
+}
+
+TEST(TcpStoreTimeouts, AClientMayStartBeforeTheServer) {
+  uint16_t port;
+  {
+    auto probe = TcpStoreServer::start("127.0.0.1", 0, "");
+    port = probe->port();
+  }
+  auto client = std::async(std::launch::async, [&] { return connect_tcp_store(options_for(port, "late", 60s)); });
+  EXPECT_EQ(client.wait_for(200ms), std::future_status::timeout);  // still retrying
+  auto server = TcpStoreServer::start("127.0.0.1", port, "late");
+  ASSERT_EQ(client.wait_for(kHangDeadline), std::future_status::ready);
+  auto store = client.get();
+  store->set("k", "v");
+  EXPECT_EQ(store->get("k", 1s), "v");
+}
+
+TEST(TcpStoreServerGone, ABlockedGetFailsPromptlyWhenTheServerStops) {
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "");
+  auto store = connect_tcp_store(options_for(server->port(), ""));
+  auto blocked = std::async(std::launch::async, [&] { return rendezvous_error([&] { store->get("never", 600s); }); });
+  EXPECT_EQ(blocked.wait_for(100ms), std::future_status::timeout);
+  server.reset();
+  ASSERT_EQ(blocked.wait_for(kHangDeadline), std::future_status::ready) << "get() outlived its server";
+  const std::string message = blocked.get();
+  EXPECT_TRUE(contains(message, "closed the connection")) << message;
+  // Later calls fail at once too.
+  const std::string later = rendezvous_error([&] { store->set("k", "v"); });
+  EXPECT_FALSE(later.empty());
+}
+
+TEST(TcpStoreServerGone, ABlockedGetFailsPromptlyWhenTheServerProcessIsKilled) {
+  co2::testing::Subprocess server({CO2_TCP_STORE_HELPER, "serve", "tok"});
+  ASSERT_TRUE(server.started());
+  ASSERT_TRUE(server.wait_for_stdout("\n", 1, kHangDeadline)) << server.describe();
+  const uint16_t port = uint16_t(std::stoi(server.out()));
+  auto store = connect_tcp_store(options_for(port, "tok"));
+  store->set("k", "v");
+  auto blocked = std::async(std::launch::async, [&] { return rendezvous_error([&] { store->get("never", 600s); }); });
+  EXPECT_EQ(blocked.wait_for(100ms), std::future_status::timeout);
+  ::kill(server.pid(), SIGKILL);
+  ASSERT_EQ(blocked.wait_for(kHangDeadline), std::future_status::ready) << "get() outlived its server";
+  const std::string message = blocked.get();
+  EXPECT_TRUE(contains(message, "closed the connection")) << message;
+  server.finish(kHangDeadline);
+}
+
+TEST(TcpStoreServer, ListeningOnATakenPortSaysSo) {
+  auto first = TcpStoreServer::start("127.0.0.1", 0, "");
+  const std::string message = rendezvous_error([&] { TcpStoreServer::start("127.0.0.1", first->port(), ""); });
+  EXPECT_TRUE(contains(message, "in use")) << message;
+  EXPECT_TRUE(contains(message, "CO2_MASTER_PORT")) << message;
+}
+
+TEST(TcpStoreServer, BindsEveryAddressByDefault) {
+  auto server = TcpStoreServer::start("", 0, "");
+  expect_server_works(server->port(), "", "any-address");  // reached over 127.0.0.1
+  TcpStoreOptions options = options_for(server->port(), "");
+  options.host = "localhost";
+  connect_tcp_store(options)->set("by-name", "1");
+}
+
+TEST(TcpStoreProcesses, RanksInSeparateProcessesMeet) {
+  constexpr int kRanks = 4;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "group-token");
+  std::vector<std::unique_ptr<co2::testing::Subprocess>> ranks;
+  for (int rank = 0; rank < kRanks; ++rank)
+    ranks.push_back(std::make_unique<co2::testing::Subprocess>(
+        std::vector<std::string>{CO2_TCP_STORE_HELPER, "rank"},
+        std::map<std::string, std::optional<std::string>>{{"RANK", std::to_string(rank)},
+                                                          {"WORLD_SIZE", std::to_string(kRanks)},
+                                                          {"LOCAL_RANK", std::to_string(rank)},
+                                                          {"LOCAL_WORLD_SIZE", std::to_string(kRanks)},
+                                                          {"MASTER_ADDR", "127.0.0.1"},
+                                                          {"MASTER_PORT", "1"},  // CO2_MASTER_PORT wins
+                                                          {"CO2_MASTER_PORT", std::to_string(server->port())},
+                                                          {"CO2_AUTH_TOKEN", "group-token"},
+                                                          {"CO2_TEST_SERVE", std::nullopt}}));
+  for (int rank = 0; rank < kRanks; ++rank) {
+    auto& process = *ranks[size_t(rank)];
+    ASSERT_TRUE(process.finish(kHangDeadline)) << process.describe();
+    EXPECT_TRUE(process.exited_with(0)) << process.describe();
+    EXPECT_TRUE(contains(process.out(), "rank " + std::to_string(rank) + " of 4: saw 4 addresses")) << process.describe();
+  }
+  // The server saw all four.
+  EXPECT_EQ(connect_tcp_store(options_for(server->port(), "group-token"))->add("done", 0), kRanks);
+}
+
+}  // namespace
+}  // namespace co2::store

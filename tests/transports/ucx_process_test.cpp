@@ -1,0 +1,420 @@
+// The UCX transport between real processes on this host: this program re-executes itself as
+// the ranks (`--worker ...`), which meet through a file store in a temporary directory, build a
+// co2::Communicator over ucx::connect and write what happened into that directory. The test
+// process compares results bit for bit with the same collectives over the local transport, and
+// kills or stops ranks to check fault detection. Every wait has a deadline; children left over
+// by a failing test are continued and killed.
+//
+// The environment chooses UCX's transports (meson runs this with UCX_TLS=tcp UCX_NET_DEVICES=lo).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "runtime/store/store.hpp"
+#include "tests/transports/ucx_collectives.hpp"
+#include "transports/local/transport.hpp"
+#include "transports/ucx/transport.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using co2::Communicator;
+using co2::CommOptions;
+using co2::Status;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kConnectTimeout{60000};
+// How long a whole multi-process test may take before its children are killed.
+constexpr auto kChildrenDeadline = std::chrono::seconds(240);
+// Fault tests: the communicator's no-progress timeout, and what we allow beyond it.
+constexpr milliseconds kFaultTimeout{3000};
+constexpr milliseconds kFaultMargin{7000};
+// A destroy after a failure must not wait for the peers.
+constexpr milliseconds kPromptDestroy{3000};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary);
+    out << text;
+  }
+  fs::rename(temporary, path);
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker side
+
+std::unique_ptr<co2::transport::PointToPoint> connect_rank(const fs::path& dir, int rank, int size,
+                                                           milliseconds timeout) {
+  auto store = co2::store::open_file_store((dir / "store").string());
+  return co2::transport::ucx::connect(*store, "ucx/", rank, size, timeout);
+}
+
+int worker_workload(const fs::path& dir, int rank, int size) {
+  CommOptions options;
+  options.timeout = milliseconds(60000);
+  options.chunk_bytes = co2::test::kWorkloadChunkBytes;
+  Communicator comm(connect_rank(dir, rank, size, kConnectTimeout), options);
+  std::string out;
+  for (const auto& result : co2::test::run_workload(comm)) {
+    out += std::to_string(result.size()) + "\n";
+    out.append(result.data(), result.size());
+  }
+  write_file(dir / ("result." + std::to_string(rank)), out);
+  return 0;
+}
+
+// All-reduces 8 MiB over and over until the communicator fails; records how and when, and how
+// long destroying the communicator took.
+int worker_fault(const fs::path& dir, int rank, int size, milliseconds timeout) {
+  CommOptions options;
+  options.timeout = timeout;
+  auto comm = std::make_unique<Communicator>(connect_rank(dir, rank, size, kConnectTimeout), options);
+  std::vector<float> data(size_t(2) << 20, 1.0f);
+  Status status = Status::Ok;
+  std::string message;
+  for (int round = 0;; ++round) {
+    try {
+      comm->allreduce(data.data(), data.size(), co2::DataType::F32, co2::ReduceOp::Avg)
+          ->wait_for(milliseconds(-1));
+    } catch (const co2::Error& error) {
+      status = error.status();
+      message = error.what();
+      break;
+    }
+    if (round == 0) write_file(dir / ("ready." + std::to_string(rank)), "");
+  }
+  const int64_t failed_at = now_ns();
+  const auto destroy_start = Clock::now();
+  comm.reset();
+  const auto destroy_ms =
+      std::chrono::duration_cast<milliseconds>(Clock::now() - destroy_start).count();
+  write_file(dir / ("fault." + std::to_string(rank)),
+             std::to_string(int(status)) + "\n" + std::to_string(failed_at) + "\n" +
+                 std::to_string(destroy_ms) + "\n" + message);
+  return 0;
+}
+
+int worker_absent(const fs::path& dir, int rank, int size, milliseconds timeout) {
+  const int64_t start = now_ns();
+  std::string outcome = "connected";
+  try {
+    connect_rank(dir, rank, size, timeout);
+  } catch (const co2::transport::RendezvousError& error) {
+    outcome = std::string("rendezvous error\n") + error.what();
+  }
+  write_file(dir / ("absent." + std::to_string(rank)),
+             std::to_string((now_ns() - start) / 1000000) + "\n" + outcome);
+  return 0;
+}
+
+int run_worker(int argc, char** argv) {
+  // --worker MODE DIR RANK SIZE [TIMEOUT_MS]
+  if (argc < 6) return 64;
+  const std::string mode = argv[2];
+  const fs::path dir = argv[3];
+  const int rank = std::atoi(argv[4]);
+  const int size = std::atoi(argv[5]);
+  const milliseconds timeout(argc > 6 ? std::atoll(argv[6]) : 0);
+  try {
+    if (mode == "workload") return worker_workload(dir, rank, size);
+    if (mode == "fault") return worker_fault(dir, rank, size, timeout);
+    if (mode == "absent") return worker_absent(dir, rank, size, timeout);
+  } catch (const std::exception& error) {
+    write_file(dir / ("error." + std::to_string(rank)), error.what());
+    return 2;
+  }
+  return 64;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Test side
+
+// The ranks of one test. Whatever is still running when it goes out of scope is continued
+// (in case it was stopped) and killed.
+class Children {
+ public:
+  explicit Children(fs::path dir) : dir_(std::move(dir)) {}
+  ~Children() {
+    for (pid_t pid : running_) {
+      ::kill(pid, SIGCONT);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+
+  pid_t spawn(const std::string& mode, int rank, int size, milliseconds timeout = milliseconds(0)) {
+    std::vector<std::string> args = {"/proc/self/exe", "--worker", mode, dir_.string(),
+                                     std::to_string(rank), std::to_string(size),
+                                     std::to_string(timeout.count())};
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (auto& arg : args) argv.push_back(arg.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    running_.push_back(pid);
+    return pid;
+  }
+
+  // Waits for `pid` until `deadline`; its exit code, or -1 if it is still running then.
+  int wait(pid_t pid, Clock::time_point deadline) {
+    for (;;) {
+      int status = 0;
+      const pid_t done = ::waitpid(pid, &status, WNOHANG);
+      if (done == pid) {
+        running_.erase(std::find(running_.begin(), running_.end(), pid));
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      if (Clock::now() >= deadline) return -1;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+
+  std::string error_of(int rank) const {
+    const fs::path path = dir_ / ("error." + std::to_string(rank));
+    return fs::exists(path) ? read_file(path) : "";
+  }
+
+ private:
+  fs::path dir_;
+  std::vector<pid_t> running_;
+};
+
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory() {
+    std::string pattern = (fs::temp_directory_path() / "co2-ucx-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TemporaryDirectory() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<std::vector<char>> parse_results(const std::string& text) {
+  std::vector<std::vector<char>> results;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t newline = text.find('\n', at);
+    if (newline == std::string::npos) break;
+    const size_t length = std::stoull(text.substr(at, newline - at));
+    at = newline + 1;
+    results.emplace_back(text.begin() + long(at), text.begin() + long(std::min(text.size(), at + length)));
+    at += length;
+  }
+  return results;
+}
+
+std::vector<std::vector<std::vector<char>>> local_reference(int size) {
+  static int counter = 0;
+  const std::string name = "ucx-reference-" + std::to_string(counter++);
+  std::vector<std::vector<std::vector<char>>> results(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank)
+    threads.emplace_back([&, rank] {
+      CommOptions options;
+      options.chunk_bytes = co2::test::kWorkloadChunkBytes;
+      Communicator comm(co2::transport::local::join(name, rank, size, milliseconds(30000), {}), options);
+      results[size_t(rank)] = co2::test::run_workload(comm);
+    });
+  for (auto& thread : threads) thread.join();
+  return results;
+}
+
+class UcxProcesses : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  }
+};
+
+TEST_P(UcxProcesses, CollectivesMatchTheLocalTransportBitForBit) {
+  const int size = GetParam();
+  TemporaryDirectory dir;
+  Children children(dir.path());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < size; ++rank) pids.push_back(children.spawn("workload", rank, size));
+  const auto reference = local_reference(size);  // meanwhile, in this process
+  const auto deadline = Clock::now() + kChildrenDeadline;
+  for (int rank = 0; rank < size; ++rank)
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0)
+        << "rank " << rank << ": " << children.error_of(rank);
+
+  for (int rank = 0; rank < size; ++rank) {
+    const auto results = parse_results(read_file(dir.path() / ("result." + std::to_string(rank))));
+    ASSERT_EQ(results.size(), reference[size_t(rank)].size()) << "rank " << rank;
+    for (size_t i = 0; i < results.size(); ++i)
+      EXPECT_TRUE(results[i] == reference[size_t(rank)][i])
+          << "rank " << rank << ", result " << i << " differs from the local transport's";
+    // Every collective's result is the same on every rank (all-gather and broadcast included).
+    for (size_t i = 0; i < results.size(); ++i)
+      EXPECT_TRUE(results[i] == reference[0][i]) << "rank " << rank << ", result " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, UcxProcesses, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "W" + std::to_string(info.param);
+                         });
+
+struct FaultReport {
+  Status status = Status::Ok;
+  int64_t failed_at_ns = 0;
+  int64_t destroy_ms = 0;
+  std::string message;
+};
+
+FaultReport read_fault(const fs::path& dir, int rank) {
+  std::istringstream in(read_file(dir / ("fault." + std::to_string(rank))));
+  FaultReport report;
+  int status = 0;
+  in >> status >> report.failed_at_ns >> report.destroy_ms;
+  report.status = Status(status);
+  std::getline(in, report.message);
+  std::getline(in, report.message, '\0');
+  return report;
+}
+
+// For the log: what a survivor saw, and when.
+void describe(int rank, const FaultReport& report, int64_t fault_at_ns) {
+  std::printf("rank %d: status %d after %.0f ms, destroy %lld ms: %s\n", rank, int(report.status),
+              double(report.failed_at_ns - fault_at_ns) / 1e6, (long long)report.destroy_ms,
+              report.message.c_str());
+}
+
+// Starts `size` fault workers and waits until each finished one all-reduce.
+void start_fault_workers(Children& children, const fs::path& dir, int size, std::vector<pid_t>& pids) {
+  for (int rank = 0; rank < size; ++rank)
+    pids.push_back(children.spawn("fault", rank, size, kFaultTimeout));
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  for (int rank = 0; rank < size; ++rank) {
+    while (!fs::exists(dir / ("ready." + std::to_string(rank)))) {
+      ASSERT_LT(Clock::now(), deadline) << "rank " << rank << " never got going: "
+                                        << children.error_of(rank);
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+  std::this_thread::sleep_for(milliseconds(200));  // well into the next all-reduce
+}
+
+TEST(UcxFaults, KilledPeerFailsTheOthersWithinTheTimeout) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  constexpr int kSize = 3, kVictim = 1;
+  TemporaryDirectory dir;
+  Children children(dir.path());
+  std::vector<pid_t> pids;
+  start_fault_workers(children, dir.path(), kSize, pids);
+  if (HasFatalFailure()) return;
+  const int64_t killed_at = now_ns();
+  ::kill(pids[kVictim], SIGKILL);
+  const auto deadline = Clock::now() + kFaultTimeout + kFaultMargin + std::chrono::seconds(10);
+  for (int rank = 0; rank < kSize; ++rank) {
+    if (rank == kVictim) continue;
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0)
+        << "rank " << rank << " did not exit: " << children.error_of(rank);
+    const FaultReport report = read_fault(dir.path(), rank);
+    describe(rank, report, killed_at);
+    // The ring neighbour sees the lost peer; others may hear of it first through its abort.
+    EXPECT_TRUE(report.status == Status::PeerLost || report.status == Status::PeerTimeout ||
+                report.status == Status::Aborted)
+        << "rank " << rank << ": status " << int(report.status) << ": " << report.message;
+    if (report.status == Status::Aborted) {
+      EXPECT_NE(report.message.find("rank 1"), std::string::npos) << report.message;
+    }
+    EXPECT_LT(report.failed_at_ns - killed_at,
+              std::chrono::nanoseconds(kFaultTimeout + kFaultMargin).count())
+        << "rank " << rank << " noticed too late: " << report.message;
+    EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
+  }
+}
+
+TEST(UcxFaults, StoppedPeerTimesOutAndDestroyIsPrompt) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  constexpr int kSize = 3, kVictim = 2;
+  TemporaryDirectory dir;
+  Children children(dir.path());  // continues and kills the stopped rank at the end
+  std::vector<pid_t> pids;
+  start_fault_workers(children, dir.path(), kSize, pids);
+  if (HasFatalFailure()) return;
+  const int64_t stopped_at = now_ns();
+  ::kill(pids[kVictim], SIGSTOP);
+  const auto deadline = Clock::now() + kFaultTimeout + kFaultMargin + std::chrono::seconds(10);
+  for (int rank = 0; rank < kSize; ++rank) {
+    if (rank == kVictim) continue;
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0)
+        << "rank " << rank << " did not exit: " << children.error_of(rank);
+    const FaultReport report = read_fault(dir.path(), rank);
+    describe(rank, report, stopped_at);
+    // TCP cannot tell a stopped process from a slow one: the no-progress timeout decides, on
+    // this rank or on a peer whose abort arrives first.
+    EXPECT_TRUE(report.status == Status::PeerTimeout || report.status == Status::Aborted)
+        << "rank " << rank << ": status " << int(report.status) << ": " << report.message;
+    EXPECT_NE(report.message.find("no progress"), std::string::npos) << report.message;
+    const int64_t waited_ns = report.failed_at_ns - stopped_at;
+    EXPECT_LT(waited_ns, std::chrono::nanoseconds(kFaultTimeout + kFaultMargin).count())
+        << "rank " << rank;
+    EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
+  }
+}
+
+TEST(UcxFaults, PeerThatNeverArrivesIsARendezvousError) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  constexpr int kSize = 3;
+  constexpr milliseconds kTimeout{2000};
+  TemporaryDirectory dir;
+  Children children(dir.path());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < kSize - 1; ++rank) pids.push_back(children.spawn("absent", rank, kSize, kTimeout));
+  const auto deadline = Clock::now() + kTimeout + std::chrono::seconds(30);
+  for (int rank = 0; rank < kSize - 1; ++rank) {
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0) << children.error_of(rank);
+    std::istringstream in(read_file(dir.path() / ("absent." + std::to_string(rank))));
+    int64_t elapsed_ms = 0;
+    in >> elapsed_ms;
+    std::string outcome;
+    std::getline(in, outcome);
+    std::getline(in, outcome, '\0');
+    EXPECT_NE(outcome.find("rendezvous error"), std::string::npos) << outcome;
+    EXPECT_NE(outcome.find("rank 2"), std::string::npos) << outcome;
+    EXPECT_GE(elapsed_ms, kTimeout.count() - 50);
+    EXPECT_LT(elapsed_ms, (kTimeout + kFaultMargin).count());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--worker") return run_worker(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

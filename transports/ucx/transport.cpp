@@ -1,0 +1,880 @@
+// The `ucx` transport. Every UCP call is made under one mutex: the communicator's progress thread
+// makes all calls but abort(), which may come from any thread and sends the abort notices itself.
+// The worker is created UCS_THREAD_MODE_SERIALIZED accordingly; wait_for_activity sleeps on the
+// worker's event fd without the mutex, so abort() never waits behind a sleeping progress thread.
+#include "transports/ucx/transport.hpp"
+
+#include <poll.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace co2::transport::ucx {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// UCP tag = kind (2 bits) | source rank (14 bits) | the caller's tag (kTagBits = 48 bits).
+// Receives match all 64 bits, so a message is matched by (source, tag) as the interface asks.
+constexpr unsigned kSourceShift = kTagBits;
+constexpr unsigned kKindShift = 62;
+static_assert(kMaxRanks == 1 << (kKindShift - kSourceShift), "the source field holds every rank");
+constexpr ucp_tag_t kMatchAll = ~ucp_tag_t(0);
+
+// Control messages (Abort, Goodbye) have the top bit set: one standing receive catches both.
+enum class Kind : ucp_tag_t { Data = 0, Hello = 1, Abort = 2, Goodbye = 3 };
+constexpr ucp_tag_t kControlBit = ucp_tag_t(2) << kKindShift;
+
+Kind kind_of(ucp_tag_t tag) { return Kind(tag >> kKindShift); }
+
+ucp_tag_t wire_tag(Kind kind, int source, uint64_t tag) {
+  return (ucp_tag_t(kind) << kKindShift) | (ucp_tag_t(source) << kSourceShift) | tag;
+}
+
+int source_of(ucp_tag_t tag) { return int((tag >> kSourceShift) & ucp_tag_t(kMaxRanks - 1)); }
+
+// After an abort, how long the abort notices may take to leave before the endpoints are closed
+// (closing cancels whatever is still queued on them, which releases the caller's send buffers).
+constexpr auto kNoticeGrace = std::chrono::milliseconds(200);
+// On destruction: how long the messages this rank sent may take to leave the process, and how
+// long closing the endpoints may take. Both bound the destructor when a peer is stalled.
+constexpr auto kFlushLimit = std::chrono::milliseconds(2000);
+constexpr auto kCloseLimit = std::chrono::milliseconds(1000);
+// Longest abort reason sent to the peers (the control receive buffer's size).
+constexpr size_t kNoticeBytes = 512;
+// ucp_worker_progress calls per progress(): enough to drain what a burst of messages queued.
+constexpr int kProgressRounds = 8;
+
+// How long wait_for_activity progresses the worker before it sleeps on the event fd (spinning
+// measured no better than sleeping at once on a shared 2-core machine, and it takes CPU from
+// the training thread).
+// CO2_UCX_SPIN_US overrides it (0: sleep at once).
+constexpr std::chrono::microseconds kDefaultSpin{0};
+
+std::chrono::microseconds spin_before_sleep() {
+  const char* text = std::getenv("CO2_UCX_SPIN_US");
+  if (!text || !*text) return kDefaultSpin;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (*end != '\0' || value < 0) return kDefaultSpin;
+  return std::chrono::microseconds(value);
+}
+
+std::string describe_tag(uint64_t tag) {
+  std::ostringstream out;
+  out << "0x" << std::hex << tag;
+  return out.str();
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string list;
+  for (int rank : ranks) list += (list.empty() ? "" : ", ") + std::to_string(rank);
+  return list;
+}
+
+// Statuses with which UCX fails operations on an endpoint whose peer went away.
+bool means_peer_lost(ucs_status_t status) {
+  switch (status) {
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_CANCELED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class UcxTransport final : public PointToPoint {
+ public:
+  UcxTransport(int rank, int size);
+  ~UcxTransport() override;
+
+  // This worker's address, to publish.
+  std::string address() const { return address_; }
+  // Creates the endpoints and exchanges a wire-up message with every rank. Throws
+  // RendezvousError at `deadline`, or when a peer is unreachable.
+  void connect_peers(const std::vector<std::string>& addresses, Clock::time_point deadline,
+                     std::chrono::milliseconds timeout);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Handle post_send(int peer, uint64_t tag, const void* data, size_t length) override;
+  Handle post_recv(int peer, uint64_t tag, void* data, size_t length) override;
+  Outcome test(Handle handle) override;
+  void progress() override;
+  void wait_for_activity(std::chrono::microseconds max_wait) override;
+  void abort(const std::string& reason) override;
+  std::string error_message() const override;
+
+ private:
+  struct Peer {
+    UcxTransport* owner = nullptr;
+    int rank = 0;
+    ucp_ep_h endpoint = nullptr;
+    bool closed = false;  // the endpoint was handed to ucp_ep_close_nbx
+    bool lost = false;    // the error handler ran, or the peer said goodbye
+    bool peer_error_handling = false;  // created with UCP_ERR_HANDLING_MODE_PEER
+    std::string lost_reason;
+  };
+
+  struct Operation {
+    void* request = nullptr;  // the UCP request while in flight
+    bool is_send = false;
+    bool cancel_requested = false;
+    int peer = 0;
+    uint64_t tag = 0;
+    size_t length = 0;
+    Outcome outcome = Outcome::Pending;
+    std::string detail;
+  };
+
+  static void on_endpoint_error(void* arg, ucp_ep_h endpoint, ucs_status_t status);
+
+  // All below: mutex_ held.
+  Handle remember(Operation operation);
+  void complete_send(Operation& operation, ucs_status_t status);
+  void complete_recv(Operation& operation, ucs_status_t status, const ucp_tag_recv_info_t& info);
+  std::string peer_lost_detail(int peer) const;
+  std::string aborted_detail() const { return "ucx transport aborted: " + abort_reason_; }
+  // Progresses the worker and acts on what happened. True if anything did.
+  bool progress_locked();
+  void post_control_recv();
+  void check_control_recv();
+  void on_control(const ucp_tag_recv_info_t& info);
+  void drain_unexpected();
+  void reap_drains();
+  void mark_lost(Peer& peer, const std::string& reason);
+  void say_goodbye();
+  void close_lost_endpoints();
+  void settle_abort();
+  void start_abort(const std::string& reason);
+  void close_endpoint(Peer& peer);
+  void reap_closing_requests();
+  // Progresses until `done` or `deadline`; true if `done`.
+  template <typename Done>
+  bool progress_until(Done done, Clock::time_point deadline);
+
+  const int rank_;
+  const int size_;
+  const std::chrono::microseconds spin_ = spin_before_sleep();
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int event_fd_ = -1;  // -1: the worker has no wakeup support; wait by progressing
+  std::string address_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+
+  mutable std::mutex mutex_;
+  Handle next_handle_ = 1;
+  std::unordered_map<Handle, Operation> operations_;
+  std::string last_error_;
+  bool lost_peer_pending_ = false;  // an error handler ran since close_lost_endpoints
+
+  bool aborted_ = false;
+  std::atomic<bool> abort_signalled_{false};  // read without the mutex by wait_for_activity
+  std::string abort_reason_;
+  Clock::time_point aborted_at_{};
+  std::string notice_out_;
+  std::vector<void*> notice_sends_;
+  bool endpoints_closed_ = false;
+
+  std::vector<char> control_in_ = std::vector<char>(kNoticeBytes);
+  void* control_recv_ = nullptr;
+  std::vector<void*> goodbyes_;
+  std::vector<void*> closing_;  // ucp_ep_close_nbx requests in flight
+
+  // Data messages received (and dropped) after an abort: the request and the buffer it fills.
+  struct Drain {
+    void* request = nullptr;
+    std::unique_ptr<char[]> buffer;
+  };
+  std::vector<Drain> drains_;
+};
+
+std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
+
+UcxTransport::UcxTransport(int rank, int size) : rank_(rank), size_(size) {
+  const std::string where = "ucx transport rank " + std::to_string(rank) + ": ";
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);  // honours UCX_* variables
+  if (status != UCS_OK)
+    throw RendezvousError(where + "reading the UCX configuration failed: " + status_text(status));
+
+  // Wakeup first; a configuration whose transports cannot signal an event fd falls back to
+  // waiting by progressing.
+  for (bool wakeup : {true, false}) {
+    ucp_params_t params{};
+    params.field_mask =
+        UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+    params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
+    params.mt_workers_shared = 0;
+    params.estimated_num_eps = size_t(size);
+    status = ucp_init(&params, config, &context_);
+    if (status != UCS_OK) continue;
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    status = ucp_worker_create(context_, &worker_params, &worker_);
+    if (status == UCS_OK && wakeup) {
+      status = ucp_worker_get_efd(worker_, &event_fd_);
+      if (status != UCS_OK) {
+        ucp_worker_destroy(worker_);
+        worker_ = nullptr;
+      }
+    }
+    if (status == UCS_OK) break;
+    ucp_cleanup(context_);
+    context_ = nullptr;
+    worker_ = nullptr;
+    event_fd_ = -1;
+  }
+  ucp_config_release(config);
+  if (!worker_)
+    throw RendezvousError(where + "creating the UCP context and worker failed: " +
+                          status_text(status) + " (check UCX_TLS / UCX_NET_DEVICES)");
+
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  status = ucp_worker_get_address(worker_, &address, &address_length);
+  if (status != UCS_OK) {
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    throw RendezvousError(where + "ucp_worker_get_address failed: " + status_text(status));
+  }
+  address_.assign(reinterpret_cast<const char*>(address), address_length);
+  ucp_worker_release_address(worker_, address);
+
+  for (int peer = 0; peer < size_; ++peer) {
+    auto slot = std::make_unique<Peer>();
+    slot->owner = this;
+    slot->rank = peer;
+    peers_.push_back(std::move(slot));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  post_control_recv();
+}
+
+UcxTransport::~UcxTransport() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Receives may write into buffers the caller frees after we return: withdraw them.
+  for (auto& [handle, operation] : operations_)
+    if (operation.request && !operation.is_send) ucp_request_cancel(worker_, operation.request);
+  if (control_recv_) ucp_request_cancel(worker_, control_recv_);
+
+  // Messages this rank sent that have not left yet (a completed eager send may still sit in a
+  // transport queue) must reach the peers before the endpoints close; the goodbye after them
+  // tells the peers that nothing more will come (over transports without peer failure
+  // detection, such as shared memory, it is the only way they learn).
+  if (!aborted_) {
+    say_goodbye();
+    ucp_request_param_t param{};
+    void* flush = ucp_worker_flush_nbx(worker_, &param);
+    if (UCS_PTR_IS_PTR(flush)) {
+      progress_until([&] { return ucp_request_check_status(flush) != UCS_INPROGRESS; },
+                     Clock::now() + kFlushLimit);
+      ucp_request_free(flush);
+    }
+  }
+  for (auto& peer : peers_) close_endpoint(*peer);
+  progress_until([&] {
+    reap_closing_requests();
+    return closing_.empty();
+  }, Clock::now() + kCloseLimit);
+
+  for (auto& [handle, operation] : operations_)
+    if (operation.request) ucp_request_free(operation.request);
+  for (void* request : notice_sends_) ucp_request_free(request);
+  for (void* request : closing_) ucp_request_free(request);
+  for (void* request : goodbyes_) ucp_request_free(request);
+  if (control_recv_) ucp_request_free(control_recv_);
+  for (Drain& drain : drains_)
+    if (drain.request) ucp_request_free(drain.request);
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+  drains_.clear();  // their buffers outlive the worker, which may still have written into them
+}
+
+void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h /*endpoint*/, ucs_status_t status) {
+  // Runs inside ucp_worker_progress, i.e. with the owner's mutex held.
+  auto* peer = static_cast<Peer*>(arg);
+  peer->owner->mark_lost(*peer, std::string("ucx endpoint error: ") + status_text(status));
+}
+
+void UcxTransport::mark_lost(Peer& peer, const std::string& reason) {
+  if (peer.lost) return;
+  peer.lost = true;
+  peer.lost_reason = reason;
+  lost_peer_pending_ = true;
+}
+
+void UcxTransport::say_goodbye() {
+  for (auto& peer : peers_) {
+    if (peer->rank == rank_ || peer->lost || peer->closed || !peer->endpoint) continue;
+    ucp_request_param_t param{};
+    void* request = ucp_tag_send_nbx(peer->endpoint, nullptr, 0, wire_tag(Kind::Goodbye, rank_, 0),
+                                     &param);
+    if (UCS_PTR_IS_PTR(request)) goodbyes_.push_back(request);
+  }
+}
+
+void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
+                                 Clock::time_point deadline, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const std::string where = "ucx transport rank " + std::to_string(rank_) + ": ";
+  for (int peer = 0; peer < size_; ++peer) {
+    Peer& slot = *peers_[size_t(peer)];
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(addresses[size_t(peer)].data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &UcxTransport::on_endpoint_error;
+    params.err_handler.arg = &slot;
+    ucs_status_t status = ucp_ep_create(worker_, &params, &slot.endpoint);
+    slot.peer_error_handling = status == UCS_OK;
+    if (status == UCS_ERR_UNREACHABLE) {
+      // UCX 1.13's shared-memory transports (posix, sysv, self) cannot detect a failed peer, so
+      // a configuration of only those (UCX_TLS=shm) has no transport for PEER mode. Run without
+      // it: a peer's goodbye still reports a clean exit, and the communicator's no-progress
+      // timeout reports a dead one (docs/transports.md).
+      params.field_mask &= ~uint64_t(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      status = ucp_ep_create(worker_, &params, &slot.endpoint);
+    }
+    if (status != UCS_OK) {
+      slot.endpoint = nullptr;
+      throw RendezvousError(where + "creating the endpoint to rank " + std::to_string(peer) +
+                            " failed: " + status_text(status) +
+                            " (no common UCX transport? check UCX_TLS on every rank)");
+    }
+  }
+
+  // Wire-up: a zero-length message each way between every pair proves both directions work.
+  std::vector<void*> hellos_in(size_t(size_), nullptr), hellos_out(size_t(size_), nullptr);
+  std::vector<bool> heard(size_t(size_), false);
+  const auto release_all = [&] {
+    for (void*& request : hellos_in)
+      if (request) {
+        ucp_request_cancel(worker_, request);
+        ucp_request_free(request);
+        request = nullptr;
+      }
+    for (void*& request : hellos_out)
+      if (request) {
+        ucp_request_free(request);
+        request = nullptr;
+      }
+  };
+  for (int peer = 0; peer < size_; ++peer) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    void* request = ucp_tag_recv_nbx(worker_, nullptr, 0, wire_tag(Kind::Hello, peer, 0),
+                                     kMatchAll, &param);
+    if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer)] = request;
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    ucp_request_param_t param{};
+    void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoint, nullptr, 0,
+                                     wire_tag(Kind::Hello, rank_, 0), &param);
+    if (UCS_PTR_IS_PTR(request)) hellos_out[size_t(peer)] = request;
+  }
+
+  const auto settled = [&] {
+    for (int peer = 0; peer < size_; ++peer) {
+      void*& in = hellos_in[size_t(peer)];
+      if (in && ucp_request_check_status(in) != UCS_INPROGRESS) {
+        heard[size_t(peer)] = ucp_request_check_status(in) == UCS_OK;
+        ucp_request_free(in);
+        in = nullptr;
+      }
+      void*& out = hellos_out[size_t(peer)];
+      if (out && ucp_request_check_status(out) != UCS_INPROGRESS) {
+        ucp_request_free(out);
+        out = nullptr;
+      }
+    }
+    for (auto& peer : peers_)
+      if (peer->lost) return true;
+    return std::all_of(heard.begin(), heard.end(), [](bool b) { return b; }) &&
+           std::all_of(hellos_out.begin(), hellos_out.end(), [](void* r) { return !r; });
+  };
+  const bool done = progress_until(settled, deadline);
+  release_all();
+  for (auto& peer : peers_)
+    if (peer->lost)
+      throw RendezvousError(where + "rank " + std::to_string(peer->rank) +
+                            " was lost during wire-up (" + peer->lost_reason + ")");
+  if (!done) {
+    std::vector<int> silent;
+    for (int peer = 0; peer < size_; ++peer)
+      if (!heard[size_t(peer)]) silent.push_back(peer);
+    throw RendezvousError(where + "timed out after " + std::to_string(timeout.count()) +
+                          " ms waiting for the wire-up with rank(s) " +
+                          (silent.empty() ? std::string("(messages still leaving)")
+                                          : rank_list(silent)) +
+                          " (a peer is gone or cannot reach this host; check UCX_TLS / "
+                          "UCX_NET_DEVICES)");
+  }
+  (void)lock;
+}
+
+template <typename Done>
+bool UcxTransport::progress_until(Done done, Clock::time_point deadline) {
+  for (;;) {
+    if (done()) return true;
+    if (Clock::now() >= deadline) return false;
+    if (ucp_worker_progress(worker_) == 0) {
+      // Nothing to do right now: sleep briefly on the event fd instead of spinning.
+      if (event_fd_ >= 0 && ucp_worker_arm(worker_) == UCS_OK) {
+        pollfd entry{event_fd_, POLLIN, 0};
+        ::poll(&entry, 1, 1);
+      }
+    }
+  }
+}
+
+Handle UcxTransport::remember(Operation operation) {
+  const Handle handle = next_handle_++;
+  operations_.emplace(handle, std::move(operation));
+  return handle;
+}
+
+std::string UcxTransport::peer_lost_detail(int peer) const {
+  return "rank " + std::to_string(peer) + " is gone (" + peers_[size_t(peer)]->lost_reason + ")";
+}
+
+void UcxTransport::complete_send(Operation& operation, ucs_status_t status) {
+  if (status == UCS_OK) {
+    operation.outcome = Outcome::Done;
+  } else if (aborted_) {
+    operation.outcome = Outcome::Aborted;
+    operation.detail = aborted_detail();
+  } else if (peers_[size_t(operation.peer)]->lost || means_peer_lost(status)) {
+    operation.outcome = Outcome::PeerLost;
+    operation.detail = peers_[size_t(operation.peer)]->lost
+                           ? peer_lost_detail(operation.peer)
+                           : "send to rank " + std::to_string(operation.peer) +
+                                 " failed: " + status_text(status);
+  } else {
+    operation.outcome = Outcome::Failed;
+    operation.detail = "ucx send to rank " + std::to_string(operation.peer) + " on tag " +
+                       describe_tag(operation.tag) + " failed: " + status_text(status);
+  }
+}
+
+void UcxTransport::complete_recv(Operation& operation, ucs_status_t status,
+                                 const ucp_tag_recv_info_t& info) {
+  const auto mismatch = [&](const std::string& sent) {
+    operation.outcome = Outcome::SizeMismatch;
+    operation.detail = "message size mismatch from rank " + std::to_string(operation.peer) +
+                       " to rank " + std::to_string(rank_) + " on tag " +
+                       describe_tag(operation.tag) + ": " + sent + " bytes sent, " +
+                       std::to_string(operation.length) + " bytes expected";
+  };
+  if (status == UCS_OK) {
+    if (info.length == operation.length) operation.outcome = Outcome::Done;
+    else mismatch(std::to_string(info.length));
+  } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+    mismatch(info.length > operation.length ? std::to_string(info.length)
+                                            : "more than " + std::to_string(operation.length));
+  } else if (aborted_) {
+    operation.outcome = Outcome::Aborted;
+    operation.detail = aborted_detail();
+  } else if (peers_[size_t(operation.peer)]->lost) {
+    operation.outcome = Outcome::PeerLost;
+    operation.detail = peer_lost_detail(operation.peer);
+  } else {
+    operation.outcome = Outcome::Failed;
+    operation.detail = "ucx receive from rank " + std::to_string(operation.peer) + " on tag " +
+                       describe_tag(operation.tag) + " failed: " + status_text(status);
+  }
+}
+
+Handle UcxTransport::post_send(int peer, uint64_t tag, const void* data, size_t length) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Operation operation;
+  operation.is_send = true;
+  operation.peer = peer;
+  operation.tag = tag;
+  operation.length = length;
+  if (peer < 0 || peer >= size_) {
+    operation.outcome = Outcome::Failed;
+    operation.detail = "send to rank " + std::to_string(peer) +
+                       " which is out of range for a group of " + std::to_string(size_);
+  } else if (tag >> kTagBits) {
+    operation.outcome = Outcome::Failed;
+    operation.detail = "send tag " + describe_tag(tag) + " has more than " +
+                       std::to_string(kTagBits) + " bits";
+  } else if (aborted_) {
+    operation.outcome = Outcome::Aborted;
+    operation.detail = aborted_detail();
+  } else if (peers_[size_t(peer)]->lost) {
+    operation.outcome = Outcome::PeerLost;
+    operation.detail = peer_lost_detail(peer);
+  } else {
+    ucp_request_param_t param{};
+    void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoint, data, length,
+                                     wire_tag(Kind::Data, rank_, tag), &param);
+    if (request == nullptr) complete_send(operation, UCS_OK);
+    else if (UCS_PTR_IS_ERR(request)) complete_send(operation, UCS_PTR_STATUS(request));
+    else operation.request = request;
+  }
+  return remember(std::move(operation));
+}
+
+Handle UcxTransport::post_recv(int peer, uint64_t tag, void* data, size_t length) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Operation operation;
+  operation.peer = peer;
+  operation.tag = tag;
+  operation.length = length;
+  if (peer < 0 || peer >= size_) {
+    operation.outcome = Outcome::Failed;
+    operation.detail = "receive from rank " + std::to_string(peer) +
+                       " which is out of range for a group of " + std::to_string(size_);
+  } else if (tag >> kTagBits) {
+    operation.outcome = Outcome::Failed;
+    operation.detail = "receive tag " + describe_tag(tag) + " has more than " +
+                       std::to_string(kTagBits) + " bits";
+  } else if (aborted_) {
+    operation.outcome = Outcome::Aborted;
+    operation.detail = aborted_detail();
+  } else {
+    // Posted even when the peer is lost: a message that arrived before it died is still valid.
+    // Always as a request: UCX 1.13 leaves recv_info unset when a receive completes at once
+    // from the unexpected queue, and the message's length is needed to detect mismatches.
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    void* request = ucp_tag_recv_nbx(worker_, data, length, wire_tag(Kind::Data, peer, tag),
+                                     kMatchAll, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      complete_recv(operation, UCS_PTR_STATUS(request), ucp_tag_recv_info_t{});
+    } else {
+      operation.request = request;
+      if (peers_[size_t(peer)]->lost) {
+        ucp_request_cancel(worker_, request);
+        operation.cancel_requested = true;
+      }
+    }
+  }
+  return remember(std::move(operation));
+}
+
+Outcome UcxTransport::test(Handle handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = operations_.find(handle);
+  if (found == operations_.end()) {
+    last_error_ = "test of unknown handle " + std::to_string(handle);
+    return Outcome::Failed;
+  }
+  Operation& operation = found->second;
+  if (operation.request) {
+    ucp_tag_recv_info_t info{};
+    const auto status_now = [&] {
+      return operation.is_send ? ucp_request_check_status(operation.request)
+                               : ucp_tag_recv_request_test(operation.request, &info);
+    };
+    ucs_status_t status = status_now();
+    if (status == UCS_INPROGRESS && !operation.is_send && !operation.cancel_requested &&
+        (aborted_ || peers_[size_t(operation.peer)]->lost)) {
+      // Nothing more will arrive (or nothing more is wanted): withdraw the receive. An
+      // unmatched receive completes at once with UCS_ERR_CANCELED.
+      ucp_request_cancel(worker_, operation.request);
+      operation.cancel_requested = true;
+      status = status_now();
+    }
+    if (status == UCS_INPROGRESS && operation.is_send && aborted_) {
+      settle_abort();
+      status = status_now();
+    }
+    if (status == UCS_INPROGRESS) return Outcome::Pending;
+    if (operation.is_send) complete_send(operation, status);
+    else complete_recv(operation, status, info);
+    ucp_request_free(operation.request);
+    operation.request = nullptr;
+  }
+  const Outcome outcome = operation.outcome;
+  if (outcome != Outcome::Done) last_error_ = std::move(operation.detail);
+  operations_.erase(found);
+  return outcome;
+}
+
+bool UcxTransport::progress_locked() {
+  bool happened = false;
+  for (int round = 0; round < kProgressRounds; ++round) {
+    if (ucp_worker_progress(worker_) == 0) break;
+    happened = true;
+  }
+  const bool was_aborted = aborted_;
+  check_control_recv();
+  if (lost_peer_pending_) {
+    close_lost_endpoints();
+    happened = true;
+  }
+  if (aborted_) {
+    settle_abort();
+    drain_unexpected();
+  }
+  reap_closing_requests();
+  reap_drains();
+  return happened || aborted_ != was_aborted;
+}
+
+void UcxTransport::progress() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  progress_locked();
+}
+
+void UcxTransport::wait_for_activity(std::chrono::microseconds max_wait) {
+  const auto deadline = Clock::now() + max_wait;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (progress_locked()) return;
+  // Spin briefly first: a message that is about to arrive is picked up without a sleep and
+  // wakeup (tens of microseconds on loopback); after that, sleep on the event fd.
+  const auto spin_until = std::min(deadline, Clock::now() + spin_);
+  while (Clock::now() < spin_until) {
+    if (progress_locked() || abort_signalled_) return;
+  }
+  if (event_fd_ < 0) {
+    // No event fd: progress until something happens or the time is up.
+    while (Clock::now() < deadline) {
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+      if (progress_locked() || abort_signalled_) return;
+    }
+    return;
+  }
+  const ucs_status_t armed = ucp_worker_arm(worker_);
+  if (armed == UCS_ERR_BUSY) {
+    progress_locked();
+    return;
+  }
+  lock.unlock();
+  // abort() signals the worker after setting the flag; the flag covers a signal that arm()
+  // consumed before we started waiting.
+  if (!abort_signalled_.load()) {
+    const auto left = std::max(std::chrono::microseconds(0),
+                               std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()));
+    timespec wait{};
+    wait.tv_sec = time_t(left.count() / 1000000);
+    wait.tv_nsec = long(left.count() % 1000000) * 1000;
+    pollfd entry{event_fd_, POLLIN, 0};
+    ::ppoll(&entry, 1, &wait, nullptr);
+  }
+  lock.lock();
+  progress_locked();
+}
+
+void UcxTransport::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_) start_abort("rank " + std::to_string(rank_) + ": " + reason);
+  }
+  ucp_worker_signal(worker_);
+}
+
+std::string UcxTransport::error_message() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_error_;
+}
+
+void UcxTransport::start_abort(const std::string& reason) {
+  aborted_ = true;
+  abort_signalled_ = true;
+  abort_reason_ = reason;
+  aborted_at_ = Clock::now();
+  // Tell every live peer, best effort, so that they fail with Aborted now instead of waiting
+  // out their timeout. A rank that learns of an abort from a notice passes it on too.
+  notice_out_ = reason.substr(0, kNoticeBytes);
+  for (auto& peer : peers_) {
+    if (peer->rank == rank_ || peer->lost || peer->closed || !peer->endpoint) continue;
+    ucp_request_param_t param{};
+    void* request = ucp_tag_send_nbx(peer->endpoint, notice_out_.data(), notice_out_.size(),
+                                     wire_tag(Kind::Abort, rank_, 0), &param);
+    if (UCS_PTR_IS_PTR(request)) notice_sends_.push_back(request);
+  }
+}
+
+void UcxTransport::post_control_recv() {
+  // Control messages that arrived while none was posted wait in UCX's unexpected queue, so
+  // one standing receive loses nothing.
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // see post_recv
+  void* request = ucp_tag_recv_nbx(worker_, control_in_.data(), control_in_.size(), kControlBit,
+                                   kControlBit, &param);
+  control_recv_ = UCS_PTR_IS_PTR(request) ? request : nullptr;
+}
+
+void UcxTransport::check_control_recv() {
+  while (control_recv_) {
+    ucp_tag_recv_info_t info{};
+    const ucs_status_t status = ucp_tag_recv_request_test(control_recv_, &info);
+    if (status == UCS_INPROGRESS) return;
+    ucp_request_free(control_recv_);
+    control_recv_ = nullptr;
+    if (status != UCS_OK && status != UCS_ERR_MESSAGE_TRUNCATED) return;  // canceled
+    on_control(info);
+    post_control_recv();
+  }
+}
+
+void UcxTransport::on_control(const ucp_tag_recv_info_t& info) {
+  const int source = source_of(info.sender_tag);
+  if (source >= size_) return;  // not from this group
+  if (kind_of(info.sender_tag) == Kind::Goodbye) {
+    mark_lost(*peers_[size_t(source)], "it closed its transport");
+    return;
+  }
+  if (aborted_) return;
+  std::string reason(control_in_.data(), std::min(info.length, control_in_.size()));
+  if (reason.empty()) reason = "rank " + std::to_string(source) + " aborted";
+  start_abort(reason);
+}
+
+void UcxTransport::close_endpoint(Peer& peer) {
+  if (!peer.endpoint || peer.closed) return;
+  peer.closed = true;
+  // FORCE cancels what is still queued on the endpoint; UCX allows it only with peer error
+  // handling on both sides. Without it, the close flushes (bounded by the caller's deadline).
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = peer.peer_error_handling ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  void* request = ucp_ep_close_nbx(peer.endpoint, &param);
+  if (UCS_PTR_IS_PTR(request)) closing_.push_back(request);
+}
+
+void UcxTransport::close_lost_endpoints() {
+  lost_peer_pending_ = false;
+  // UCX asks that an endpoint that failed be closed; its sends were already failed by UCX.
+  for (auto& peer : peers_)
+    if (peer->lost) close_endpoint(*peer);
+}
+
+void UcxTransport::settle_abort() {
+  if (endpoints_closed_) return;
+  notice_sends_.erase(std::remove_if(notice_sends_.begin(), notice_sends_.end(),
+                                     [](void* request) {
+                                       if (ucp_request_check_status(request) == UCS_INPROGRESS)
+                                         return false;
+                                       ucp_request_free(request);
+                                       return true;
+                                     }),
+                      notice_sends_.end());
+  if (!notice_sends_.empty() && Clock::now() - aborted_at_ < kNoticeGrace) return;
+  // Closing cancels every send still queued, so the caller's buffers are free again. Endpoints
+  // without peer error handling cannot be closed that way; they stay open so that the peers'
+  // drains can complete the sends instead (drain_unexpected).
+  endpoints_closed_ = true;
+  for (auto& peer : peers_)
+    if (peer->peer_error_handling) close_endpoint(*peer);
+}
+
+void UcxTransport::drain_unexpected() {
+  // After an abort nobody receives data any more, but a peer's rendezvous send waits until its
+  // message is received. Over transports with peer error handling, closing the endpoints
+  // cancels those sends on both sides; without it (shared memory), receiving and dropping the
+  // messages is what lets the senders' sends complete.
+  for (;;) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, kControlBit, 1, &info);
+    if (!message) return;
+    Drain drain;
+    drain.buffer.reset(new char[std::max<size_t>(info.length, 1)]);
+    ucp_request_param_t param{};
+    void* request = ucp_tag_msg_recv_nbx(worker_, drain.buffer.get(), info.length, message, &param);
+    if (UCS_PTR_IS_PTR(request)) {
+      drain.request = request;
+      drains_.push_back(std::move(drain));
+    }
+  }
+}
+
+void UcxTransport::reap_drains() {
+  drains_.erase(std::remove_if(drains_.begin(), drains_.end(),
+                               [](Drain& drain) {
+                                 if (ucp_request_check_status(drain.request) == UCS_INPROGRESS)
+                                   return false;
+                                 ucp_request_free(drain.request);
+                                 return true;
+                               }),
+                drains_.end());
+}
+
+void UcxTransport::reap_closing_requests() {
+  closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
+                                [](void* request) {
+                                  if (ucp_request_check_status(request) == UCS_INPROGRESS)
+                                    return false;
+                                  ucp_request_free(request);
+                                  return true;
+                                }),
+                 closing_.end());
+}
+
+}  // namespace
+
+std::unique_ptr<PointToPoint> connect(Rendezvous& rendezvous, const std::string& key_prefix,
+                                      int rank, int size, std::chrono::milliseconds timeout) {
+  const std::string where = "ucx transport rank " + std::to_string(rank) + ": ";
+  if (size < 1 || size > kMaxRanks)
+    throw RendezvousError(where + "size " + std::to_string(size) + " must be in 1.." +
+                          std::to_string(kMaxRanks));
+  if (rank < 0 || rank >= size)
+    throw RendezvousError(where + "rank is out of range for size " + std::to_string(size));
+  if (timeout.count() < 0)
+    throw RendezvousError(where + "timeout must be >= 0 ms, not " + std::to_string(timeout.count()));
+  const auto deadline = Clock::now() + timeout;
+
+  auto transport = std::make_unique<UcxTransport>(rank, size);
+  rendezvous.set(key_prefix + std::to_string(rank), transport->address());
+  std::vector<std::string> addresses(static_cast<size_t>(size));
+  for (int peer = 0; peer < size; ++peer) {
+    const auto left = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    try {
+      addresses[size_t(peer)] = rendezvous.get(key_prefix + std::to_string(peer), left);
+    } catch (const RendezvousError& error) {
+      throw RendezvousError(where + "the worker address of rank " + std::to_string(peer) +
+                            " did not arrive within " + std::to_string(timeout.count()) +
+                            " ms: " + error.what());
+    }
+  }
+  transport->connect_peers(addresses, deadline, timeout);
+  return transport;
+}
+
+bool available() {
+  static const bool answer = [] {
+    ucp_config_t* config = nullptr;
+    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return false;
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_TAG;
+    ucp_context_h context = nullptr;
+    const ucs_status_t status = ucp_init(&params, config, &context);
+    ucp_config_release(config);
+    if (status != UCS_OK) return false;
+    ucp_worker_params_t worker_params{};
+    ucp_worker_h worker = nullptr;
+    const bool ok = ucp_worker_create(context, &worker_params, &worker) == UCS_OK;
+    if (ok) ucp_worker_destroy(worker);
+    ucp_cleanup(context);
+    return ok;
+  }();
+  return answer;
+}
+
+}  // namespace co2::transport::ucx
