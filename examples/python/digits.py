@@ -9,8 +9,8 @@ the accuracy of the final model (identical on every rank). The co2 change to the
 is the three lines marked "co2:" in train_co2().
 
 Run (4 processes, one rank each; results go to --out):
-    co2run -n 4 /usr/bin/python3 examples/python/digits.py --seeds 3 --out results/
-    torchrun --nproc_per_node 4 examples/python/digits.py --seeds 3 --out results/
+    co2run --nproc-per-node 4 /usr/bin/python3 -u examples/python/digits.py --seeds 3 --out results/
+    torchrun --redirects 1 --tee 1 --nproc_per_node 4 examples/python/digits.py --seeds 3 --out results/
     /usr/bin/python3 examples/python/digits.py --threads 4     # ranks as threads, co2 only
 Then plot: /usr/bin/python3 examples/python/plot.py results/digits.json
 
