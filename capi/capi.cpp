@@ -1,6 +1,7 @@
 // The extern "C" shims: validate arguments, translate structs, call the runtime, and turn every
 // exception into a status plus a thread-local message. Nothing else lives here.
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
@@ -133,9 +134,8 @@ co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group
     case CO2_TRANSPORT_AUTO:
     case CO2_TRANSPORT_LOCAL:
     case CO2_TRANSPORT_UCX:
-      break;
     case CO2_TRANSPORT_NCCL:
-      co2::fail(Status::Unsupported, "this build has no NCCL transport");
+      break;
     default:
       co2::fail(Status::UnknownEnum, "unknown transport " + std::to_string(config.transport));
   }
@@ -186,7 +186,7 @@ const char* status_text(co2_status_t status) {
     case CO2_OK: return "success";
     case CO2_ERR_INVALID_ARGUMENT: return "invalid argument: a NULL pointer, a zero or mismatched size, or a value out of range; see co2_last_error_message()";
     case CO2_ERR_INVALID_STATE: return "invalid state: the call is not allowed now (for example step before commit, or register after commit)";
-    case CO2_ERR_UNSUPPORTED: return "unsupported: this build or version cannot do this (bf16 parameters, CUDA, UCX); see docs/capi.md";
+    case CO2_ERR_UNSUPPORTED: return "unsupported: this build or version cannot do this (for example bf16 parameters, or a transport or device this build lacks); see co2_last_error_message()";
     case CO2_ERR_INVALID_CONFIG: return "invalid config: initialise config structs with their INIT macro or init function";
     case CO2_ERR_UNKNOWN_ENUM: return "unknown enum value: the library is older than the header you compiled against, or the value is garbage";
     case CO2_ERR_DUPLICATE_TENSOR: return "duplicate tensor: the same name or memory was registered twice (register tied weights once)";
@@ -435,6 +435,20 @@ CO2_EXPORT co2_status_t co2_engine_add_segment(co2_engine_t engine, const co2_se
     d.count = s.count;
     d.role = s.role;
     e.add_segment(d);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_set_allocator(co2_engine_t engine, const co2_allocator_t* allocator) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    co2::DeviceAllocator a;
+    if (allocator) {
+      const co2_allocator_t c = read_sized(allocator, co2_allocator_t CO2_ALLOCATOR_INIT, "co2_allocator_t");
+      a.user = c.user;
+      a.allocate = c.allocate;
+      a.release = c.release;
+    }
+    e.set_device_allocator(a);
   });
 }
 

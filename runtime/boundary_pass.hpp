@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -45,6 +46,25 @@ CO2_HOST_DEVICE inline float clip_momentum(float u, const OuterCoefficients& k, 
 template <bool kNesterov>
 CO2_HOST_DEVICE inline float outer_step(float m_new, float c, const OuterCoefficients& k) {
   return kNesterov ? k.beta * m_new + k.lambda * c : m_new;
+}
+
+// Gap penalty of one segment at an update (docs/algorithm.md): g = alpha*||s|| of the previous
+// update; the history (sum of g, number of updates) advances by this update. The host engine and
+// the device coefficients kernel both call this.
+CO2_HOST_DEVICE inline double gap_penalty_lambda(double g, double* gap_sum, uint64_t* updates) {
+  const double sum = *gap_sum + g;
+  const uint64_t n = *updates + 1;
+  *gap_sum = sum;
+  *updates = n;
+  if (g == 0.0) return 1.0;
+  const double mean = sum / double(n);
+  return 1.0 / (1.0 + g / (mean + 1e-12));
+}
+
+// Norm clipping factor min(1, phi/||u||) of a segment, from its sum of squares.
+CO2_HOST_DEVICE inline double norm_clip_scale(double sum_squares, double phi) {
+  const double norm = sqrt(sum_squares);
+  return norm > phi ? phi / norm : 1.0;
 }
 
 // Deterministic sum of squares: element i goes to lane i mod kLanes, lanes combined in a fixed

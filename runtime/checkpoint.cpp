@@ -163,6 +163,7 @@ void serialize(const Engine::State& s, bool with_average, Sink& out) {
 
 size_t Engine::state_size() const {
   const State& s = *state_;
+  require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before asking for the state size");
   // An average in flight counts: save collects it before writing.
   Sink counter(nullptr);
@@ -172,6 +173,7 @@ size_t Engine::state_size() const {
 
 void Engine::save(const WriteFn& write) {
   State& s = *state_;
+  require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before saving");
   collect_pending_average(s);
   check_anchor(s);
@@ -181,6 +183,7 @@ void Engine::save(const WriteFn& write) {
 
 void Engine::load(const ReadFn& read) {
   State& s = *state_;
+  require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
   require(static_cast<bool>(read), Status::InvalidArgument, "read callback is NULL");
   Source in(read);

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/collective_comm.hpp"
 #include "runtime/collectives.hpp"
 
 namespace co2 {
@@ -336,11 +337,26 @@ Communicator::Communicator(std::unique_ptr<transport::PointToPoint> transport,
   engine_ = std::make_unique<CollectiveEngine>(std::move(transport), options);
 }
 
+Communicator::Communicator(std::unique_ptr<transport::Collective> transport,
+                           const CommOptions& options) {
+  require(transport != nullptr, Status::InvalidArgument, "communicator needs a transport");
+  require(options.timeout.count() > 0, Status::InvalidConfig,
+          "communicator timeout must be > 0 ms, not " + std::to_string(options.timeout.count()));
+  backend_ = std::make_unique<CollectiveBackend>(std::move(transport), options);
+}
+
 Communicator::~Communicator() = default;
 
-int Communicator::rank() const { return engine_->rank(); }
-int Communicator::size() const { return engine_->size(); }
-const CommOptions& Communicator::options() const { return engine_->options(); }
+int Communicator::rank() const { return backend_ ? backend_->rank() : engine_->rank(); }
+int Communicator::size() const { return backend_ ? backend_->size() : engine_->size(); }
+const CommOptions& Communicator::options() const {
+  return backend_ ? backend_->options() : engine_->options();
+}
+void* Communicator::collective_stream() const { return backend_ ? backend_->stream() : nullptr; }
+
+namespace {
+transport::Element element_of(DataType dtype) { return transport::Element(int(dtype)); }
+}  // namespace
 
 std::shared_ptr<Request> Communicator::allreduce(void* buffer, size_t count, DataType dtype,
                                                  ReduceOp op) {
@@ -353,6 +369,10 @@ std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count
   dtype_size(dtype);
   require_valid_op(op);
   require_buffer(buffer, count, "allreduce buffer");
+  if (backend_)
+    return backend_->submit([=](transport::Collective& t) {
+      return t.post_allreduce(buffer, buffer, count, element_of(dtype), transport::Reduction(int(op)));
+    }, std::move(on_result));
   collectives::Descriptor descriptor;
   descriptor.kind = collectives::Kind::AllReduce;
   descriptor.op = op;
@@ -372,6 +392,10 @@ std::shared_ptr<Request> Communicator::broadcast(void* buffer, size_t count, Dat
   require(root >= 0 && root < size(), Status::InvalidArgument,
           "broadcast root " + std::to_string(root) + " is out of range for " +
               std::to_string(size()) + " ranks");
+  if (backend_)
+    return backend_->submit([=](transport::Collective& t) {
+      return t.post_broadcast(buffer, count, element_of(dtype), root);
+    });
   collectives::Descriptor descriptor;
   descriptor.kind = collectives::Kind::Broadcast;
   descriptor.dtype = dtype;
@@ -389,6 +413,10 @@ std::shared_ptr<Request> Communicator::allgather(const void* send, void* recv,
   dtype_size(dtype);
   require_buffer(send, count_per_rank, "allgather send buffer");
   require_buffer(recv, count_per_rank, "allgather receive buffer");
+  if (backend_)
+    return backend_->submit([=](transport::Collective& t) {
+      return t.post_allgather(send, recv, count_per_rank, element_of(dtype));
+    });
   collectives::Descriptor descriptor;
   descriptor.kind = collectives::Kind::AllGather;
   descriptor.dtype = dtype;
@@ -401,10 +429,16 @@ std::shared_ptr<Request> Communicator::allgather(const void* send, void* recv,
 }
 
 void Communicator::abort() {
+  if (backend_)
+    return backend_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
   engine_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
 }
 
-Status Communicator::error_status() const { return engine_->error_status(); }
-std::string Communicator::error_message() const { return engine_->error_message(); }
+Status Communicator::error_status() const {
+  return backend_ ? backend_->error_status() : engine_->error_status();
+}
+std::string Communicator::error_message() const {
+  return backend_ ? backend_->error_message() : engine_->error_message();
+}
 
 }  // namespace co2

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "runtime/status.hpp"
+#include "transports/collective.hpp"
 #include "transports/transport.hpp"
 
 namespace co2 {
@@ -67,10 +68,14 @@ struct CommOptions {
 };
 
 class CollectiveEngine;  // defined in comm.cpp: the progress thread and the active collectives
+class CollectiveBackend;  // runtime/collective_comm.hpp: collective-kind transports (NCCL)
 
 class Communicator {
  public:
   Communicator(std::unique_ptr<transport::PointToPoint> transport, const CommOptions& options);
+  // Over a collective-kind transport (NCCL): same API, same fault handling; buffers may be
+  // device memory, ordered on collective_stream().
+  Communicator(std::unique_ptr<transport::Collective> transport, const CommOptions& options);
   ~Communicator();  // fails what is still in flight with Aborted, joins the progress thread
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -101,8 +106,13 @@ class Communicator {
   Status error_status() const;
   std::string error_message() const;
 
+  // The stream (cudaStream_t) a collective-kind transport runs every collective on; nullptr
+  // over point-to-point, whose collectives take host memory only.
+  void* collective_stream() const;
+
  private:
   std::unique_ptr<CollectiveEngine> engine_;
+  std::unique_ptr<CollectiveBackend> backend_;  // instead of engine_ for collective transports
 };
 
 }  // namespace co2

@@ -8,13 +8,13 @@
 
 #include "runtime/boundary_pass.hpp"
 #include "runtime/checksum.hpp"
+#include "runtime/device/device_path.hpp"
+#include "runtime/device/selection.hpp"
 #include "runtime/engine_state.hpp"
 
 namespace co2 {
 
 namespace {
-
-constexpr double kGapEpsilon = 1e-12;
 
 uint64_t elapsed_ns(Clock::time_point from, Clock::time_point to) {
   return to > from ? uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count())
@@ -57,12 +57,43 @@ void validate_storage(const StorageDesc& storage) {
     case int(DeviceKind::Host):
       break;
     case int(DeviceKind::Cuda):
-      fail(Status::Unsupported, "CUDA tensors need a build with the cuda option (not in this build)");
+      require(device_path_built(), Status::Unsupported,
+              "CUDA tensors need a build with the cuda option (this libco2 was built without CUDA)");
+      break;
     default:
       fail(Status::UnknownEnum, "unknown device kind " + std::to_string(storage.device));
   }
   require(storage.device_index >= 0, Status::InvalidArgument, "device_index must be >= 0");
 }
+
+// All tensors of an engine live in one place; the first CUDA one brings up the device path.
+void note_placement(Engine::State& s, const StorageDesc& storage) {
+  require(s.placement < 0 || (s.placement == storage.device && s.device_index == storage.device_index),
+          Status::InvalidArgument,
+          "an engine's tensors must all live on the host or all on one CUDA device (got device kind " +
+              std::to_string(storage.device) + " index " + std::to_string(storage.device_index) +
+              " after kind " + std::to_string(s.placement) + " index " + std::to_string(s.device_index) + ")");
+  if (s.placement < 0 && storage.device == int(DeviceKind::Cuda)) s.device = make_device_path(storage.device_index);
+  s.placement = storage.device;
+  s.device_index = storage.device_index;
+}
+
+// A rejected first tensor or flat storage leaves the engine without a placement, as before.
+class PlacementRollback {
+ public:
+  explicit PlacementRollback(Engine::State& s) : s_(s) {}
+  ~PlacementRollback() {
+    if (armed_ && s_.segments.empty() && !s_.flat) {
+      s_.placement = -1;
+      s_.device.reset();
+    }
+  }
+  void dismiss() { armed_ = false; }
+
+ private:
+  Engine::State& s_;
+  bool armed_ = true;
+};
 
 bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
@@ -114,19 +145,6 @@ void check_comm(const S& s) {
   if (s.comm->error_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
 }
 
-// Blocks on a request, charging the time to the boundary-wait statistics.
-void wait_charged(S& s, const std::shared_ptr<Request>& request) {
-  const auto start = Clock::now();
-  const Status status = request->wait_status();
-  const uint64_t waited = elapsed_ns(start, Clock::now());
-  s.stats.boundary_wait_ns += waited;
-  s.stats.last_boundary_wait_ns = waited;
-  if (status != Status::Ok) {
-    const std::string message = s.comm->error_message();
-    fail(status, message.empty() ? "collective failed" : message);
-  }
-  s.stats.collective_ns += elapsed_ns(request->submitted_at(), request->completed_at());
-}
 
 // A blocking all-reduce (average) of `count` floats that reports whether the result is finite.
 bool average_blocking(S& s, float* data, size_t count) {
@@ -178,14 +196,7 @@ double segment_lambda(S& s, size_t index) {
       return 1.0 / config.penalty_constant;
     case Penalty::Gap: {
       GapHistory& h = s.history[index];
-      const double g = h.last_step_norm;
-      const double sum = h.gap_sum + g;
-      const uint64_t n = h.updates + 1;
-      h.gap_sum = sum;
-      h.updates = n;
-      if (g == 0.0) return 1.0;
-      const double mean = sum / double(n);
-      return 1.0 / (1.0 + g / (mean + kGapEpsilon));
+      return gap_penalty_lambda(h.last_step_norm, &h.gap_sum, &h.updates);
     }
   }
   return 1.0;
@@ -222,8 +233,8 @@ bool fused_pass(S& s, bool update, bool write_delta) {
       flags.value_clip = config.clip == Clip::Value;
       k.clip_value = float(config.clip_threshold);
       if (config.clip == Clip::Norm) {
-        const double norm = std::sqrt(momentum_candidate_sum_squares(m, comm + off, seg.count, k));
-        const double scale = norm > config.clip_threshold ? config.clip_threshold / norm : 1.0;
+        const double scale =
+            norm_clip_scale(momentum_candidate_sum_squares(m, comm + off, seg.count, k), config.clip_threshold);
         k.norm_scale = float(scale);
         scale_min = std::min(scale_min, scale);
         scaled_segments += scale < 1.0;
@@ -267,6 +278,20 @@ void unpack_parameters(S& s, const float* in, bool buffers_only) {
 }
 
 }  // namespace
+
+// Blocks on a request, charging the time to the boundary-wait statistics.
+void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
+  const auto start = Clock::now();
+  const Status status = request->wait_status();
+  const uint64_t waited = elapsed_ns(start, Clock::now());
+  s.stats.boundary_wait_ns += waited;
+  s.stats.last_boundary_wait_ns = waited;
+  if (status != Status::Ok) {
+    const std::string message = s.comm->error_message();
+    fail(status, message.empty() ? "collective failed" : message);
+  }
+  s.stats.collective_ns += elapsed_ns(request->submitted_at(), request->completed_at());
+}
 
 uint64_t consensus_checksum(const Engine::State& s) {
   WordHasher hasher;
@@ -418,6 +443,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config)
 }
 
 Engine::~Engine() {
+  if (state_ && state_->device) state_->device->drain(*state_);
   if (state_ && state_->pending) state_->pending->wait_status();
 }
 
@@ -431,6 +457,9 @@ void Engine::register_tensor(const TensorDesc& t) {
   validate_storage(t.storage);
   const Role role = parse_role(t.role);
   const size_t bytes = t.count * sizeof(float);
+  PlacementRollback rollback(s);
+  note_placement(s, t.storage);
+  if (s.device) s.device->check_device_memory(t.data, bytes, "tensor '" + t.name + "'");
   for (const Segment& seg : s.segments) {
     require(seg.name != t.name, Status::DuplicateTensor, "a tensor named '" + t.name + "' is already registered");
     require(!ranges_overlap(seg.data, seg.count * sizeof(float), t.data, bytes), Status::DuplicateTensor,
@@ -440,6 +469,7 @@ void Engine::register_tensor(const TensorDesc& t) {
   require(!s.flat || !ranges_overlap(s.flat, s.flat_count * sizeof(float), t.data, bytes),
           Status::DuplicateTensor, "tensor '" + t.name + "' overlaps the engine's flat storage");
   s.segments.push_back(Segment{t.name, static_cast<float*>(t.data), t.count, role, 0});
+  rollback.dismiss();
 }
 
 void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
@@ -448,6 +478,15 @@ void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
   require(!s.flat, Status::InvalidState, "this engine already has flat storage (one per engine)");
   require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
   validate_storage(storage);
+  PlacementRollback rollback(s);
+  note_placement(s, storage);
+  if (s.device) {
+    s.flat = static_cast<float*>(s.device->allocate_flat(s, count));
+    s.flat_count = count;
+    rollback.dismiss();
+    return s.flat;
+  }
+  rollback.dismiss();
   s.owned_flat = FloatBuffer(count);
   s.flat = s.owned_flat.data();
   s.flat_count = count;
@@ -464,8 +503,23 @@ void Engine::adopt_flat(void* data, size_t count, const StorageDesc& storage) {
   for (const Segment& seg : s.segments)
     require(!ranges_overlap(seg.data, seg.count * sizeof(float), data, count * sizeof(float)),
             Status::DuplicateTensor, "the adopted flat storage overlaps registered tensor '" + seg.name + "'");
+  PlacementRollback rollback(s);
+  note_placement(s, storage);
+  if (s.device) s.device->check_device_memory(data, count * sizeof(float), "the adopted flat storage");
+  rollback.dismiss();
   s.flat = static_cast<float*>(data);
   s.flat_count = count;
+}
+
+void Engine::set_device_allocator(const DeviceAllocator& allocator) {
+  State& s = *state_;
+  require(device_path_built(), Status::Unsupported,
+          "a device allocator needs a build with the cuda option (this libco2 was built without CUDA)");
+  require(!s.committed && !(s.device && s.flat), Status::InvalidState,
+          "set the allocator before co2_engine_alloc_flat and co2_engine_commit: device memory was already allocated");
+  require((allocator.allocate == nullptr) == (allocator.release == nullptr), Status::InvalidArgument,
+          "co2_allocator_t needs both allocate and release (or neither, for cudaMalloc)");
+  s.allocator = allocator;
 }
 
 void Engine::add_segment(const SegmentDesc& d) {
@@ -491,6 +545,10 @@ void Engine::commit() {
   State& s = *state_;
   require(!s.committed, Status::InvalidState, "the layout is already committed");
   check_comm(s);
+  std::string why;
+  device::choose_averaging(s.device ? device::Placement::Device : device::Placement::Host,
+                           s.comm->collective_stream() != nullptr, &why);
+  require(why.empty(), Status::InvalidArgument, why);
   ByteHasher layout;
   size_t offset = 0;
   s.num_trained = 0;
@@ -517,12 +575,17 @@ void Engine::commit() {
          "ranks registered different parameter layouts (names, counts, roles, dtypes or order "
          "differ); every rank must register the same tensors in the same order");
 
+  s.history.assign(s.segments.size(), GapHistory{});
+  if (s.device) {
+    s.device->commit(s);
+    s.committed = true;
+    return;
+  }
   s.comm_buffer = FloatBuffer(s.state_count);
   if (s.has_anchor()) {
     s.anchor = FloatBuffer(s.state_count);
     if (s.momentum_needed()) s.momentum = FloatBuffer(s.state_count);
   }
-  s.history.assign(s.segments.size(), GapHistory{});
   // Rank 0's values become everyone's parameters and anchor.
   pack_parameters(s, s.comm_buffer.data());
   auto request = s.comm->broadcast(s.comm_buffer.data(), s.state_count, DataType::F32, 0);
@@ -533,7 +596,7 @@ void Engine::commit() {
   s.committed = true;
 }
 
-bool Engine::step(void* /*stream: host tensors need none*/) {
+bool Engine::step(void* stream) {
   State& s = *state_;
   require_committed(s);
   ++s.stats.steps;
@@ -544,6 +607,10 @@ bool Engine::step(void* /*stream: host tensors need none*/) {
   check_comm(s);
   bool applied;
   const bool warmup = s.stats.rounds <= s.config.warmup_sync_rounds;
+  if (s.device) {
+    if (!s.device->boundary(s, stream)) throw_nonfinite();
+    return true;
+  }
   switch (s.config.algorithm) {
     case Algorithm::Co2:
       applied = warmup ? diloco_boundary(s) : co2_boundary(s);
@@ -563,7 +630,7 @@ bool Engine::step(void* /*stream: host tensors need none*/) {
   return true;
 }
 
-void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* /*stream*/) {
+void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream) {
   State& s = *state_;
   require_committed(s);
   require(grads != nullptr, Status::InvalidArgument, "grads is NULL");
@@ -571,6 +638,7 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* /*stre
           "num_grads is " + std::to_string(num_grads) + " but " + std::to_string(s.num_trained) +
               " PARAMETER tensors are registered");
   check_comm(s);
+  if (s.device) return s.device->reduce_gradients(s, grads, num_grads, stream);
   FloatBuffer* buffer = &s.comm_buffer;
   if (s.config.algorithm != Algorithm::Sync) {  // comm_buffer may hold an average in flight
     if (s.gradient_buffer.empty()) s.gradient_buffer = FloatBuffer(s.trained_count);
@@ -606,6 +674,7 @@ void Engine::finalize() {
   require_committed(s);
   if (s.config.algorithm != Algorithm::Co2) return synchronize();
   check_comm(s);
+  if (s.device) return s.device->finalize(s);
   s.steps_in_round = 0;
   s.round_tau = s.config.tau;
   if (!apply_pending(s)) throw_nonfinite();
@@ -615,6 +684,7 @@ void Engine::synchronize() {
   State& s = *state_;
   require_committed(s);
   check_comm(s);
+  if (s.device) return s.device->synchronize(s);
   const bool mid_round = s.steps_in_round > 0;
   s.steps_in_round = 0;
   s.round_tau = s.config.tau;
@@ -647,6 +717,7 @@ void Engine::consensus(ConsensusKind kind, float* out, size_t count) {
   require(count == s.state_count, Status::InvalidArgument,
           "output count is " + std::to_string(count) + " but the consensus has " +
               std::to_string(s.state_count) + " elements (co2_engine_num_elements)");
+  if (s.device) return s.device->consensus(s, kind, out, count);
   switch (kind) {
     case ConsensusKind::Anchor:
       if (s.has_anchor()) {
@@ -708,7 +779,8 @@ void Engine::set_param(Param key, double value) {
     s.beta_auto = false;
     s.beta = value;
     s.stats.resolved_outer_momentum = value;
-    if (s.committed && s.has_anchor() && s.momentum_needed() && s.momentum.empty())
+    if (s.committed && s.has_anchor() && s.momentum_needed() && s.device) s.device->momentum_needed(s);
+    if (s.committed && s.has_anchor() && s.momentum_needed() && s.momentum.empty() && !s.device)
       s.momentum = FloatBuffer(s.state_count);  // starts from zero momentum
   }
 }
@@ -727,7 +799,10 @@ double Engine::get_param(Param key) const {
   fail(Status::UnknownEnum, "unknown parameter key " + std::to_string(int(key)));
 }
 
-EngineStats Engine::stats() const { return state_->stats; }
+EngineStats Engine::stats() const {
+  if (state_->device && state_->committed) state_->device->fold_reports(*state_, /*wait=*/false);
+  return state_->stats;
+}
 
 float* Engine::anchor_for_testing() { return state_->anchor.data(); }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/comm.hpp"
+#include "runtime/device/allocator.hpp"
 #include "runtime/layout.hpp"
 #include "runtime/status.hpp"
 
@@ -86,6 +87,9 @@ class Engine {
   void* alloc_flat(size_t count, const StorageDesc& storage);  // zero-initialised, engine-owned
   void adopt_flat(void* data, size_t count, const StorageDesc& storage);
   void add_segment(const SegmentDesc& segment);
+  // Device memory through the caller's allocator (empty callbacks: cudaMalloc). Before any device
+  // allocation (flat storage, commit).
+  void set_device_allocator(const DeviceAllocator& allocator);
   void commit();  // collective
 
   // --- training ---

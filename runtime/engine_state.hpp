@@ -8,6 +8,7 @@
 
 #include "runtime/buffer.hpp"
 #include "runtime/comm.hpp"
+#include "runtime/device/device_path.hpp"
 #include "runtime/engine.hpp"
 
 namespace co2 {
@@ -53,6 +54,13 @@ struct Engine::State {
 
   EngineStats stats;
 
+  // CUDA tensors (runtime/device/): the device path owns the outer state then, and the host
+  // buffers above stay empty. placement: co2_device_kind_t of the tensors, -1 before the first.
+  int placement = -1;
+  int device_index = 0;
+  DeviceAllocator allocator;
+  std::unique_ptr<DevicePath> device;
+
   bool has_anchor() const {
     return config.algorithm == Algorithm::Co2 || config.algorithm == Algorithm::Diloco;
   }
@@ -65,5 +73,7 @@ bool same_on_every_rank(Engine::State& s, uint64_t value);
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
 void set_parameters_to_anchor(Engine::State& s);
+// Waits for `request`, charging the time to boundary_wait_ns; throws the collective's error.
+void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request);
 
 }  // namespace co2

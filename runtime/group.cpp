@@ -17,6 +17,9 @@
 #ifdef CO2_HAVE_UCX
 #include "transports/ucx/transport.hpp"
 #endif
+#ifdef CO2_HAVE_NCCL
+#include "transports/nccl/transport.hpp"
+#endif
 
 namespace co2 {
 namespace {
@@ -151,21 +154,35 @@ void leave_together(store::Store& store, const std::string& prefix, int rank, in
   if (serves_store) store.wait(keys("left/"), timeout);
 }
 
-std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, int rank, int world_size, bool serves_store,
+std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, const std::string& prefix, int rank, int world_size,
                                                const CommOptions& options) {
 #ifdef CO2_HAVE_UCX
-  // The n-th group this rank forms on this store: ranks form groups in the same order, so equal
-  // n name the same group, and several communicators can share one store.
-  const int64_t generation = store.add("co2/generation/" + std::to_string(rank), 1);
-  const std::string prefix = "co2/group" + std::to_string(generation) + "/";
-  agree_on_the_group(store, prefix, rank, world_size, options.timeout);
   auto transport = transport::ucx::connect(store, prefix + "ucx/", rank, world_size, options.timeout);
-  leave_together(store, prefix, rank, world_size, serves_store, options.timeout);
   return std::make_shared<Communicator>(std::move(transport), options);
 #else
-  (void)store, (void)rank, (void)world_size, (void)serves_store, (void)options;
+  (void)store, (void)prefix, (void)rank, (void)world_size, (void)options;
   fail(Status::Unsupported, "this build has no UCX transport (configure with -Ducx=enabled and libucx-dev)");
 #endif
+}
+
+std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::string& prefix, int rank, int world_size,
+                                                const CommOptions& options) {
+#ifdef CO2_HAVE_NCCL
+  require(transport::nccl::usable_devices() > 0, Status::Unsupported,
+          "the NCCL transport needs a usable CUDA device (cudaGetDeviceCount found none)");
+  auto transport = transport::nccl::connect(store, prefix + "nccl", rank, world_size,
+                                            /*device: the calling thread's current one*/ -1, options.timeout);
+  return std::make_shared<Communicator>(std::move(transport), options);
+#else
+  (void)store, (void)prefix, (void)rank, (void)world_size, (void)options;
+  fail(Status::Unsupported, "this build has no NCCL transport (built without the cuda/nccl options)");
+#endif
+}
+
+// Where NCCL ranks that are threads of one process exchange the NCCL id.
+std::shared_ptr<store::Store> threads_store() {
+  static const std::shared_ptr<store::Store> store = store::make_memory_store();
+  return store;
 }
 
 }  // namespace
@@ -231,7 +248,16 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       }
       return std::make_shared<Communicator>(std::move(transport), request.options);
     }
-    case TransportKind::Ucx: {
+    case TransportKind::Ucx:
+    case TransportKind::Nccl: {
+      // Processes meet at a TCP store: the one the id names, or rank 0's at MASTER_ADDR:PORT.
+      // NCCL ranks that are threads of this process (no id, no launcher) meet in memory.
+      if (choice.kind == TransportKind::Nccl && request.unique_id.empty() && !launched.present) {
+        const std::string group = "co2/nccl/" + request.group_name + "/";
+        const int64_t generation = threads_store()->add(group + "generation/" + std::to_string(request.rank), 1);
+        return connect_over_nccl(*threads_store(), group + std::to_string(generation) + "/", request.rank,
+                                 request.world_size, request.options);
+      }
       store::TcpStoreOptions where;
       where.timeout = request.options.timeout;
       std::shared_ptr<store::TcpStoreServer> server;
@@ -242,33 +268,39 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         where.host = parts.host;
         where.port = parts.port;
         where.auth_token = parts.token;
+        // Every rank of this process that uses the id holds the server until it is done with
+        // the store, so that the last one to leave stops it.
+        std::lock_guard<std::mutex> lock(servers().mutex);
+        auto found = servers().by_id.find(request.unique_id);
+        if (found != servers().by_id.end()) server = found->second;
       } else {
         require(launched.present && !launched.master_addr.empty() && launched.master_port != 0, Status::InvalidArgument,
-                "transport ucx needs MASTER_ADDR and MASTER_PORT (or CO2_MASTER_PORT) in the environment, as co2run "
-                "and torchrun set them; or form the group with co2_comm_create_with_id");
+                std::string("transport ") + transport_name(choice.kind) +
+                    " needs MASTER_ADDR and MASTER_PORT (or CO2_MASTER_PORT) in the environment, as co2run "
+                    "and torchrun set them; or form the group with co2_comm_create_with_id");
         where.host = launched.master_addr;
         where.port = launched.master_port;
         if (const char* token = std::getenv("CO2_AUTH_TOKEN")) where.auth_token = token;
         if (request.rank == 0) server = serve_master_port(where.port, where.auth_token);
       }
-      bool serves_store = server != nullptr;
-      if (!request.unique_id.empty()) {
-        std::lock_guard<std::mutex> lock(servers().mutex);
-        serves_store = servers().by_id.count(request.unique_id) > 0;
-      }
       std::shared_ptr<store::Store> store = store::connect_tcp_store(where);
-      auto comm = connect_over_ucx(*store, request.rank, request.world_size, serves_store, request.options);
+      const int64_t generation = store->add("co2/generation/" + std::to_string(request.rank), 1);
+      const std::string prefix = "co2/group" + std::to_string(generation) + "/";
+      agree_on_the_group(*store, prefix, request.rank, request.world_size, request.options.timeout);
+      auto comm = choice.kind == TransportKind::Ucx
+                      ? connect_over_ucx(*store, prefix, request.rank, request.world_size, request.options)
+                      : connect_over_nccl(*store, prefix, request.rank, request.world_size, request.options);
+      leave_together(*store, prefix, request.rank, request.world_size, server != nullptr, request.options.timeout);
       if (!request.unique_id.empty()) {
         std::lock_guard<std::mutex> lock(servers().mutex);
         servers().by_id.erase(request.unique_id);
       }
       return comm;
     }
-    case TransportKind::Nccl:
     case TransportKind::Auto:
       break;
   }
-  fail(Status::Unsupported, std::string("transport ") + transport_name(choice.kind) + " is not built");
+  fail(Status::Internal, "choose_transport returned auto");
 }
 
 std::string make_unique_id() {

@@ -5,6 +5,12 @@
 CO2_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-build}
 
+# CUDA 13 and NCCL live in /usr/local/cuda (not from apt): with nvcc on PATH, meson's cuda=auto
+# finds them; a machine without them builds the host-only library.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
 log() { printf '==> %s\n' "$*" >&2; }
 
 # ensure_packages PKG...: installs the Debian packages that are not installed yet.

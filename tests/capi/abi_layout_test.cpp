@@ -151,6 +151,15 @@ TEST(AbiLayout, EngineStats) {
   EXPECT_OFFSET(co2_engine_stats_t, last_clip_fraction, 128);
 }
 
+TEST(AbiLayout, Allocator) {
+  if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
+  EXPECT_EQ(sizeof(co2_allocator_t), 32u);
+  EXPECT_OFFSET(co2_allocator_t, size, 0);
+  EXPECT_OFFSET(co2_allocator_t, user, 8);
+  EXPECT_OFFSET(co2_allocator_t, allocate, 16);
+  EXPECT_OFFSET(co2_allocator_t, release, 24);
+}
+
 // Every struct begins with `size`; every config/stats struct has `version` right after it.
 TEST(AbiLayout, SizeFirst) {
   EXPECT_EQ(offsetof(co2_comm_config_t, size), 0u);
@@ -158,6 +167,7 @@ TEST(AbiLayout, SizeFirst) {
   EXPECT_EQ(offsetof(co2_tensor_t, size), 0u);
   EXPECT_EQ(offsetof(co2_segment_t, size), 0u);
   EXPECT_EQ(offsetof(co2_engine_stats_t, size), 0u);
+  EXPECT_EQ(offsetof(co2_allocator_t, size), 0u);
   EXPECT_EQ(offsetof(co2_comm_config_t, version), sizeof(size_t));
   EXPECT_EQ(offsetof(co2_engine_config_t, version), sizeof(size_t));
   EXPECT_EQ(offsetof(co2_engine_stats_t, version), sizeof(size_t));

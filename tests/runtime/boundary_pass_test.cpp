@@ -119,3 +119,29 @@ TEST(BoundaryPass, NormClipPrepassAndFiniteScan) {
 
 }  // namespace
 }  // namespace co2
+
+// The penalty and clip-scale functions the device kernels share with the host engine.
+namespace co2 {
+namespace {
+
+TEST(SharedElementMath, GapPenaltyFollowsTheRunningMean) {
+  double sum = 0.0;
+  uint64_t updates = 0;
+  EXPECT_EQ(gap_penalty_lambda(0.0, &sum, &updates), 1.0);  // no previous step: no penalty
+  EXPECT_EQ(updates, 1u);
+  // A steady gap: g equals the mean of (0, g), i.e. g / (g/2) = 2 -> 1/(1+2).
+  EXPECT_NEAR(gap_penalty_lambda(2.0, &sum, &updates), 1.0 / 3.0, 1e-12);
+  EXPECT_EQ(sum, 2.0);
+  EXPECT_EQ(updates, 2u);
+  // mean of (0, 2, 2) = 4/3: lambda = 1/(1 + 2/(4/3)) = 0.4
+  EXPECT_NEAR(gap_penalty_lambda(2.0, &sum, &updates), 0.4, 1e-9);
+}
+
+TEST(SharedElementMath, NormClipScale) {
+  EXPECT_EQ(norm_clip_scale(0.0, 1.0), 1.0);
+  EXPECT_EQ(norm_clip_scale(0.25, 1.0), 1.0);     // norm 0.5 below phi
+  EXPECT_NEAR(norm_clip_scale(16.0, 1.0), 0.25, 1e-15);  // norm 4: scaled to phi
+}
+
+}  // namespace
+}  // namespace co2

@@ -338,6 +338,24 @@ co2_status_t co2_engine_adopt_flat(co2_engine_t engine, void *data, size_t count
 /* Declares a segment of the flat storage; segments must not overlap. */
 co2_status_t co2_engine_add_segment(co2_engine_t engine, const co2_segment_t *segment);
 
+/* Device memory for the engine's CUDA state (anchor, momentum, comm buffer, flat storage, scratch)
+ * from the caller's allocator (a framework's caching allocator) instead of cudaMalloc. `allocate`
+ * returns `bytes` of device memory on device `device_index` usable on `stream` (the runtime's
+ * stream that uses it first), or NULL; `release` gives it back. Both are called from the thread
+ * that drives the engine. */
+typedef struct co2_allocator {
+    size_t size;  /* sizeof(co2_allocator_t) */
+    void *user;   /* passed back to both callbacks */
+    void *(*allocate)(void *user, size_t bytes, int32_t device_index, void *stream);
+    void (*release)(void *user, void *ptr, size_t bytes, int32_t device_index, void *stream);
+} co2_allocator_t;
+
+#define CO2_ALLOCATOR_INIT { sizeof(co2_allocator_t), NULL, NULL, NULL }
+
+/* Before any CUDA tensor, flat storage or commit: the engine allocates its device memory through
+ * `allocator` (copied; NULL restores cudaMalloc). CO2_ERR_UNSUPPORTED in builds without CUDA. */
+co2_status_t co2_engine_set_allocator(co2_engine_t engine, const co2_allocator_t *allocator);
+
 /* Collective. Freezes the layout, checks that every rank registered the same layout
  * (CO2_ERR_LAYOUT_MISMATCH), broadcasts rank 0's parameters and buffers into every rank's
  * tensors and anchor, and allocates the outer state. */

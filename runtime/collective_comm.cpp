@@ -1,0 +1,153 @@
+#include "runtime/collective_comm.hpp"
+
+#include <chrono>
+
+namespace co2 {
+
+namespace {
+// How often the poller tests handles while collectives are in flight: a completed collective is
+// noticed within this, and a stream-ordered consumer never waits for it anyway.
+constexpr std::chrono::microseconds kPollInterval{50};
+}  // namespace
+
+Status status_of(transport::Outcome outcome) {
+  switch (outcome) {
+    case transport::Outcome::Done:
+    case transport::Outcome::Pending:
+      return Status::Ok;
+    case transport::Outcome::PeerLost:
+      return Status::PeerLost;
+    case transport::Outcome::SizeMismatch:
+      return Status::CollectiveMismatch;
+    case transport::Outcome::Aborted:
+      return Status::Aborted;
+    case transport::Outcome::Failed:
+      break;
+  }
+  return Status::Transport;
+}
+
+CollectiveBackend::CollectiveBackend(std::unique_ptr<transport::Collective> transport,
+                                     const CommOptions& options)
+    : transport_(std::move(transport)),
+      options_(options),
+      rank_(transport_->rank()),
+      size_(transport_->size()),
+      stream_(transport_->stream()) {
+  poller_ = std::thread([this] { poll_loop(); });
+}
+
+CollectiveBackend::~CollectiveBackend() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  poller_.join();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!active_.empty()) {
+    transport_->abort("communicator destroyed with collectives in flight");
+    if (error_ == Status::Ok) {
+      error_ = Status::Aborted;
+      error_message_ = "communicator destroyed with collectives in flight";
+    }
+    fail_all_locked();
+  }
+}
+
+std::shared_ptr<Request> CollectiveBackend::submit(const Post& post, std::function<void()> on_result) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_ != Status::Ok) co2::fail(error_, error_message_);
+  }
+  transport::Handle handle;
+  {
+    std::lock_guard<std::mutex> lock(transport_mutex_);
+    handle = post(*transport_);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto request = std::make_shared<Request>(next_sequence_++, Clock::now());
+  if (error_ != Status::Ok) {  // failed while posting: the handle is dead with the transport
+    request->complete(error_, error_message_);
+    return request;
+  }
+  active_.push_back(Active{handle, request, std::move(on_result), request->submitted_at()});
+  cv_.notify_all();
+  return request;
+}
+
+void CollectiveBackend::fail(Status status, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_ != Status::Ok) return;
+    error_ = status;
+    error_message_ = message;
+  }
+  transport_->abort(message);  // thread-safe by contract: peers fail promptly too
+  std::lock_guard<std::mutex> lock(mutex_);
+  fail_all_locked();
+  cv_.notify_all();
+}
+
+void CollectiveBackend::fail_all_locked() {
+  for (Active& a : active_) a.request->complete(error_, error_message_);
+  active_.clear();
+}
+
+Status CollectiveBackend::error_status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+std::string CollectiveBackend::error_message() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_message_;
+}
+
+void CollectiveBackend::poll_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    if (active_.empty()) {
+      cv_.wait(lock, [&] { return stop_ || !active_.empty(); });
+      continue;
+    }
+    // Completion is in posting order on the one stream, so only the oldest needs testing.
+    Active front = active_.front();
+    lock.unlock();
+    transport::Outcome outcome;
+    {
+      std::lock_guard<std::mutex> transport_lock(transport_mutex_);
+      outcome = transport_->test(front.handle);
+    }
+    if (outcome == transport::Outcome::Pending) {
+      if (Clock::now() - front.posted > options_.timeout) {
+        fail(Status::PeerTimeout,
+             "collective #" + std::to_string(front.request->sequence()) + " made no progress for " +
+                 std::to_string(options_.timeout.count()) +
+                 " ms (a peer stalled or died); the communicator is aborted");
+      } else {
+        std::this_thread::sleep_for(kPollInterval);
+      }
+      lock.lock();
+      continue;
+    }
+    if (outcome != transport::Outcome::Done) {
+      std::string message;
+      {
+        std::lock_guard<std::mutex> transport_lock(transport_mutex_);
+        message = transport_->error_message();
+      }
+      fail(status_of(outcome), message.empty() ? "collective transport failed" : message);
+      lock.lock();
+      continue;
+    }
+    if (front.on_result) front.on_result();
+    lock.lock();
+    if (!active_.empty() && active_.front().request == front.request) {
+      active_.erase(active_.begin());
+      front.request->complete(Status::Ok, "");
+    }
+  }
+}
+
+}  // namespace co2

@@ -1,0 +1,73 @@
+// The communicator's backend for collective-kind transports (NCCL): collectives are posted to
+// the transport (stream-ordered) from the submitting thread, and one poller thread per
+// communicator completes their Requests. Fault handling is the same as over point-to-point: a
+// sticky first error, the transport aborted so peers fail promptly, the no-progress timeout
+// (a collective pending longer than the timeout fails with PeerTimeout: a collective transport
+// reports no partial progress), abort from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm.hpp"
+#include "transports/collective.hpp"
+
+namespace co2 {
+
+class CollectiveBackend {
+ public:
+  using Post = std::function<transport::Handle(transport::Collective&)>;
+
+  CollectiveBackend(std::unique_ptr<transport::Collective> transport, const CommOptions& options);
+  ~CollectiveBackend();  // fails what is in flight with Aborted, joins the poller
+  CollectiveBackend(const CollectiveBackend&) = delete;
+  CollectiveBackend& operator=(const CollectiveBackend&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CommOptions& options() const { return options_; }
+  void* stream() const { return stream_; }
+
+  // Posts through `post` (under the transport lock) and tracks the handle. `on_result` runs on
+  // the poller thread once the collective completed, before the request does.
+  std::shared_ptr<Request> submit(const Post& post, std::function<void()> on_result = {});
+
+  // First error wins; the transport is aborted and everything in flight fails with `status`.
+  void fail(Status status, const std::string& message);
+  Status error_status() const;
+  std::string error_message() const;
+
+ private:
+  struct Active {
+    transport::Handle handle;
+    std::shared_ptr<Request> request;
+    std::function<void()> on_result;
+    Clock::time_point posted;
+  };
+  void poll_loop();
+  void fail_all_locked();
+
+  std::unique_ptr<transport::Collective> transport_;
+  const CommOptions options_;
+  const int rank_, size_;
+  void* const stream_;
+  std::mutex transport_mutex_;  // transport calls except abort
+  mutable std::mutex mutex_;    // active_, error, stop
+  std::condition_variable cv_;
+  std::vector<Active> active_;
+  uint64_t next_sequence_ = 0;
+  Status error_ = Status::Ok;
+  std::string error_message_;
+  bool stop_ = false;
+  std::thread poller_;
+};
+
+// The status a transport outcome maps to (shared with the point-to-point path's choices).
+Status status_of(transport::Outcome outcome);
+
+}  // namespace co2

@@ -1,0 +1,615 @@
+// The engine's device path (CUDA tensors): outer state in device memory, the boundary as fused
+// kernels on the caller's stream, the comm buffer averaged either by a collective transport
+// (NCCL, in place on its stream) or staged through pinned host memory over the communicator
+// (UCX, local). The co2 boundary is runtime/device/selection.cpp's plan, executed op by op.
+#include <deque>
+#include <vector>
+
+#include "runtime/checksum.hpp"
+#include "runtime/device/cuda_api.hpp"
+#include "runtime/device/kernels.hpp"
+#include "runtime/device/selection.hpp"
+#include "runtime/engine_state.hpp"
+
+namespace co2 {
+
+bool device_path_built() { return true; }
+
+namespace device {
+namespace {
+
+using S = Engine::State;
+
+// Boundaries whose reports may still be on the device before the host waits for the oldest.
+constexpr size_t kReportSlots = 4;
+
+void throw_nonfinite() {
+  fail(Status::NonFinite,
+       "the averaged update contains NaN or Inf; nothing was applied on any rank (the anchor "
+       "is unchanged): lower the learning rate or skip the offending data");
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+class CudaPath final : public DevicePath {
+ public:
+  explicit CudaPath(int device_index) : device_(device_index), selected_(device_index) {
+    own_stream_ = std::make_unique<CudaStream>();
+    for (size_t i = 0; i < kReportSlots; ++i) report_ready_.push_back(std::make_unique<CudaEvent>());
+  }
+
+  void check_device_memory(const void* data, size_t bytes, const std::string& what) override {
+    const char* last = static_cast<const char*>(data) + (bytes ? bytes - 1 : 0);
+    for (const void* p : {data, static_cast<const void*>(last)}) {
+      cudaPointerAttributes attributes{};
+      const cudaError_t e = cudaPointerGetAttributes(&attributes, p);
+      if (e != cudaSuccess) cudaGetLastError();
+      const bool device_memory =
+          e == cudaSuccess && (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
+      require(device_memory && attributes.device == device_, Status::InvalidArgument,
+              what + " is declared CUDA device " + std::to_string(device_) +
+                  " memory but is not (host memory, another device, or not allocated)");
+    }
+  }
+
+  void* allocate_flat(S& s, size_t count) override {
+    make_current();
+    flat_ = DeviceMemory(count * sizeof(float), device_, s.allocator, own_stream_->get());
+    return flat_.as();
+  }
+
+  void commit(S& s) override {
+    make_current();
+    std::string why;
+    averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr, &why);
+    comm_stream_ = averaging_ == Averaging::Collective ? as_stream(s.comm->collective_stream()) : own_stream_->get();
+    build_tables(s);
+    const size_t bytes = s.state_count * sizeof(float);
+    comm_ = alloc(s, bytes);
+    if (s.has_anchor()) anchor_ = alloc(s, bytes);
+    if (s.has_anchor() && s.momentum_needed()) momentum_ = alloc(s, bytes);
+    if (averaging_ == Averaging::StagedHost) staging_ = PinnedMemory(bytes);
+    reports_ = PinnedMemory(kReportSlots * sizeof(kernels::Report));
+    flag_host_ = PinnedMemory(sizeof(int));
+    refresh_tables();
+
+    // Rank 0's values become everyone's parameters and anchor. commit has no stream argument:
+    // the framework's initialisation must be finished, so the whole device is synchronised.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (commit)");
+    cudaStream_t st = own_stream_->get();
+    pack(s, comm_.as<float>(), st, false);
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize (commit)");
+    broadcast_from_rank0(s, comm_.as<float>(), s.state_count);
+    unpack(s, comm_.as<float>(), st, false);
+    if (!anchor_.empty())
+      check(cudaMemcpyAsync(anchor_.as(), comm_.as(), bytes, cudaMemcpyDeviceToDevice, st), "copy anchor");
+    check(cudaMemsetAsync(comm_.as(), 0, bytes, st), "clear comm buffer");
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize (commit)");
+  }
+
+  bool boundary(S& s, void* stream) override {
+    make_current();
+    fold_reports(s, false);
+    cudaStream_t caller = as_stream(stream);
+    const bool warmup = s.stats.rounds <= s.config.warmup_sync_rounds;
+    bool applied = true;
+    switch (s.config.algorithm) {
+      case Algorithm::Co2:
+        applied = warmup ? diloco_boundary(s, caller) : co2_boundary(s, caller);
+        break;
+      case Algorithm::Diloco:
+        applied = diloco_boundary(s, caller);
+        break;
+      case Algorithm::LocalSgd:
+        applied = localsgd_boundary(s, caller);
+        break;
+      case Algorithm::Sync:
+        applied = sync_boundary(s, caller);
+        break;
+    }
+    const uint32_t k = s.config.anchor_check_interval;
+    if (applied && k && s.stats.rounds % k == 0) check_anchor(s, caller);
+    return take_nonfinite() && applied;
+  }
+
+  void reduce_gradients(S& s, void* const* grads, size_t, void* stream) override {
+    make_current();
+    cudaStream_t caller = as_stream(stream);
+    float* packed;
+    if (s.config.algorithm == Algorithm::Sync) {
+      packed = comm_.as<float>();
+    } else {
+      if (gradients_.empty()) gradients_ = alloc(s, s.trained_count * sizeof(float));
+      packed = gradients_.as<float>();
+    }
+    size_t offset = 0, i = 0;
+    for (const Segment& seg : s.segments) {
+      if (seg.role != Role::Parameter) continue;
+      const size_t bytes = seg.count * sizeof(float);
+      if (grads[i])
+        check(cudaMemcpyAsync(packed + offset, grads[i], bytes, cudaMemcpyDeviceToDevice, caller), "pack gradients");
+      else
+        check(cudaMemsetAsync(packed + offset, 0, bytes, caller), "zero gradients");
+      offset += seg.count;
+      ++i;
+    }
+    if (!average_blocking(s, packed, s.trained_count, caller, blocking_flag()))
+      fail(Status::NonFinite,
+           "the averaged gradient contains NaN or Inf; the gradients were left as they were: skip "
+           "this optimizer step");
+    offset = 0;
+    i = 0;
+    for (const Segment& seg : s.segments) {
+      if (seg.role != Role::Parameter) continue;
+      if (grads[i])
+        check(cudaMemcpyAsync(grads[i], packed + offset, seg.count * sizeof(float), cudaMemcpyDeviceToDevice, caller),
+              "unpack gradients");
+      offset += seg.count;
+      ++i;
+    }
+  }
+
+  void synchronize(S& s) override {
+    make_current();
+    // No stream argument: everything the framework enqueued must be finished.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (synchronize)");
+    cudaStream_t caller = nullptr;
+    const bool mid_round = s.steps_in_round > 0;
+    s.steps_in_round = 0;
+    s.round_tau = s.config.tau;
+    bool applied = true;
+    switch (s.config.algorithm) {
+      case Algorithm::Co2:
+        if (mid_round) applied = co2_boundary(s, caller);
+        applied = apply_pending(s, caller) && applied;
+        break;
+      case Algorithm::Diloco:
+        if (mid_round)
+          applied = diloco_boundary(s, caller);
+        else
+          unpack(s, anchor_.as<float>(), caller, false);
+        break;
+      case Algorithm::LocalSgd:
+        applied = localsgd_boundary(s, caller);
+        break;
+      case Algorithm::Sync:
+        applied = sync_boundary(s, caller);
+        break;
+    }
+    fold_reports(s, true);
+    applied = take_nonfinite() && applied;
+    if (!applied) throw_nonfinite();
+    check_anchor(s, caller);
+  }
+
+  void finalize(S& s) override {
+    make_current();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (finalize)");
+    s.steps_in_round = 0;
+    s.round_tau = s.config.tau;
+    bool applied = apply_pending(s, nullptr);
+    fold_reports(s, true);
+    applied = take_nonfinite() && applied;
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (finalize)");
+    if (!applied) throw_nonfinite();
+  }
+
+  void consensus(S& s, ConsensusKind kind, float* out, size_t count) override {
+    make_current();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (consensus)");
+    const size_t bytes = count * sizeof(float);
+    switch (kind) {
+      case ConsensusKind::Anchor:
+        if (!anchor_.empty()) {
+          check(cudaMemcpy(out, anchor_.as(), bytes, cudaMemcpyDefault), "copy anchor out");
+          return;
+        }
+        require(s.config.algorithm == Algorithm::Sync, Status::Unsupported,
+                "localsgd keeps no anchor: use CO2_CONSENSUS_LOCAL_AVERAGE");
+        pack(s, out, nullptr, false);
+        check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize (consensus)");
+        return;
+      case ConsensusKind::LocalAverage: {
+        if (scratch_.empty()) scratch_ = alloc(s, s.state_count * sizeof(float));
+        pack(s, scratch_.as<float>(), nullptr, false);
+        average_blocking(s, scratch_.as<float>(), count, nullptr, blocking_flag());
+        check(cudaMemcpy(out, scratch_.as(), bytes, cudaMemcpyDefault), "copy average out");
+        return;
+      }
+    }
+    fail(Status::UnknownEnum, "unknown consensus kind " + std::to_string(int(kind)));
+  }
+
+  void momentum_needed(S& s) override {
+    if (!momentum_.empty() || comm_.empty()) return;
+    make_current();
+    momentum_ = alloc(s, s.state_count * sizeof(float));  // starts from zero momentum
+    refresh_tables();
+  }
+
+  void fold_reports(S& s, bool wait) override {
+    while (!ring_.empty()) {
+      const size_t slot = ring_.oldest();
+      if (wait)
+        report_ready_[slot]->synchronize();
+      else if (!report_ready_[slot]->done())
+        break;
+      fold(s, reports_.as<kernels::Report>()[slot]);
+      ring_.pop();
+    }
+    while (!in_flight_.empty()) {
+      // A failed all-reduce has failed the communicator: its error surfaces at the next call.
+      if (wait) {
+        if (in_flight_.front()->wait_status() != Status::Ok) {
+          in_flight_.pop_front();
+          continue;
+        }
+      } else {
+        bool done = false;
+        try {
+          done = in_flight_.front()->test();
+        } catch (const Error&) {
+          in_flight_.pop_front();
+          continue;
+        }
+        if (!done) break;
+      }
+      s.stats.collective_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            in_flight_.front()->completed_at() - in_flight_.front()->submitted_at())
+                                            .count());
+      in_flight_.pop_front();
+    }
+  }
+
+  void drain(S& s) noexcept override {
+    // The collective first: it is bounded by the communicator's timeout (a dead peer aborts the
+    // NCCL communicator, which releases the comm stream).
+    if (s.pending) s.pending->wait_status();
+    for (auto& r : in_flight_) r->wait_status();
+    cudaDeviceSynchronize();
+  }
+
+ private:
+  // The engine's device for this thread (the caller may have switched): one cheap call.
+  void make_current() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  DeviceMemory alloc(S& s, size_t bytes) { return DeviceMemory(bytes, device_, s.allocator, own_stream_->get()); }
+
+  void build_tables(S& s) {
+    std::vector<size_t> counts;
+    std::vector<kernels::SegmentEntry> entries;
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      counts.push_back(seg.count);
+      entries.push_back(kernels::SegmentEntry{seg.data, seg.state_offset, seg.count, 0,
+                                              uint32_t(seg.role == Role::Parameter)});
+    }
+    const auto chunks = make_chunks(counts, kernels::kChunkElements);
+    const auto first = first_chunk_of_segments(chunks, counts.size());
+    for (size_t i = 0; i < entries.size(); ++i) entries[i].first_chunk = first[i];
+    num_segments_ = uint32_t(entries.size());
+    num_chunks_ = uint32_t(chunks.size());
+    segments_ = alloc(s, entries.size() * sizeof(kernels::SegmentEntry));
+    chunks_ = alloc(s, chunks.size() * sizeof(Chunk));
+    check(cudaMemcpy(segments_.as(), entries.data(), segments_.bytes(), cudaMemcpyHostToDevice), "upload segments");
+    check(cudaMemcpy(chunks_.as(), chunks.data(), chunks_.bytes(), cudaMemcpyHostToDevice), "upload chunks");
+    chunk_squares_ = alloc(s, chunks.size() * sizeof(double));
+    chunk_clamped_ = alloc(s, chunks.size() * sizeof(unsigned int));
+    coefficients_ = alloc(s, entries.size() * sizeof(kernels::SegmentCoefficients));
+    gap_ = alloc(s, entries.size() * sizeof(kernels::GapState));
+    flags_ = alloc(s, 3 * sizeof(int));
+    report_ = alloc(s, sizeof(kernels::Report));
+  }
+
+  void refresh_tables() {
+    t_.segments = segments_.as<kernels::SegmentEntry>();
+    t_.num_segments = num_segments_;
+    t_.chunks = chunks_.as<Chunk>();
+    t_.num_chunks = num_chunks_;
+    t_.anchor = anchor_.as<float>();
+    t_.momentum = momentum_.as<float>();
+    t_.comm = comm_.as<float>();
+    t_.chunk_squares = chunk_squares_.as<double>();
+    t_.chunk_clamped = chunk_clamped_.as<unsigned int>();
+    t_.coefficients = coefficients_.as<kernels::SegmentCoefficients>();
+    t_.gap = gap_.as<kernels::GapState>();
+    t_.average_nonfinite = flags_.as<int>();
+    t_.delta_nonfinite = flags_.as<int>() + 1;
+    t_.report = report_.as<kernels::Report>();
+  }
+
+  int* blocking_flag() { return flags_.as<int>() + 2; }
+
+  kernels::Config config_of(const S& s, bool update_requested, bool write_delta) const {
+    kernels::Config c;
+    c.alpha = float(s.config.outer_lr);
+    c.beta = float(s.beta);
+    c.clip_threshold = s.config.clip_threshold;
+    c.penalty_constant = s.config.penalty_constant;
+    c.penalty = int(s.config.penalty);
+    c.clip = int(s.config.clip);
+    c.nesterov = s.config.nesterov;
+    c.momentum = !momentum_.empty();
+    c.update_requested = update_requested;
+    c.write_delta = write_delta;
+    return c;
+  }
+
+  void pack(const S& s, float* dst, cudaStream_t st, bool buffers_only) {
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
+      check(cudaMemcpyAsync(dst + seg.state_offset, seg.data, seg.count * sizeof(float), cudaMemcpyDefault, st),
+            "pack parameters");
+    }
+  }
+
+  void unpack(const S& s, const float* src, cudaStream_t st, bool buffers_only) {
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
+      check(cudaMemcpyAsync(seg.data, src + seg.state_offset, seg.count * sizeof(float), cudaMemcpyDefault, st),
+            "unpack parameters");
+    }
+  }
+
+  PinnedMemory& blocking_staging(size_t count) {
+    if (blocking_staging_.bytes() < count * sizeof(float)) blocking_staging_ = PinnedMemory(count * sizeof(float));
+    return blocking_staging_;
+  }
+
+  void broadcast_from_rank0(S& s, float* data, size_t count) {
+    if (averaging_ == Averaging::Collective) {
+      auto request = s.comm->broadcast(data, count, DataType::F32, 0);  // ordered on the NCCL stream
+      if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+      return;
+    }
+    PinnedMemory& pin = blocking_staging(count);
+    const size_t bytes = count * sizeof(float);
+    check(cudaMemcpyAsync(pin.as(), data, bytes, cudaMemcpyDeviceToHost, comm_stream_), "stage out");
+    check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
+    auto request = s.comm->broadcast(pin.as(), count, DataType::F32, 0);
+    if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+    check(cudaMemcpyAsync(data, pin.as(), bytes, cudaMemcpyHostToDevice, comm_stream_), "stage in");
+    check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage in)");
+  }
+
+  // Blocking average of device `data` after the caller's stream's work; the caller's stream then
+  // waits for the result. *flag (device) = 1 if the average is not finite. Returns finiteness.
+  bool average_blocking(S& s, float* data, size_t count, cudaStream_t caller, int* flag) {
+    ordered_.record(caller);
+    ordered_.make_wait(comm_stream_);
+    const size_t bytes = count * sizeof(float);
+    s.stats.bytes_reduced += bytes;
+    if (averaging_ == Averaging::Collective) {
+      wait_charged(s, s.comm->allreduce(data, count, DataType::F32, ReduceOp::Avg));
+    } else {
+      PinnedMemory& pin = blocking_staging(count);
+      check(cudaMemcpyAsync(pin.as(), data, bytes, cudaMemcpyDeviceToHost, comm_stream_), "stage out");
+      check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
+      wait_charged(s, s.comm->allreduce(pin.as(), count, DataType::F32, ReduceOp::Avg));
+      check(cudaMemcpyAsync(data, pin.as(), bytes, cudaMemcpyHostToDevice, comm_stream_), "stage in");
+    }
+    check(kernels::finite_check(data, count, flag, comm_stream_), "finite check");
+    check(cudaMemcpyAsync(flag_host_.as(), flag, sizeof(int), cudaMemcpyDeviceToHost, comm_stream_), "read flag");
+    check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (average)");
+    averaged_.record(comm_stream_);
+    averaged_.make_wait(caller);
+    return *flag_host_.as<int>() == 0;
+  }
+
+  CudaEvent& event(device::Event e) {
+    switch (e) {
+      case device::Event::AverageReady: return average_ready_;
+      case device::Event::PassDone: return pass_done_;
+      case device::Event::StagedOut: return staged_out_;
+      case device::Event::ReportReady: break;
+    }
+    return *report_ready_[last_report_slot_];
+  }
+
+  void report(cudaStream_t caller) {
+    if (ring_.full()) {  // the device is a whole ring of boundaries behind: wait for the oldest
+      report_ready_[ring_.oldest()]->synchronize();
+      fold(*folding_state_, reports_.as<kernels::Report>()[ring_.oldest()]);
+      ring_.pop();
+    }
+    last_report_slot_ = ring_.push();
+    check(cudaMemcpyAsync(reports_.as<kernels::Report>() + last_report_slot_, t_.report, sizeof(kernels::Report),
+                          cudaMemcpyDeviceToHost, caller),
+          "copy boundary report");
+    report_ready_[last_report_slot_]->record(caller);
+  }
+
+  void fold(S& s, const kernels::Report& r) {
+    if (r.delta_nonfinite) ++s.stats.nonfinite_local;
+    if (r.update_requested && !r.applied) {
+      ++s.stats.nonfinite_rounds;
+      nonfinite_pending_ = true;
+    }
+    if (!r.applied) return;
+    ++s.stats.outer_updates;
+    s.stats.last_penalty_min = s.num_trained ? r.penalty_min : 1.0;
+    s.stats.last_penalty_max = s.num_trained ? r.penalty_max : 1.0;
+    s.stats.last_clip_scale_min = r.scale_min;
+    if (s.config.clip == Clip::Value)
+      s.stats.last_clip_fraction = r.trained_elements ? double(r.clamped) / double(r.trained_elements) : 0.0;
+    else if (s.config.clip == Clip::Norm)
+      s.stats.last_clip_fraction = s.num_trained ? double(r.scaled_segments) / double(s.num_trained) : 0.0;
+    else
+      s.stats.last_clip_fraction = 0.0;
+  }
+
+  bool take_nonfinite() {
+    const bool ok = !nonfinite_pending_;
+    nonfinite_pending_ = false;
+    return ok;
+  }
+
+  // co2: the plan of selection.cpp, op by op. Never blocks the host on the collective path; the
+  // staged path blocks once, until the delta is in pinned memory.
+  bool co2_boundary(S& s, cudaStream_t caller) {
+    folding_state_ = &s;
+    const bool have_average = s.pending != nullptr;
+    const kernels::Config config = config_of(s, have_average, /*write_delta=*/true);
+    const size_t count = s.state_count, bytes = count * sizeof(float);
+    auto stream_of = [&](device::Stream st) { return st == device::Stream::Caller ? caller : comm_stream_; };
+    for (const Op& op : co2_boundary_plan(averaging_, have_average)) {
+      cudaStream_t st = stream_of(op.stream);
+      switch (op.kind) {
+        case OpKind::RecordEvent:
+          event(op.event).record(st);
+          break;
+        case OpKind::StreamWaitEvent:
+          event(op.event).make_wait(st);
+          break;
+        case OpKind::HostWaitEvent:
+          event(op.event).synchronize();
+          break;
+        case OpKind::HostWaitAverage: {
+          auto request = std::move(s.pending);
+          s.pending.reset();
+          wait_charged(s, request);
+          break;
+        }
+        case OpKind::CopyAverageIn:
+          check(cudaMemcpyAsync(comm_.as(), staging_.as(), bytes, cudaMemcpyHostToDevice, st), "stage average in");
+          break;
+        case OpKind::CopyDeltaOut:
+          check(cudaMemcpyAsync(staging_.as(), comm_.as(), bytes, cudaMemcpyDeviceToHost, st), "stage delta out");
+          break;
+        case OpKind::FiniteCheck:
+          check(kernels::finite_check(comm_.as<float>(), count, t_.average_nonfinite, st), "finite check");
+          break;
+        case OpKind::Coefficients:
+          check(kernels::coefficients(t_, config, st), "coefficients kernels");
+          break;
+        case OpKind::Pass:
+          check(kernels::boundary_pass(t_, config, st), "boundary pass kernel");
+          break;
+        case OpKind::Report:
+          report(st);
+          break;
+        case OpKind::DeviceAllReduce:
+          if (s.pending) in_flight_.push_back(std::move(s.pending));
+          s.pending = s.comm->allreduce(comm_.as(), count, DataType::F32, ReduceOp::Avg);
+          s.stats.bytes_reduced += bytes;
+          break;
+        case OpKind::SubmitHostAverage:
+          s.pending = s.comm->allreduce(staging_.as(), count, DataType::F32, ReduceOp::Avg);
+          s.stats.bytes_reduced += bytes;
+          break;
+      }
+    }
+    return true;  // a non-finite average is reported when its report is folded
+  }
+
+  // co2 end: applies the average in flight (the host waits for it), parameters = anchor.
+  bool apply_pending(S& s, cudaStream_t caller) {
+    folding_state_ = &s;
+    if (!s.pending) {
+      unpack(s, anchor_.as<float>(), caller, false);
+      return true;
+    }
+    auto request = std::move(s.pending);
+    s.pending.reset();
+    wait_charged(s, request);
+    if (averaging_ == Averaging::StagedHost) {
+      check(cudaMemcpyAsync(comm_.as(), staging_.as(), s.state_count * sizeof(float), cudaMemcpyHostToDevice,
+                            comm_stream_),
+            "stage average in");
+      check(kernels::finite_check(comm_.as<float>(), s.state_count, t_.average_nonfinite, comm_stream_),
+            "finite check");
+      average_ready_.record(comm_stream_);
+    }
+    average_ready_.make_wait(caller);
+    const kernels::Config config = config_of(s, true, false);
+    check(kernels::coefficients(t_, config, caller), "coefficients kernels");
+    check(kernels::boundary_pass(t_, config, caller), "boundary pass kernel");
+    report(caller);
+    return true;
+  }
+
+  bool diloco_boundary(S& s, cudaStream_t caller) {
+    folding_state_ = &s;
+    // c = a - p (and p = a, which is also what a non-finite average leaves).
+    check(kernels::boundary_pass(t_, config_of(s, false, true), caller), "delta kernel");
+    average_blocking(s, comm_.as<float>(), s.state_count, caller, t_.average_nonfinite);
+    const kernels::Config config = config_of(s, true, false);
+    check(kernels::coefficients(t_, config, caller), "coefficients kernels");
+    check(kernels::boundary_pass(t_, config, caller), "boundary pass kernel");
+    report(caller);
+    fold_reports(s, true);
+    return take_nonfinite();
+  }
+
+  bool localsgd_boundary(S& s, cudaStream_t caller) {
+    pack(s, comm_.as<float>(), caller, false);
+    if (!average_blocking(s, comm_.as<float>(), s.state_count, caller, blocking_flag())) {
+      ++s.stats.nonfinite_rounds;
+      return false;
+    }
+    unpack(s, comm_.as<float>(), caller, false);
+    return true;
+  }
+
+  bool sync_boundary(S& s, cudaStream_t caller) {
+    if (s.state_count == s.trained_count) return true;
+    pack(s, comm_.as<float>(), caller, true);
+    if (!average_blocking(s, comm_.as<float>(), s.state_count, caller, blocking_flag())) {
+      ++s.stats.nonfinite_rounds;
+      return false;
+    }
+    unpack(s, comm_.as<float>(), caller, true);
+    return true;
+  }
+
+  // The anchor (or, without one, the parameters) hashed on the host and compared across ranks.
+  // Blocks the host until the caller's stream reached this point: every K boundaries only.
+  void check_anchor(S& s, cudaStream_t caller) {
+    ++s.stats.anchor_checks;
+    std::vector<float> host(s.state_count);
+    if (!anchor_.empty())
+      check(cudaMemcpyAsync(host.data(), anchor_.as(), host.size() * sizeof(float), cudaMemcpyDeviceToHost, caller),
+            "copy anchor for its checksum");
+    else
+      pack(s, host.data(), caller, false);
+    check(cudaStreamSynchronize(caller), "cudaStreamSynchronize (anchor check)");
+    WordHasher hasher;
+    hasher.update(host.data(), host.size());
+    if (!same_on_every_rank(s, hasher.digest()))
+      fail(Status::AnchorMismatch,
+           "anchor checksums differ across ranks: the ranks no longer train the same model "
+           "(memory corruption or a non-deterministic framework step); restore a checkpoint");
+  }
+
+  // Selects the device before any member creates a stream or an event on it.
+  struct DeviceSelected {
+    explicit DeviceSelected(int index) { use_device(index); }
+  };
+  const int device_;
+  DeviceSelected selected_;
+  std::unique_ptr<CudaStream> own_stream_;  // staged copies, commit work
+  cudaStream_t comm_stream_ = nullptr;   // own_stream_ or the collective transport's stream
+  Averaging averaging_ = Averaging::StagedHost;
+  DeviceMemory flat_;
+  DeviceMemory comm_, anchor_, momentum_, gradients_, scratch_;
+  DeviceMemory segments_, chunks_, chunk_squares_, chunk_clamped_, coefficients_, gap_, flags_, report_;
+  uint32_t num_segments_ = 0, num_chunks_ = 0;
+  PinnedMemory staging_, blocking_staging_, reports_, flag_host_;
+  kernels::Tables t_;
+  CudaEvent average_ready_, pass_done_, staged_out_, ordered_, averaged_;
+  std::vector<std::unique_ptr<CudaEvent>> report_ready_;
+  ReportRing ring_{kReportSlots};
+  size_t last_report_slot_ = 0;
+  S* folding_state_ = nullptr;
+  std::deque<std::shared_ptr<Request>> in_flight_;  // collective path: all-reduces not yet accounted
+  bool nonfinite_pending_ = false;
+};
+
+}  // namespace
+}  // namespace device
+
+std::unique_ptr<DevicePath> make_device_path(int device_index) {
+  return std::make_unique<device::CudaPath>(device_index);
+}
+
+}  // namespace co2

@@ -1,0 +1,283 @@
+// The boundary's kernels. Deterministic reductions: a chunk's partial sum is a fixed tree over a
+// fixed thread layout (kThreads threads, kPerThread elements each, strided), and a segment's
+// partials are folded in chunk order by one thread, so norms depend only on segment sizes.
+#include <cuda_runtime.h>
+
+#include "runtime/boundary_pass.hpp"
+#include "runtime/device/kernels.hpp"
+
+namespace co2::device::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPerThread = kChunkElements / kThreads;
+constexpr int kFoldThreads = 256;
+static_assert(kPerThread * kThreads == int(kChunkElements), "chunk = threads x elements per thread");
+
+__device__ bool update_happens(const Config& c, const int* average_nonfinite) {
+  return c.update_requested && *average_nonfinite == 0;
+}
+
+// Fixed-shape tree reduction of one double per thread; thread 0 gets the sum.
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (int(threadIdx.x) < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+__device__ OuterCoefficients coefficients_of(const Config& c, const SegmentEntry& seg,
+                                             const SegmentCoefficients& sc) {
+  OuterCoefficients k;
+  if (seg.is_parameter) {
+    k.alpha = c.alpha;
+    k.beta = c.beta;
+    k.lambda = float(sc.lambda);
+    k.norm_scale = float(sc.norm_scale);
+    k.clip_value = float(c.clip_threshold);
+  }
+  return k;  // BUFFER: alpha 1, beta 0, lambda 1, no clip: a plain average
+}
+
+__global__ void finite_kernel(const float* x, size_t n, int* flag) {
+  float probe = 0.0f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    probe += x[i] * 0.0f;  // stays 0 unless x[i] is NaN or infinite
+  if (probe != 0.0f) atomicExch(flag, 1);
+}
+
+// Per segment: lambda (advancing the gap history when an update happens), norm scale reset.
+__global__ void lambda_kernel(Tables t, Config c) {
+  const bool update = update_happens(c, t.average_nonfinite);
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x) {
+    double lambda = 1.0;
+    if (update && t.segments[s].is_parameter) {
+      if (c.penalty == 1) lambda = 1.0 / c.penalty_constant;
+      if (c.penalty == 2) {
+        GapState& g = t.gap[s];
+        uint64_t updates = g.updates;
+        lambda = gap_penalty_lambda(g.last_step_norm, &g.gap_sum, &updates);
+        g.updates = updates;
+      }
+    }
+    t.coefficients[s].lambda = lambda;
+    t.coefficients[s].norm_scale = 1.0;
+  }
+}
+
+// Norm clipping: per chunk, sum of (beta*m + lambda*c)^2 in double.
+__global__ void candidate_squares_kernel(Tables t, Config c) {
+  __shared__ double shared[kThreads];
+  const Chunk ch = t.chunks[blockIdx.x];
+  const SegmentEntry seg = t.segments[ch.segment];
+  double sum = 0.0;
+  if (seg.is_parameter && update_happens(c, t.average_nonfinite)) {
+    const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
+    const size_t base = seg.state_offset + ch.begin;
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t i = threadIdx.x + uint32_t(j) * kThreads;
+      if (i < ch.count) {
+        const float u = momentum_candidate(t.momentum ? t.momentum[base + i] : 0.0f, t.comm[base + i], k);
+        sum += double(u) * double(u);
+      }
+    }
+  }
+  const double total = block_sum(sum, shared);
+  if (threadIdx.x == 0) t.chunk_squares[blockIdx.x] = total;
+}
+
+__global__ void norm_scale_kernel(Tables t, Config c) {
+  if (!update_happens(c, t.average_nonfinite)) return;
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x) {
+    if (!t.segments[s].is_parameter) continue;
+    const uint32_t end = s + 1 < t.num_segments ? t.segments[s + 1].first_chunk : t.num_chunks;
+    double sum = 0.0;
+    for (uint32_t k = t.segments[s].first_chunk; k < end; ++k) sum += t.chunk_squares[k];
+    t.coefficients[s].norm_scale = norm_clip_scale(sum, c.clip_threshold);
+  }
+}
+
+// kFull: the chunk has all kChunkElements elements, so the loop needs no bounds check.
+template <bool kValueClip, bool kFull>
+__device__ void pass_chunk(const Tables& t, const Config& c, bool update, const Chunk& ch,
+                           const SegmentEntry& seg, double* step_squares, uint32_t* clamped, float* probe) {
+  const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
+  const bool momentum = seg.is_parameter && c.momentum;
+  const bool nesterov = seg.is_parameter && c.nesterov;
+  const size_t base = seg.state_offset + ch.begin;
+  // Distinct buffers: the layout rejects overlapping tensors.
+  float* __restrict__ p = seg.params + ch.begin;
+  float* __restrict__ a = t.anchor + base;
+  float* __restrict__ m = momentum ? t.momentum + base : nullptr;
+  float* __restrict__ cb = t.comm + base;
+  // Batches of kBatch elements per thread: every load of a batch is issued before its stores,
+  // so each thread keeps several cache lines in flight (the pass is memory-bound).
+  constexpr int kBatch = 4;
+  static_assert(kPerThread % kBatch == 0, "whole batches");
+#pragma unroll
+  for (int j0 = 0; j0 < kPerThread; j0 += kBatch) {
+    float pv[kBatch], av[kBatch], mv[kBatch], cv[kBatch];
+    bool in[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
+      in[b] = kFull || i < ch.count;
+      av[b] = in[b] ? a[i] : 0.0f;
+      pv[b] = in[b] && c.write_delta ? p[i] : 0.0f;
+      cv[b] = in[b] && update ? cb[i] : 0.0f;
+      mv[b] = in[b] && update && momentum ? m[i] : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (!in[b]) continue;
+      const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
+      const float anchor_old = av[b];
+      float anchor_new = anchor_old;
+      if (update) {
+        const float average = cv[b];
+        const float m_new = clip_momentum<kValueClip>(momentum_candidate(mv[b], average, k), k, clamped);
+        const float step = nesterov ? outer_step<true>(m_new, average, k) : outer_step<false>(m_new, average, k);
+        if (momentum) m[i] = m_new;
+        anchor_new = anchor_old - k.alpha * step;
+        a[i] = anchor_new;
+        *step_squares += double(step) * double(step);
+      }
+      if (c.write_delta) {
+        const float delta = anchor_old - pv[b];
+        *probe += delta * 0.0f;
+        cb[i] = delta;
+      }
+      p[i] = anchor_new;
+    }
+  }
+}
+
+__global__ void pass_kernel(Tables t, Config c) {
+  __shared__ double shared[kThreads];
+  const Chunk ch = t.chunks[blockIdx.x];
+  const SegmentEntry seg = t.segments[ch.segment];
+  const bool update = update_happens(c, t.average_nonfinite);
+  double squares = 0.0;
+  uint32_t clamped = 0;
+  float probe = 0.0f;
+  const bool value_clip = seg.is_parameter && c.clip == 1;
+  const bool full = ch.count == kChunkElements;
+  if (value_clip && full)
+    pass_chunk<true, true>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  else if (value_clip)
+    pass_chunk<true, false>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  else if (full)
+    pass_chunk<false, true>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  else
+    pass_chunk<false, false>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  if (probe != 0.0f) atomicExch(t.delta_nonfinite, 1);
+  const double total = block_sum(squares, shared);
+  if (threadIdx.x == 0) t.chunk_squares[blockIdx.x] = total;
+  __syncthreads();
+  const double clamps = block_sum(double(clamped), shared);  // exact: counts below 2^53
+  if (threadIdx.x == 0) t.chunk_clamped[blockIdx.x] = (unsigned int)clamps;
+}
+
+// One block: per segment the step norm (gap history) and the report, folded in a fixed order.
+__global__ void fold_kernel(Tables t, Config c) {
+  __shared__ double penalty_min[kFoldThreads], penalty_max[kFoldThreads], scale_min[kFoldThreads];
+  __shared__ unsigned long long clamped[kFoldThreads], trained[kFoldThreads], scaled[kFoldThreads];
+  const bool update = update_happens(c, t.average_nonfinite);
+  double pmin = 1e300, pmax = 0.0, smin = 1.0;
+  unsigned long long nclamped = 0, ntrained = 0, nscaled = 0;
+  for (uint32_t s = threadIdx.x; s < t.num_segments; s += kFoldThreads) {
+    const SegmentEntry seg = t.segments[s];
+    if (!update || !seg.is_parameter) continue;
+    const uint32_t end = s + 1 < t.num_segments ? t.segments[s + 1].first_chunk : t.num_chunks;
+    double sum = 0.0;
+    for (uint32_t k = seg.first_chunk; k < end; ++k) {
+      sum += t.chunk_squares[k];
+      nclamped += t.chunk_clamped[k];
+    }
+    t.gap[s].last_step_norm = double(c.alpha) * sqrt(sum);
+    const SegmentCoefficients sc = t.coefficients[s];
+    pmin = fmin(pmin, sc.lambda);
+    pmax = fmax(pmax, sc.lambda);
+    smin = fmin(smin, sc.norm_scale);
+    nscaled += sc.norm_scale < 1.0;
+    ntrained += seg.count;
+  }
+  penalty_min[threadIdx.x] = pmin;
+  penalty_max[threadIdx.x] = pmax;
+  scale_min[threadIdx.x] = smin;
+  clamped[threadIdx.x] = nclamped;
+  trained[threadIdx.x] = ntrained;
+  scaled[threadIdx.x] = nscaled;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  Report r{};
+  r.update_requested = c.update_requested;
+  r.applied = update;
+  r.delta_nonfinite = c.write_delta && *t.delta_nonfinite != 0;
+  r.penalty_min = 1e300;
+  r.penalty_max = 0.0;
+  r.scale_min = 1.0;
+  for (int i = 0; i < kFoldThreads; ++i) {
+    r.penalty_min = fmin(r.penalty_min, penalty_min[i]);
+    r.penalty_max = fmax(r.penalty_max, penalty_max[i]);
+    r.scale_min = fmin(r.scale_min, scale_min[i]);
+    r.clamped += clamped[i];
+    r.trained_elements += trained[i];
+    r.scaled_segments += scaled[i];
+  }
+  *t.report = r;
+}
+
+__global__ void spin_kernel(unsigned long long nanoseconds) {
+  const unsigned long long start = clock64();
+  // globaltimer is in ns; clock64 keeps the loop busy if it is coarse.
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  unsigned long long now = t0;
+  while (now - t0 < nanoseconds) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (clock64() - start > (1ull << 62)) break;
+  }
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+int finite_check(const float* data, size_t n, int* flag, void* stream) {
+  cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), as_stream(stream));
+  if (e != cudaSuccess || n == 0) return int(e);
+  const size_t blocks = (n + 1023) / 1024;
+  finite_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), 256, 0, as_stream(stream)>>>(data, n, flag);
+  return int(cudaGetLastError());
+}
+
+int coefficients(const Tables& t, const Config& c, void* stream) {
+  if (t.num_segments == 0) return 0;
+  const unsigned segment_blocks = (t.num_segments + 255) / 256;
+  lambda_kernel<<<segment_blocks, 256, 0, as_stream(stream)>>>(t, c);
+  if (c.clip == 2 && c.update_requested) {
+    candidate_squares_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t, c);
+    norm_scale_kernel<<<segment_blocks, 256, 0, as_stream(stream)>>>(t, c);
+  }
+  return int(cudaGetLastError());
+}
+
+int boundary_pass(const Tables& t, const Config& c, void* stream) {
+  if (t.num_chunks == 0) return 0;
+  cudaError_t e = cudaMemsetAsync(t.delta_nonfinite, 0, sizeof(int), as_stream(stream));
+  if (e != cudaSuccess) return int(e);
+  pass_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t, c);
+  fold_kernel<<<1, kFoldThreads, 0, as_stream(stream)>>>(t, c);
+  return int(cudaGetLastError());
+}
+
+int spin(uint64_t nanoseconds, void* stream) {
+  spin_kernel<<<1, 1, 0, as_stream(stream)>>>((unsigned long long)nanoseconds);
+  return int(cudaGetLastError());
+}
+
+}  // namespace co2::device::kernels

@@ -1,0 +1,98 @@
+// The device side of the boundary: fused kernels over the engine's segment table, launched on a
+// given stream (a cudaStream_t passed as void*, so that this header compiles without CUDA). The
+// element math is boundary_pass.hpp's (CO2_HOST_DEVICE), shared with the host pass. Launchers
+// return a cudaError_t value (0 = success).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/device/selection.hpp"
+
+namespace co2::device::kernels {
+
+// One registered tensor / flat segment that takes part in averaging.
+struct SegmentEntry {
+  float* params;          // the framework's parameters (device memory)
+  uint64_t state_offset;  // into anchor / momentum / comm buffer
+  uint64_t count;
+  uint32_t first_chunk;   // its chunks are [first_chunk, next segment's first_chunk)
+  uint32_t is_parameter;  // 1: PARAMETER (outer update), 0: BUFFER (plain average)
+};
+
+// Per segment, written by the coefficients kernels and read by the pass.
+struct SegmentCoefficients {
+  double lambda;      // staleness penalty
+  double norm_scale;  // norm clipping factor (1 = not clipped)
+};
+
+// The gap penalty's history of one segment (engine_state.hpp's GapHistory, on the device).
+struct GapState {
+  double last_step_norm;
+  double gap_sum;
+  unsigned long long updates;
+};
+
+// What one boundary did; copied to pinned host memory and folded into the statistics.
+struct Report {
+  uint32_t update_requested;  // an average had arrived
+  uint32_t applied;           // ... and it was finite, so the update happened
+  uint32_t delta_nonfinite;   // some a - p was NaN/Inf
+  uint32_t reserved;
+  unsigned long long clamped;           // value clip: clamped momentum elements
+  unsigned long long trained_elements;  // PARAMETER elements updated
+  unsigned long long scaled_segments;   // norm clip: segments with scale < 1
+  double penalty_min, penalty_max;      // over PARAMETER segments
+  double scale_min;
+};
+
+struct Config {
+  float alpha = 1.0f, beta = 0.0f;
+  double clip_threshold = 1.0;  // phi (value and norm clipping)
+  double penalty_constant = 1.0;
+  int penalty = 0;  // 0 none, 1 constant, 2 gap
+  int clip = 0;     // 0 none, 1 value, 2 norm
+  bool nesterov = false;
+  bool momentum = false;       // the momentum buffer exists (beta > 0 or Nesterov)
+  bool update_requested = false;  // an average is in the comm buffer (applied if it is finite)
+  bool write_delta = false;    // c <- a - p (co2, and diloco's first pass)
+};
+
+// Device pointers of the engine's device state.
+struct Tables {
+  const SegmentEntry* segments = nullptr;
+  uint32_t num_segments = 0;
+  const Chunk* chunks = nullptr;
+  uint32_t num_chunks = 0;
+  float* anchor = nullptr;
+  float* momentum = nullptr;  // null when not stored
+  float* comm = nullptr;
+  // Scratch: one slot per chunk / per segment.
+  double* chunk_squares = nullptr;
+  unsigned int* chunk_clamped = nullptr;
+  SegmentCoefficients* coefficients = nullptr;
+  GapState* gap = nullptr;
+  int* average_nonfinite = nullptr;  // set by finite_check: 1 if the average has NaN/Inf
+  int* delta_nonfinite = nullptr;
+  Report* report = nullptr;
+};
+
+// Elements per chunk: 256 threads x 16 elements. Fixed: the norms' summation order depends on it.
+constexpr uint32_t kChunkElements = 4096;
+
+// *flag = 1 if any of data[0, n) is NaN or infinite, else 0.
+int finite_check(const float* data, size_t n, int* flag, void* stream);
+
+// Penalty and norm-clip scale of every segment (advances the gap history when an update
+// happens); reads average_nonfinite to decide whether it does.
+int coefficients(const Tables& t, const Config& c, void* stream);
+
+// The fused pass over every chunk, then the per-segment fold of the step norms (gap history)
+// and the boundary's report.
+int boundary_pass(const Tables& t, const Config& c, void* stream);
+
+// A kernel that spins for about `nanoseconds` (benchmarks' synthetic training step, and the test
+// that a non-boundary step does not synchronise the host).
+int spin(uint64_t nanoseconds, void* stream);
+
+}  // namespace co2::device::kernels

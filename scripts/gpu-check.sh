@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU check (issue 7): one run on a GPU machine, at most ~8 minutes. Prints the driver and
+# CUDA versions, builds co2 with CUDA and NCCL, runs the GPU tests and the benchmark table
+# (bench/gpu.cpp; record the numbers in docs/benchmarks.md with the date).
+# Without a usable GPU it builds, runs the GPU tests (they exit 77 = skipped), skips the
+# benchmark and exits 0.
+#
+#   bash scripts/gpu-check.sh --prepare   on the build machine: copies GoogleTest (headers,
+#                                         static libs, relocatable .pc files) into .gpu-deps/
+#                                         for a GPU machine that has no libgtest-dev
+#   bash scripts/gpu-check.sh [--quick]   the check; BUILD_DIR_GPU (default build-gpu), CO2_JOBS
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$CO2_ROOT"
+BUILD_DIR=${BUILD_DIR_GPU:-build-gpu}
+deps="$CO2_ROOT/.gpu-deps"
+
+if [ "${1:-}" = --prepare ]; then
+  rm -rf "$deps" && mkdir -p "$deps/include" "$deps/lib" "$deps/pkgconfig" || exit 1
+  cp -r /usr/include/gtest /usr/include/gmock "$deps/include/" || exit 1
+  cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$deps/lib/" || exit 1
+  for pc in gtest gtest_main gmock gmock_main; do
+    sed -e 's|^libdir=.*|libdir=${pcfiledir}/../lib|' -e 's|^includedir=.*|includedir=${pcfiledir}/../include|' \
+      "/usr/lib/x86_64-linux-gnu/pkgconfig/$pc.pc" > "$deps/pkgconfig/$pc.pc" || exit 1
+  done
+  log "prepared $deps ($(du -sh "$deps" | cut -f1)); carry it: run(carry: ['.gpu-deps'])"
+  exit 0
+fi
+bench_args=()
+[ "${1:-}" = --quick ] && bench_args=(--quick --max-millions 64 --repeats 3)
+
+log "versions"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+else
+  echo "nvidia-smi: not found (no NVIDIA driver on this machine)"
+fi
+command -v nvcc >/dev/null 2>&1 || { log "error: nvcc not found (expected in /usr/local/cuda/bin)"; exit 1; }
+nvcc --version | tail -n 2
+
+MESON=(meson)
+command -v meson >/dev/null 2>&1 || MESON=(python3 -m mesonbuild.mesonmain)
+"${MESON[@]}" --version >/dev/null 2>&1 || { log "error: meson is not installed"; exit 1; }
+command -v ninja >/dev/null 2>&1 || { log "error: ninja is not installed"; exit 1; }
+# GoogleTest from .gpu-deps when the machine has none of its own.
+if [ -d "$deps/pkgconfig" ] && ! pkg-config --exists gtest 2>/dev/null; then
+  export PKG_CONFIG_PATH="$deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+fi
+# NCCL: next to the toolkit, else a pip wheel's copy (nvidia-nccl-cu13) through NCCL_HOME.
+if [ -z "${NCCL_HOME:-}" ] && ! ls /usr/local/cuda/lib64/libnccl.so >/dev/null 2>&1; then
+  wheel=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+  if [ -n "$wheel" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
+    mkdir -p /tmp/co2-nccl/lib
+    ln -sfn "$wheel/include" /tmp/co2-nccl/include
+    ln -sf "$wheel/lib/libnccl.so.2" /tmp/co2-nccl/lib/libnccl.so
+    ln -sf "$wheel/lib/libnccl.so.2" /tmp/co2-nccl/lib/libnccl.so.2
+    export NCCL_HOME=/tmp/co2-nccl
+  fi
+fi
+
+log "build ($BUILD_DIR, cuda enabled, nccl auto)"
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  "${MESON[@]}" setup "$BUILD_DIR" -Dcuda=enabled -Dtests=true -Dbuildtype=release || exit 1
+fi
+ninja -C "$BUILD_DIR" -j "$(jobs)" || exit 1
+
+log "GPU tests (and the host-side device tests)"
+timeout 300 "${MESON[@]}" test -C "$BUILD_DIR" --no-rebuild --print-errorlogs \
+  runtime/device/gpu runtime/device/selection runtime/collective_comm nccl_transport nccl_transport_without_gpu
+test_rc=$?
+
+log "benchmark"
+"$BUILD_DIR/bench/gpu_bench" "${bench_args[@]}"
+bench_rc=$?
+if [ "$bench_rc" -eq 77 ]; then
+  log "no usable GPU: GPU tests skipped, benchmark skipped"
+  bench_rc=0
+fi
+[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -1,0 +1,152 @@
+// The communicator over a collective-kind transport (the NCCL seam), with an in-process fake
+// transport: completion, on_result, and the fault handling it shares with point-to-point
+// (sticky first error, transport aborted, no-progress timeout, abort from another thread).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "runtime/comm.hpp"
+
+namespace co2 {
+namespace {
+
+using namespace std::chrono_literals;
+
+enum class Behaviour { Complete, Hang, LosePeer };
+
+// A group of one whose collectives complete after a few polls (or never, or with a lost peer).
+class FakeCollective final : public transport::Collective {
+ public:
+  struct Shared {
+    std::atomic<Behaviour> behaviour{Behaviour::Complete};
+    std::atomic<int> aborts{0};
+    std::atomic<int> posts{0};
+  };
+  explicit FakeCollective(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void* stream() const override { return const_cast<int*>(&stream_tag_); }
+
+  transport::Handle post_allreduce(const void* send, void* recv, size_t count, transport::Element e,
+                                   transport::Reduction) override {
+    const size_t bytes = count * (e == transport::Element::F32 || e == transport::Element::I32 ? 4 : 8);
+    if (send != recv) std::memmove(recv, send, bytes);  // a group of one: the average is the input
+    return post();
+  }
+  transport::Handle post_broadcast(void*, size_t, transport::Element, int) override { return post(); }
+  transport::Handle post_allgather(const void* send, void* recv, size_t count, transport::Element e) override {
+    std::memmove(recv, send, count * (e == transport::Element::F32 || e == transport::Element::I32 ? 4 : 8));
+    return post();
+  }
+  transport::Outcome test(transport::Handle h) override {
+    if (aborted_) return transport::Outcome::Aborted;
+    switch (shared_->behaviour.load()) {
+      case Behaviour::Hang: return transport::Outcome::Pending;
+      case Behaviour::LosePeer: return transport::Outcome::PeerLost;
+      case Behaviour::Complete: break;
+    }
+    return ++polls_[h] >= 3 ? transport::Outcome::Done : transport::Outcome::Pending;
+  }
+  void abort(const std::string&) override {
+    aborted_ = true;
+    ++shared_->aborts;
+  }
+  std::string error_message() const override { return "fake peer 1 went away"; }
+
+ private:
+  transport::Handle post() {
+    ++shared_->posts;
+    return next_++;
+  }
+  std::shared_ptr<Shared> shared_;
+  int stream_tag_ = 0;
+  std::atomic<bool> aborted_{false};
+  std::unordered_map<transport::Handle, int> polls_;
+  transport::Handle next_ = 1;
+};
+
+struct Fixture {
+  std::shared_ptr<FakeCollective::Shared> shared = std::make_shared<FakeCollective::Shared>();
+  std::unique_ptr<Communicator> comm;
+  explicit Fixture(std::chrono::milliseconds timeout = 10s) {
+    CommOptions options;
+    options.timeout = timeout;
+    comm = std::make_unique<Communicator>(std::make_unique<FakeCollective>(shared), options);
+  }
+};
+
+TEST(CollectiveComm, CompletesAndRunsOnResultFirst) {
+  Fixture f;
+  float x[4] = {1, 2, 3, 4};
+  std::atomic<bool> ran{false};
+  auto request = f.comm->allreduce_then(x, 4, DataType::F32, ReduceOp::Avg, [&] { ran = true; });
+  EXPECT_EQ(request->wait_status(), Status::Ok);
+  EXPECT_TRUE(ran.load());
+  EXPECT_EQ(x[3], 4.0f);
+  EXPECT_NE(f.comm->collective_stream(), nullptr);
+  int64_t mine = 7, all = 0;
+  EXPECT_EQ(f.comm->allgather(&mine, &all, 1, DataType::I64)->wait_status(), Status::Ok);
+  EXPECT_EQ(all, 7);
+  EXPECT_EQ(f.comm->broadcast(x, 4, DataType::F32, 0)->wait_status(), Status::Ok);
+  EXPECT_EQ(f.comm->error_status(), Status::Ok);
+}
+
+TEST(CollectiveComm, PeerLossIsStickyAndAbortsTheTransport) {
+  Fixture f;
+  f.shared->behaviour = Behaviour::LosePeer;
+  float x[2] = {1, 2};
+  auto request = f.comm->allreduce(x, 2, DataType::F32, ReduceOp::Sum);
+  EXPECT_EQ(request->wait_status(), Status::PeerLost);
+  EXPECT_EQ(f.comm->error_status(), Status::PeerLost);
+  EXPECT_NE(f.comm->error_message().find("went away"), std::string::npos);
+  EXPECT_GE(f.shared->aborts.load(), 1);  // peers are told promptly
+  try {
+    f.comm->allreduce(x, 2, DataType::F32, ReduceOp::Sum);
+    ADD_FAILURE() << "a failed communicator accepted a collective";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::PeerLost);
+  }
+}
+
+TEST(CollectiveComm, NoProgressForTheTimeoutIsPeerTimeout) {
+  Fixture f(100ms);
+  f.shared->behaviour = Behaviour::Hang;
+  float x[2] = {1, 2};
+  auto request = f.comm->allreduce(x, 2, DataType::F32, ReduceOp::Sum);
+  EXPECT_EQ(request->wait_status(), Status::PeerTimeout);
+  EXPECT_EQ(f.comm->error_status(), Status::PeerTimeout);
+  EXPECT_GE(f.shared->aborts.load(), 1);
+}
+
+TEST(CollectiveComm, AbortFromAnotherThreadReleasesAWaiter) {
+  Fixture f;
+  f.shared->behaviour = Behaviour::Hang;
+  float x[2] = {1, 2};
+  auto request = f.comm->allreduce(x, 2, DataType::F32, ReduceOp::Sum);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(20ms);
+    f.comm->abort();
+  });
+  EXPECT_EQ(request->wait_status(), Status::Aborted);
+  aborter.join();
+  EXPECT_EQ(f.comm->error_status(), Status::Aborted);
+}
+
+TEST(CollectiveComm, DestroyWithCollectivesInFlightFailsThem) {
+  Fixture f;
+  f.shared->behaviour = Behaviour::Hang;
+  float x[2] = {1, 2};
+  auto request = f.comm->allreduce(x, 2, DataType::F32, ReduceOp::Sum);
+  f.comm.reset();
+  EXPECT_EQ(request->wait_status(), Status::Aborted);
+}
+
+}  // namespace
+}  // namespace co2

@@ -1,0 +1,277 @@
+// GPU tests: the device path against the host path, stream ordering, NCCL at world size 1, two
+// ranks on one GPU through the staged (GPU over host communicator) path. Exits 77 (skipped)
+// where no CUDA device is usable (cudaGetDeviceCount fails with 35 without a driver).
+//
+// Ranks are threads with `local` communicators (tests/capi/rank_threads.hpp); the staged path
+// there is the same code as over UCX (only the host transport differs).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "runtime/device/kernels.hpp"
+#include "runtime/device/selection.hpp"
+#include "tests/capi/rank_threads.hpp"
+
+namespace {
+
+struct TensorShape {
+  const char* name;
+  size_t count;
+  co2_tensor_role_t role;
+};
+// Sizes that are not multiples of the chunk (4096) or of anything else; a BUFFER segment too.
+const TensorShape kShapes[] = {{"w", 2 * 4096 + 3, CO2_ROLE_PARAMETER},
+                               {"b", 37, CO2_ROLE_PARAMETER},
+                               {"stats", 11, CO2_ROLE_BUFFER}};
+
+float inner_gradient(size_t tensor, size_t i, int step, int rank) {
+  return std::sin(0.001f * float(i) + 0.1f * float(step) + 0.7f * float(rank) + float(tensor));
+}
+
+struct Result {
+  std::vector<std::vector<float>> params;  // rank 0's tensors after finalize
+  co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
+};
+
+// One rank: registers kShapes (host or device), runs `steps` inner steps (SGD on a synthetic
+// gradient, applied on the host and uploaded for device tensors), finalizes.
+void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_config_t& config, int steps,
+                Result* out) {
+  co2_engine_t engine = nullptr;
+  CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
+  std::vector<std::vector<float>> host;
+  std::vector<float*> dev;
+  for (size_t t = 0; t < std::size(kShapes); ++t) {
+    host.emplace_back(kShapes[t].count);
+    for (size_t i = 0; i < host[t].size(); ++i) host[t][i] = 0.01f * float(i % 97) - 0.3f + 0.05f * float(rank);
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = kShapes[t].name;
+    tensor.count = kShapes[t].count;
+    tensor.role = kShapes[t].role;
+    if (device) {
+      float* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, tensor.count * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, host[t].data(), tensor.count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      dev.push_back(d);
+      tensor.data = d;
+      tensor.device = CO2_DEVICE_CUDA;
+    } else {
+      tensor.data = host[t].data();
+    }
+    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+  }
+  CO2_ASSERT_OK(co2_engine_commit(engine));
+  auto download = [&] {
+    for (size_t t = 0; device && t < host.size(); ++t)
+      ASSERT_EQ(cudaMemcpy(host[t].data(), dev[t], host[t].size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  };
+  auto upload = [&] {
+    for (size_t t = 0; device && t < host.size(); ++t)
+      ASSERT_EQ(cudaMemcpy(dev[t], host[t].data(), host[t].size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  };
+  for (int step = 0; step < steps; ++step) {
+    download();
+    std::vector<std::vector<float>> grads(host.size());
+    for (size_t t = 0; t < host.size(); ++t) {
+      grads[t].resize(host[t].size());
+      for (size_t i = 0; i < host[t].size(); ++i) grads[t][i] = inner_gradient(t, i, step, rank);
+    }
+    if (config.algorithm == CO2_ALGO_SYNC) {
+      std::vector<float*> dgrads;
+      std::vector<void*> pointers;
+      for (size_t t = 0; t < host.size(); ++t) {
+        if (kShapes[t].role != CO2_ROLE_PARAMETER) continue;
+        if (device) {
+          float* d = nullptr;
+          ASSERT_EQ(cudaMalloc(&d, grads[t].size() * sizeof(float)), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(d, grads[t].data(), grads[t].size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+          dgrads.push_back(d);
+          pointers.push_back(d);
+        } else {
+          pointers.push_back(grads[t].data());
+        }
+      }
+      CO2_ASSERT_OK(co2_engine_reduce_gradients(engine, pointers.data(), pointers.size(), nullptr));
+      for (size_t t = 0, k = 0; device && t < host.size(); ++t) {
+        if (kShapes[t].role != CO2_ROLE_PARAMETER) continue;
+        ASSERT_EQ(cudaMemcpy(grads[t].data(), dgrads[k], grads[t].size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        cudaFree(dgrads[k++]);
+      }
+    }
+    for (size_t t = 0; t < host.size(); ++t)
+      for (size_t i = 0; i < host[t].size(); ++i) host[t][i] -= 0.05f * grads[t][i];
+    upload();
+    CO2_ASSERT_OK(co2_engine_step(engine, nullptr, nullptr));
+  }
+  CO2_ASSERT_OK(co2_engine_finalize(engine));
+  download();
+  if (rank == 0) {
+    out->params = host;
+    CO2_ASSERT_OK(co2_engine_get_stats(engine, &out->stats));
+  }
+  CO2_ASSERT_OK(co2_engine_destroy(engine));
+  for (float* d : dev) cudaFree(d);
+}
+
+Result run(bool device, int world, const co2_engine_config_t& config, int steps) {
+  Result result;
+  co2test::run_ranks(world, [&](int rank, co2_comm_t comm) {
+    cudaSetDevice(0);
+    train_rank(comm, rank, device, config, steps, &result);
+  });
+  return result;
+}
+
+void expect_close(const Result& device, const Result& host, const char* what) {
+  ASSERT_EQ(device.params.size(), host.params.size()) << what;
+  for (size_t t = 0; t < host.params.size(); ++t)
+    for (size_t i = 0; i < host.params[t].size(); ++i) {
+      const float h = host.params[t][i], d = device.params[t][i];
+      ASSERT_NEAR(d, h, 2e-5f * (1.0f + std::fabs(h))) << what << ": tensor " << kShapes[t].name << " element " << i;
+    }
+  EXPECT_EQ(device.stats.rounds, host.stats.rounds) << what;
+  EXPECT_EQ(device.stats.outer_updates, host.stats.outer_updates) << what;
+  EXPECT_NEAR(device.stats.last_penalty_min, host.stats.last_penalty_min, 1e-5) << what;
+  EXPECT_NEAR(device.stats.last_clip_scale_min, host.stats.last_clip_scale_min, 1e-5) << what;
+  EXPECT_NEAR(device.stats.last_clip_fraction, host.stats.last_clip_fraction, 1e-3) << what;
+}
+
+struct Policy {
+  const char* name;
+  co2_algorithm_t algorithm;
+  co2_penalty_t penalty;
+  co2_clip_t clip;
+  int nesterov;
+  double beta;
+};
+const Policy kPolicies[] = {
+    {"co2 plain", CO2_ALGO_CO2, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.0},
+    {"co2 constant+value clip", CO2_ALGO_CO2, CO2_PENALTY_CONSTANT, CO2_CLIP_VALUE, 0, 0.5},
+    {"co2 gap+norm clip", CO2_ALGO_CO2, CO2_PENALTY_GAP, CO2_CLIP_NORM, 0, 0.3},
+    {"co2 nesterov+gap", CO2_ALGO_CO2, CO2_PENALTY_GAP, CO2_CLIP_NONE, 1, 0.9},
+    {"diloco nesterov", CO2_ALGO_DILOCO, CO2_PENALTY_NONE, CO2_CLIP_NONE, 1, 0.9},
+    {"diloco gap+norm clip", CO2_ALGO_DILOCO, CO2_PENALTY_GAP, CO2_CLIP_NORM, 0, 0.2},
+    {"localsgd", CO2_ALGO_LOCALSGD, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.0},
+    {"sync", CO2_ALGO_SYNC, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.0},
+};
+
+co2_engine_config_t config_of(const Policy& p) {
+  co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+  c.algorithm = p.algorithm;
+  c.tau = 3;
+  c.outer_lr = 0.8;
+  c.outer_momentum = p.beta;
+  c.nesterov = p.nesterov;
+  c.penalty = p.penalty;
+  c.penalty_constant = 2.0;
+  c.clip = p.clip;
+  c.clip_threshold = p.clip == CO2_CLIP_VALUE ? 0.01 : 0.05;  // low enough that clipping happens
+  c.anchor_check_interval = 2;
+  return c;
+}
+
+TEST(DevicePath, EqualsHostForEveryAlgorithmAndPolicyAtOneRank) {
+  for (const Policy& p : kPolicies) {
+    const auto c = config_of(p);
+    expect_close(run(true, 1, c, 14), run(false, 1, c, 14), p.name);
+  }
+}
+
+// Two ranks on one GPU: device tensors over a point-to-point communicator take the staged path.
+TEST(DevicePath, TwoRanksOnOneGpuThroughTheStagedPathEqualHost) {
+  for (const Policy& p : kPolicies) {
+    const auto c = config_of(p);
+    expect_close(run(true, 2, c, 14), run(false, 2, c, 14), p.name);
+  }
+}
+
+// A non-boundary step returns while a long kernel still runs on the caller's stream: it did not
+// synchronise the host with the device.
+TEST(DevicePath, NonBoundaryStepDoesNotSynchronise) {
+  co2test::run_ranks(1, [&](int, co2_comm_t comm) {
+    cudaSetDevice(0);
+    co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+    c.tau = 4;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+    void* flat = nullptr;
+    CO2_ASSERT_OK(co2_engine_alloc_flat(engine, 1 << 20, CO2_DTYPE_FP32, CO2_DEVICE_CUDA, 0, &flat));
+    co2_segment_t seg = CO2_SEGMENT_INIT;
+    seg.name = "all";
+    seg.count = 1 << 20;
+    CO2_ASSERT_OK(co2_engine_add_segment(engine, &seg));
+    CO2_ASSERT_OK(co2_engine_commit(engine));
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    ASSERT_EQ(co2::device::kernels::spin(2000000000ull, stream), 0);  // 2 s
+    int boundary = -1;
+    CO2_ASSERT_OK(co2_engine_step(engine, stream, &boundary));
+    EXPECT_EQ(boundary, 0);
+    EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "step waited for the caller's stream";
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    CO2_ASSERT_OK(co2_engine_destroy(engine));
+    cudaStreamDestroy(stream);
+  });
+}
+
+// NCCL at world size 1 (NCCL refuses two ranks on one GPU): equal to the host path, and a co2
+// boundary only enqueues work (it returns while the caller's stream is still busy).
+TEST(DevicePath, NcclWorldSizeOneEqualsHostAndBoundaryOnlyEnqueues) {
+  cudaSetDevice(0);
+  co2_comm_config_t cc = CO2_COMM_CONFIG_INIT;
+  cc.transport = CO2_TRANSPORT_NCCL;
+  cc.group_name = "gpu-test-nccl";
+  cc.timeout_ms = 60000;
+  co2_comm_t comm = nullptr;
+  const co2_status_t s = co2_comm_create(&cc, &comm);
+  if (s == CO2_ERR_UNSUPPORTED) GTEST_SKIP() << "this build has no NCCL: " << co2_last_error_message();
+  CO2_ASSERT_OK(s);
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2) continue;
+    Result device;
+    train_rank(comm, 0, true, config_of(p), 14, &device);
+    expect_close(device, run(false, 1, config_of(p), 14), p.name);
+  }
+  co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+  c.tau = 1;  // every step is a boundary
+  co2_engine_t engine = nullptr;
+  CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+  void* flat = nullptr;
+  CO2_ASSERT_OK(co2_engine_alloc_flat(engine, 1 << 20, CO2_DTYPE_FP32, CO2_DEVICE_CUDA, 0, &flat));
+  co2_segment_t seg = CO2_SEGMENT_INIT;
+  seg.name = "all";
+  seg.count = 1 << 20;
+  CO2_ASSERT_OK(co2_engine_add_segment(engine, &seg));
+  CO2_ASSERT_OK(co2_engine_commit(engine));
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(co2::device::kernels::spin(1000000000ull, stream), 0);  // 1 s
+    int boundary = -1;
+    CO2_ASSERT_OK(co2_engine_step(engine, stream, &boundary));
+    EXPECT_EQ(boundary, 1);
+    EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "boundary " << i << " waited for the device";
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  CO2_ASSERT_OK(co2_engine_finalize(engine));
+  CO2_ASSERT_OK(co2_engine_destroy(engine));
+  cudaStreamDestroy(stream);
+  CO2_ASSERT_OK(co2_comm_destroy(comm));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (co2::device::usable_device_count(int(e), count) == 0) {
+    std::printf("no usable CUDA device (cudaGetDeviceCount: %d, %s): skipped\n", int(e), cudaGetErrorString(e));
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

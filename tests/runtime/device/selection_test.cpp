@@ -1,0 +1,179 @@
+// The host-side choices of the GPU path, on any machine: placement, averaging and transport
+// choices, the stream plan of a co2 boundary (checked against its ordering rules), chunking,
+// the report ring.
+#include "runtime/device/selection.hpp"
+
+#include <gtest/gtest.h>
+
+namespace co2::device {
+namespace {
+
+TEST(Selection, PlacementRefusesMixedTensors) {
+  Placement p = Placement::Host;
+  std::string why;
+  EXPECT_TRUE(choose_placement({0, 0}, &p, &why));
+  EXPECT_EQ(p, Placement::Host);
+  EXPECT_TRUE(choose_placement({1, 1, 1}, &p, &why));
+  EXPECT_EQ(p, Placement::Device);
+  EXPECT_FALSE(choose_placement({1, 0}, &p, &why));
+  EXPECT_NE(why.find("not both"), std::string::npos);
+}
+
+TEST(Selection, AveragingFollowsPlacementAndTransport) {
+  std::string why;
+  EXPECT_EQ(choose_averaging(Placement::Host, false, &why), Averaging::HostRing);
+  EXPECT_TRUE(why.empty());
+  EXPECT_EQ(choose_averaging(Placement::Device, true, &why), Averaging::Collective);
+  // GPU over UCX (or local): staged through pinned host memory, chosen without being asked.
+  EXPECT_EQ(choose_averaging(Placement::Device, false, &why), Averaging::StagedHost);
+  EXPECT_TRUE(why.empty());
+  // NCCL with host tensors is refused with a reason.
+  choose_averaging(Placement::Host, true, &why);
+  EXPECT_NE(why.find("NCCL"), std::string::npos);
+}
+
+TEST(Selection, TransportChoice) {
+  EXPECT_EQ(choose_transport(0, true, true), TransportChoice::Local);
+  EXPECT_EQ(choose_transport(1, false, false), TransportChoice::Local);
+  EXPECT_EQ(choose_transport(2, false, false), TransportChoice::Unavailable);
+  EXPECT_EQ(choose_transport(2, false, true), TransportChoice::Ucx);
+  EXPECT_EQ(choose_transport(3, false, true), TransportChoice::Unavailable);
+  EXPECT_EQ(choose_transport(3, true, false), TransportChoice::Nccl);
+  EXPECT_EQ(choose_transport(7, true, true), TransportChoice::Unavailable);
+}
+
+TEST(Selection, NoDriverMeansNoDevice) {
+  EXPECT_EQ(usable_device_count(35, 4), 0);  // cudaErrorInsufficientDriver
+  EXPECT_EQ(usable_device_count(100, 0), 0);
+  EXPECT_EQ(usable_device_count(0, 0), 0);
+  EXPECT_EQ(usable_device_count(0, 2), 2);
+}
+
+size_t count_kind(const std::vector<Op>& plan, OpKind kind) {
+  size_t n = 0;
+  for (const Op& op : plan) n += op.kind == kind;
+  return n;
+}
+
+// Boundaries back to back: the first has no average yet, later ones have.
+std::vector<std::vector<Op>> rounds(Averaging a, int n) {
+  std::vector<std::vector<Op>> plans;
+  for (int i = 0; i < n; ++i) plans.push_back(co2_boundary_plan(a, i > 0));
+  return plans;
+}
+
+TEST(StreamPlan, CollectivePathNeverBlocksTheHost) {
+  for (bool have_average : {false, true}) {
+    const auto plan = co2_boundary_plan(Averaging::Collective, have_average);
+    EXPECT_EQ(count_kind(plan, OpKind::HostWaitEvent), 0u);
+    EXPECT_EQ(count_kind(plan, OpKind::HostWaitAverage), 0u);
+    EXPECT_EQ(count_kind(plan, OpKind::Pass), 1u);
+    EXPECT_EQ(count_kind(plan, OpKind::DeviceAllReduce), 1u);
+    EXPECT_EQ(count_kind(plan, OpKind::SubmitHostAverage), 0u);
+  }
+  EXPECT_EQ(check_plan_sequence(rounds(Averaging::Collective, 5)), "");
+}
+
+TEST(StreamPlan, StagedPathBlocksOnceAfterTheCopyOut) {
+  const auto plan = co2_boundary_plan(Averaging::StagedHost, true);
+  EXPECT_EQ(count_kind(plan, OpKind::HostWaitEvent), 1u);
+  EXPECT_EQ(count_kind(plan, OpKind::HostWaitAverage), 1u);
+  EXPECT_EQ(count_kind(plan, OpKind::DeviceAllReduce), 0u);
+  EXPECT_EQ(count_kind(plan, OpKind::CopyAverageIn), 1u);
+  EXPECT_EQ(count_kind(plan, OpKind::CopyDeltaOut), 1u);
+  // The host blocks on the copy out, and only then submits.
+  size_t wait = 0, submit = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (plan[i].kind == OpKind::HostWaitEvent) wait = i;
+    if (plan[i].kind == OpKind::SubmitHostAverage) submit = i;
+  }
+  EXPECT_LT(wait, submit);
+  EXPECT_EQ(check_plan_sequence(rounds(Averaging::StagedHost, 5)), "");
+}
+
+TEST(StreamPlan, FrameworkMemoryOnlyOnTheCallersStream) {
+  for (Averaging a : {Averaging::Collective, Averaging::StagedHost})
+    for (const Op& op : co2_boundary_plan(a, true)) {
+      if (op.kind == OpKind::Pass || op.kind == OpKind::Coefficients || op.kind == OpKind::Report) {
+        EXPECT_EQ(op.stream, Stream::Caller);
+      }
+      if (op.kind == OpKind::DeviceAllReduce || op.kind == OpKind::CopyAverageIn || op.kind == OpKind::CopyDeltaOut) {
+        EXPECT_EQ(op.stream, Stream::Comm);
+      }
+    }
+}
+
+// The checker must catch broken plans, or the tests above prove nothing.
+TEST(StreamPlan, CheckerCatchesAWaitOnAnUnrecordedEvent) {
+  // A first boundary that pretends an average is there: AverageReady was never recorded.
+  const std::string error = check_plan_sequence({co2_boundary_plan(Averaging::Collective, true)});
+  EXPECT_NE(error.find("never recorded"), std::string::npos) << error;
+}
+
+TEST(StreamPlan, CheckerCatchesAMissingStreamWait) {
+  auto plans = rounds(Averaging::Collective, 3);
+  auto& second = plans[1];
+  for (size_t i = 0; i < second.size(); ++i)
+    if (second[i].kind == OpKind::StreamWaitEvent && second[i].stream == Stream::Caller) {
+      second.erase(second.begin() + long(i));
+      break;
+    }
+  const std::string error = check_plan_sequence(plans);
+  EXPECT_NE(error.find("races"), std::string::npos) << error;
+}
+
+TEST(StreamPlan, CheckerCatchesASubmitBeforeTheCopyCompleted) {
+  auto plans = rounds(Averaging::StagedHost, 2);
+  for (auto& plan : plans)
+    for (size_t i = 0; i < plan.size(); ++i)
+      if (plan[i].kind == OpKind::HostWaitEvent) {
+        plan.erase(plan.begin() + long(i));
+        break;
+      }
+  const std::string error = check_plan_sequence(plans);
+  EXPECT_NE(error.find("before the copy out completed"), std::string::npos) << error;
+}
+
+TEST(StreamPlan, CheckerCatchesAPassOnTheCommStream) {
+  auto plans = rounds(Averaging::Collective, 2);
+  for (Op& op : plans[1])
+    if (op.kind == OpKind::Pass) op.stream = Stream::Comm;
+  EXPECT_NE(check_plan_sequence(plans).find("caller's stream"), std::string::npos);
+}
+
+TEST(Chunks, NeverSpanSegmentsAndCoverEverything) {
+  const std::vector<size_t> counts = {1, 4096, 4097, 10000, 3};
+  const auto chunks = make_chunks(counts, 4096);
+  std::vector<size_t> covered(counts.size(), 0);
+  for (const Chunk& c : chunks) {
+    ASSERT_LT(c.segment, counts.size());
+    ASSERT_GE(c.count, 1u);
+    ASSERT_LE(c.count, 4096u);
+    EXPECT_EQ(c.begin, covered[c.segment]);  // in order, no gaps
+    covered[c.segment] += c.count;
+  }
+  EXPECT_EQ(covered, counts);
+  EXPECT_EQ(chunks.size(), 1u + 1 + 2 + 3 + 1);
+  const auto first = first_chunk_of_segments(chunks, counts.size());
+  EXPECT_EQ(first, (std::vector<uint32_t>{0, 1, 2, 4, 7, 8}));
+  // The split depends only on the sizes: the deterministic order of the device norms.
+  EXPECT_EQ(make_chunks(counts, 4096).size(), chunks.size());
+}
+
+TEST(ReportRing, FoldsInOrderAndSaysWhenFull) {
+  ReportRing ring(3);
+  EXPECT_TRUE(ring.empty());
+  EXPECT_EQ(ring.push(), 0u);
+  EXPECT_EQ(ring.push(), 1u);
+  EXPECT_EQ(ring.push(), 2u);
+  EXPECT_TRUE(ring.full());
+  EXPECT_EQ(ring.oldest(), 0u);
+  ring.pop();
+  EXPECT_FALSE(ring.full());
+  EXPECT_EQ(ring.push(), 0u);  // wraps into the freed slot
+  EXPECT_EQ(ring.oldest(), 1u);
+  EXPECT_EQ(ring.in_flight(), 3u);
+}
+
+}  // namespace
+}  // namespace co2::device

@@ -1,0 +1,311 @@
+#include "transports/nccl/transport.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace co2::transport::nccl {
+namespace {
+
+std::string nccl_text(ncclResult_t r) { return std::string(ncclGetErrorString(r)) + " (" + std::to_string(int(r)) + ")"; }
+
+ncclDataType_t nccl_type(Element e) {
+  switch (e) {
+    case Element::F32: return ncclFloat32;
+    case Element::F64: return ncclFloat64;
+    case Element::I32: return ncclInt32;
+    case Element::I64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+size_t element_bytes(Element e) { return e == Element::F32 || e == Element::I32 ? 4 : 8; }
+
+ncclRedOp_t nccl_op(Reduction r) {
+  switch (r) {
+    case Reduction::Sum: return ncclSum;
+    case Reduction::Avg: return ncclAvg;
+    case Reduction::Min: return ncclMin;
+    case Reduction::Max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// An error NCCL reports asynchronously: a remote error means a peer went away.
+Outcome outcome_of(ncclResult_t r) { return r == ncclRemoteError || r == ncclSystemError ? Outcome::PeerLost : Outcome::Failed; }
+
+bool is_device_memory(const void* p) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
+class NcclCollective final : public Collective {
+ public:
+  NcclCollective(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device,
+                 std::chrono::milliseconds timeout)
+      : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+
+  ~NcclCollective() override {
+    cudaSetDevice(device_);
+    for (auto& [handle, op] : ops_) release(op);
+    std::lock_guard<std::mutex> lock(comm_mutex_);
+    if (comm_) {
+      if (aborted_.load()) {
+        // already aborted: the communicator is gone
+      } else {
+        ncclCommAbort(comm_);  // destroy without a collective barrier: peers may be gone
+      }
+      comm_ = nullptr;
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void* stream() const override { return stream_; }
+
+  Handle post_allreduce(const void* send, void* recv, size_t count, Element element, Reduction op) override {
+    const size_t bytes = count * element_bytes(element);
+    Op o = stage(send, recv, bytes, bytes);
+    return enqueue(std::move(o), [&](const void* s, void* r) {
+      return ncclAllReduce(s, r, count, nccl_type(element), nccl_op(op), comm_, stream_);
+    });
+  }
+
+  Handle post_broadcast(void* buffer, size_t count, Element element, int root) override {
+    const size_t bytes = count * element_bytes(element);
+    Op o = stage(buffer, buffer, bytes, bytes);
+    return enqueue(std::move(o), [&](const void* s, void* r) {
+      return ncclBroadcast(s, r, count, nccl_type(element), root, comm_, stream_);
+    });
+  }
+
+  Handle post_allgather(const void* send, void* recv, size_t count_per_rank, Element element) override {
+    const size_t bytes = count_per_rank * element_bytes(element);
+    Op o = stage(send, recv, bytes, bytes * size_t(size_));
+    return enqueue(std::move(o), [&](const void* s, void* r) {
+      return ncclAllGather(s, r, count_per_rank, nccl_type(element), comm_, stream_);
+    });
+  }
+
+  Outcome test(Handle handle) override {
+    auto it = ops_.find(handle);
+    if (it == ops_.end()) return Outcome::Failed;
+    Op& op = it->second;
+    Outcome outcome = op.failed;
+    if (outcome == Outcome::Pending) {
+      if (aborted_.load()) {
+        outcome = Outcome::Aborted;
+      } else {
+        cudaSetDevice(device_);
+        const cudaError_t e = cudaEventQuery(op.done);
+        if (e == cudaSuccess) {
+          if (op.host_recv) std::memcpy(op.host_recv, op.pinned_recv, op.recv_bytes);
+          outcome = Outcome::Done;
+        } else if (e != cudaErrorNotReady) {
+          set_error(std::string("CUDA error while waiting for an NCCL collective: ") + cudaGetErrorString(e));
+          outcome = Outcome::Failed;
+        } else {
+          std::lock_guard<std::mutex> lock(comm_mutex_);
+          ncclResult_t async = ncclSuccess;
+          if (comm_ && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+              async != ncclInProgress) {
+            set_error("NCCL reported " + nccl_text(async) + ": " + ncclGetLastError(comm_));
+            outcome = outcome_of(async);
+          }
+        }
+      }
+    }
+    if (outcome != Outcome::Pending) {
+      release(op);
+      ops_.erase(it);
+    }
+    return outcome;
+  }
+
+  void abort(const std::string& reason) override {
+    if (aborted_.exchange(true)) return;
+    set_error("aborted: " + reason);
+    std::lock_guard<std::mutex> lock(comm_mutex_);
+    if (comm_) {
+      cudaSetDevice(device_);
+      ncclCommAbort(comm_);  // releases the stream's pending collectives; peers see a remote error
+      comm_ = nullptr;
+    }
+  }
+
+  std::string error_message() const override {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    return error_;
+  }
+
+ private:
+  struct Op {
+    cudaEvent_t done = nullptr;
+    void* scratch = nullptr;        // device copy of host buffers
+    void* pinned_recv = nullptr;    // host result lands here first
+    void* host_recv = nullptr;      // ... and is copied here on completion
+    size_t recv_bytes = 0;
+    const void* send = nullptr;     // what NCCL reads
+    void* recv = nullptr;           // what NCCL writes
+    Outcome failed = Outcome::Pending;  // set when posting failed
+  };
+
+  // Device buffers are used in place; host buffers go through device scratch (and pinned memory
+  // for the result, so that nothing blocks the host).
+  Op stage(const void* send, void* recv, size_t send_bytes, size_t recv_bytes) {
+    cudaSetDevice(device_);
+    Op op;
+    op.send = send;
+    op.recv = recv;
+    op.recv_bytes = recv_bytes;
+    if (is_device_memory(recv) && is_device_memory(send)) return op;
+    if (cudaMalloc(&op.scratch, recv_bytes) != cudaSuccess ||
+        cudaHostAlloc(&op.pinned_recv, recv_bytes, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      set_error("out of device or pinned memory staging a host buffer for NCCL");
+      op.failed = Outcome::Failed;
+      return op;
+    }
+    // An in-place allgather's send aliases its block of recv: copy only send's bytes.
+    cudaMemcpyAsync(op.scratch, send, send_bytes, cudaMemcpyHostToDevice, stream_);
+    op.send = op.scratch;
+    op.recv = op.scratch;
+    op.host_recv = recv;
+    return op;
+  }
+
+  template <typename Call>
+  Handle enqueue(Op op, Call&& call) {
+    const Handle handle = next_handle_++;
+    if (op.failed == Outcome::Pending && aborted_.load()) op.failed = Outcome::Aborted;
+    if (op.failed == Outcome::Pending) {
+      std::unique_lock<std::mutex> lock(comm_mutex_);
+      ncclResult_t r = comm_ ? call(op.send, op.recv) : ncclInvalidUsage;
+      // A non-blocking communicator may still be connecting: the call is enqueued once the
+      // communicator's state leaves ncclInProgress. The lock is released between polls so that
+      // abort() (the communicator's timeout, co2_comm_abort) can end the wait.
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      while (r == ncclInProgress) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          set_error("NCCL could not start a collective within " + std::to_string(timeout_.count()) +
+                    " ms (its peers did not connect)");
+          op.failed = Outcome::Failed;
+          break;
+        }
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        lock.lock();
+        if (!comm_ || aborted_.load()) {
+          op.failed = Outcome::Aborted;
+          break;
+        }
+        if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
+      }
+      if (op.failed == Outcome::Pending && r != ncclSuccess) {
+        set_error("NCCL collective failed to start: " + nccl_text(r));
+        op.failed = outcome_of(r);
+      }
+    }
+    if (op.failed == Outcome::Pending) {
+      if (op.host_recv) cudaMemcpyAsync(op.pinned_recv, op.scratch, op.recv_bytes, cudaMemcpyDeviceToHost, stream_);
+      cudaEventCreateWithFlags(&op.done, cudaEventDisableTiming);
+      cudaEventRecord(op.done, stream_);
+    }
+    ops_.emplace(handle, op);
+    return handle;
+  }
+
+  void release(Op& op) {
+    if (op.done) cudaEventDestroy(op.done);
+    if (op.scratch) cudaFree(op.scratch);
+    if (op.pinned_recv) cudaFreeHost(op.pinned_recv);
+    op = Op{};
+  }
+
+  void set_error(const std::string& message) {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    if (error_.empty()) error_ = message;
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  const int rank_, size_, device_;
+  const std::chrono::milliseconds timeout_;  // bounds the wait for a collective to start
+  std::mutex comm_mutex_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex error_mutex_;
+  std::string error_;
+  std::unordered_map<Handle, Op> ops_;
+  Handle next_handle_ = 1;
+};
+
+}  // namespace
+
+int usable_devices() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count > 0 ? count : 0;
+}
+
+std::unique_ptr<Collective> connect(Rendezvous& store, const std::string& key, int rank, int size, int device,
+                                    std::chrono::milliseconds timeout) {
+  const int count = usable_devices();
+  if (count == 0) throw RendezvousError("the NCCL transport needs a usable CUDA device (cudaGetDeviceCount found none)");
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) throw RendezvousError("cudaGetDevice failed");
+  if (device < 0 || device >= count)
+    throw RendezvousError("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " found)");
+  if (cudaSetDevice(device) != cudaSuccess) throw RendezvousError("cudaSetDevice failed");
+
+  ncclUniqueId id;
+  const std::string id_key = "nccl/" + key + "/id";
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) throw RendezvousError("ncclGetUniqueId: " + nccl_text(r));
+    store.set(id_key, std::string(id.internal, sizeof id.internal));
+  } else {
+    const std::string bytes = store.get(id_key, timeout);
+    if (bytes.size() != sizeof id.internal) throw RendezvousError("the NCCL unique id in the store has the wrong size");
+    std::memcpy(id.internal, bytes.data(), sizeof id.internal);
+  }
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a missing peer is a timeout, not a hang
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (r == ncclInProgress) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ncclCommAbort(comm);
+      throw RendezvousError("NCCL group '" + key + "' did not form within " + std::to_string(timeout.count()) +
+                            " ms (a rank never joined, or two ranks share one GPU)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclInternalError;
+  }
+  if (r != ncclSuccess) {
+    if (comm) ncclCommAbort(comm);
+    throw RendezvousError("ncclCommInitRank failed: " + nccl_text(r) +
+                          " (NCCL refuses two ranks on one GPU: run one rank per GPU)");
+  }
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    ncclCommAbort(comm);
+    throw RendezvousError("cudaStreamCreate failed for the NCCL transport");
+  }
+  return std::make_unique<NcclCollective>(comm, stream, rank, size, device, timeout);
+}
+
+}  // namespace co2::transport::nccl
