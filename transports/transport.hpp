@@ -35,7 +35,7 @@ class PointToPoint {
 
   // Posts an asynchronous send/receive of `length` bytes. The buffer must stay valid until the
   // handle completes. Messages between one (sender, receiver) pair with the same tag are matched
-  // in posting order. A tag of kTagBits or more bits fails the operation (Outcome::Failed).
+  // in posting order. A tag wider than kTagBits bits fails the operation (Outcome::Failed).
   virtual Handle post_send(int peer, uint64_t tag, const void* data, size_t length) = 0;
   virtual Handle post_recv(int peer, uint64_t tag, void* data, size_t length) = 0;
 

@@ -118,13 +118,6 @@ class FileStore final : public Store {
     return result;
   }
 
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    const auto deadline = deadline_after(timeout);
-    for (const auto& key : keys)
-      get(key, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
-                        std::chrono::milliseconds(0)));
-  }
-
  private:
   std::string path_of(const std::string& key) const { return directory_ + "/" + file_name(key); }
 

@@ -18,7 +18,8 @@ constexpr std::chrono::milliseconds kDefaultStoreTimeout{300000};
 class Store : public transport::Rendezvous {
  public:
   // Blocks until every key in `keys` exists; throws transport::RendezvousError on timeout.
-  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  // By default one get() after another under one deadline; the TCP store waits server-side.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
 };
 
 // A store in this process's memory: shared by threads (tests, the in-process ranks).

@@ -336,6 +336,27 @@ TEST_P(TransportConformance, SizeMismatchIsReportedAtTheReceiver) {
   EXPECT_EQ(std::memcmp(again, sent, sizeof again), 0);
 }
 
+TEST_P(TransportConformance, LargeSizeMismatchEndsBothSides) {
+  // Large enough for UCX's rendezvous protocol: neither side may be left pending.
+  Group group = form(2);
+  std::vector<char> sent(size_t(1) << 20, 's'), received(size_t(1) << 19, 0);
+  const Handle recv = group[1]->post_recv(0, 6, received.data(), received.size());
+  const Handle send = group[0]->post_send(1, 6, sent.data(), sent.size());
+  EXPECT_EQ(wait_outcome(group, 1, recv), Outcome::SizeMismatch);
+  EXPECT_NE(group[1]->error_message().find("524288 bytes expected"), std::string::npos)
+      << group[1]->error_message();
+  const Outcome send_outcome = wait_outcome(group, 0, send);
+  EXPECT_NE(send_outcome, Outcome::Pending);
+  EXPECT_NE(send_outcome, Outcome::PeerLost);
+  // The tag still works afterwards.
+  std::vector<char> again(received.size(), 0);
+  const Handle recv2 = group[1]->post_recv(0, 6, again.data(), again.size());
+  const Handle send2 = group[0]->post_send(1, 6, sent.data(), again.size());
+  EXPECT_EQ(wait_outcome(group, 1, recv2), Outcome::Done);
+  EXPECT_EQ(wait_outcome(group, 0, send2), Outcome::Done);
+  EXPECT_EQ(again, std::vector<char>(again.size(), 's'));
+}
+
 TEST_P(TransportConformance, HandlesAreReleasedOnceFinished) {
   Group group = form(2);
   int value = 1, received = 0;

@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -91,6 +93,18 @@ int worker_fault(const fs::path& dir, int rank, int size, milliseconds timeout) 
   CommOptions options;
   options.timeout = timeout;
   auto comm = std::make_unique<Communicator>(connect_rank(dir, rank, size, kConnectTimeout), options);
+  // The test asks a rank to abort by creating abort.<rank>: from another thread, as a user would.
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    const fs::path trigger = dir / ("abort." + std::to_string(rank));
+    while (!done) {
+      if (fs::exists(trigger)) {
+        comm->abort();
+        return;
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  });
   std::vector<float> data(size_t(2) << 20, 1.0f);
   Status status = Status::Ok;
   std::string message;
@@ -106,6 +120,8 @@ int worker_fault(const fs::path& dir, int rank, int size, milliseconds timeout) 
     if (round == 0) write_file(dir / ("ready." + std::to_string(rank)), "");
   }
   const int64_t failed_at = now_ns();
+  done = true;
+  watcher.join();
   const auto destroy_start = Clock::now();
   comm.reset();
   const auto destroy_ms =
@@ -164,21 +180,30 @@ class Children {
     }
   }
 
-  pid_t spawn(const std::string& mode, int rank, int size, milliseconds timeout = milliseconds(0)) {
-    std::vector<std::string> args = {"/proc/self/exe", "--worker", mode, dir_.string(),
-                                     std::to_string(rank), std::to_string(size),
-                                     std::to_string(timeout.count())};
+  // Runs `--worker mode dir rank size timeout`, behind `prefix` (a command that runs the rest of
+  // its arguments, e.g. `ip netns exec NS`) if given, with `environment` added.
+  pid_t spawn(const std::string& mode, int rank, int size, milliseconds timeout = milliseconds(0),
+              std::vector<std::string> prefix = {},
+              const std::vector<std::pair<std::string, std::string>>& environment = {}) {
+    std::vector<std::string> args = std::move(prefix);
+    for (const std::string& arg : {self_path(), std::string("--worker"), mode, dir_.string(),
+                                   std::to_string(rank), std::to_string(size),
+                                   std::to_string(timeout.count())})
+      args.push_back(arg);
     const pid_t pid = ::fork();
     if (pid == 0) {
+      for (const auto& [name, value] : environment) ::setenv(name.c_str(), value.c_str(), 1);
       std::vector<char*> argv;
       for (auto& arg : args) argv.push_back(arg.data());
       argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
+      ::execvp(argv[0], argv.data());
       ::_exit(127);
     }
     running_.push_back(pid);
     return pid;
   }
+
+  static std::string self_path() { return fs::read_symlink("/proc/self/exe").string(); }
 
   // Waits for `pid` until `deadline`; its exit code, or -1 if it is still running then.
   int wait(pid_t pid, Clock::time_point deadline) {
@@ -382,6 +407,108 @@ TEST(UcxFaults, StoppedPeerTimesOutAndDestroyIsPrompt) {
     EXPECT_NE(report.message.find("no progress"), std::string::npos) << report.message;
     const int64_t waited_ns = report.failed_at_ns - stopped_at;
     EXPECT_LT(waited_ns, std::chrono::nanoseconds(kFaultTimeout + kFaultMargin).count())
+        << "rank " << rank;
+    EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
+  }
+}
+
+TEST(UcxFaults, AbortReachesTheLivePeersLongBeforeTheirTimeout) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  constexpr int kSize = 3, kAborter = 1;
+  constexpr milliseconds kLongTimeout{120000};
+  TemporaryDirectory dir;
+  Children children(dir.path());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < kSize; ++rank)
+    pids.push_back(children.spawn("fault", rank, kSize, kLongTimeout));
+  const auto ready_deadline = Clock::now() + std::chrono::seconds(60);
+  for (int rank = 0; rank < kSize; ++rank)
+    while (!fs::exists(dir.path() / ("ready." + std::to_string(rank)))) {
+      ASSERT_LT(Clock::now(), ready_deadline) << children.error_of(rank);
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  const int64_t aborted_at = now_ns();
+  write_file(dir.path() / ("abort." + std::to_string(kAborter)), "");
+  const auto deadline = Clock::now() + kFaultMargin + std::chrono::seconds(10);
+  for (int rank = 0; rank < kSize; ++rank) {
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0)
+        << "rank " << rank << " did not exit: " << children.error_of(rank);
+    const FaultReport report = read_fault(dir.path(), rank);
+    describe(rank, report, aborted_at);
+    EXPECT_EQ(report.status, Status::Aborted) << report.message;
+    EXPECT_NE(report.message.find("aborted on rank 1"), std::string::npos) << report.message;
+    EXPECT_LT(report.failed_at_ns - aborted_at, std::chrono::nanoseconds(kFaultMargin).count());
+    EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
+  }
+}
+
+// Two network namespaces joined by a veth pair, each rank in its own; removed on destruction.
+class VethLink {
+ public:
+  VethLink() {
+    const std::string id = std::to_string(::getpid() % 100000);
+    a_ = "ucxa" + id;
+    b_ = "ucxb" + id;
+    ok_ = run("ip netns add " + a_) && run("ip netns add " + b_) &&
+          run("ip link add " + a_ + " type veth peer name " + b_) &&
+          run("ip link set " + a_ + " netns " + a_) && run("ip link set " + b_ + " netns " + b_) &&
+          run("ip -n " + a_ + " addr add 10.231.7.1/24 dev " + a_) &&
+          run("ip -n " + b_ + " addr add 10.231.7.2/24 dev " + b_) &&
+          run("ip -n " + a_ + " link set " + a_ + " up") &&
+          run("ip -n " + b_ + " link set " + b_ + " up") &&
+          run("ip -n " + a_ + " link set lo up") && run("ip -n " + b_ + " link set lo up");
+  }
+  ~VethLink() {
+    run("ip netns del " + a_);
+    run("ip netns del " + b_);
+  }
+  bool ok() const { return ok_; }
+  // The namespace and device of side 0 or 1 (they share their name).
+  const std::string& side(int index) const { return index == 0 ? a_ : b_; }
+  bool take_down() { return run("ip -n " + b_ + " link set " + b_ + " down"); }
+
+ private:
+  static bool run(const std::string& command) {
+    return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+  }
+  std::string a_, b_;
+  bool ok_ = false;
+};
+
+TEST(UcxFaults, LinkThatGoesDownFailsBothSidesWithinTheTimeout) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  VethLink link;
+  if (!link.ok()) GTEST_SKIP() << "cannot create network namespaces and a veth pair here";
+  constexpr int kSize = 2;
+  TemporaryDirectory dir;
+  Children children(dir.path());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < kSize; ++rank)
+    pids.push_back(children.spawn("fault", rank, kSize, kFaultTimeout,
+                                  {"ip", "netns", "exec", link.side(rank)},
+                                  {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", link.side(rank)}}));
+  const auto ready_deadline = Clock::now() + std::chrono::seconds(60);
+  for (int rank = 0; rank < kSize; ++rank)
+    while (!fs::exists(dir.path() / ("ready." + std::to_string(rank)))) {
+      ASSERT_LT(Clock::now(), ready_deadline) << "rank " << rank << ": " << children.error_of(rank);
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  std::this_thread::sleep_for(milliseconds(200));
+  const int64_t down_at = now_ns();
+  ASSERT_TRUE(link.take_down());
+  const auto deadline = Clock::now() + kFaultTimeout + kFaultMargin + std::chrono::seconds(10);
+  for (int rank = 0; rank < kSize; ++rank) {
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0)
+        << "rank " << rank << " did not exit: " << children.error_of(rank);
+    const FaultReport report = read_fault(dir.path(), rank);
+    describe(rank, report, down_at);
+    // No reset reaches either side: the no-progress timeout (or UCX's keepalive) decides.
+    EXPECT_TRUE(report.status == Status::PeerTimeout || report.status == Status::PeerLost ||
+                report.status == Status::Aborted)
+        << "rank " << rank << ": status " << int(report.status) << ": " << report.message;
+    EXPECT_LT(report.failed_at_ns - down_at,
+              std::chrono::nanoseconds(kFaultTimeout + kFaultMargin).count())
         << "rank " << rank;
     EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
   }

@@ -54,18 +54,19 @@ constexpr size_t kNoticeBytes = 512;
 // ucp_worker_progress calls per progress(): enough to drain what a burst of messages queued.
 constexpr int kProgressRounds = 8;
 
-// How long wait_for_activity progresses the worker before it sleeps on the event fd (spinning
-// measured no better than sleeping at once on a shared 2-core machine, and it takes CPU from
-// the training thread).
-// CO2_UCX_SPIN_US overrides it (0: sleep at once).
+// How long wait_for_activity progresses the worker before it sleeps on the event fd; the
+// environment's CO2_UCX_SPIN_US overrides it. Spinning measured no better than sleeping at once
+// on a shared 2-core machine, and it takes CPU from the training thread.
 constexpr std::chrono::microseconds kDefaultSpin{0};
 
-std::chrono::microseconds spin_before_sleep() {
+std::chrono::microseconds spin_before_sleep(const std::string& where) {
   const char* text = std::getenv("CO2_UCX_SPIN_US");
   if (!text || !*text) return kDefaultSpin;
   char* end = nullptr;
   const long long value = std::strtoll(text, &end, 10);
-  if (*end != '\0' || value < 0) return kDefaultSpin;
+  if (*end != '\0' || value < 0)
+    throw RendezvousError(where + "CO2_UCX_SPIN_US must be a whole number of microseconds >= 0, "
+                          "not '" + text + "'");
   return std::chrono::microseconds(value);
 }
 
@@ -99,7 +100,7 @@ bool means_peer_lost(ucs_status_t status) {
 
 class UcxTransport final : public PointToPoint {
  public:
-  UcxTransport(int rank, int size);
+  UcxTransport(int rank, int size, std::chrono::microseconds spin);
   ~UcxTransport() override;
 
   // This worker's address, to publish.
@@ -169,7 +170,7 @@ class UcxTransport final : public PointToPoint {
 
   const int rank_;
   const int size_;
-  const std::chrono::microseconds spin_ = spin_before_sleep();
+  const std::chrono::microseconds spin_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;  // -1: the worker has no wakeup support; wait by progressing
@@ -205,7 +206,8 @@ class UcxTransport final : public PointToPoint {
 
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
 
-UcxTransport::UcxTransport(int rank, int size) : rank_(rank), size_(size) {
+UcxTransport::UcxTransport(int rank, int size, std::chrono::microseconds spin)
+    : rank_(rank), size_(size), spin_(spin) {
   const std::string where = "ucx transport rank " + std::to_string(rank) + ": ";
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);  // honours UCX_* variables
@@ -838,7 +840,7 @@ std::unique_ptr<PointToPoint> connect(Rendezvous& rendezvous, const std::string&
     throw RendezvousError(where + "timeout must be >= 0 ms, not " + std::to_string(timeout.count()));
   const auto deadline = Clock::now() + timeout;
 
-  auto transport = std::make_unique<UcxTransport>(rank, size);
+  auto transport = std::make_unique<UcxTransport>(rank, size, spin_before_sleep(where));
   rendezvous.set(key_prefix + std::to_string(rank), transport->address());
   std::vector<std::string> addresses(static_cast<size_t>(size));
   for (int peer = 0; peer < size; ++peer) {

@@ -1,0 +1,78 @@
+/* co2's all-reduce bandwidth through the public C API, one process per rank, launched like any
+ * co2 program (co2run, or by hand with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT): transport AUTO
+ * picks UCX. Same sizes, stopping rule and columns as mpi_allreduce.c and gloo_allreduce.py.
+ *   co2run --nproc-per-node W co2_allreduce [MIN_MIB MAX_MIB [CHUNK_BYTES]]  */
+#define _POSIX_C_SOURCE 200809L
+#include <co2/co2.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define MIN_SECONDS 1.0
+#define MIN_ITERS 3
+
+static void check(co2_status_t status, const char *call) {
+    if (status == CO2_OK) return;
+    fprintf(stderr, "%s: %s: %s\n", call, co2_status_string(status), co2_last_error_message());
+    exit(1);
+}
+#define CHECK(call) check((call), #call)
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A blocking all-reduce, as the other tools' calls are. */
+static void allreduce(co2_comm_t comm, void *buffer, size_t count, co2_dtype_t dtype, co2_reduce_op_t op) {
+    co2_request_t request;
+    CHECK(co2_allreduce(comm, buffer, count, dtype, op, NULL, &request));
+    CHECK(co2_request_wait(request, -1));
+    CHECK(co2_request_free(request));
+}
+
+int main(int argc, char **argv) {
+    co2_comm_config_t config = CO2_COMM_CONFIG_INIT;
+    co2_comm_t comm;
+    int32_t rank, world;
+    size_t mib, min_mib = 1, max_mib = 256;
+    if (argc >= 3) {
+        min_mib = (size_t)atol(argv[1]);
+        max_mib = (size_t)atol(argv[2]);
+    }
+    if (argc >= 4) config.chunk_bytes = (uint64_t)atoll(argv[3]);
+    CHECK(co2_comm_create(&config, &comm));
+    CHECK(co2_comm_rank(comm, &rank));
+    CHECK(co2_comm_size(comm, &world));
+    if (rank == 0) printf("# tool co2 ranks %d\n# bytes seconds algbw_GBps busbw_GBps\n", world);
+    for (mib = min_mib; mib <= max_mib; mib *= 4) {
+        const size_t bytes = mib << 20, count = bytes / sizeof(float);
+        float *buffer = malloc(bytes);
+        double start, elapsed = 0.0;
+        int32_t done = 0;
+        int iters = 0;
+        size_t i;
+        for (i = 0; i < count; ++i) buffer[i] = (float)(rank + 1) * 1e-3f;
+        allreduce(comm, buffer, count, CO2_DTYPE_FP32, CO2_REDUCE_SUM); /* warm-up */
+        start = now();
+        while (!done) {
+            allreduce(comm, buffer, count, CO2_DTYPE_FP32, CO2_REDUCE_SUM);
+            ++iters;
+            elapsed = now() - start;
+            /* every rank must agree on when to stop: rank 0 decides */
+            done = rank == 0 && iters >= MIN_ITERS && elapsed >= MIN_SECONDS;
+            allreduce(comm, &done, 1, CO2_DTYPE_INT32, CO2_REDUCE_MAX);
+        }
+        elapsed /= iters;
+        allreduce(comm, &elapsed, 1, CO2_DTYPE_FP64, CO2_REDUCE_MAX);
+        if (rank == 0)
+            printf("%zu %.6f %.3f %.3f\n", bytes, elapsed, (double)bytes / elapsed / 1e9,
+                   2.0 * (world - 1) / world * (double)bytes / elapsed / 1e9);
+        fflush(stdout);
+        free(buffer);
+    }
+    CHECK(co2_comm_destroy(comm));
+    return 0;
+}

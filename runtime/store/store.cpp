@@ -1,0 +1,16 @@
+#include "runtime/store/store.hpp"
+
+#include <algorithm>
+
+#include "runtime/store/deadline.hpp"
+
+namespace co2::store {
+
+void Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  const auto deadline = deadline_after(timeout);
+  for (const auto& key : keys)
+    get(key, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                      std::chrono::milliseconds(0)));
+}
+
+}  // namespace co2::store
