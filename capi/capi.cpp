@@ -539,6 +539,9 @@ CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_sta
     out.last_penalty_max = s.last_penalty_max;
     out.last_clip_scale_min = s.last_clip_scale_min;
     out.last_clip_fraction = s.last_clip_fraction;
+    out.step_time_ns = s.step_time_ns;
+    out.allreduce_time_ns = s.allreduce_time_ns;
+    out.advised_tau = s.advised_tau;
     const size_t caller_size = out_stats->size;
     std::memcpy(out_stats, &out, std::min(caller_size, sizeof out));
     out_stats->size = std::min(caller_size, sizeof out);

@@ -175,6 +175,7 @@ void Engine::save(const WriteFn& write) {
   State& s = *state_;
   require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before saving");
+  s.advisor.pause();  // a save between steps is not a training step
   collect_pending_average(s);
   check_anchor(s);
   Sink out(&write);
@@ -185,6 +186,7 @@ void Engine::load(const ReadFn& read) {
   State& s = *state_;
   require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
+  s.advisor.pause();
   require(static_cast<bool>(read), Status::InvalidArgument, "read callback is NULL");
   Source in(read);
   char magic[8];

@@ -95,6 +95,12 @@ class PlacementRollback {
   bool armed_ = true;
 };
 
+// Marks the caller's return to its own compute when an engine call leaves, normally or not.
+struct AdvisorExitGuard {
+  TauAdvisor& advisor;
+  ~AdvisorExitGuard() { advisor.caller_left(Clock::now()); }
+};
+
 bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
@@ -290,7 +296,9 @@ void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
     const std::string message = s.comm->error_message();
     fail(status, message.empty() ? "collective failed" : message);
   }
-  s.stats.collective_ns += elapsed_ns(request->submitted_at(), request->completed_at());
+  const uint64_t collective = elapsed_ns(request->submitted_at(), request->completed_at());
+  s.stats.collective_ns += collective;
+  s.advisor.allreduce_completed(collective);
 }
 
 uint64_t consensus_checksum(const Engine::State& s) {
@@ -599,6 +607,9 @@ void Engine::commit() {
 bool Engine::step(void* stream) {
   State& s = *state_;
   require_committed(s);
+  s.advisor.caller_entered(Clock::now());
+  s.advisor.step_ended();
+  const AdvisorExitGuard left{s.advisor};
   ++s.stats.steps;
   if (++s.steps_in_round < s.round_tau) return false;
   s.steps_in_round = 0;
@@ -638,6 +649,8 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
           "num_grads is " + std::to_string(num_grads) + " but " + std::to_string(s.num_trained) +
               " PARAMETER tensors are registered");
   check_comm(s);
+  s.advisor.caller_entered(Clock::now());
+  const AdvisorExitGuard left{s.advisor};
   if (s.device) return s.device->reduce_gradients(s, grads, num_grads, stream);
   FloatBuffer* buffer = &s.comm_buffer;
   if (s.config.algorithm != Algorithm::Sync) {  // comm_buffer may hold an average in flight
@@ -672,6 +685,7 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
 void Engine::finalize() {
   State& s = *state_;
   require_committed(s);
+  s.advisor.pause();
   if (s.config.algorithm != Algorithm::Co2) return synchronize();
   check_comm(s);
   if (s.device) return s.device->finalize(s);
@@ -683,6 +697,7 @@ void Engine::finalize() {
 void Engine::synchronize() {
   State& s = *state_;
   require_committed(s);
+  s.advisor.pause();
   check_comm(s);
   if (s.device) return s.device->synchronize(s);
   const bool mid_round = s.steps_in_round > 0;
@@ -717,6 +732,7 @@ void Engine::consensus(ConsensusKind kind, float* out, size_t count) {
   require(count == s.state_count, Status::InvalidArgument,
           "output count is " + std::to_string(count) + " but the consensus has " +
               std::to_string(s.state_count) + " elements (co2_engine_num_elements)");
+  s.advisor.pause();
   if (s.device) return s.device->consensus(s, kind, out, count);
   switch (kind) {
     case ConsensusKind::Anchor:
@@ -801,7 +817,11 @@ double Engine::get_param(Param key) const {
 
 EngineStats Engine::stats() const {
   if (state_->device && state_->committed) state_->device->fold_reports(*state_, /*wait=*/false);
-  return state_->stats;
+  EngineStats out = state_->stats;
+  out.step_time_ns = state_->advisor.step_ns();
+  out.allreduce_time_ns = state_->advisor.allreduce_ns();
+  out.advised_tau = state_->advisor.advised_tau();
+  return out;
 }
 
 float* Engine::anchor_for_testing() { return state_->anchor.data(); }

@@ -70,6 +70,10 @@ struct EngineStats {
   double last_penalty_max = 1.0;
   double last_clip_scale_min = 1.0;
   double last_clip_fraction = 0.0;
+  // The tau advisor (runtime/tau_advisor.hpp).
+  uint64_t step_time_ns = 0;
+  uint64_t allreduce_time_ns = 0;
+  uint32_t advised_tau = 0;
 };
 
 using WriteFn = std::function<bool(const void* data, size_t length)>;

@@ -10,6 +10,7 @@
 #include "runtime/comm.hpp"
 #include "runtime/device/device_path.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/tau_advisor.hpp"
 
 namespace co2 {
 
@@ -53,6 +54,7 @@ struct Engine::State {
   bool ready_average_finite = true;
 
   EngineStats stats;
+  TauAdvisor advisor;  // step and all-reduce times -> the smallest tau that hides the all-reduce
 
   // CUDA tensors (runtime/device/): the device path owns the outer state then, and the host
   // buffers above stay empty. placement: co2_device_kind_t of the tensors, -1 before the first.

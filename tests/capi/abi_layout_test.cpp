@@ -129,7 +129,7 @@ TEST(AbiLayout, Segment) {
 
 TEST(AbiLayout, EngineStats) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_stats_t), 136u);
+  EXPECT_EQ(sizeof(co2_engine_stats_t), 160u);
   EXPECT_EQ(alignof(co2_engine_stats_t), 8u);
   EXPECT_OFFSET(co2_engine_stats_t, size, 0);
   EXPECT_OFFSET(co2_engine_stats_t, version, 8);
@@ -149,6 +149,10 @@ TEST(AbiLayout, EngineStats) {
   EXPECT_OFFSET(co2_engine_stats_t, last_penalty_max, 112);
   EXPECT_OFFSET(co2_engine_stats_t, last_clip_scale_min, 120);
   EXPECT_OFFSET(co2_engine_stats_t, last_clip_fraction, 128);
+  EXPECT_OFFSET(co2_engine_stats_t, step_time_ns, 136);
+  EXPECT_OFFSET(co2_engine_stats_t, allreduce_time_ns, 144);
+  EXPECT_OFFSET(co2_engine_stats_t, advised_tau, 152);
+  EXPECT_OFFSET(co2_engine_stats_t, reserved0, 156);
 }
 
 TEST(AbiLayout, Allocator) {

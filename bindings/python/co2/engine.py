@@ -30,7 +30,8 @@ _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduce
                  "collective_ns", "boundary_wait_ns", "last_boundary_wait_ns",
                  "nonfinite_rounds", "nonfinite_local", "anchor_checks",
                  "resolved_outer_momentum", "last_penalty_min", "last_penalty_max",
-                 "last_clip_scale_min", "last_clip_fraction")
+                 "last_clip_scale_min", "last_clip_fraction", "step_time_ns",
+                 "allreduce_time_ns", "advised_tau")
 
 
 def engine_defaults():

@@ -415,11 +415,18 @@ typedef struct co2_engine_stats {
     double last_clip_scale_min;    /* norm clip: smallest factor (1 = none clipped)           */
     double last_clip_fraction;     /* value clip: fraction of momentum elements clamped;
                                       norm clip: fraction of segments scaled                   */
+    /* The tau advisor (smoothed means; 0 until measured). A caller whose library predates
+     * these fields passes a smaller size and does not receive them. */
+    uint64_t step_time_ns;         /* one training step: the caller's time between engine calls */
+    uint64_t allreduce_time_ns;    /* one all-reduce, submit to completion                      */
+    uint32_t advised_tau;          /* smallest tau with tau * step_time_ns >= allreduce_time_ns:
+                                      the co2 all-reduce then finishes within the next round    */
+    uint32_t reserved0;
 } co2_engine_stats_t;
 
 #define CO2_ENGINE_STATS_INIT                                                              \
     { sizeof(co2_engine_stats_t), CO2_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0,     \
-      1.0, 1.0, 1.0, 0.0 }
+      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0 }
 
 co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_stats_t *out_stats);
 

@@ -356,4 +356,4 @@ def test_stats_is_a_dict():
         stats = engine.stats()
         assert stats["steps"] == 4 and stats["rounds"] == 2 and stats["world_size"] == 1
         assert {"boundary_wait_ns", "collective_ns", "bytes_reduced",
-                "resolved_outer_momentum"} <= stats.keys()
+                "resolved_outer_momentum", "advised_tau"} <= stats.keys()

@@ -287,6 +287,18 @@ function co2_engine_add_segment(engine, segment)
     ccall(_co2_engine_add_segment_ptr[], co2_status_t, (co2_engine_t, Ptr{co2_segment_t}), engine, segment)
 end
 
+mutable struct co2_allocator_t
+    size::Csize_t
+    user::Ptr{Cvoid}
+    allocate::Ptr{Cvoid}
+    release::Ptr{Cvoid}
+end
+
+const _co2_engine_set_allocator_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_engine_set_allocator(engine, allocator)
+    ccall(_co2_engine_set_allocator_ptr[], co2_status_t, (co2_engine_t, Ptr{co2_allocator_t}), engine, allocator)
+end
+
 const _co2_engine_commit_ptr = Ref{Ptr{Cvoid}}(C_NULL)
 function co2_engine_commit(engine)
     ccall(_co2_engine_commit_ptr[], co2_status_t, (co2_engine_t,), engine)
@@ -351,6 +363,10 @@ mutable struct co2_engine_stats_t
     last_penalty_max::Cdouble
     last_clip_scale_min::Cdouble
     last_clip_fraction::Cdouble
+    step_time_ns::UInt64
+    allreduce_time_ns::UInt64
+    advised_tau::UInt32
+    reserved0::UInt32
 end
 
 const _co2_engine_get_stats_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -425,8 +441,14 @@ CO2_SEGMENT_INIT() = co2_segment_t(
     co2_tensor_role_t(0),
     Int32(0),
 )
+CO2_ALLOCATOR_INIT() = co2_allocator_t(
+    Csize_t(32),
+    Ptr{Cvoid}(C_NULL),
+    Ptr{Cvoid}(C_NULL),
+    Ptr{Cvoid}(C_NULL),
+)
 CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
-    Csize_t(136),
+    Csize_t(160),
     UInt32(1),
     Int32(0),
     UInt64(0),
@@ -444,6 +466,10 @@ CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
     Cdouble(1.0),
     Cdouble(1.0),
     Cdouble(0.0),
+    UInt64(0),
+    UInt64(0),
+    UInt32(0),
+    UInt32(0),
 )
 
 # ---- struct layouts as clang computed them for the generating target (bytes) ----
@@ -454,7 +480,8 @@ const LAYOUT = (
     co2_engine_config_t = (size = 88, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),
     co2_segment_t = (size = 40, align = 8, offsets = (size = 0, name = 8, offset = 16, count = 24, role = 32, reserved0 = 36,)),
-    co2_engine_stats_t = (size = 136, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128,)),
+    co2_allocator_t = (size = 32, align = 8, offsets = (size = 0, user = 8, allocate = 16, release = 24,)),
+    co2_engine_stats_t = (size = 160, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156,)),
 )
 
 # ---- symbol binding: CO2.jl's __init__ calls this with the dlopen'ed libco2 ----
@@ -482,6 +509,7 @@ const FUNCTION_NAMES = (
     :co2_engine_alloc_flat,
     :co2_engine_adopt_flat,
     :co2_engine_add_segment,
+    :co2_engine_set_allocator,
     :co2_engine_commit,
     :co2_engine_step,
     :co2_engine_reduce_gradients,
@@ -521,6 +549,7 @@ function bind_symbols!(handle::Ptr{Cvoid})
     _co2_engine_alloc_flat_ptr[] = Libdl.dlsym(handle, :co2_engine_alloc_flat)
     _co2_engine_adopt_flat_ptr[] = Libdl.dlsym(handle, :co2_engine_adopt_flat)
     _co2_engine_add_segment_ptr[] = Libdl.dlsym(handle, :co2_engine_add_segment)
+    _co2_engine_set_allocator_ptr[] = Libdl.dlsym(handle, :co2_engine_set_allocator)
     _co2_engine_commit_ptr[] = Libdl.dlsym(handle, :co2_engine_commit)
     _co2_engine_step_ptr[] = Libdl.dlsym(handle, :co2_engine_step)
     _co2_engine_reduce_gradients_ptr[] = Libdl.dlsym(handle, :co2_engine_reduce_gradients)

@@ -1048,6 +1048,117 @@ extern "C" {
         segment: *const co2_segment_t,
     ) -> co2_status_t;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct co2_allocator {
+    pub size: usize,
+    pub user: *mut ::std::os::raw::c_void,
+    pub allocate: ::std::option::Option<
+        unsafe extern "C" fn(
+            user: *mut ::std::os::raw::c_void,
+            bytes: usize,
+            device_index: i32,
+            stream: *mut ::std::os::raw::c_void,
+        ) -> *mut ::std::os::raw::c_void,
+    >,
+    pub release: ::std::option::Option<
+        unsafe extern "C" fn(
+            user: *mut ::std::os::raw::c_void,
+            ptr: *mut ::std::os::raw::c_void,
+            bytes: usize,
+            device_index: i32,
+            stream: *mut ::std::os::raw::c_void,
+        ),
+    >,
+}
+#[test]
+fn bindgen_test_layout_co2_allocator() {
+    assert_eq!(
+        ::std::mem::size_of::<co2_allocator>(),
+        32usize,
+        concat!("Size of: ", stringify!(co2_allocator))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<co2_allocator>(),
+        8usize,
+        concat!("Alignment of ", stringify!(co2_allocator))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_allocator>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_allocator),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_user() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_allocator>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).user) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_allocator),
+                "::",
+                stringify!(user)
+            )
+        );
+    }
+    test_field_user();
+    fn test_field_allocate() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_allocator>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).allocate) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_allocator),
+                "::",
+                stringify!(allocate)
+            )
+        );
+    }
+    test_field_allocate();
+    fn test_field_release() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_allocator>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).release) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_allocator),
+                "::",
+                stringify!(release)
+            )
+        );
+    }
+    test_field_release();
+}
+pub type co2_allocator_t = co2_allocator;
+extern "C" {
+    pub fn co2_engine_set_allocator(
+        engine: co2_engine_t,
+        allocator: *const co2_allocator_t,
+    ) -> co2_status_t;
+}
 extern "C" {
     pub fn co2_engine_commit(engine: co2_engine_t) -> co2_status_t;
 }
@@ -1115,12 +1226,16 @@ pub struct co2_engine_stats {
     pub last_penalty_max: f64,
     pub last_clip_scale_min: f64,
     pub last_clip_fraction: f64,
+    pub step_time_ns: u64,
+    pub allreduce_time_ns: u64,
+    pub advised_tau: u32,
+    pub reserved0: u32,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_stats() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_stats>(),
-        136usize,
+        160usize,
         concat!("Size of: ", stringify!(co2_engine_stats))
     );
     assert_eq!(
@@ -1434,6 +1549,74 @@ fn bindgen_test_layout_co2_engine_stats() {
         );
     }
     test_field_last_clip_fraction();
+    fn test_field_step_time_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).step_time_ns) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(step_time_ns)
+            )
+        );
+    }
+    test_field_step_time_ns();
+    fn test_field_allreduce_time_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).allreduce_time_ns) as usize - ptr as usize
+            },
+            144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(allreduce_time_ns)
+            )
+        );
+    }
+    test_field_allreduce_time_ns();
+    fn test_field_advised_tau() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).advised_tau) as usize - ptr as usize
+            },
+            152usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(advised_tau)
+            )
+        );
+    }
+    test_field_advised_tau();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            156usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
 }
 pub type co2_engine_stats_t = co2_engine_stats;
 extern "C" {

@@ -69,6 +69,10 @@ impl co2_engine_stats {
             last_penalty_max: 1.0,
             last_clip_scale_min: 1.0,
             last_clip_fraction: 0.0,
+            step_time_ns: 0,
+            allreduce_time_ns: 0,
+            advised_tau: 0,
+            reserved0: 0,
         }
     }
 }

@@ -26,6 +26,12 @@ pub struct Stats {
     pub last_penalty_max: f64,
     pub last_clip_scale_min: f64,
     pub last_clip_fraction: f64,
+    /// The tau advisor: one training step (the caller's time between engine calls).
+    pub step_time_ns: u64,
+    /// One all-reduce, submit to completion.
+    pub allreduce_time_ns: u64,
+    /// Smallest tau with tau * step_time_ns >= allreduce_time_ns; 0 until measured.
+    pub advised_tau: u32,
 }
 
 impl From<&sys::co2_engine_stats_t> for Stats {
@@ -47,6 +53,9 @@ impl From<&sys::co2_engine_stats_t> for Stats {
             last_penalty_max: s.last_penalty_max,
             last_clip_scale_min: s.last_clip_scale_min,
             last_clip_fraction: s.last_clip_fraction,
+            step_time_ns: s.step_time_ns,
+            allreduce_time_ns: s.allreduce_time_ns,
+            advised_tau: s.advised_tau,
         }
     }
 }

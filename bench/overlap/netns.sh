@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Shaped links for benchmarks: one network namespace per rank, joined by a bridge, every rank's
+# link capped at RATE in each direction (tc tbf on both ends of its veth pair), like a host with
+# a full-duplex NIC of that rate.
+#
+#   netns.sh run --ranks W [--rate RATE] [--prefix P] -- COMMAND [ARGS...]
+#       Sets up, runs COMMAND in the root namespace with the environment below, and removes
+#       everything it created when COMMAND ends, fails, or the script is interrupted.
+#   netns.sh down [--prefix P]   removes leftovers of a killed run (namespaces named P*)
+#   netns.sh check               exit 0 if this process may create namespaces, 77 if not
+#
+# COMMAND sees: CO2_NETNS_RANKS=W, CO2_NETNS_PREFIX, CO2_NETNS_RATE, CO2_NETNS_IFACE_PATTERN (eth%d: the rank's
+# interface name inside its namespace), CO2_NETNS_ADDR_0..W-1 (rank addresses). It starts rank i
+# with `ip netns exec ${CO2_NETNS_PREFIX}r$i ...`.
+#
+# RATE is tc's syntax (100mbit, 1gbit) or "none" for uncapped veth. Topology: namespace
+# ${P}br holds bridge br0; namespace ${P}r$i holds eth$i = 10.77.0.(i+1)/24 whose peer is a port of
+# br0. Everything lives in namespaces of its own: the host's interfaces are never touched.
+set -euo pipefail
+
+PREFIX_DEFAULT="co2b"
+SUBNET="10.77.0"
+
+die() { echo "netns.sh: $*" >&2; exit 2; }
+
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+
+# Namespaces need CAP_SYS_ADMIN, links and qdiscs CAP_NET_ADMIN: try, do not guess from uid.
+check_privilege() {
+  local probe="co2probe$$"
+  if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+    echo "netns.sh: needs iproute2 (ip, tc): apt-get install iproute2" >&2
+    return 77
+  fi
+  if ! ip netns add "$probe" 2>/dev/null; then
+    echo "netns.sh: cannot create network namespaces here (needs root, or CAP_SYS_ADMIN and" \
+         "CAP_NET_ADMIN); nothing was changed. Run as root, or use the loopback mode." >&2
+    return 77
+  fi
+  ip netns del "$probe"
+  return 0
+}
+
+# Removes every namespace named PREFIX* (the veth pairs and qdiscs go with them).
+teardown() {
+  local prefix="$1" ns
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${prefix}" || true); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
+
+# tbf needs a bucket of at least one maximal (GSO) packet and enough for the rate at timer
+# granularity; 256 KiB covers 100 Mbit/s, faster links get rate/100 (10 ms worth).
+tbf_args() {
+  local rate="$1" bits burst
+  bits=$(tc_rate_bits "$rate")
+  burst=$(( bits / 8 / 100 ))
+  (( burst < 262144 )) && burst=262144
+  echo "rate $rate burst $burst latency 50ms"
+}
+
+tc_rate_bits() {
+  local r="${1,,}" n unit
+  n="${r%%[a-z]*}"
+  unit="${r#"$n"}"
+  case "$unit" in
+    gbit) echo $(( n * 1000000000 )) ;;
+    mbit) echo $(( n * 1000000 )) ;;
+    kbit) echo $(( n * 1000 )) ;;
+    bit|"") echo "$n" ;;
+    *) die "unknown rate unit in '$1' (use kbit, mbit, gbit or none)" ;;
+  esac
+}
+
+setup() {
+  local prefix="$1" ranks="$2" rate="$3" i ns
+  ip netns add "${prefix}br"
+  ip -n "${prefix}br" link add br0 type bridge
+  ip -n "${prefix}br" link set br0 up
+  ip -n "${prefix}br" link set lo up
+  for (( i = 0; i < ranks; i++ )); do
+    ns="${prefix}r$i"
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link add "eth$i" type veth peer name "port$i" netns "${prefix}br"
+    ip -n "$ns" addr add "${SUBNET}.$(( i + 1 ))/24" dev "eth$i"
+    ip -n "$ns" link set "eth$i" up
+    ip -n "${prefix}br" link set "port$i" master br0
+    ip -n "${prefix}br" link set "port$i" up
+    if [[ "$rate" != "none" ]]; then
+      # shellcheck disable=SC2046
+      tc -n "$ns" qdisc add dev "eth$i" root tbf $(tbf_args "$rate")
+      # shellcheck disable=SC2046
+      tc -n "${prefix}br" qdisc add dev "port$i" root tbf $(tbf_args "$rate")
+    fi
+  done
+}
+
+cmd="${1:-}"
+[[ -n "$cmd" ]] || usage
+shift
+prefix="$PREFIX_DEFAULT"
+ranks=""
+rate="none"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --ranks) ranks="$2"; shift 2 ;;
+    --rate) rate="$2"; shift 2 ;;
+    --prefix) prefix="$2"; shift 2 ;;
+    --) shift; break ;;
+    -h|--help) usage ;;
+    *) die "unknown argument '$1'" ;;
+  esac
+done
+[[ "$prefix" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--prefix must be 1-8 lowercase letters/digits"
+
+case "$cmd" in
+  check)
+    check_privilege
+    ;;
+  down)
+    teardown "$prefix"
+    ;;
+  run)
+    [[ "$ranks" =~ ^[0-9]+$ && "$ranks" -ge 1 && "$ranks" -le 64 ]] || die "--ranks must be 1..64"
+    [[ $# -gt 0 ]] || die "run needs a command after --"
+    [[ "$rate" == "none" ]] || tc_rate_bits "$rate" >/dev/null
+    check_privilege || exit $?
+    if ip netns list | awk '{print $1}' | grep -q "^${prefix}"; then
+      die "namespaces named ${prefix}* exist already (another run, or a killed one: netns.sh down --prefix $prefix)"
+    fi
+    # From here on, whatever happens, the namespaces go.
+    # The command runs in the background so that a signal to this script is handled at once
+    # (bash runs traps only between foreground commands): the command is stopped, then torn down.
+    child=""
+    stop_child() { [[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null || true; }
+    trap 'teardown "$prefix"' EXIT
+    trap 'stop_child; exit 130' INT
+    trap 'stop_child; exit 143' TERM
+    trap 'stop_child; exit 129' HUP
+    setup "$prefix" "$ranks" "$rate"
+    export CO2_NETNS_RANKS="$ranks" CO2_NETNS_PREFIX="$prefix" CO2_NETNS_RATE="$rate"
+    for (( i = 0; i < ranks; i++ )); do
+      export "CO2_NETNS_ADDR_$i=${SUBNET}.$(( i + 1 ))"
+    done
+    # Each rank has its own interface name (eth$i); the command picks it per rank.
+    export CO2_NETNS_IFACE_PATTERN="eth%d"
+    "$@" &
+    child=$!
+    status=0
+    wait "$child" || status=$?
+    child=""
+    exit "$status"
+    ;;
+  *)
+    die "unknown command '$cmd' (run, down, check)"
+    ;;
+esac
