@@ -1,0 +1,221 @@
+"""co2.Communicator: a group of ranks, and raw collectives on numpy arrays / torch tensors."""
+import itertools
+import os
+
+import numpy as np
+
+from . import capi
+from . import _buffers
+from . import _launch
+
+TRANSPORTS = {"auto": capi.CO2_TRANSPORT_AUTO, "local": capi.CO2_TRANSPORT_LOCAL,
+              "ucx": capi.CO2_TRANSPORT_UCX, "nccl": capi.CO2_TRANSPORT_NCCL}
+REDUCE_OPS = {"sum": capi.CO2_REDUCE_SUM, "avg": capi.CO2_REDUCE_AVG,
+              "min": capi.CO2_REDUCE_MIN, "max": capi.CO2_REDUCE_MAX}
+
+# Communicators created through torchrun's store, in creation order (same on every rank).
+_torchrun_sequence = itertools.count()
+
+
+def _enum(table, value, what):
+    if isinstance(value, str):
+        try:
+            return table[value.lower()]
+        except KeyError:
+            raise ValueError(f"unknown {what} {value!r}; one of {', '.join(table)}") from None
+    return int(value)
+
+
+def unique_id():
+    """A fresh group id (bytes) for Communicator(unique_id=...): create it on one rank and hand
+    it to the others by your own means (MPI, torch.distributed, a file)."""
+    return capi.get_unique_id()
+
+
+def comm_defaults():
+    """The C API's communicator defaults (co2_comm_config_init) as a dict."""
+    config = capi.comm_config()
+    return {"transport": config.transport, "timeout_ms": config.timeout_ms,
+            "chunk_bytes": config.chunk_bytes}
+
+
+class Request:
+    """An asynchronous collective in flight. The buffer stays referenced (and must stay
+    untouched) until wait() returned or test() said done."""
+
+    def __init__(self, handle, buffer):
+        self._handle = handle
+        self._buffer = buffer
+
+    def test(self):
+        """True once complete (and frees the request); raises the collective's failure."""
+        if self._handle is None:
+            return True
+        if capi.request_test(self._handle):
+            self._free()
+            return True
+        return False
+
+    def wait(self, timeout_ms=None):
+        """Waits for completion (None: until done or the communicator's no-progress timeout).
+        co2.TimeoutError leaves the request pending and usable. Returns the buffer."""
+        if self._handle is not None:
+            capi.request_wait(self._handle, -1 if timeout_ms is None else int(timeout_ms))
+            self._free()
+        return self._buffer
+
+    def _free(self):
+        handle, self._handle = self._handle, None
+        capi.request_free(handle)
+
+    def __del__(self):
+        # An incomplete request is waited for by co2_request_free: the buffer is in use.
+        if getattr(self, "_handle", None) is not None:
+            try:
+                self._free()
+            except Exception:  # noqa: BLE001 - nothing to report to from a finaliser
+                pass
+
+
+class Communicator:
+    """A rank of a group. Collective: every rank constructs one, and construction blocks until
+    all world_size ranks joined (or fails after timeout_ms with co2.RendezvousError).
+
+    rank, world_size: default to the launcher's environment (RANK/WORLD_SIZE as torchrun and
+        co2run set them, else OMPI_COMM_WORLD_*, SLURM_*), else a group of one.
+    transport: "auto" (the default: the in-process transport, or UCX when the environment
+        describes several processes), "local" (ranks are threads of this process), "ucx".
+    group_name: ranks of the local transport with equal names form one group.
+    unique_id: bytes from co2.unique_id() on one rank, NCCL style; the group it names.
+    timeout_ms, chunk_bytes: None keeps the C API's defaults.
+    """
+
+    def __init__(self, rank=None, world_size=None, *, transport="auto", group_name=None,
+                 unique_id=None, timeout_ms=None, chunk_bytes=None):
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank and world_size, or neither (then the "
+                             "environment's RANK/WORLD_SIZE are used)")
+        if rank is None:
+            rank, world_size = _launch.rank_and_world() or (0, 1)
+        config = capi.comm_config()
+        config.transport = _enum(TRANSPORTS, transport, "transport")
+        config.rank = int(rank)
+        config.world_size = int(world_size)
+        if timeout_ms is not None:
+            config.timeout_ms = int(timeout_ms)
+        if chunk_bytes is not None:
+            config.chunk_bytes = int(chunk_bytes)
+        self._handle = None
+        if unique_id is None:
+            self._handle = capi.comm_create(config, group_name)
+        else:
+            self._handle = capi.comm_create_with_id(config, group_name, unique_id, int(rank),
+                                                    int(world_size))
+        self.rank = capi.comm_rank(self._handle)
+        self.world_size = capi.comm_size(self._handle)
+
+    @classmethod
+    def from_env(cls, **kwargs):
+        """The communicator a launcher describes. Under torchrun, whose agent already holds
+        MASTER_PORT, the group id goes through torch.distributed's store (or set
+        CO2_MASTER_PORT to a free port for co2's own store)."""
+        found = _launch.rank_and_world()
+        if found is None:
+            return cls(0, 1, **kwargs)
+        rank, world = found
+        if (world > 1 and _launch.under_torchrun() and "CO2_MASTER_PORT" not in os.environ
+                and "unique_id" not in kwargs):
+            kwargs["unique_id"] = _unique_id_through_torch(rank, world)
+        return cls(rank, world, **kwargs)
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise ValueError("the communicator was closed")
+        return self._handle
+
+    # --- raw collectives ---------------------------------------------------------------------
+
+    def allreduce_async(self, buffer, op="sum"):
+        """In-place all-reduce of a numpy array or torch tensor; returns a Request."""
+        op = _enum(REDUCE_OPS, op, "reduce op")
+        if isinstance(buffer, np.ndarray):
+            return Request(capi.allreduce(self.handle, buffer, op, None), buffer)
+        memory = _buffers.TensorMemory(buffer, "allreduce") if _buffers.is_torch_tensor(buffer) \
+            else _not_a_buffer(buffer, "allreduce")
+        return Request(capi.allreduce_address(self.handle, memory.address, memory.count,
+                                              memory.dtype, op, _buffers.current_stream(memory)),
+                       buffer)
+
+    def allreduce(self, buffer, op="sum"):
+        """Blocking in-place all-reduce; returns the buffer. The result is bit-identical on every
+        rank."""
+        return self.allreduce_async(buffer, op).wait()
+
+    def broadcast_async(self, buffer, root=0):
+        if isinstance(buffer, np.ndarray):
+            return Request(capi.broadcast(self.handle, buffer, int(root), None), buffer)
+        memory = _buffers.TensorMemory(buffer, "broadcast") if _buffers.is_torch_tensor(buffer) \
+            else _not_a_buffer(buffer, "broadcast")
+        return Request(capi.broadcast_address(self.handle, memory.address, memory.count,
+                                              memory.dtype, int(root),
+                                              _buffers.current_stream(memory)), buffer)
+
+    def broadcast(self, buffer, root=0):
+        """Blocking in-place broadcast from `root`; returns the buffer."""
+        return self.broadcast_async(buffer, root).wait()
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def abort(self):
+        """Fails every pending and future operation of the group with co2.AbortedError. Safe
+        from any thread, also while another thread is blocked in a call."""
+        capi.comm_abort(self.handle)
+
+    def close(self):
+        """Releases this reference (engines created on the communicator keep it alive)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            capi.comm_destroy(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def __repr__(self):
+        state = "closed" if self._handle is None else f"rank {self.rank} of {self.world_size}"
+        return f"<co2.Communicator {state}>"
+
+
+def _not_a_buffer(buffer, what):
+    raise TypeError(f"{what}: expected a numpy array or a torch tensor, got "
+                    f"{type(buffer).__name__}")
+
+
+def _unique_id_through_torch(rank, world):
+    """Rank 0 creates the id; everybody reads it from torch.distributed (its process group if
+    initialised, else torchrun's agent store at MASTER_ADDR:MASTER_PORT)."""
+    import datetime
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        box = [unique_id() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    timeout = datetime.timedelta(milliseconds=comm_defaults()["timeout_ms"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          False, timeout)
+    key = "co2/unique_id/{}/{}/{}".format(os.environ.get("TORCHELASTIC_RUN_ID", ""),
+                                          os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                                          next(_torchrun_sequence))
+    if rank == 0:
+        store.set(key, unique_id())
+    return bytes(store.get(key))

@@ -1,0 +1,274 @@
+"""co2.Engine: the algorithm's state for one rank, driven from the training thread."""
+import numpy as np
+
+from . import capi
+from . import _buffers
+from .communicator import _enum
+
+ALGORITHMS = {"co2": capi.CO2_ALGO_CO2, "sync": capi.CO2_ALGO_SYNC,
+              "localsgd": capi.CO2_ALGO_LOCALSGD, "diloco": capi.CO2_ALGO_DILOCO}
+PENALTIES = {"none": capi.CO2_PENALTY_NONE, "constant": capi.CO2_PENALTY_CONSTANT,
+             "gap": capi.CO2_PENALTY_GAP}
+CLIPS = {"none": capi.CO2_CLIP_NONE, "value": capi.CO2_CLIP_VALUE, "norm": capi.CO2_CLIP_NORM}
+ROLES = {"parameter": capi.CO2_ROLE_PARAMETER, "buffer": capi.CO2_ROLE_BUFFER,
+         "excluded": capi.CO2_ROLE_EXCLUDED}
+PARAMS = {"outer_lr": capi.CO2_PARAM_OUTER_LR, "outer_momentum": capi.CO2_PARAM_OUTER_MOMENTUM,
+          "tau": capi.CO2_PARAM_TAU, "clip_threshold": capi.CO2_PARAM_CLIP_THRESHOLD,
+          "penalty_constant": capi.CO2_PARAM_PENALTY_CONSTANT,
+          "inner_lr": capi.CO2_PARAM_INNER_LR,
+          "anchor_check_interval": capi.CO2_PARAM_ANCHOR_CHECK_INTERVAL}
+CONSENSUS = {"anchor": capi.CO2_CONSENSUS_ANCHOR,
+             "local_average": capi.CO2_CONSENSUS_LOCAL_AVERAGE}
+DTYPES = {"float32": capi.CO2_DTYPE_FP32, "fp32": capi.CO2_DTYPE_FP32}
+
+# Keyword arguments of Engine and the enum table (if any) each one goes through.
+_CONFIG_KEYS = {"algorithm": ALGORITHMS, "tau": None, "warmup_sync_rounds": None,
+                "outer_lr": None, "outer_momentum": None, "nesterov": None, "penalty": PENALTIES,
+                "penalty_constant": None, "clip": CLIPS, "anchor_check_interval": None,
+                "clip_threshold": None, "inner_lr": None, "state_dtype": DTYPES}
+_STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduced",
+                 "collective_ns", "boundary_wait_ns", "last_boundary_wait_ns",
+                 "nonfinite_rounds", "nonfinite_local", "anchor_checks",
+                 "resolved_outer_momentum", "last_penalty_min", "last_penalty_max",
+                 "last_clip_scale_min", "last_clip_fraction", "step_time_ns",
+                 "allreduce_time_ns", "advised_tau")
+
+
+def engine_defaults():
+    """The C API's engine defaults (co2_engine_config_init) as a dict of Engine's keywords."""
+    config = capi.engine_config()
+    return {key: getattr(config, key) for key in _CONFIG_KEYS}
+
+
+class Engine:
+    """The outer algorithm for one rank. Keyword arguments left out (or None) keep the C API's
+    defaults (see co2.engine_defaults()): algorithm "co2", tau 12, outer_lr 1.0, outer_momentum
+    "auto" (by world size), no penalty, no clipping, anchor check every 100 rounds.
+
+    Lifecycle: register tensors (register) or adopt one flat storage and declare its segments
+    (adopt_flat, add_segment); commit() (collective: every rank gets rank 0's values); then per
+    training step: [reduce_gradients(grads) for sync], the optimizer step, step(). End with
+    finalize(). Memory handed over must outlive the engine: the engine keeps a reference.
+    """
+
+    def __init__(self, comm, algorithm="co2", **config):
+        values = {"algorithm": algorithm, **config}
+        c_config = capi.engine_config()
+        for key, value in values.items():
+            if key not in _CONFIG_KEYS:
+                raise TypeError(f"Engine got an unexpected keyword argument {key!r}; known: "
+                                f"{', '.join(_CONFIG_KEYS)}")
+            if value is None:
+                continue
+            if key == "outer_momentum" and isinstance(value, str):
+                if value != "auto":
+                    raise ValueError("outer_momentum is a number in [0, 1) or 'auto'")
+                value = capi.CO2_OUTER_MOMENTUM_AUTO
+            elif _CONFIG_KEYS[key] is not None:
+                value = _enum(_CONFIG_KEYS[key], value, key)
+            elif key == "nesterov":
+                value = int(bool(value))
+            try:
+                setattr(c_config, key, value)
+            except (TypeError, OverflowError) as exc:
+                raise TypeError(f"Engine: {key}={value!r}: {exc}") from None
+        self.comm = comm
+        self.algorithm = next((k for k, v in ALGORITHMS.items() if v == c_config.algorithm),
+                              c_config.algorithm)
+        self._keep = []          # memory handed to the engine: it must outlive it
+        self._trained = []       # element counts of PARAMETER tensors/segments, in order
+        self._elements = 0       # PARAMETER + BUFFER elements
+        self._flat = None
+        self._handle = None
+        self._handle = capi.engine_create(comm.handle, c_config)
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise ValueError("the engine was closed")
+        return self._handle
+
+    # --- layout -------------------------------------------------------------------------------
+
+    def register(self, name, tensor, role="parameter"):
+        """Registers a tensor the framework keeps (numpy float32 array or torch tensor)."""
+        role = _enum(ROLES, role, "role")
+        if isinstance(tensor, np.ndarray):
+            capi.engine_register_array(self.handle, name, tensor, role)
+            count = tensor.size
+        elif _buffers.is_torch_tensor(tensor):
+            memory = _buffers.TensorMemory(tensor, f"register({name!r})")
+            capi.engine_register_address(self.handle, name, memory.address, memory.count,
+                                         memory.dtype, memory.device, memory.device_index, role)
+            count = memory.count
+        else:
+            raise TypeError(f"register({name!r}): expected a numpy array or a torch tensor, "
+                            f"got {type(tensor).__name__}")
+        self._record(role, count)
+        self._keep.append(tensor)
+
+    def adopt_flat(self, storage):
+        """Adopts one flat storage (1-D float32 numpy array or torch tensor) the caller
+        allocated; declare its segments with add_segment."""
+        if isinstance(storage, np.ndarray):
+            capi.engine_adopt_flat_array(self.handle, storage)
+        elif _buffers.is_torch_tensor(storage):
+            memory = _buffers.TensorMemory(storage, "adopt_flat")
+            capi.engine_adopt_flat_address(self.handle, memory.address, memory.count,
+                                           memory.dtype, memory.device, memory.device_index)
+        else:
+            raise TypeError(f"adopt_flat: expected a numpy array or a torch tensor, got "
+                            f"{type(storage).__name__}")
+        self._flat = storage
+        self._keep.append(storage)
+
+    def add_segment(self, name, offset, count, role="parameter"):
+        """Declares [offset, offset + count) elements of the flat storage as one tensor."""
+        role = _enum(ROLES, role, "role")
+        capi.engine_add_segment(self.handle, name, int(offset), int(count), role)
+        self._record(role, int(count))
+
+    def _record(self, role, count):
+        if role == capi.CO2_ROLE_PARAMETER:
+            self._trained.append(count)
+        if role in (capi.CO2_ROLE_PARAMETER, capi.CO2_ROLE_BUFFER):
+            self._elements += count
+
+    def commit(self):
+        """Collective. Freezes the layout, checks it is the same on every rank and gives every
+        rank rank 0's values."""
+        capi.engine_commit(self.handle)
+
+    # --- training -----------------------------------------------------------------------------
+
+    def step(self, stream=None):
+        """Call after every optimizer step; True when this call was a round boundary."""
+        return bool(capi.engine_step(self.handle, stream))
+
+    def reduce_gradients(self, grads, stream=None):
+        """Collective, blocking: averages gradients in place. grads[i] belongs to the i-th
+        PARAMETER tensor (registration order): a float32 numpy array or torch tensor of that
+        tensor's size, or None (contributes zeros, receives nothing). Pass them on every call."""
+        grads = list(grads)
+        if len(grads) != len(self._trained):
+            raise ValueError(f"reduce_gradients: expected {len(self._trained)} gradients (one "
+                             f"per trained tensor), got {len(grads)}")
+        items = []
+        for i, (grad, count) in enumerate(zip(grads, self._trained)):
+            what = f"reduce_gradients (gradient {i})"
+            if grad is None:
+                items.append(None)
+                continue
+            _buffers.check_count(grad, count, what)
+            if isinstance(grad, np.ndarray):
+                items.append(grad)  # dtype, contiguity, writeability: checked in capi
+            else:
+                memory = _buffers.TensorMemory(grad, what)
+                if memory.dtype != capi.CO2_DTYPE_FP32:
+                    raise TypeError(f"{what}: expected float32, got {grad.dtype}")
+                if stream is None:
+                    stream = _buffers.current_stream(memory)
+                items.append(memory.address)
+        capi.engine_reduce_gradients(self.handle, items, stream)
+
+    def synchronize(self):
+        """Collective: every rank ends with the identical model (parameters = anchor)."""
+        capi.engine_synchronize(self.handle)
+
+    def finalize(self):
+        """Collective. End of training: applies the average in flight; parameters = anchor."""
+        capi.engine_finalize(self.handle)
+
+    @property
+    def num_elements(self):
+        """PARAMETER + BUFFER elements (after commit)."""
+        return capi.engine_num_elements(self.handle)
+
+    def consensus(self, kind="anchor", out=None):
+        """The consensus model as one flat float32 array, without changing the trajectory:
+        kind "anchor" (no communication) or "local_average" (collective). `out` (numpy or
+        torch, float32, num_elements long) is filled and returned; None allocates numpy."""
+        kind = _enum(CONSENSUS, kind, "consensus kind")
+        if out is None:
+            out = np.empty(self.num_elements, dtype=np.float32)
+        if isinstance(out, np.ndarray):
+            capi.engine_consensus(self.handle, kind, out)
+        else:
+            memory = _buffers.TensorMemory(out, "consensus") if _buffers.is_torch_tensor(out) \
+                else None
+            if memory is None:
+                raise TypeError(f"consensus: expected a numpy array or a torch tensor, got "
+                                f"{type(out).__name__}")
+            if memory.dtype != capi.CO2_DTYPE_FP32:
+                raise TypeError(f"consensus: expected float32, got {out.dtype}")
+            capi.engine_consensus_address(self.handle, kind, memory.address, memory.count)
+        return out
+
+    # --- parameters and statistics ------------------------------------------------------------
+
+    def set_param(self, key, value):
+        """Changes a hyper-parameter (outer_lr, outer_momentum, tau, clip_threshold,
+        penalty_constant, inner_lr, anchor_check_interval) on this rank; every rank must make
+        the same change at the same step."""
+        capi.engine_set_param(self.handle, _enum(PARAMS, key, "parameter"), float(value))
+
+    def get_param(self, key):
+        value = capi.engine_get_param(self.handle, _enum(PARAMS, key, "parameter"))
+        return int(value) if key in ("tau", "anchor_check_interval") else value
+
+    def stats(self):
+        """Statistics as a dict: steps, rounds, outer_updates, bytes_reduced, collective_ns,
+        boundary_wait_ns (time the training thread waited for the network), ..."""
+        raw = capi.engine_get_stats(self.handle)
+        return {field: getattr(raw, field) for field in _STATS_FIELDS}
+
+    # --- checkpoint -----------------------------------------------------------------------------
+
+    def state_size(self):
+        return capi.engine_state_size(self.handle)
+
+    def save(self, keep=True):
+        """Collective. The shared engine state as bytes (for torch.save / pickle); ranks that
+        pass keep=False take part and get None."""
+        return capi.engine_save_bytes(self.handle, int(bool(keep)))
+
+    def load(self, state):
+        """Not collective. Restores a state from save() (bytes-like); parameters become the
+        restored anchor (restore per-rank mid-round parameters afterwards)."""
+        capi.engine_load_bytes(self.handle, state)
+
+    def save_to(self, file):
+        """Collective. Streams the state into a binary file object (file.write); ranks that
+        pass None take part only. For states too large to hold twice in memory."""
+        capi.engine_save_to(self.handle, file)
+
+    def load_from(self, file):
+        """Not collective. Reads one saved state from a binary file object (file.read)."""
+        capi.engine_load_from(self.handle, file)
+
+    # --- lifetime -------------------------------------------------------------------------------
+
+    def close(self):
+        """Destroys the engine (waits for its all-reduce in flight); then releases the memory
+        it was handed."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            capi.engine_destroy(handle)
+        self._keep = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def __repr__(self):
+        state = "closed" if self._handle is None else f"{len(self._trained)} trained tensors"
+        return f"<co2.Engine {self.algorithm}, {state}>"

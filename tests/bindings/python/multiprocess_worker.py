@@ -1,0 +1,68 @@
+"""One rank of test_multiprocess.py, launched as a real process with the launcher's environment
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as co2run and torchrun set them).
+
+    multiprocess_worker.py train ALGORITHM OUT_DIR
+    multiprocess_worker.py checkpoint ALGORITHM PHASE OUT_DIR    (PHASE: full, first, second)
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+import co2
+import co2.torch
+import digits
+from test_torch import tiny_model, train_steps
+
+TOTAL_STEPS, CUT = 17, 7          # tau 3: step 7 is mid-round
+
+
+def train(algorithm, out):
+    comm = co2.Communicator.from_env()
+    result = digits.train_co2(algorithm, comm, digits.load_digits(), seed=0)
+    np.save(os.path.join(out, f"params{comm.rank}.npy"), result.pop("parameters"))
+    if comm.rank == 0:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump({k: result[k] for k in ("accuracy", "wall_s", "world_size", "steps")}, f)
+    comm.close()
+
+
+def checkpoint(algorithm, phase, out):
+    comm = co2.Communicator.from_env()
+    rank = comm.rank
+    config = {} if algorithm == "sync" else {"tau": 3}
+    model = tiny_model(42 if phase == "second" else 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = co2.torch.distribute(model, optimizer, algorithm=algorithm, comm=comm, **config)
+    path = os.path.join(out, f"rank{rank}.pt")
+    if phase == "first":
+        train_steps(model, optimizer, rank, 0, CUT)
+        torch.save({"co2": trainer.state_dict(), "next_step": CUT}, path)
+    else:
+        first = 0
+        if phase == "second":
+            state = torch.load(path)
+            trainer.load_state_dict(state["co2"])
+            first = state["next_step"]
+        train_steps(model, optimizer, rank, first, TOTAL_STEPS)
+        trainer.finalize()
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+        np.save(os.path.join(out, f"{phase}{rank}.npy"), flat)
+    trainer.close()
+    comm.close()
+
+
+def main(argv):
+    torch.set_num_threads(1)
+    if argv[0] == "train":
+        train(argv[1], argv[2])
+    elif argv[0] == "checkpoint":
+        checkpoint(argv[1], argv[2], argv[3])
+    else:
+        raise SystemExit(f"unknown mode {argv[0]!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,359 @@
+"""co2.capi and the co2 package: round trips of numpy arrays and torch tensors through the C API,
+bad input, exceptions, the GIL, checkpoints as bytes and as streams."""
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import co2
+from co2 import capi
+from conftest import local_comm, run_ranks, unique_group
+
+
+# --- version, defaults, errors ------------------------------------------------------------------
+
+def test_version_and_defaults_come_from_the_c_api():
+    assert co2.__version__ == "%d.%d.%d" % tuple(capi.get_version())
+    defaults = co2.engine_defaults()
+    assert defaults["tau"] == capi.CO2_DEFAULT_TAU == 12
+    assert defaults["outer_momentum"] == capi.CO2_OUTER_MOMENTUM_AUTO
+    assert defaults["algorithm"] == capi.CO2_ALGO_CO2
+    assert co2.comm_defaults()["timeout_ms"] == capi.CO2_DEFAULT_TIMEOUT_MS
+
+
+def test_failing_status_raises_with_the_library_message():
+    with co2.Communicator(0, 1, transport="local", group_name=unique_group()) as comm:
+        with co2.Engine(comm, algorithm="sync") as engine:
+            with pytest.raises(co2.InvalidStateError) as info:
+                engine.commit()                         # nothing registered
+            err = info.value
+            assert err.status == capi.CO2_ERR_INVALID_STATE
+            assert err.detail and err.detail in str(err)
+            assert err.status_string == capi.status_string(capi.CO2_ERR_INVALID_STATE)
+            engine.register("w", np.zeros(4, np.float32))
+            with pytest.raises(co2.DuplicateTensorError):
+                engine.register("w", np.zeros(4, np.float32))
+            with pytest.raises(co2.InvalidStateError):
+                engine.step()                           # before commit
+        with pytest.raises(co2.UnknownEnumError) as info:
+            co2.Engine(comm, algorithm=99)
+        assert info.value.status == capi.CO2_ERR_UNKNOWN_ENUM
+        assert isinstance(info.value, ValueError)
+        with pytest.raises(ValueError, match="unknown algorithm"):
+            co2.Engine(comm, algorithm="adam")
+        with pytest.raises(TypeError, match="unexpected keyword argument 'taux'"):
+            co2.Engine(comm, taux=3)
+        with pytest.raises(co2.InvalidArgumentError, match="world"):
+            co2.Communicator(0, 0, transport="local", group_name=unique_group())
+
+
+def test_engine_keywords_reach_the_engine():
+    with co2.Communicator(0, 1, transport="local", group_name=unique_group()) as comm, \
+            co2.Engine(comm, algorithm="diloco", tau=5, outer_lr=0.7, outer_momentum=0.9,
+                       nesterov=True, clip="norm", clip_threshold=2.0) as engine:
+        assert engine.algorithm == "diloco"
+        assert engine.get_param("tau") == 5
+        assert engine.get_param("outer_lr") == pytest.approx(0.7)
+        assert engine.get_param("outer_momentum") == pytest.approx(0.9)
+        assert engine.get_param("clip_threshold") == pytest.approx(2.0)
+        engine.set_param("tau", 7)
+        assert engine.get_param("tau") == 7
+        with pytest.raises(co2.InvalidArgumentError):
+            engine.set_param("outer_momentum", 1.5)
+        assert engine.get_param("outer_momentum") == pytest.approx(0.9)   # refused: unchanged
+
+
+def test_closed_handles_refuse_use():
+    comm = co2.Communicator(0, 1, transport="local", group_name=unique_group())
+    engine = co2.Engine(comm)
+    engine.close()
+    engine.close()                                      # idempotent, like destroy(NULL)
+    comm.close()
+    with pytest.raises(ValueError, match="closed"):
+        engine.step()
+    with pytest.raises(ValueError, match="closed"):
+        comm.abort()
+
+
+# --- zero-copy round trips -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_commit_writes_rank0_values_into_the_callers_memory(kind):
+    """No copy: the arrays the ranks registered are the memory the engine writes."""
+    group, world, n = unique_group(), 3, 37
+
+    def rank_main(rank):
+        values = np.arange(n, dtype=np.float32) + 100 * rank
+        tensor = values if kind == "numpy" else torch.from_numpy(values.copy())
+        before = tensor.ctypes.data if kind == "numpy" else tensor.data_ptr()
+        with local_comm(rank, world, group) as comm, co2.Engine(comm, algorithm="co2",
+                                                                tau=2) as engine:
+            engine.register("w", tensor)
+            engine.commit()
+            after = tensor.ctypes.data if kind == "numpy" else tensor.data_ptr()
+            assert before == after
+            got = np.array(tensor if kind == "numpy" else tensor.numpy())
+            out = engine.consensus("anchor")
+            return got, out
+
+    for got, out in run_ranks(world, rank_main):
+        np.testing.assert_array_equal(got, np.arange(n, dtype=np.float32))
+        np.testing.assert_array_equal(out, np.arange(n, dtype=np.float32))
+
+
+def test_allreduce_numpy_dtypes_and_torch_in_place():
+    group, world = unique_group(), 3
+
+    def rank_main(rank):
+        with local_comm(rank, world, group) as comm:
+            arrays = [np.full(5, rank + 1, np.float32), np.full(3, rank + 1, np.float64),
+                      np.full(4, rank + 1, np.int32), np.full(2, rank + 1, np.int64)]
+            for a in arrays:
+                assert comm.allreduce(a) is a          # in place, the same object
+            t = torch.full((2, 3), float(rank + 1))
+            comm.allreduce(t, "max")
+            b = np.full(6, float(rank), np.float32)
+            comm.broadcast(b, root=2)
+            return arrays, t, b
+
+    for arrays, t, b in run_ranks(world, rank_main):
+        for a in arrays:
+            assert (a == 6).all()
+        assert (t == 3).all()
+        assert (b == 2).all()
+
+
+def test_request_test_and_wait():
+    group = unique_group()
+
+    def rank_main(rank):
+        with local_comm(rank, 2, group) as comm:
+            a = np.ones(1000, np.float32)
+            request = comm.allreduce_async(a)
+            while not request.test():
+                time.sleep(0.001)
+            assert request.wait() is a
+            return a
+
+    for a in run_ranks(2, rank_main):
+        assert (a == 2).all()
+
+
+# --- bad input: clear exceptions, never a silent copy ------------------------------------------------
+
+def _one_rank_engine(algorithm="sync"):
+    comm = co2.Communicator(0, 1, transport="local", group_name=unique_group())
+    return comm, co2.Engine(comm, algorithm=algorithm)
+
+
+def test_wrong_dtype_raises():
+    comm, engine = _one_rank_engine()
+    with comm, engine:
+        with pytest.raises(TypeError, match="expected dtype float32, got double"):
+            engine.register("w", np.zeros(4))
+        with pytest.raises(TypeError, match="float32"):
+            engine.register("w", np.zeros(4, np.int32))
+        with pytest.raises((TypeError, co2.Error), match="(?i)fp64|float64|dtype"):
+            engine.register("t", torch.zeros(4, dtype=torch.float64))
+        with pytest.raises(TypeError, match="numpy array or a torch tensor"):
+            engine.register("l", [1.0, 2.0])
+        with pytest.raises(TypeError, match="bool"):
+            comm.allreduce(np.zeros(3, bool))
+
+
+def test_non_contiguous_and_read_only_raise():
+    comm, engine = _one_rank_engine()
+    with comm, engine:
+        matrix = np.zeros((4, 4), np.float32)
+        with pytest.raises(TypeError, match="not C-contiguous"):
+            engine.register("col", matrix[:, 1])
+        with pytest.raises(TypeError, match="not C-contiguous"):
+            engine.register("ft", np.asfortranarray(matrix))
+        with pytest.raises(TypeError, match="not contiguous"):
+            engine.register("tt", torch.zeros(3, 4).t())
+        frozen = np.zeros(4, np.float32)
+        frozen.setflags(write=False)
+        with pytest.raises(TypeError, match="read-only"):
+            engine.register("ro", frozen)
+        with pytest.raises(ValueError, match="empty"):
+            engine.register("empty", np.zeros(0, np.float32))
+
+
+def test_too_short_and_wrong_count_arrays_raise_without_writing():
+    comm, engine = _one_rank_engine()
+    with comm, engine:
+        w, b = np.ones(10, np.float32), np.ones(3, np.float32)
+        engine.register("w", w)
+        engine.register("b", b)
+        engine.commit()
+        short = np.full(9, 7.0, np.float32)
+        with pytest.raises(ValueError, match="expected 10 elements, got 9"):
+            engine.reduce_gradients([short, np.ones(3, np.float32)])
+        with pytest.raises(ValueError, match="expected 2 gradients"):
+            engine.reduce_gradients([np.ones(10, np.float32)])
+        with pytest.raises(ValueError, match="expected 3 elements"):
+            engine.reduce_gradients([np.ones(10, np.float32), torch.ones(4)])
+        with pytest.raises(TypeError, match="not C-contiguous"):
+            engine.reduce_gradients([np.ones(20, np.float32)[::2], np.ones(3, np.float32)])
+        out = np.full(12, -1.0, np.float32)                  # one too short
+        with pytest.raises(co2.InvalidArgumentError):
+            engine.consensus("anchor", out)
+        assert (out == -1.0).all()                           # nothing written
+        engine.reduce_gradients([np.full(10, 2.0, np.float32), None])   # one rank: unchanged
+        assert engine.consensus().shape == (13,)
+
+
+# --- the GIL ----------------------------------------------------------------------------------------
+
+def test_blocking_wait_releases_the_gil():
+    """Rank 0 blocks in a collective while rank 1 still has Python work to do before joining.
+    If the wait held the GIL, rank 1 could not run and rank 0's wait would time out."""
+    group = unique_group()
+    joined = threading.Event()
+
+    def rank_main(rank):
+        with local_comm(rank, 2, group) as comm:
+            a = np.ones(8, np.float32)
+            if rank == 0:
+                comm.allreduce_async(a).wait(timeout_ms=60000)
+                assert joined.is_set()
+            else:
+                total = sum(i * i for i in range(200000))   # Python code: needs the GIL
+                assert total > 0
+                joined.set()
+                comm.allreduce(a)
+            return a
+
+    for a in run_ranks(2, rank_main):
+        assert (a == 2).all()
+
+
+def test_abort_from_another_thread_wakes_a_blocked_rank():
+    group = unique_group()
+    comms, blocked = {}, threading.Event()
+
+    def rank_main(rank):
+        comm = local_comm(rank, 2, group)
+        comms[rank] = comm
+        if rank == 1:
+            blocked.wait(60)
+            time.sleep(0.1)
+            comm.abort()                                   # rank 0 is inside a blocking call
+            return None
+        blocked.set()
+        with pytest.raises(co2.AbortedError) as info:
+            comm.allreduce(np.ones(4, np.float32))         # rank 1 never joins
+        return info.value
+
+    results = run_ranks(2, rank_main)
+    assert isinstance(results[0], co2.PeerError)
+    for comm in comms.values():
+        comm.close()
+
+
+# --- unique ids ---------------------------------------------------------------------------------------
+
+def test_unique_id_names_a_group():
+    uid = co2.unique_id()
+    assert isinstance(uid, bytes) and len(uid) == capi.CO2_UNIQUE_ID_BYTES
+    assert co2.unique_id() != uid
+
+    def rank_main(rank):
+        with co2.Communicator(rank, 2, transport="local", unique_id=uid) as comm:
+            return comm.allreduce(np.full(3, rank + 1.0, np.float32))
+
+    for a in run_ranks(2, rank_main):
+        assert (a == 3).all()
+    with pytest.raises(ValueError, match="128 bytes"):
+        co2.Communicator(0, 1, transport="local", unique_id=b"short")
+    with pytest.raises(TypeError, match="bytes"):
+        co2.Communicator(0, 1, transport="local", unique_id="text")
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------
+
+def _trained_engines(group, world, steps=5):
+    """Engines after a few co2 steps; returns (comm, engine, w) per rank via the callback."""
+
+    def setup(rank):
+        comm = local_comm(rank, world, group)
+        engine = co2.Engine(comm, algorithm="co2", tau=2)
+        w = np.linspace(0, 1, 50, dtype=np.float32) + rank
+        engine.register("w", w)
+        engine.commit()
+        for step in range(steps):
+            w -= 0.01 * (rank + 1) * (step + 1)
+            engine.step()
+        return comm, engine, w
+    return setup
+
+
+def test_checkpoint_bytes_round_trip_and_bad_blobs():
+    group, world = unique_group(), 2
+    setup = _trained_engines(group, world)
+
+    def rank_main(rank):
+        comm, engine, w = setup(rank)
+        blob = engine.save(keep=(rank == 0))
+        assert (blob is None) == (rank != 0)
+        size = engine.state_size()
+        anchor = engine.consensus()
+        engine.close()
+        comm.close()
+        return blob, size, anchor
+
+    results = run_ranks(world, rank_main)
+    blob, size, anchor = results[0]
+    assert isinstance(blob, bytes) and len(blob) == size
+
+    with co2.Communicator(0, 1, transport="local", group_name=unique_group()) as comm, \
+            co2.Engine(comm, algorithm="co2", tau=2) as engine:
+        w = np.zeros(50, np.float32)
+        engine.register("w", w)
+        engine.commit()
+        engine.load(bytearray(blob))                       # any bytes-like object
+        np.testing.assert_array_equal(engine.consensus(), anchor)
+        np.testing.assert_array_equal(w, anchor)            # parameters = restored anchor
+        with pytest.raises(ValueError, match="truncated"):
+            engine.load(blob[:-1])
+        corrupt = bytearray(blob)
+        corrupt[len(blob) // 2] ^= 0xFF
+        with pytest.raises(co2.CheckpointCorruptError):
+            engine.load(bytes(corrupt))
+        np.testing.assert_array_equal(engine.consensus(), anchor)   # transactional
+        with pytest.raises(ValueError, match="follow the saved state"):
+            engine.load(blob + b"\0")
+
+
+def test_checkpoint_streams_through_file_objects():
+    group = unique_group()
+    setup = _trained_engines(group, 1)
+    comm, engine, w = setup(0)
+    with comm, engine:
+        stream = io.BytesIO()
+        engine.save_to(stream)
+        assert stream.getvalue() == engine.save()
+        stream.seek(0)
+        engine.load_from(stream)
+
+        class Broken(io.RawIOBase):
+            def write(self, data):
+                raise OSError("disk full")
+
+        with pytest.raises(OSError, match="disk full"):        # the file's own error
+            engine.save_to(Broken())
+        with pytest.raises(ValueError, match="ended early"):
+            engine.load_from(io.BytesIO(stream.getvalue()[:10]))
+
+
+def test_stats_is_a_dict():
+    group = unique_group()
+    comm, engine, w = _trained_engines(group, 1, steps=4)(0)
+    with comm, engine:
+        stats = engine.stats()
+        assert stats["steps"] == 4 and stats["rounds"] == 2 and stats["world_size"] == 1
+        assert {"boundary_wait_ns", "collective_ns", "bytes_reduced",
+                "resolved_outer_momentum", "advised_tau"} <= stats.keys()
