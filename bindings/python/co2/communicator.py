@@ -5,6 +5,7 @@ import os
 import numpy as np
 
 from . import capi
+from ._handle import OwnsHandle
 from . import _buffers
 from . import _launch
 
@@ -77,7 +78,7 @@ class Request:
                 pass
 
 
-class Communicator:
+class Communicator(OwnsHandle):
     """A rank of a group. Collective: every rank constructs one, and construction blocks until
     all world_size ranks joined (or fails after timeout_ms with co2.RendezvousError).
 
@@ -177,19 +178,6 @@ class Communicator:
         handle, self._handle = self._handle, None
         if handle is not None:
             capi.comm_destroy(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001
-                pass
 
     def __repr__(self):
         state = "closed" if self._handle is None else f"rank {self.rank} of {self.world_size}"

@@ -2,6 +2,7 @@
 import numpy as np
 
 from . import capi
+from ._handle import OwnsHandle
 from . import _buffers
 from .communicator import _enum
 
@@ -40,7 +41,7 @@ def engine_defaults():
     return {key: getattr(config, key) for key in _CONFIG_KEYS}
 
 
-class Engine:
+class Engine(OwnsHandle):
     """The outer algorithm for one rank. Keyword arguments left out (or None) keep the C API's
     defaults (see co2.engine_defaults()): algorithm "co2", tau 12, outer_lr 1.0, outer_momentum
     "auto" (by world size), no penalty, no clipping, anchor check every 100 rounds.
@@ -255,19 +256,6 @@ class Engine:
         if handle is not None:
             capi.engine_destroy(handle)
         self._keep = []
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001
-                pass
 
     def __repr__(self):
         state = "closed" if self._handle is None else f"{len(self._trained)} trained tensors"
