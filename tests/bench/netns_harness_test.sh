@@ -44,8 +44,12 @@ bash "$netns" run --ranks 2 --rate 7furlongs --prefix "$prefix" -- true 2>/dev/n
 if ip netns list | grep -q "^${prefix}"; then echo "FAIL: namespaces left after a bad rate"; fail=1; fi
 # Without the privilege: a polite refusal (77 and a message), nothing created.
 if command -v setpriv >/dev/null; then
-  msg=$(setpriv --reuid=65534 --regid=65534 --clear-groups bash "$netns" run --ranks 2 --prefix "$prefix" -- true 2>&1)
+  # A copy nobody can read wherever the checkout lives (CI clones into a 0700 directory).
+  readable=$(mktemp /tmp/co2-netns-XXXXXX.sh)
+  cp "$netns" "$readable" && chmod 0755 "$readable"
+  msg=$(setpriv --reuid=65534 --regid=65534 --clear-groups bash "$readable" run --ranks 2 --prefix "$prefix" -- true 2>&1)
   rc=$?
+  rm -f "$readable"
   [ "$rc" = 77 ] || { echo "FAIL: an unprivileged run exited $rc, not 77"; fail=1; }
   echo "$msg" | grep -q "needs root" || { echo "FAIL: no explanation for the refusal: $msg"; fail=1; }
   if ip netns list | grep -q "^${prefix}"; then echo "FAIL: namespaces after a refused run"; fail=1; fi
