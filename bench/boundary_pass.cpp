@@ -71,6 +71,39 @@ void pass_table(size_t max_millions, int repeats) {
   }
 }
 
+// co2 on the host splits the pass: prepare (m, next anchor) runs on the progress thread when
+// the average arrives; only apply (a <- a - p, p <- next anchor; 20 bytes per element) is left
+// at the boundary. Side by side with the fused pass it replaces there.
+void split_table(size_t max_millions, int repeats) {
+  std::printf("\nThe training thread's share at a co2 boundary: fused pass vs the split pass's apply half\n");
+  std::printf("%10s %12s %12s %12s %12s %8s\n", "N", "fused ms", "prepare ms", "apply ms", "apply GB/s",
+              "fused/apply");
+  for (size_t millions = 1; millions <= max_millions; millions *= 4) {
+    const size_t n = millions << 20;
+    co2::FloatBuffer p(n), a(n), m(n), c(n);
+    fill(p, 1.0f);
+    fill(a, 1.1f);
+    fill(m, 0.01f);
+    fill(c, 0.001f);
+    co2::OuterCoefficients k;
+    k.alpha = 0.7f;
+    k.beta = 0.9f;
+    k.lambda = 0.5f;
+    const double fused_s = best_of(repeats, [&] {
+      co2::run_boundary_pass({true, true, false, false, true}, p.data(), a.data(), m.data(), c.data(), n, k);
+    });
+    co2::PassFlags prepare{true, true, false, false, false};
+    prepare.prepare = true;
+    const double prepare_s = best_of(repeats, [&] {
+      co2::run_boundary_pass(prepare, nullptr, a.data(), m.data(), c.data(), n, k);
+    });
+    const double apply_s = best_of(repeats, [&] { co2::apply_prepared_segment(p.data(), a.data(), c.data(), n); });
+    std::printf("%9zuM %12.2f %12.2f %12.2f %12.2f %8.2f\n", millions, fused_s * 1e3, prepare_s * 1e3,
+                apply_s * 1e3, 20.0 * double(n) / apply_s / 1e9, fused_s / apply_s);
+    std::fflush(stdout);
+  }
+}
+
 int check(co2_status_t status, const char* what) {
   if (status != CO2_OK) {
     std::fprintf(stderr, "%s: %s (%s)\n", what, co2_status_string(status), co2_last_error_message());
@@ -122,6 +155,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   pass_table(max_millions, repeats);
+  split_table(max_millions, repeats);
   step_table();
   return 0;
 }

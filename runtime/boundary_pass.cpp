@@ -4,9 +4,11 @@ namespace co2 {
 namespace {
 
 template <bool kUpdate, bool kMomentum, bool kNesterov, bool kValueClip>
-PassResult dispatch_delta(bool write_delta, float* p, float* a, float* m, float* c, size_t n,
+PassResult dispatch_delta(const PassFlags& f, float* p, float* a, float* m, float* c, size_t n,
                           const OuterCoefficients& k) {
-  return write_delta
+  if (f.prepare)
+    return boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, false, true>(p, a, m, c, n, k);
+  return f.write_delta
              ? boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, true>(p, a, m, c, n, k)
              : boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, false>(p, a, m, c, n, k);
 }
@@ -14,8 +16,8 @@ PassResult dispatch_delta(bool write_delta, float* p, float* a, float* m, float*
 template <bool kUpdate, bool kMomentum, bool kNesterov>
 PassResult dispatch_clip(const PassFlags& f, float* p, float* a, float* m, float* c, size_t n,
                          const OuterCoefficients& k) {
-  return f.value_clip ? dispatch_delta<kUpdate, kMomentum, kNesterov, true>(f.write_delta, p, a, m, c, n, k)
-                      : dispatch_delta<kUpdate, kMomentum, kNesterov, false>(f.write_delta, p, a, m, c, n, k);
+  return f.value_clip ? dispatch_delta<kUpdate, kMomentum, kNesterov, true>(f, p, a, m, c, n, k)
+                      : dispatch_delta<kUpdate, kMomentum, kNesterov, false>(f, p, a, m, c, n, k);
 }
 
 template <bool kUpdate, bool kMomentum>
@@ -46,6 +48,24 @@ double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
     for (int lane = 0; lane < kNormLanes; ++lane) element(i + lane, lane);
   for (int lane = 0; i < n; ++i, ++lane) element(i, lane);
   return norm.total();
+}
+
+bool apply_prepared_segment(float* __restrict__ p, float* __restrict__ a, const float* __restrict__ c,
+                            size_t n) {
+  float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  auto element = [&](size_t j, int lane) {
+    const float delta = a[j] - p[j];  // the fused pass's expression: bit-identical deltas
+    probe[lane] += delta * 0.0f;
+    a[j] = delta;
+    p[j] = c[j];
+  };
+  size_t i = 0;
+  for (; i + kNormLanes <= n; i += kNormLanes)
+    for (int lane = 0; lane < kNormLanes; ++lane) element(i + lane, lane);
+  for (int lane = 0; i < n; ++i, ++lane) element(i, lane);
+  float total = 0.0f;
+  for (float v : probe) total += v;
+  return total == 0.0f;
 }
 
 bool all_finite(const float* x, size_t n) {

@@ -86,6 +86,9 @@ struct PassFlags {
   bool nesterov;
   bool value_clip;  // otherwise: scale by norm_scale
   bool write_delta; // c <- a - p (co2); otherwise p is only overwritten
+  // The first half of the split pass (co2 on the host): with update, m <- m_new and c <- the
+  // next anchor a - alpha*s; a and p are left alone. apply_prepared_segment is the other half.
+  bool prepare = false;
 };
 
 struct PassResult {
@@ -96,7 +99,8 @@ struct PassResult {
 
 // One segment. p: the framework's params; a: anchor; m: momentum (may be null when
 // !momentum); c: the comm buffer (average in, delta out).
-template <bool kUpdate, bool kMomentum, bool kNesterov, bool kValueClip, bool kWriteDelta>
+template <bool kUpdate, bool kMomentum, bool kNesterov, bool kValueClip, bool kWriteDelta,
+          bool kPrepare = false>
 PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, float* __restrict__ m,
                                  float* __restrict__ c, size_t n, const OuterCoefficients& k) {
   double norm_lane[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -124,8 +128,9 @@ PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, f
         anchor_new[l] = anchor_old[l] - k.alpha * step[l];
       }
       for (int l = 0; l < lanes; ++l) square_lane[first_lane + l] += step[l] * step[l];
-      for (int l = 0; l < lanes; ++l) a[base + l] = anchor_new[l];
+      for (int l = 0; l < lanes; ++l) (kPrepare ? c : a)[base + l] = anchor_new[l];
     }
+    if (kPrepare) return;
     if (kWriteDelta) {
       for (int l = 0; l < lanes; ++l) {
         const float delta = anchor_old[l] - p[base + l];
@@ -175,6 +180,11 @@ PassResult run_boundary_pass(const PassFlags& flags, float* p, float* a, float* 
 // (treated as zeros). The extra read pass norm clipping needs.
 double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
                                       const OuterCoefficients& k);
+
+// The second half of the split pass, at the boundary: a <- a - p (the delta, written into the
+// anchor's buffer, which the engine then swaps with the comm buffer), p <- c (the prepared next
+// anchor). Returns whether every delta was finite.
+bool apply_prepared_segment(float* p, float* a, const float* c, size_t n);
 
 // True when no element is NaN or infinite.
 bool all_finite(const float* x, size_t n);

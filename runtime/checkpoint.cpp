@@ -11,6 +11,10 @@
 //            u64 updates, f32 anchor[count] (if flags.anchor), f32 momentum[count] (if
 //            flags.momentum), f32 average[count] (if flags.average)
 //   trailer: u32 crc32(everything before), "CO2END!!"
+//
+// Version 2 adds flags.prepared (co2 on the host): the average slot holds the next anchor, the
+// momentum and gap history are already those after the update (docs/algorithm.md, "The split
+// boundary pass"). Blobs without it are written as version 1, which older libraries read.
 #include <cstring>
 #include <string>
 
@@ -28,12 +32,14 @@ namespace {
 constexpr char kMagic[8] = {'C', 'O', '2', 'S', 'T', 'A', 'T', 'E'};
 constexpr char kTrailer[8] = {'C', 'O', '2', 'E', 'N', 'D', '!', '!'};
 constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kPreparedFormatVersion = 2;
 
 constexpr uint32_t kBetaAuto = 1u << 0;
 constexpr uint32_t kNesterov = 1u << 1;
 constexpr uint32_t kHasMomentum = 1u << 2;
 constexpr uint32_t kHasAverage = 1u << 3;
 constexpr uint32_t kHasAnchor = 1u << 4;
+constexpr uint32_t kPrepared = 1u << 5;  // version 2
 
 // Counts bytes and CRC; forwards to the user's callback when there is one.
 class Sink {
@@ -104,15 +110,16 @@ size_t stateful_segments(const Engine::State& s) {
   return n;
 }
 
-// with_average: whether the blob carries an average (save collects an in-flight one first).
-Header header_of(const Engine::State& s, bool with_average) {
+// with_average: whether the blob carries an average (save collects an in-flight one first);
+// prepared: whether that average's update is already prepared.
+Header header_of(const Engine::State& s, bool with_average, bool prepared) {
   Header h;
   h.layout_hash = s.layout_hash;
   h.world_size = uint32_t(s.comm->size());
   h.algorithm = uint32_t(s.config.algorithm);
   h.flags = (s.beta_auto ? kBetaAuto : 0) | (s.config.nesterov ? kNesterov : 0) |
             (!s.momentum.empty() ? kHasMomentum : 0) | (with_average ? kHasAverage : 0) |
-            (s.has_anchor() ? kHasAnchor : 0);
+            (s.has_anchor() ? kHasAnchor : 0) | (prepared ? kPrepared : 0);
   h.tau = s.config.tau;
   h.round_tau = s.round_tau;
   h.steps_in_round = s.steps_in_round;
@@ -133,10 +140,11 @@ Header header_of(const Engine::State& s, bool with_average) {
   return h;
 }
 
-void serialize(const Engine::State& s, bool with_average, Sink& out) {
+void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& out) {
   out.bytes(kMagic, sizeof kMagic);
-  out.value(kFormatVersion);
-  Header h = header_of(s, with_average);
+  out.value(prepared ? kPreparedFormatVersion : kFormatVersion);
+  Header h = header_of(s, with_average, prepared);
+  const std::vector<GapHistory>& history = prepared ? s.prepared.history : s.history;
   auto put = [&](auto v) { out.value(v); };
   visit_header(put, h);
   out.value(out.crc());
@@ -147,9 +155,9 @@ void serialize(const Engine::State& s, bool with_average, Sink& out) {
     out.bytes(seg.name.data(), seg.name.size());
     out.value(uint32_t(seg.role));
     out.value(uint64_t(seg.count));
-    out.value(s.history[i].last_step_norm);
-    out.value(s.history[i].gap_sum);
-    out.value(s.history[i].updates);
+    out.value(history[i].last_step_norm);
+    out.value(history[i].gap_sum);
+    out.value(history[i].updates);
     const size_t bytes = seg.count * sizeof(float);
     if (h.flags & kHasAnchor) out.bytes(s.anchor.data() + seg.state_offset, bytes);
     if (h.flags & kHasMomentum) out.bytes(s.momentum.data() + seg.state_offset, bytes);
@@ -165,9 +173,10 @@ size_t Engine::state_size() const {
   const State& s = *state_;
   require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before asking for the state size");
-  // An average in flight counts: save collects it before writing.
+  // An average in flight counts: save collects it before writing. Whether its update is
+  // prepared changes no size (and is the progress thread's to write until it is collected).
   Sink counter(nullptr);
-  serialize(s, s.average_ready || s.pending != nullptr, counter);
+  serialize(s, s.average_ready || s.pending != nullptr, /*prepared=*/false, counter);
   return counter.total();
 }
 
@@ -179,7 +188,7 @@ void Engine::save(const WriteFn& write) {
   collect_pending_average(s);
   check_anchor(s);
   Sink out(&write);
-  serialize(s, s.average_ready, out);
+  serialize(s, s.average_ready, s.average_ready && s.prepared.ready, out);
 }
 
 void Engine::load(const ReadFn& read) {
@@ -195,9 +204,9 @@ void Engine::load(const ReadFn& read) {
           "not a co2 checkpoint (bad magic)");
   const auto version = in.value<uint32_t>();
   require(version != 0, Status::CheckpointCorrupt, "checkpoint format version is 0: the blob is corrupted");
-  require(version == kFormatVersion, Status::CheckpointMismatch,
+  require(version == kFormatVersion || version == kPreparedFormatVersion, Status::CheckpointMismatch,
           "checkpoint format version " + std::to_string(version) + " is not supported (this library reads " +
-              std::to_string(kFormatVersion) + ")");
+              std::to_string(kFormatVersion) + " and " + std::to_string(kPreparedFormatVersion) + ")");
   Header h;
   auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
   visit_header(get, h);
@@ -227,6 +236,10 @@ void Engine::load(const ReadFn& read) {
   }
   require(h.tau >= 1 && h.round_tau >= 1 && h.steps_in_round < h.round_tau, Status::CheckpointCorrupt,
           "checkpoint round counters are inconsistent");
+  const bool prepared = (h.flags & kPrepared) != 0;
+  require(!prepared || (version == kPreparedFormatVersion && (h.flags & kHasAverage) &&
+                        h.algorithm == uint32_t(Algorithm::Co2)),
+          Status::CheckpointCorrupt, "checkpoint flags are inconsistent (a prepared update without its average)");
 
   // Read everything into fresh buffers; swap them in only after the CRC matched.
   FloatBuffer anchor((h.flags & kHasAnchor) ? s.state_count : 0);
@@ -274,6 +287,10 @@ void Engine::load(const ReadFn& read) {
   s.comm_buffer = std::move(average);
   s.average_ready = (h.flags & kHasAverage) != 0;
   s.ready_average_finite = s.average_ready ? all_finite(s.comm_buffer.data(), s.state_count) : true;
+  s.prepared.ready = prepared;
+  s.prepared.summary_known = !prepared;
+  s.prepared.settings = outer_settings_of(s);
+  if (prepared) s.prepared.history = history;
   s.history = std::move(history);
   s.round_tau = h.round_tau;
   s.steps_in_round = h.steps_in_round;

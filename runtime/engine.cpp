@@ -162,15 +162,6 @@ bool average_blocking(S& s, float* data, size_t count) {
   return finite->load();
 }
 
-void submit_average_async(S& s) {
-  s.pending_result_finite.store(true);
-  float* data = s.comm_buffer.data();
-  const size_t count = s.state_count;
-  std::atomic<bool>* finite = &s.pending_result_finite;
-  s.pending = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg,
-                                     [finite, data, count] { finite->store(all_finite(data, count)); });
-  s.stats.bytes_reduced += count * sizeof(float);
-}
 
 // Waits for the pending average (co2). Returns whether an average is now in comm_buffer, and
 // sets *finite.
@@ -192,81 +183,180 @@ bool collect_average(S& s, bool* finite) {
   return false;
 }
 
-// Lambda of one PARAMETER segment for the update being applied; records g in the gap history.
-double segment_lambda(S& s, size_t index) {
-  const auto& config = s.config;
-  switch (config.penalty) {
+float* momentum_of(S& s) { return s.momentum.empty() ? nullptr : s.momentum.data(); }
+
+// Lambda of one PARAMETER segment for an update; records g in the gap history `h`.
+double segment_lambda(const OuterSettings& o, GapHistory& h) {
+  switch (o.penalty) {
     case Penalty::None:
       return 1.0;
     case Penalty::Constant:
-      return 1.0 / config.penalty_constant;
-    case Penalty::Gap: {
-      GapHistory& h = s.history[index];
+      return 1.0 / o.penalty_constant;
+    case Penalty::Gap:
       return gap_penalty_lambda(h.last_step_norm, &h.gap_sum, &h.updates);
-    }
   }
   return 1.0;
 }
 
-// The fused pass over every segment. update: apply comm_buffer as the average;
-// write_delta: comm_buffer <- a - p (co2). Returns whether every local delta was finite.
+// Flags and coefficients of one segment's outer update. PARAMETER segments take the settings and
+// advance their gap history; BUFFER segments are only averaged: alpha = 1, beta = 0,
+// lambda = 1, no clip. m and c (the average) feed norm clipping.
+void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
+                         const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
+  flags->update = true;
+  if (seg.role != Role::Parameter) return;
+  const double lambda = segment_lambda(o, h);
+  sum->penalty_min = std::min(sum->penalty_min, lambda);
+  sum->penalty_max = std::max(sum->penalty_max, lambda);
+  k->alpha = float(o.outer_lr);
+  k->beta = float(o.beta);
+  k->lambda = float(lambda);
+  flags->momentum = m != nullptr;
+  flags->nesterov = o.nesterov;
+  flags->value_clip = o.clip == Clip::Value;
+  k->clip_value = float(o.clip_threshold);
+  if (o.clip == Clip::Norm) {
+    const double scale =
+        norm_clip_scale(momentum_candidate_sum_squares(m, c, seg.count, *k), o.clip_threshold);
+    k->norm_scale = float(scale);
+    sum->scale_min = std::min(sum->scale_min, scale);
+    sum->scaled_segments += scale < 1.0;
+  }
+}
+
+void record_update(const Segment& seg, const PassResult& r, const OuterCoefficients& k, GapHistory& h,
+                   UpdateSummary* sum) {
+  if (seg.role != Role::Parameter) return;
+  h.last_step_norm = double(k.alpha) * std::sqrt(r.step_sum_squares);
+  sum->clamped += r.clamped;
+  sum->trained_elements += seg.count;
+}
+
+// An applied update counts; its figures (when known) become the last_* statistics.
+void commit_update(S& s, Clip clip, const UpdateSummary* sum) {
+  ++s.stats.outer_updates;
+  if (!sum) return;
+  s.stats.last_penalty_min = s.num_trained ? sum->penalty_min : 1.0;
+  s.stats.last_penalty_max = s.num_trained ? sum->penalty_max : 1.0;
+  s.stats.last_clip_scale_min = sum->scale_min;
+  if (clip == Clip::Value)
+    s.stats.last_clip_fraction = sum->trained_elements ? double(sum->clamped) / double(sum->trained_elements) : 0.0;
+  else if (clip == Clip::Norm)
+    s.stats.last_clip_fraction = s.num_trained ? double(sum->scaled_segments) / double(s.num_trained) : 0.0;
+  else
+    s.stats.last_clip_fraction = 0.0;
+}
+
+// The fused pass over every segment. update: apply comm_buffer as the average with the current
+// settings; write_delta: comm_buffer <- a - p (co2). Returns whether every local delta was finite.
 bool fused_pass(S& s, bool update, bool write_delta) {
-  const auto& config = s.config;
+  const OuterSettings o = outer_settings_of(s);
   float* anchor = s.anchor.data();
-  float* momentum = s.momentum.empty() ? nullptr : s.momentum.data();
+  float* momentum = momentum_of(s);
   float* comm = s.comm_buffer.data();
   bool delta_finite = true;
-  double penalty_min = std::numeric_limits<double>::infinity(), penalty_max = 0.0;
-  double scale_min = 1.0;
-  uint64_t clamped = 0, trained_elements = 0, scaled_segments = 0;
-
+  UpdateSummary sum;
   for (size_t index = 0; index < s.segments.size(); ++index) {
-    Segment& seg = s.segments[index];
+    const Segment& seg = s.segments[index];
     if (seg.role == Role::Excluded) continue;
     const size_t off = seg.state_offset;
     float* m = momentum ? momentum + off : nullptr;
     OuterCoefficients k;
-    PassFlags flags{update, false, false, false, write_delta};
-    if (update && seg.role == Role::Parameter) {
-      const double lambda = segment_lambda(s, index);
-      penalty_min = std::min(penalty_min, lambda);
-      penalty_max = std::max(penalty_max, lambda);
-      k.alpha = float(config.outer_lr);
-      k.beta = float(s.beta);
-      k.lambda = float(lambda);
-      flags.momentum = m != nullptr;
-      flags.nesterov = config.nesterov;
-      flags.value_clip = config.clip == Clip::Value;
-      k.clip_value = float(config.clip_threshold);
-      if (config.clip == Clip::Norm) {
-        const double scale =
-            norm_clip_scale(momentum_candidate_sum_squares(m, comm + off, seg.count, k), config.clip_threshold);
-        k.norm_scale = float(scale);
-        scale_min = std::min(scale_min, scale);
-        scaled_segments += scale < 1.0;
-      }
-    }
-    // BUFFER segments are only averaged: alpha = 1, beta = 0, lambda = 1, no clip.
+    PassFlags flags{false, false, false, false, write_delta};
+    if (update) update_coefficients(o, seg, s.history[index], m, comm + off, &flags, &k, &sum);
     const PassResult r = run_boundary_pass(flags, seg.data, anchor + off, m, comm + off, seg.count, k);
     delta_finite = delta_finite && r.delta_finite;
-    if (update && seg.role == Role::Parameter) {
-      s.history[index].last_step_norm = double(k.alpha) * std::sqrt(r.step_sum_squares);
-      clamped += r.clamped;
-      trained_elements += seg.count;
-    }
+    if (update) record_update(seg, r, k, s.history[index], &sum);
   }
-  if (update) {
-    ++s.stats.outer_updates;
-    s.stats.last_penalty_min = s.num_trained ? penalty_min : 1.0;
-    s.stats.last_penalty_max = s.num_trained ? penalty_max : 1.0;
-    s.stats.last_clip_scale_min = scale_min;
-    if (config.clip == Clip::Value)
-      s.stats.last_clip_fraction = trained_elements ? double(clamped) / double(trained_elements) : 0.0;
-    else if (config.clip == Clip::Norm)
-      s.stats.last_clip_fraction = s.num_trained ? double(scaled_segments) / double(s.num_trained) : 0.0;
-    else
-      s.stats.last_clip_fraction = 0.0;
+  if (update) commit_update(s, o.clip, &sum);
+  return delta_finite;
+}
+
+}  // namespace
+
+// The first half of the split pass: from the average in `comm`, the new momentum (in place) and
+// the next anchor (into `comm`); `anchor` is only read. Runs on the progress thread.
+void prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
+                    PreparedUpdate& prepared) {
+  prepared.summary = UpdateSummary{};
+  for (size_t index = 0; index < segments.size(); ++index) {
+    const Segment& seg = segments[index];
+    if (seg.role == Role::Excluded) continue;
+    const size_t off = seg.state_offset;
+    float* m = momentum ? momentum + off : nullptr;
+    OuterCoefficients k;
+    PassFlags flags{false, false, false, false, false};
+    flags.prepare = true;
+    update_coefficients(prepared.settings, seg, prepared.history[index], m, comm + off, &flags, &k,
+                        &prepared.summary);
+    const PassResult r = run_boundary_pass(flags, nullptr, anchor + off, m, comm + off, seg.count, k);
+    record_update(seg, r, k, prepared.history[index], &prepared.summary);
   }
+  prepared.summary_known = true;
+  prepared.ready = true;
+}
+
+OuterSettings outer_settings_of(const Engine::State& s) {
+  OuterSettings o;
+  o.outer_lr = s.config.outer_lr;
+  o.beta = s.beta;
+  o.nesterov = s.config.nesterov;
+  o.clip = s.config.clip;
+  o.clip_threshold = s.config.clip_threshold;
+  o.penalty = s.config.penalty;
+  o.penalty_constant = s.config.penalty_constant;
+  return o;
+}
+
+namespace {
+
+// co2: the all-reduce of this round's deltas. Its update is prepared on the progress thread as
+// soon as the average is known to be finite, with the settings in effect now.
+void submit_average_async(S& s) {
+  s.pending_result_finite.store(true);
+  s.prepared.ready = false;
+  s.prepared.settings = outer_settings_of(s);
+  s.prepared.history = s.history;
+  float* data = s.comm_buffer.data();
+  float* anchor = s.anchor.data();
+  float* momentum = momentum_of(s);
+  const size_t count = s.state_count;
+  std::atomic<bool>* finite = &s.pending_result_finite;
+  const std::vector<Segment>* segments = &s.segments;  // fixed after commit
+  PreparedUpdate* prepared = &s.prepared;
+  s.pending = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg, [=] {
+    const bool ok = all_finite(data, count);
+    finite->store(ok);
+    if (ok) prepare_update(*segments, anchor, momentum, data, *prepared);
+  });
+  s.stats.bytes_reduced += count * sizeof(float);
+}
+
+// Swaps in the prepared update of the average in comm_buffer (preparing it first when the
+// average came from a checkpoint of an older format): the anchor becomes the next anchor and the
+// parameters follow it. write_delta: comm_buffer receives this round's deltas a - p instead.
+// Returns whether every delta was finite.
+bool apply_prepared(S& s, bool write_delta) {
+  if (!s.prepared.ready) {
+    s.prepared.settings = outer_settings_of(s);
+    s.prepared.history = s.history;
+    prepare_update(s.segments, s.anchor.data(), momentum_of(s), s.comm_buffer.data(), s.prepared);
+  }
+  bool delta_finite = true;
+  if (write_delta) {
+    for (const Segment& seg : s.segments)
+      if (seg.role != Role::Excluded)
+        delta_finite = apply_prepared_segment(seg.data, s.anchor.data() + seg.state_offset,
+                                              s.comm_buffer.data() + seg.state_offset, seg.count) &&
+                       delta_finite;
+    std::swap(s.anchor, s.comm_buffer);
+  } else {
+    std::swap(s.anchor, s.comm_buffer);
+    set_parameters_to_anchor(s);
+  }
+  s.history = s.prepared.history;
+  commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
+  s.prepared.ready = false;
   return delta_finite;
 }
 
@@ -355,7 +445,8 @@ bool co2_boundary(S& s) {
   const bool have_average = collect_average(s, &finite);
   const bool update = have_average && finite;
   if (have_average && !finite) ++s.stats.nonfinite_rounds;
-  const bool delta_finite = fused_pass(s, update, /*write_delta=*/true);
+  const bool delta_finite =
+      update ? apply_prepared(s, /*write_delta=*/true) : fused_pass(s, /*update=*/false, /*write_delta=*/true);
   if (!delta_finite) ++s.stats.nonfinite_local;
   const uint32_t k = s.config.anchor_check_interval;
   if (k && s.stats.rounds % k == 0) check_anchor(s);
@@ -416,7 +507,7 @@ bool apply_pending(S& s) {
   bool finite = true;
   const bool have_average = collect_average(s, &finite);
   if (have_average && finite) {
-    fused_pass(s, /*update=*/true, /*write_delta=*/false);
+    apply_prepared(s, /*write_delta=*/false);
     return true;
   }
   if (have_average) ++s.stats.nonfinite_rounds;

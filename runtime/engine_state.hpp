@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,39 @@ struct GapHistory {
   double last_step_norm = 0.0;  // alpha * ||s|| of the previous update (g)
   double gap_sum = 0.0;         // sum of g over the updates so far
   uint64_t updates = 0;
+};
+
+// What one outer update takes from the configuration. co2 takes it when a round's deltas are
+// submitted (their average is applied a round later); diloco at the boundary.
+struct OuterSettings {
+  double outer_lr = 1.0;
+  double beta = 0.0;  // resolved
+  bool nesterov = false;
+  Clip clip = Clip::None;
+  double clip_threshold = 1.0;
+  Penalty penalty = Penalty::None;
+  double penalty_constant = 1.0;
+};
+
+// What an outer update reports to the statistics.
+struct UpdateSummary {
+  double penalty_min = std::numeric_limits<double>::infinity();
+  double penalty_max = 0.0;
+  double scale_min = 1.0;
+  uint64_t clamped = 0;
+  uint64_t trained_elements = 0;
+  uint64_t scaled_segments = 0;
+};
+
+// co2 on the host: the outer update of the average in flight, prepared on the progress thread
+// as soon as the average arrives, so that the boundary only swaps it in (docs/algorithm.md,
+// "The split boundary pass"). Written there; read on the training thread after the wait.
+struct PreparedUpdate {
+  OuterSettings settings;           // taken when the deltas were submitted
+  std::vector<GapHistory> history;  // the gap history as it is after this update
+  UpdateSummary summary;
+  bool summary_known = true;  // false after a checkpoint restore (the summary is not saved)
+  bool ready = false;  // comm_buffer holds the next anchor; momentum is already updated
 };
 
 struct Engine::State {
@@ -52,6 +86,7 @@ struct Engine::State {
   std::atomic<bool> pending_result_finite{true};  // set on the progress thread
   bool average_ready = false;  // comm_buffer holds an arrived average not yet applied
   bool ready_average_finite = true;
+  PreparedUpdate prepared;  // co2 on the host: the pending average's update, once computed
 
   EngineStats stats;
   TauAdvisor advisor;  // step and all-reduce times -> the smallest tau that hides the all-reduce
@@ -69,7 +104,12 @@ struct Engine::State {
   bool momentum_needed() const { return beta > 0.0 || config.nesterov; }
 };
 
-// Shared by engine.cpp and checkpoint.cpp.
+// Shared by engine.cpp, checkpoint.cpp and the device path.
+OuterSettings outer_settings_of(const Engine::State& s);
+// The first half of the split boundary pass (co2 on the host): the update of the average in
+// `comm` (momentum in place, the next anchor into `comm`); sets prepared.ready.
+void prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
+                    PreparedUpdate& prepared);
 uint64_t consensus_checksum(const Engine::State& s);
 bool same_on_every_rank(Engine::State& s, uint64_t value);
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch

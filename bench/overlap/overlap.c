@@ -59,6 +59,7 @@ struct rank_result {
     double burn_sink;
     double engine_seconds; /* inside co2_engine_* calls during the measured steps */
     int64_t boundaries;    /* measured steps that were boundaries */
+    double late_seconds;   /* wait work: how late the timed waits woke, summed (CPU contention) */
 };
 
 static void usage(void) {
@@ -77,12 +78,15 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static void sleep_until_ns(int64_t deadline) {
+/* Returns how late it woke (ns): on 2 shared cores, what the progress threads cost a waiting
+ * training thread. */
+static int64_t sleep_until_ns(int64_t deadline) {
     struct timespec ts;
     ts.tv_sec = deadline / 1000000000;
     ts.tv_nsec = deadline % 1000000000;
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
     }
+    return now_ns() - deadline;
 }
 
 /* A dependent chain the compiler cannot shorten: iters multiply-adds. */
@@ -140,14 +144,17 @@ static int check(co2_status_t status, const char *what, int rank) {
     return 0;
 }
 
-/* One step of the model: the work, then a write to a few parameters. */
-static void model_step(const struct options *o, float *params, int64_t step, int64_t start_ns,
-                       double *sink) {
+/* One step of the model: the work, then a write to a few parameters. Returns the wait's
+ * lateness (ns; 0 for burn work). */
+static int64_t model_step(const struct options *o, float *params, int64_t step, int64_t start_ns,
+                          double *sink) {
+    int64_t late = 0;
     if (o->work == WORK_WAIT)
-        sleep_until_ns(start_ns + o->step_us * 1000);
+        late = sleep_until_ns(start_ns + o->step_us * 1000);
     else
         *sink += burn(o->burn_iters, 1.0 + (double)step * 1e-12);
     for (size_t i = 0; i < 16 && i < o->params; ++i) params[(size_t)(step * 16 + (int64_t)i) % o->params] += 1e-3f;
+    return late;
 }
 
 /* The loop. comm == NULL: compute only. */
@@ -188,14 +195,15 @@ static int train(const struct options *o, co2_comm_t comm, int rank, struct rank
     }
     {
         double sink = 0.0;
-        int64_t t_measure = now_ns(), engine_ns = 0;
+        int64_t t_measure = now_ns(), engine_ns = 0, late_ns = 0;
         for (int64_t step = 0; step < o->steps; ++step) {
             if (step == o->warmup_steps) {
                 t_measure = now_ns();
                 engine_ns = 0;
+                late_ns = 0;
                 out->boundaries = 0;
             }
-            model_step(o, params, step, now_ns(), &sink);
+            late_ns += model_step(o, params, step, now_ns(), &sink);
             if (engine) {
                 const int64_t t0 = now_ns();
                 int boundary = 0;
@@ -211,6 +219,7 @@ static int train(const struct options *o, co2_comm_t comm, int rank, struct rank
             }
         }
         out->engine_seconds = (double)engine_ns / 1e9;
+        out->late_seconds = (double)late_ns / 1e9;
         out->seconds = (double)(now_ns() - t_measure) / 1e9;
         out->measured_steps = o->steps - o->warmup_steps;
         out->burn_sink = sink;
@@ -239,14 +248,14 @@ static void print_result(const struct options *o, int rank, int world, const str
            "\"seconds\": %.6f, \"steps_per_s\": %.4f, \"boundary_wait_ms\": %.3f, "
            "\"collective_ms\": %.3f, \"allreduces\": %.0f, \"step_time_ms\": %.4f, "
            "\"allreduce_time_ms\": %.4f, \"advised_tau\": %u, \"engine_ms\": %.3f, "
-           "\"boundaries\": %lld}\n",
+           "\"boundaries\": %lld, \"late_ms\": %.3f}\n",
            rank, world, o->algo_name, o->algo == CO2_ALGO_SYNC ? 1u : o->tau, o->params,
            o->work == WORK_WAIT ? "wait" : "burn", (long long)o->step_us,
            (unsigned long long)o->burn_iters, (long long)r->measured_steps, r->seconds,
            r->seconds > 0 ? (double)r->measured_steps / r->seconds : 0.0,
            (double)s->boundary_wait_ns / 1e6, (double)s->collective_ns / 1e6, allreduces,
            (double)s->step_time_ns / 1e6, (double)s->allreduce_time_ns / 1e6, s->advised_tau,
-           r->engine_seconds * 1e3, (long long)r->boundaries);
+           r->engine_seconds * 1e3, (long long)r->boundaries, r->late_seconds * 1e3);
     fflush(stdout);
 }
 

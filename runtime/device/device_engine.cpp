@@ -320,15 +320,17 @@ class CudaPath final : public DevicePath {
 
   int* blocking_flag() { return flags_.as<int>() + 2; }
 
-  kernels::Config config_of(const S& s, bool update_requested, bool write_delta) const {
+  // co2 applies an average with the settings in effect when its deltas were submitted
+  // (s.prepared.settings, as on the host); diloco with the current ones.
+  kernels::Config config_of(const OuterSettings& o, bool update_requested, bool write_delta) const {
     kernels::Config c;
-    c.alpha = float(s.config.outer_lr);
-    c.beta = float(s.beta);
-    c.clip_threshold = s.config.clip_threshold;
-    c.penalty_constant = s.config.penalty_constant;
-    c.penalty = int(s.config.penalty);
-    c.clip = int(s.config.clip);
-    c.nesterov = s.config.nesterov;
+    c.alpha = float(o.outer_lr);
+    c.beta = float(o.beta);
+    c.clip_threshold = o.clip_threshold;
+    c.penalty_constant = o.penalty_constant;
+    c.penalty = int(o.penalty);
+    c.clip = int(o.clip);
+    c.nesterov = o.nesterov;
     c.momentum = !momentum_.empty();
     c.update_requested = update_requested;
     c.write_delta = write_delta;
@@ -449,7 +451,8 @@ class CudaPath final : public DevicePath {
   bool co2_boundary(S& s, cudaStream_t caller) {
     folding_state_ = &s;
     const bool have_average = s.pending != nullptr;
-    const kernels::Config config = config_of(s, have_average, /*write_delta=*/true);
+    const kernels::Config config = config_of(s.prepared.settings, have_average, /*write_delta=*/true);
+    s.prepared.settings = outer_settings_of(s);  // for the average submitted below
     const size_t count = s.state_count, bytes = count * sizeof(float);
     auto stream_of = [&](device::Stream st) { return st == device::Stream::Caller ? caller : comm_stream_; };
     for (const Op& op : co2_boundary_plan(averaging_, have_average)) {
@@ -521,7 +524,7 @@ class CudaPath final : public DevicePath {
       average_ready_.record(comm_stream_);
     }
     average_ready_.make_wait(caller);
-    const kernels::Config config = config_of(s, true, false);
+    const kernels::Config config = config_of(s.prepared.settings, true, false);
     check(kernels::coefficients(t_, config, caller), "coefficients kernels");
     check(kernels::boundary_pass(t_, config, caller), "boundary pass kernel");
     report(caller);
@@ -531,9 +534,10 @@ class CudaPath final : public DevicePath {
   bool diloco_boundary(S& s, cudaStream_t caller) {
     folding_state_ = &s;
     // c = a - p (and p = a, which is also what a non-finite average leaves).
-    check(kernels::boundary_pass(t_, config_of(s, false, true), caller), "delta kernel");
+    const OuterSettings now = outer_settings_of(s);
+    check(kernels::boundary_pass(t_, config_of(now, false, true), caller), "delta kernel");
     average_blocking(s, comm_.as<float>(), s.state_count, caller, t_.average_nonfinite);
-    const kernels::Config config = config_of(s, true, false);
+    const kernels::Config config = config_of(now, true, false);
     check(kernels::coefficients(t_, config, caller), "coefficients kernels");
     check(kernels::boundary_pass(t_, config, caller), "boundary pass kernel");
     report(caller);

@@ -1082,3 +1082,36 @@ TEST(EngineMathSyncNull, NullEntryContributesZeros) {
 }
 
 }  // namespace
+
+// co2 applies an average a round after its deltas were submitted, with the outer settings in
+// effect at that submission (docs/algorithm.md, "The split boundary pass"): an α set during
+// round 2 scales round 2's deltas (applied at the end), not round 1's average already in flight.
+// One fp32 parameter, every inner step p -= 1, β = 0, no penalty or clip: all values exact.
+TEST(EngineMathProperty, OuterSettingsApplyFromTheDeltasSubmittedAfterTheChange) {
+  run_ranks(2, [&](int rank, co2_comm_t comm) {
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.tau = 1;
+    cfg.outer_lr = 1.0;
+    cfg.outer_momentum = 0.0;
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    void* flat = nullptr;
+    CO2_ASSERT_OK(co2_engine_alloc_flat(eg.engine, 1, CO2_DTYPE_FP32, CO2_DEVICE_HOST, 0, &flat));
+    float* p = static_cast<float*>(flat);
+    co2_segment_t seg = CO2_SEGMENT_INIT;
+    seg.name = "p";
+    seg.count = 1;
+    CO2_ASSERT_OK(co2_engine_add_segment(eg.engine, &seg));
+    CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+    *p = 0.0f;
+    *p -= 1.0f;
+    CO2_ASSERT_OK(co2_engine_step(eg.engine, nullptr, nullptr));  // submits delta 1 (alpha 1)
+    EXPECT_EQ(*p, 0.0f) << "rank " << rank;
+    CO2_ASSERT_OK(co2_engine_set_param(eg.engine, CO2_PARAM_OUTER_LR, 0.5));
+    *p -= 1.0f;
+    CO2_ASSERT_OK(co2_engine_step(eg.engine, nullptr, nullptr));  // applies average 1 with alpha 1
+    EXPECT_EQ(*p, -1.0f) << "rank " << rank << ": round 1's average takes round 1's alpha";
+    CO2_ASSERT_OK(co2_engine_finalize(eg.engine));  // applies average 2 with alpha 0.5
+    EXPECT_EQ(*p, -1.5f) << "rank " << rank << ": round 2's average takes the new alpha";
+  });
+}

@@ -1,5 +1,6 @@
 // The fused pass element by element against plain double arithmetic, and its side results
-// (step norm, clamp count, non-finite probe).
+// (step norm, clamp count, non-finite probe); the split pass (prepare, then apply) against the
+// fused one, bit for bit.
 #include "runtime/boundary_pass.hpp"
 
 #include <gtest/gtest.h>
@@ -64,6 +65,46 @@ TEST_P(BoundaryPassSizes, MatchesDoubleReferenceWithNesterovAndValueClip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, BoundaryPassSizes, ::testing::Values(1, 7, 8, 9, 127, 128, 129, 1000, 100003));
+
+// prepare (m and the next anchor into c; a and p untouched) then apply (a <- a - p, p <- c, and
+// the engine swaps a and c) gives what the fused pass gives, bit for bit, for every flag set.
+TEST_P(BoundaryPassSizes, SplitPassIsBitIdenticalToTheFusedPass) {
+  const size_t n = GetParam();
+  for (int variant = 0; variant < 8; ++variant) {
+    const bool momentum = variant & 1, nesterov = variant & 2, value_clip = variant & 4;
+    Arrays fused(n, 13), split(n, 13);
+    const Arrays before = split;
+    OuterCoefficients k;
+    k.alpha = 0.7f;
+    k.beta = 0.9f;
+    k.lambda = 0.6f;
+    k.clip_value = 0.2f;
+    k.norm_scale = value_clip ? 1.0f : 0.8f;
+    const PassResult rf = run_boundary_pass({true, momentum, nesterov, value_clip, true}, fused.p.data(),
+                                            fused.a.data(), fused.m.data(), fused.c.data(), n, k);
+    PassFlags prepare{true, momentum, nesterov, value_clip, false};
+    prepare.prepare = true;
+    const PassResult rs = run_boundary_pass(prepare, nullptr, split.a.data(), split.m.data(), split.c.data(), n, k);
+    ASSERT_EQ(split.a, before.a) << "prepare leaves the anchor alone";
+    ASSERT_EQ(split.p, before.p) << "prepare leaves the parameters alone";
+    EXPECT_TRUE(apply_prepared_segment(split.p.data(), split.a.data(), split.c.data(), n));
+    std::swap(split.a, split.c);
+    EXPECT_EQ(split.a, fused.a) << "variant " << variant;
+    EXPECT_EQ(split.m, fused.m) << "variant " << variant;
+    EXPECT_EQ(split.c, fused.c) << "variant " << variant;
+    EXPECT_EQ(split.p, fused.p) << "variant " << variant;
+    EXPECT_EQ(rs.step_sum_squares, rf.step_sum_squares) << "variant " << variant;
+    EXPECT_EQ(rs.clamped, rf.clamped) << "variant " << variant;
+  }
+}
+
+TEST(BoundaryPass, ApplyPreparedDetectsNonFiniteDelta) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Arrays x(1001, 3);
+    x.p[555] = bad;
+    EXPECT_FALSE(apply_prepared_segment(x.p.data(), x.a.data(), x.c.data(), x.p.size()));
+  }
+}
 
 TEST(BoundaryPass, NormDependsOnlyOnValuesAndSize) {
   // The same data through the pass twice gives bit-identical norms (fixed lane order).
