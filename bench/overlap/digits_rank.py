@@ -262,6 +262,12 @@ def main(argv=None):
     ap.add_argument("--calibrate", help="hidden widths: print ms per step alone for each")
     args = ap.parse_args(argv)
 
+    try:
+        import co2  # noqa: F401 - the example imports it at the top
+    except ImportError as e:
+        print(f"digits_rank: the co2 Python package is not importable ({e}); build it and set "
+              "PYTHONPATH=BUILD/bindings/python", file=sys.stderr)
+        return 77
     if args.calibrate:
         try:
             widths = [int(w) for w in args.calibrate.split(",")]
@@ -281,13 +287,6 @@ def main(argv=None):
     for algo, tau, steps, warmup in plan:
         if tau < 1 or warmup < 0 or steps <= warmup:
             ap.error(f"{algo}: tau must be >= 1 and steps ({steps}) must exceed the warm-up ({warmup})")
-
-    try:
-        import co2  # noqa: F401 - the examples' module imports it too
-    except ImportError as e:
-        print(f"digits_rank: the co2 Python package is not importable ({e}); build it and set "
-              "PYTHONPATH=BUILD/bindings/python", file=sys.stderr)
-        return 77
 
     if args.mode == "threads":
         if args.world < 1:

@@ -212,7 +212,6 @@ class Runner:
                 "--timeout-s", str(int(self.args.timeout))]
         return self._launch(lambda r: argv, self.args.timeout + 30 + steps * (step_s + ar_s) * 3)
 
-
     def digits_run(self, hidden, plan, step_s, ar_s, want_ddp):
         """The digits table's runs at one rate in one launch (torch takes seconds to start):
         returns the aggregated results, in plan order."""
@@ -230,17 +229,19 @@ class Runner:
             proc = subprocess.run(argv + ["--mode", "threads", "--world", str(self.world)],
                                   env=env, capture_output=True, text=True, timeout=timeout)
             if proc.returncode != 0:
-                raise RuntimeError(f"digits exit {proc.returncode}: {proc.stderr.strip()[-600:]}")
+                raise RuntimeError(f"digits exit {proc.returncode}: "
+                                   f"{proc.stderr.strip()[-600:]}")
             lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
-        else:
-            lines = self._launch(lambda r: argv, timeout, extra_env={"PYTHONPATH": env["PYTHONPATH"]},
-                                 ports=2)
+        else:  # co2 at MASTER_PORT, gloo at MASTER_PORT + 1
+            lines = self._launch(lambda r: argv, timeout, ports=2, extra_env={
+                k: env[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS")})
         # Every rank prints its runs in plan order: the i-th line of each rank is run i.
         per_rank = {}
         for line in lines:
             per_rank.setdefault(line["rank"], []).append(line)
         if len(per_rank) != self.world or any(len(v) != len(plan) for v in per_rank.values()):
-            raise RuntimeError(f"digits: expected {len(plan)} results from each of {self.world} ranks")
+            raise RuntimeError(f"digits: expected {len(plan)} results from each of "
+                               f"{self.world} ranks")
         return [aggregate([per_rank[r][i] for r in per_rank]) for i in range(len(plan))]
 
 
@@ -263,8 +264,11 @@ def calibrate_digits(args):
         log(f"digits: skipped: digits_rank.py --calibrate exited {proc.returncode}: "
             f"{proc.stderr.strip()[-400:]}")
         return None
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("{"))
-    return {int(h): ms for h, ms in json.loads(line)["step_ms"].items()}
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        log(f"digits: skipped: digits_rank.py --calibrate printed no result: {proc.stdout[-400:]}")
+        return None
+    return {int(h): ms for h, ms in json.loads(lines[0])["step_ms"].items()}
 
 
 def run_digits_config(args, runner, transport, world, rate, want_ddp):
@@ -276,7 +280,8 @@ def run_digits_config(args, runner, transport, world, rate, want_ddp):
     log(f"W={world} rate={rate} work=digits: hidden {hidden}, N={params} "
         f"(one all-reduce ~ {ar_steps:.1f} steps of {step_s * 1e3:.2f} ms alone) ({transport})")
     if args.ddp and not want_ddp:
-        log("  ddp: not in the digits table here (it needs one process per rank: netns or loopback)")
+        log("  ddp: not in the digits table here (it needs one process per rank: netns or "
+            "loopback)")
     plan = [("none", 1), ("sync", 1)] + ([("ddp", 1)] if want_ddp else [])
     plan += [(algo, tau) for tau in args.taus for algo in ALGOS_TAU] + [("none", 1)]
     plan = [(a, t) + plan_steps(a, t, step_s, ar_s, args.seconds) for a, t in plan]
@@ -447,9 +452,11 @@ def common_args(args):
     out = ["--build", args.build, "--step-ms", str(args.step_ms), "--seconds", str(args.seconds),
            "--target-steps", str(args.target_steps), "--max-params", str(args.max_params),
            "--timeout", str(args.timeout), "--taus", ",".join(map(str, args.taus)),
-           "--burn-iters", str(args.burn_iters), "--digits-max-hidden", str(args.digits_max_hidden)]
+           "--burn-iters", str(args.burn_iters),
+           "--digits-max-hidden", str(args.digits_max_hidden)]
     if args.digits_step_ms:
-        out += ["--digits-step-ms", ",".join(f"{h}:{ms:.6f}" for h, ms in args.digits_step_ms.items())]
+        out += ["--digits-step-ms",
+                ",".join(f"{h}:{ms:.6f}" for h, ms in args.digits_step_ms.items())]
     return out + (["--ddp"] if args.ddp else ["--no-ddp"])
 
 
@@ -460,7 +467,8 @@ def fmt_ratio(r):
 TITLES = {
     "wait": "timed wait (a GPU step as the host sees it) -- the primary table",
     "burn": "CPU burn (compute competes with communication for 2 cores)",
-    "digits": "the digits MLP (PyTorch on the CPU; compute competes with communication for the 2 cores)",
+    "digits": "the digits MLP (PyTorch on the CPU; compute competes with communication for the "
+              "2 cores)",
 }
 
 
@@ -662,6 +670,8 @@ def main(argv):
                 log("digits: co2 ranks are threads of one process here (the link model); they "
                     "share its interpreter lock, and DDP is left out")
         args.digits = bool(args.digits_step_ms)
+        if args.only_digits and not args.digits:
+            return 77
     log(f"co2 ranks: {transport}; torch DDP: "
         + ("in namespaces" if args.ddp and have_netns else "on loopback (uncapped)" if args.ddp else "off"))
     started = time.monotonic()
