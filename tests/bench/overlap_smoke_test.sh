@@ -2,7 +2,8 @@
 # Smoke test of bench/overlap/run.py and bench/scale/scale.py at a tiny size: the benchmark still
 # runs end to end, prints its table, writes its plot and JSON, and the scale model reads them.
 # --digits adds the digits-MLP table (a few steps of bench/overlap/digits_rank.py per algorithm);
-# it is checked wherever the build has the co2 Python binding. No timing is asserted.
+# it is checked wherever the build has the co2 Python binding and torch and sklearn are there.
+# No timing is asserted.
 #   overlap_smoke_test.sh SOURCE_ROOT BUILD_ROOT model|loopback
 # loopback needs the multi-process transport: without it run.py exits 77 and so does this test.
 set -uo pipefail
@@ -41,6 +42,8 @@ PY
 
 if [ ! -f "$build/bindings/python/co2/__init__.py" ]; then
   echo "digits table: this build has no co2 Python binding, not checked"
+elif ! /usr/bin/python3 -c "import torch, sklearn" 2>/dev/null; then
+  echo "digits table: python3-torch or python3-sklearn is missing, not checked"
 else
   grep -q "step = the digits MLP" "$out/table.txt" || { echo "FAIL: no digits table"; fail=1; }
   /usr/bin/python3 - "$out/overlap.json" "$transport" <<'PY' || fail=1
