@@ -16,6 +16,8 @@ Transports (where the co2 ranks run):
 
 Primary table: the step is a timed wait (a GPU step as the host sees it). Secondary (--burn):
 the step burns CPU for the same time, competing with the progress threads for the 2 cores.
+--digits (W = 2 only, like --burn): the step is the digits example's MLP in PyTorch on the CPU
+(bench/overlap/digits_rank.py), its width sized per link; --only-digits runs just that table.
 
 Writes OUT/overlap.json (every rank's line) and OUT/overlap_ratio.png.
 """
@@ -36,6 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 PYTHON = "/usr/bin/python3"
 NETNS = os.path.join(HERE, "netns.sh")
 DDP = os.path.join(HERE, "ddp_gloo.py")
+DIGITS = os.path.join(HERE, "digits_rank.py")
+# Hidden widths whose step time is calibrated; the digits table picks its model among them.
+DIGITS_WIDTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 RATES_BITS = {"100mbit": 100e6, "1gbit": 1e9, "none": None}
 # Uncapped veth carries about 2.8 Gbit/s of TCP here (iperf3, docs/benchmarks.md); the local
@@ -72,6 +77,31 @@ def size_params(args, world, rate, transport):
     target = args.target_steps * args.step_ms / 1e3
     n = target * bps / (2 * (world - 1) / world * 4)
     return int(max(1024, min(args.max_params, n)))
+
+
+def mlp_params(hidden):
+    """Parameters of the digits MLP 64 -> hidden -> hidden -> 10 (examples/python/digits.py)."""
+    return 64 * hidden + hidden + hidden * hidden + hidden + 10 * hidden + 10
+
+
+def size_digits(args, world, rate, transport):
+    """(hidden width, all-reduce in steps): the narrowest calibrated MLP whose all-reduce takes
+    about args.target_steps of its own steps. Both grow with the width (the step is O(N) too),
+    so on fast links no width gets there: then the narrowest within 10 % of the most steps any
+    width reaches. Uncapped: the widest (the host CPU, not the link, limits there)."""
+    step_ms = args.digits_step_ms
+    widths = sorted(step_ms)
+    bps = link_bytes_per_s(rate, transport)
+    if rate == "none" or bps is None:
+        h = widths[-1]
+        return h, ring_seconds(mlp_params(h), world, bps) * 1e3 / step_ms[h]
+    ratio = {h: ring_seconds(mlp_params(h), world, bps) * 1e3 / step_ms[h] for h in widths}
+    for h in widths:
+        if ratio[h] >= args.target_steps:
+            return h, ratio[h]
+    most = max(ratio.values())
+    h = next(h for h in widths if ratio[h] >= 0.9 * most)
+    return h, ratio[h]
 
 
 def plan_steps(algo, tau, step_s, ar_s, seconds):
@@ -114,17 +144,21 @@ class Runner:
                        GLOO_SOCKET_IFNAME="lo")
         return env
 
-    def _launch(self, argv_of_rank, timeout):
+    def _launch(self, argv_of_rank, timeout, extra_env=None, ports=1):
         """Starts one process per rank (in its namespace when there is one); returns the
-        parsed JSON lines, or raises with the ranks' stderr."""
+        parsed JSON lines, or raises with the ranks' stderr. `ports`: how many consecutive
+        ports from MASTER_PORT the ranks use."""
         port = self.next_port()
+        self.port += ports - 1
         procs = []
         for r in range(self.world):
             iface = (os.environ.get("CO2_NETNS_IFACE_PATTERN", "eth%d") % r) if self.prefix else "lo"
             cmd = argv_of_rank(r)
             if self.prefix:
                 cmd = ["ip", "netns", "exec", f"{self.prefix}r{r}"] + cmd
-            procs.append(subprocess.Popen(cmd, env=self._rank_env(r, port, iface),
+            env = self._rank_env(r, port, iface)
+            env.update(extra_env or {})
+            procs.append(subprocess.Popen(cmd, env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True))
         deadline = time.monotonic() + timeout
@@ -178,6 +212,93 @@ class Runner:
                 "--timeout-s", str(int(self.args.timeout))]
         return self._launch(lambda r: argv, self.args.timeout + 30 + steps * (step_s + ar_s) * 3)
 
+    def digits_run(self, hidden, plan, step_s, ar_s, want_ddp):
+        """The digits table's runs at one rate in one launch (torch takes seconds to start):
+        returns the aggregated results, in plan order."""
+        spec = ",".join(f"{a}:{t}:{n}:{w}" for a, t, n, w in plan)
+        argv = [PYTHON, DIGITS, "--hidden", str(hidden), "--plan", spec,
+                "--timeout-s", str(int(self.args.timeout))]
+        env = digits_env(self.args)
+        timeout = self.args.timeout + 60 + sum(n * (step_s + ar_s) * 3 for _, _, n, _ in plan)
+        if self.transport == "model":
+            bps = link_bytes_per_s(self.rate, "model")
+            if bps:
+                env["CO2_LOCAL_TEST_BANDWIDTH"] = str(int(bps))
+            else:
+                env.pop("CO2_LOCAL_TEST_BANDWIDTH", None)
+            proc = subprocess.run(argv + ["--mode", "threads", "--world", str(self.world)],
+                                  env=env, capture_output=True, text=True, timeout=timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"digits exit {proc.returncode}: "
+                                   f"{proc.stderr.strip()[-600:]}")
+            lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+        else:  # co2 at MASTER_PORT, gloo at MASTER_PORT + 1
+            lines = self._launch(lambda r: argv, timeout, ports=2, extra_env={
+                k: env[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS")})
+        # Every rank prints its runs in plan order: the i-th line of each rank is run i.
+        per_rank = {}
+        for line in lines:
+            per_rank.setdefault(line["rank"], []).append(line)
+        if len(per_rank) != self.world or any(len(v) != len(plan) for v in per_rank.values()):
+            raise RuntimeError(f"digits: expected {len(plan)} results from each of "
+                               f"{self.world} ranks")
+        return [aggregate([per_rank[r][i] for r in per_rank]) for i in range(len(plan))]
+
+
+def digits_env(args):
+    """The environment digits_rank.py needs: the co2 package assembled in the build."""
+    env = dict(os.environ)
+    package = os.path.join(os.path.abspath(args.build), "bindings", "python")
+    env["PYTHONPATH"] = package + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def calibrate_digits(args):
+    """ms per digits step of one rank alone, per hidden width; None where digits_rank.py cannot
+    run (no Python binding in this build)."""
+    widths = [w for w in DIGITS_WIDTHS if w <= args.digits_max_hidden] or [args.digits_max_hidden]
+    proc = subprocess.run([PYTHON, DIGITS, "--calibrate", ",".join(map(str, widths))],
+                          env=digits_env(args), capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        log(f"digits: skipped: digits_rank.py --calibrate exited {proc.returncode}: "
+            f"{proc.stderr.strip()[-400:]}")
+        return None
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        log(f"digits: skipped: digits_rank.py --calibrate printed no result: {proc.stdout[-400:]}")
+        return None
+    return {int(h): ms for h, ms in json.loads(lines[0])["step_ms"].items()}
+
+
+def run_digits_config(args, runner, transport, world, rate, want_ddp):
+    """The digits table at one (world, rate)."""
+    hidden, ar_steps = size_digits(args, world, rate, transport)
+    params = mlp_params(hidden)
+    step_s = args.digits_step_ms[hidden] / 1e3
+    ar_s = ring_seconds(params, world, link_bytes_per_s(rate, transport))
+    log(f"W={world} rate={rate} work=digits: hidden {hidden}, N={params} "
+        f"(one all-reduce ~ {ar_steps:.1f} steps of {step_s * 1e3:.2f} ms alone) ({transport})")
+    if args.ddp and not want_ddp:
+        log("  ddp: not in the digits table here (it needs one process per rank: netns or "
+            "loopback)")
+    plan = [("none", 1), ("sync", 1)] + ([("ddp", 1)] if want_ddp else [])
+    plan += [(algo, tau) for tau in args.taus for algo in ALGOS_TAU] + [("none", 1)]
+    plan = [(a, t) + plan_steps(a, t, step_s, ar_s, args.seconds) for a, t in plan]
+    try:
+        rows = runner.digits_run(hidden, plan, step_s, ar_s, want_ddp)
+    except Exception as e:  # the other tables stand without it
+        log(f"  digits: FAILED: {e}")
+        return []
+    for r, (algo, tau, _, _) in zip(rows, plan):
+        r.update(transport=transport, rate=rate, world=world)
+        name = "none (again)" if algo == "none" and r is rows[-1] else \
+            f"{algo} tau={tau}" if algo in ALGOS_TAU else algo
+        log(f"  {name:<22} {r['steps_per_s']:8.2f} steps/s"
+            + (f"  all-reduce {r['allreduce_time_ms']:.1f} ms, advised tau {r['advised_tau']}"
+               if r.get("advised_tau") else ""))
+    return rows
+
 
 class Unsupported(Exception):
     pass
@@ -218,6 +339,10 @@ def run_config(args, transport, world, rate, works, burn_iters, want_ddp, prefix
         return r
 
     for work in works:
+        if work == "digits":
+            results += run_digits_config(args, runner, transport, world, rate,
+                                         args.ddp and transport != "model")
+            continue
         log(f"W={world} rate={rate} N={params} work={work} ({transport})")
         record("none", lambda: runner.overlap_run("none", 1, params, work, burn_iters))
         record("sync", lambda: runner.overlap_run("sync", 1, params, work, burn_iters))
@@ -327,7 +452,11 @@ def common_args(args):
     out = ["--build", args.build, "--step-ms", str(args.step_ms), "--seconds", str(args.seconds),
            "--target-steps", str(args.target_steps), "--max-params", str(args.max_params),
            "--timeout", str(args.timeout), "--taus", ",".join(map(str, args.taus)),
-           "--burn-iters", str(args.burn_iters)]
+           "--burn-iters", str(args.burn_iters),
+           "--digits-max-hidden", str(args.digits_max_hidden)]
+    if args.digits_step_ms:
+        out += ["--digits-step-ms",
+                ",".join(f"{h}:{ms:.6f}" for h, ms in args.digits_step_ms.items())]
     return out + (["--ddp"] if args.ddp else ["--no-ddp"])
 
 
@@ -335,13 +464,20 @@ def fmt_ratio(r):
     return f"{r:6.3f}" if r is not None else "     -"
 
 
+TITLES = {
+    "wait": "timed wait (a GPU step as the host sees it) -- the primary table",
+    "burn": "CPU burn (compute competes with communication for 2 cores)",
+    "digits": "the digits MLP (PyTorch on the CPU; compute competes with communication for the "
+              "2 cores)",
+}
+
+
 def tables(results, args):
     lines = []
-    keys = sorted({(r["work"], r["world"]) for r in results}, key=lambda k: (k[0] != "wait", k[1]))
+    order = list(TITLES)
+    keys = sorted({(r["work"], r["world"]) for r in results}, key=lambda k: (order.index(k[0]), k[1]))
     for work, world in keys:
-        title = ("timed wait (a GPU step as the host sees it) -- the primary table"
-                 if work == "wait" else "CPU burn (compute competes with communication for 2 cores)")
-        lines.append(f"\n### W = {world}, step = {title}\n")
+        lines.append(f"\n### W = {world}, step = {TITLES[work]}\n")
         for rate in RATES_BITS:
             rows = [r for r in results if r["work"] == work and r["world"] == world and r["rate"] == rate]
             base = best_reference(rows)
@@ -356,7 +492,8 @@ def tables(results, args):
             ar_ms = max((r.get("allreduce_time_ms", 0) for r in rows if r["algo"] in ALGOS_TAU), default=0)
             step_ms = max((r.get("step_time_ms", 0) for r in rows if r["algo"] in ALGOS_TAU), default=0)
             advised = get("co2", args.taus[-1])
-            lines.append(f"rate {rate}, N = {base['params']:,} fp32 ({base['params'] * 4 / 1e6:.1f} MB), "
+            width = f" (hidden {base['hidden']})" if "hidden" in base else ""
+            lines.append(f"rate {rate}, N = {base['params']:,} fp32 ({base['params'] * 4 / 1e6:.1f} MB){width}, "
                          f"co2 over {', '.join(transports) or '-'}; compute-only "
                          f"{base['steps_per_s']:.2f} steps/s")
             if step_ms:
@@ -457,6 +594,12 @@ def parse_args(argv):
                     help="the cap for uncapped links (where the host CPU, not the link, limits)")
     ap.add_argument("--burn", action="store_true", help="also the CPU-burn table (W = 2)")
     ap.add_argument("--burn-iters", type=int, default=0)
+    ap.add_argument("--digits", action="store_true",
+                    help="also the digits-MLP table (W = 2; needs the co2 Python binding)")
+    ap.add_argument("--only-digits", action="store_true", help="only the digits-MLP table")
+    ap.add_argument("--digits-max-hidden", type=int, default=512,
+                    help="the widest MLP the digits table sizes to (keeps its runs short)")
+    ap.add_argument("--digits-step-ms", help=argparse.SUPPRESS)  # the calibration, for --inner
     ap.add_argument("--ddp", dest="ddp", action="store_true", default=True)
     ap.add_argument("--no-ddp", dest="ddp", action="store_false")
     ap.add_argument("--timeout", type=float, default=60.0, help="per run, seconds")
@@ -471,12 +614,19 @@ def parse_args(argv):
     args.taus = [int(t) for t in str(args.taus).split(",")]
     args.worlds = [int(w) for w in str(args.worlds).split(",")]
     args.rates = str(args.rates).split(",")
+    args.digits = args.digits or args.only_digits
+    if args.digits_max_hidden < 1:
+        ap.error("--digits-max-hidden must be >= 1")
+    args.digits_step_ms = ({int(h): float(ms) for h, ms in
+                            (kv.split(":") for kv in args.digits_step_ms.split(","))}
+                           if args.digits_step_ms else None)
     for rate in args.rates:
         if rate not in RATES_BITS:
             ap.error(f"--rates: {rate} is not one of {', '.join(RATES_BITS)}")
     if args.quick:
         args.worlds, args.rates, args.taus = [2], ["none"], [2]
         args.step_ms, args.seconds, args.max_params, args.target_steps = 2.0, 0.05, 4096, 2
+        args.digits_max_hidden = min(args.digits_max_hidden, 32)
         args.timeout = min(args.timeout, 30.0)
     return args
 
@@ -511,20 +661,35 @@ def main(argv):
                                capture_output=True, text=True, check=True).stdout)
             for _ in range(3))
         log(f"burn: {args.burn_iters} iterations take {args.step_ms} ms on an idle core")
+    if args.digits:
+        args.digits_step_ms = calibrate_digits(args)
+        if args.digits_step_ms:
+            log("digits: ms per step alone: "
+                + ", ".join(f"hidden {h}: {ms:.2f}" for h, ms in args.digits_step_ms.items()))
+            if transport == "model":
+                log("digits: co2 ranks are threads of one process here (the link model); they "
+                    "share its interpreter lock, and DDP is left out")
+        args.digits = bool(args.digits_step_ms)
+        if args.only_digits and not args.digits:
+            return 77
     log(f"co2 ranks: {transport}; torch DDP: "
         + ("in namespaces" if args.ddp and have_netns else "on loopback (uncapped)" if args.ddp else "off"))
     started = time.monotonic()
     results = []
     for world in args.worlds:
+        first = world == args.worlds[0]
+        works = ([] if args.only_digits else ["wait"] + (["burn"] if args.burn and first else [])) \
+            + (["digits"] if args.digits and first else [])
+        if not works:
+            continue
         for rate in args.rates:
-            works = ["wait"] + (["burn"] if args.burn and world == args.worlds[0] else [])
             if transport == "netns":
                 results += in_netns(args, world, rate,
                                     common_args(args) + ["--inner-co2", "--inner-works", ",".join(works)])
                 continue
             results += run_config(args, transport, world, rate, works, args.burn_iters,
                                   args.ddp and not have_netns and transport == "loopback", None)
-            if args.ddp and transport == "model":
+            if args.ddp and transport == "model" and "wait" in works:
                 if have_netns:
                     results += in_netns(args, world, rate, common_args(args))
                 elif rate == "none":
@@ -539,10 +704,11 @@ def main(argv):
     with open(os.path.join(args.out, "overlap.json"), "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "transport": transport,
                    "step_ms": args.step_ms, "taus": args.taus, "results": results}, f, indent=1)
-    if not args.no_plot:
+    if not args.no_plot and any(r["work"] == "wait" for r in results):
         plot(results, os.path.join(args.out, "overlap_ratio.png"), args)
         log(f"wrote {os.path.join(args.out, 'overlap_ratio.png')}")
-    ok = all(any(r["algo"] == "none" for r in results if r["world"] == w) for w in args.worlds)
+    worlds = args.worlds[:1] if args.only_digits else args.worlds
+    ok = all(any(r["algo"] == "none" for r in results if r["world"] == w) for w in worlds)
     return 0 if ok and results else 1
 
 

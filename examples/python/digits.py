@@ -74,13 +74,14 @@ def shard(x, y, rank, world):
 _init_lock = threading.Lock()
 
 
-def make_model(seed):
-    """The same initial weights for a given seed, whatever the algorithm."""
+def make_model(seed, hidden=HIDDEN):
+    """The same initial weights for a given seed, whatever the algorithm. `hidden` is the
+    width of both hidden layers (bench/overlap/digits_rank.py sizes the model with it)."""
     with _init_lock:
         torch.manual_seed(seed)
-        return torch.nn.Sequential(torch.nn.Linear(64, HIDDEN), torch.nn.ReLU(),
-                                   torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                                   torch.nn.Linear(HIDDEN, 10))
+        return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+                                   torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                                   torch.nn.Linear(hidden, 10))
 
 
 def batches(x, y, seed, rank, epochs):

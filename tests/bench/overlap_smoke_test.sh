@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of bench/overlap/run.py and bench/scale/scale.py at a tiny size: the benchmark still
 # runs end to end, prints its table, writes its plot and JSON, and the scale model reads them.
+# --digits adds the digits-MLP table (a few steps of bench/overlap/digits_rank.py per algorithm);
+# it is checked wherever the build has the co2 Python binding and torch and sklearn are there.
 # No timing is asserted.
 #   overlap_smoke_test.sh SOURCE_ROOT BUILD_ROOT model|loopback
 # loopback needs the multi-process transport: without it run.py exits 77 and so does this test.
@@ -9,7 +11,7 @@ src="$1" build="$2" transport="$3"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-/usr/bin/python3 "$src/bench/overlap/run.py" --quick --transport "$transport" --build "$build" \
+/usr/bin/python3 "$src/bench/overlap/run.py" --quick --digits --transport "$transport" --build "$build" \
   --out "$out" >"$out/table.txt" 2>"$out/log.txt"
 rc=$?
 cat "$out/log.txt" "$out/table.txt"
@@ -37,6 +39,28 @@ for r in d["results"]:
         assert r["advised_tau"] >= 1, f"co2 ran without a tau advice: {r}"
 print("overlap.json: ok,", len(d["results"]), "results")
 PY
+
+if [ ! -f "$build/bindings/python/co2/__init__.py" ]; then
+  echo "digits table: this build has no co2 Python binding, not checked"
+elif ! /usr/bin/python3 -c "import torch, sklearn" 2>/dev/null; then
+  echo "digits table: python3-torch or python3-sklearn is missing, not checked"
+else
+  grep -q "step = the digits MLP" "$out/table.txt" || { echo "FAIL: no digits table"; fail=1; }
+  /usr/bin/python3 - "$out/overlap.json" "$transport" <<'PY' || fail=1
+import json, sys
+d, transport = json.load(open(sys.argv[1])), sys.argv[2]
+rows = [r for r in d["results"] if r["work"] == "digits"]
+want = {"none", "sync", "localsgd", "diloco", "co2"} | ({"ddp"} if transport != "model" else set())
+missing = want - {r["algo"] for r in rows}
+assert not missing, f"missing digits rows in overlap.json: {missing}"
+for r in rows:
+    assert r["steps_per_s"] > 0 and r["ranks"] == 2 and r["world"] == 2, r
+    assert r["params"] == 64 * r["hidden"] + r["hidden"] + r["hidden"] ** 2 + r["hidden"] + 10 * r["hidden"] + 10, r
+    if r["algo"] in ("localsgd", "diloco", "co2"):
+        assert r["boundaries"] >= 1 and r["allreduces"] >= 1, f"no round completed: {r}"
+print("digits rows: ok,", len(rows), "results")
+PY
+fi
 
 /usr/bin/python3 "$src/bench/scale/scale.py" --measured "$out/overlap.json" --out "$out" >"$out/scale.txt" || {
   echo "FAIL: scale.py failed"; fail=1; }
