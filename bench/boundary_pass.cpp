@@ -41,25 +41,33 @@ void fill(co2::FloatBuffer& b, float base) {
   for (size_t i = 0; i < b.size(); ++i) b.data()[i] = base + 1e-3f * float(i % 1000);
 }
 
+// p, a, m, c of n elements and the coefficients of a momentum update.
+struct PassInputs {
+  co2::FloatBuffer p, a, m, c;
+  co2::OuterCoefficients k;
+  explicit PassInputs(size_t n) : p(n), a(n), m(n), c(n) {
+    fill(p, 1.0f);
+    fill(a, 1.1f);
+    fill(m, 0.01f);
+    fill(c, 0.001f);
+    k.alpha = 0.7f;
+    k.beta = 0.9f;
+    k.lambda = 0.5f;
+  }
+};
+
 void pass_table(size_t max_millions, int repeats) {
   std::printf("\nFused boundary pass vs memcpy (1 thread; GB/s = bytes read + written per second)\n");
   std::printf("%10s %12s %12s %12s %12s %8s\n", "N", "pass ms", "pass GB/s", "memcpy ms", "memcpy GB/s",
               "ratio");
   for (size_t millions = 1; millions <= max_millions; millions *= 4) {
     const size_t n = millions << 20;
-    co2::FloatBuffer p(n), a(n), m(n), c(n), src(4 * n), dst(4 * n);
-    fill(p, 1.0f);
-    fill(a, 1.1f);
-    fill(m, 0.01f);
-    fill(c, 0.001f);
+    PassInputs x(n);
+    co2::FloatBuffer src(4 * n), dst(4 * n);
     fill(src, 2.0f);
-    co2::OuterCoefficients k;
-    k.alpha = 0.7f;
-    k.beta = 0.9f;
-    k.lambda = 0.5f;
     const co2::PassFlags flags{true, true, false, false, true};
     const double pass_s = best_of(repeats, [&] {
-      co2::run_boundary_pass(flags, p.data(), a.data(), m.data(), c.data(), n, k);
+      co2::run_boundary_pass(flags, x.p.data(), x.a.data(), x.m.data(), x.c.data(), n, x.k);
     });
     const double copy_s = best_of(repeats, [&] {
       std::memcpy(dst.data(), src.data(), 4 * n * sizeof(float));
@@ -80,24 +88,18 @@ void split_table(size_t max_millions, int repeats) {
               "fused/apply");
   for (size_t millions = 1; millions <= max_millions; millions *= 4) {
     const size_t n = millions << 20;
-    co2::FloatBuffer p(n), a(n), m(n), c(n);
-    fill(p, 1.0f);
-    fill(a, 1.1f);
-    fill(m, 0.01f);
-    fill(c, 0.001f);
-    co2::OuterCoefficients k;
-    k.alpha = 0.7f;
-    k.beta = 0.9f;
-    k.lambda = 0.5f;
+    PassInputs x(n);
     const double fused_s = best_of(repeats, [&] {
-      co2::run_boundary_pass({true, true, false, false, true}, p.data(), a.data(), m.data(), c.data(), n, k);
+      co2::run_boundary_pass({true, true, false, false, true}, x.p.data(), x.a.data(), x.m.data(), x.c.data(), n,
+                             x.k);
     });
     co2::PassFlags prepare{true, true, false, false, false};
     prepare.prepare = true;
     const double prepare_s = best_of(repeats, [&] {
-      co2::run_boundary_pass(prepare, nullptr, a.data(), m.data(), c.data(), n, k);
+      co2::run_boundary_pass(prepare, nullptr, x.a.data(), x.m.data(), x.c.data(), n, x.k);
     });
-    const double apply_s = best_of(repeats, [&] { co2::apply_prepared_segment(p.data(), a.data(), c.data(), n); });
+    const double apply_s =
+        best_of(repeats, [&] { co2::apply_prepared_segment(x.p.data(), x.a.data(), x.c.data(), n); });
     std::printf("%9zuM %12.2f %12.2f %12.2f %12.2f %8.2f\n", millions, fused_s * 1e3, prepare_s * 1e3,
                 apply_s * 1e3, 20.0 * double(n) / apply_s / 1e9, fused_s / apply_s);
     std::fflush(stdout);
