@@ -62,6 +62,12 @@ print("digits rows: ok,", len(rows), "results")
 PY
 fi
 
+# --tables-from re-renders an earlier run's tables without measuring: the same table.
+/usr/bin/python3 "$src/bench/overlap/run.py" --tables-from "$out/overlap.json" --no-plot >"$out/again.txt" || {
+  echo "FAIL: run.py --tables-from failed"; fail=1; }
+diff <(grep -v '^# ' "$out/table.txt") <(grep -v '^# ' "$out/again.txt") >/dev/null || {
+  echo "FAIL: --tables-from printed other tables than the run"; fail=1; }
+
 /usr/bin/python3 "$src/bench/scale/scale.py" --measured "$out/overlap.json" --out "$out" >"$out/scale.txt" || {
   echo "FAIL: scale.py failed"; fail=1; }
 cat "$out/scale.txt"
