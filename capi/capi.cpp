@@ -359,6 +359,27 @@ CO2_EXPORT co2_status_t co2_engine_config_init(co2_engine_config_t* config) {
   });
 }
 
+CO2_EXPORT co2_status_t co2_tensor_init(co2_tensor_t* tensor) {
+  return guarded([&] {
+    require_arg(tensor != nullptr, "tensor is NULL");
+    *tensor = co2_tensor_t CO2_TENSOR_INIT;
+  });
+}
+
+CO2_EXPORT co2_status_t co2_segment_init(co2_segment_t* segment) {
+  return guarded([&] {
+    require_arg(segment != nullptr, "segment is NULL");
+    *segment = co2_segment_t CO2_SEGMENT_INIT;
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_stats_init(co2_engine_stats_t* stats) {
+  return guarded([&] {
+    require_arg(stats != nullptr, "stats is NULL");
+    *stats = co2_engine_stats_t CO2_ENGINE_STATS_INIT;
+  });
+}
+
 CO2_EXPORT co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_config_t* config,
                                           co2_engine_t* out_engine) {
   return guarded([&] {

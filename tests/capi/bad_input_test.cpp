@@ -179,6 +179,9 @@ TEST(BadInputGlobal, DestroyNullIsOk) {
 TEST(BadInputGlobal, InitFunctionsRejectNull) {
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_comm_config_init(nullptr));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_config_init(nullptr));
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_tensor_init(nullptr));
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_segment_init(nullptr));
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_stats_init(nullptr));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_get_unique_id(nullptr));
   int a = 1, b = 2, c = 3;
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_get_version(nullptr, nullptr, nullptr));

@@ -107,6 +107,24 @@ int main() {
   CHECK(comm_fn.timeout_ms == kCommConfig.timeout_ms);
   CHECK(comm_fn.chunk_bytes == kCommConfig.chunk_bytes);
 
+  // The structs without config fields: memcmp is exact, they have no padding (abi_layout pins
+  // every offset).
+  const co2_tensor_t tensor_macro = CO2_TENSOR_INIT;
+  co2_tensor_t tensor_fn;
+  std::memset(&tensor_fn, 0x5A, sizeof tensor_fn);
+  CHECK(co2_tensor_init(&tensor_fn) == CO2_OK);
+  CHECK(std::memcmp(&tensor_fn, &tensor_macro, sizeof tensor_fn) == 0);
+  const co2_segment_t segment_macro = CO2_SEGMENT_INIT;
+  co2_segment_t segment_fn;
+  std::memset(&segment_fn, 0x5A, sizeof segment_fn);
+  CHECK(co2_segment_init(&segment_fn) == CO2_OK);
+  CHECK(std::memcmp(&segment_fn, &segment_macro, sizeof segment_fn) == 0);
+  const co2_engine_stats_t stats_macro = CO2_ENGINE_STATS_INIT;
+  co2_engine_stats_t stats_fn;
+  std::memset(&stats_fn, 0x5A, sizeof stats_fn);
+  CHECK(co2_engine_stats_init(&stats_fn) == CO2_OK);
+  CHECK(std::memcmp(&stats_fn, &stats_macro, sizeof stats_fn) == 0);
+
   StepFn step = &co2_engine_step;
   StringFn str = &co2_status_string;
   CHECK(step != nullptr);

@@ -306,6 +306,9 @@ typedef struct co2_tensor {
 #define CO2_TENSOR_INIT \
     { sizeof(co2_tensor_t), NULL, NULL, 0, CO2_DTYPE_FP32, CO2_DEVICE_HOST, 0, CO2_ROLE_PARAMETER }
 
+/* *tensor = CO2_TENSOR_INIT, for languages that cannot use the macro. */
+co2_status_t co2_tensor_init(co2_tensor_t *tensor);
+
 /* A named range of the engine's flat parameter storage. */
 typedef struct co2_segment {
     size_t size;             /* sizeof(co2_segment_t) */
@@ -317,6 +320,9 @@ typedef struct co2_segment {
 } co2_segment_t;
 
 #define CO2_SEGMENT_INIT { sizeof(co2_segment_t), NULL, 0, 0, CO2_ROLE_PARAMETER, 0 }
+
+/* *segment = CO2_SEGMENT_INIT, for languages that cannot use the macro. */
+co2_status_t co2_segment_init(co2_segment_t *segment);
 
 /* `config` may be NULL for defaults. The engine keeps `comm` alive. */
 co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_config_t *config,
@@ -427,6 +433,9 @@ typedef struct co2_engine_stats {
 #define CO2_ENGINE_STATS_INIT                                                              \
     { sizeof(co2_engine_stats_t), CO2_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0,     \
       1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0 }
+
+/* *stats = CO2_ENGINE_STATS_INIT, for languages that cannot use the macro. */
+co2_status_t co2_engine_stats_init(co2_engine_stats_t *stats);
 
 co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_stats_t *out_stats);
 

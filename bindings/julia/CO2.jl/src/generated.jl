@@ -248,6 +248,11 @@ mutable struct co2_tensor_t
     role::co2_tensor_role_t
 end
 
+const _co2_tensor_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_tensor_init(tensor)
+    ccall(_co2_tensor_init_ptr[], co2_status_t, (Ptr{co2_tensor_t},), tensor)
+end
+
 mutable struct co2_segment_t
     size::Csize_t
     name::Ptr{Cchar}
@@ -255,6 +260,11 @@ mutable struct co2_segment_t
     count::Csize_t
     role::co2_tensor_role_t
     reserved0::Int32
+end
+
+const _co2_segment_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_segment_init(segment)
+    ccall(_co2_segment_init_ptr[], co2_status_t, (Ptr{co2_segment_t},), segment)
 end
 
 const _co2_engine_create_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -367,6 +377,11 @@ mutable struct co2_engine_stats_t
     allreduce_time_ns::UInt64
     advised_tau::UInt32
     reserved0::UInt32
+end
+
+const _co2_engine_stats_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_engine_stats_init(stats)
+    ccall(_co2_engine_stats_init_ptr[], co2_status_t, (Ptr{co2_engine_stats_t},), stats)
 end
 
 const _co2_engine_get_stats_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -503,6 +518,8 @@ const FUNCTION_NAMES = (
     :co2_request_wait,
     :co2_request_free,
     :co2_engine_config_init,
+    :co2_tensor_init,
+    :co2_segment_init,
     :co2_engine_create,
     :co2_engine_destroy,
     :co2_engine_register_tensor,
@@ -519,6 +536,7 @@ const FUNCTION_NAMES = (
     :co2_engine_num_elements,
     :co2_engine_set_param,
     :co2_engine_get_param,
+    :co2_engine_stats_init,
     :co2_engine_get_stats,
     :co2_engine_save,
     :co2_engine_state_size,
@@ -543,6 +561,8 @@ function bind_symbols!(handle::Ptr{Cvoid})
     _co2_request_wait_ptr[] = Libdl.dlsym(handle, :co2_request_wait)
     _co2_request_free_ptr[] = Libdl.dlsym(handle, :co2_request_free)
     _co2_engine_config_init_ptr[] = Libdl.dlsym(handle, :co2_engine_config_init)
+    _co2_tensor_init_ptr[] = Libdl.dlsym(handle, :co2_tensor_init)
+    _co2_segment_init_ptr[] = Libdl.dlsym(handle, :co2_segment_init)
     _co2_engine_create_ptr[] = Libdl.dlsym(handle, :co2_engine_create)
     _co2_engine_destroy_ptr[] = Libdl.dlsym(handle, :co2_engine_destroy)
     _co2_engine_register_tensor_ptr[] = Libdl.dlsym(handle, :co2_engine_register_tensor)
@@ -559,6 +579,7 @@ function bind_symbols!(handle::Ptr{Cvoid})
     _co2_engine_num_elements_ptr[] = Libdl.dlsym(handle, :co2_engine_num_elements)
     _co2_engine_set_param_ptr[] = Libdl.dlsym(handle, :co2_engine_set_param)
     _co2_engine_get_param_ptr[] = Libdl.dlsym(handle, :co2_engine_get_param)
+    _co2_engine_stats_init_ptr[] = Libdl.dlsym(handle, :co2_engine_stats_init)
     _co2_engine_get_stats_ptr[] = Libdl.dlsym(handle, :co2_engine_get_stats)
     _co2_engine_save_ptr[] = Libdl.dlsym(handle, :co2_engine_save)
     _co2_engine_state_size_ptr[] = Libdl.dlsym(handle, :co2_engine_state_size)

@@ -880,6 +880,9 @@ fn bindgen_test_layout_co2_tensor() {
     test_field_role();
 }
 pub type co2_tensor_t = co2_tensor;
+extern "C" {
+    pub fn co2_tensor_init(tensor: *mut co2_tensor_t) -> co2_status_t;
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct co2_segment {
@@ -1006,6 +1009,9 @@ fn bindgen_test_layout_co2_segment() {
     test_field_reserved0();
 }
 pub type co2_segment_t = co2_segment;
+extern "C" {
+    pub fn co2_segment_init(segment: *mut co2_segment_t) -> co2_status_t;
+}
 extern "C" {
     pub fn co2_engine_create(
         comm: co2_comm_t,
@@ -1619,6 +1625,9 @@ fn bindgen_test_layout_co2_engine_stats() {
     test_field_reserved0();
 }
 pub type co2_engine_stats_t = co2_engine_stats;
+extern "C" {
+    pub fn co2_engine_stats_init(stats: *mut co2_engine_stats_t) -> co2_status_t;
+}
 extern "C" {
     pub fn co2_engine_get_stats(
         engine: co2_engine_t,

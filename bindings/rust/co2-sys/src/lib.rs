@@ -7,8 +7,8 @@
 //! any difference, so it cannot drift from the header.
 //!
 //! Not emitted by bindgen (C initializer or cast expressions): the `*_INIT` macros and
-//! `CO2_DEFAULT_CHUNK_BYTES`. Use `co2_comm_config_init` / `co2_engine_config_init`, and the
-//! constructors below for the structs that have no init function.
+//! `CO2_DEFAULT_CHUNK_BYTES`. Use the `*_init` functions (`co2_comm_config_init`,
+//! `co2_engine_config_init`), or the `init()` constructors below, which call theirs.
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, clippy::all)]
 
@@ -17,62 +17,25 @@ include!("bindings.rs");
 /// `CO2_DEFAULT_CHUNK_BYTES` (`(uint64_t)1 << 20`), which bindgen cannot evaluate.
 pub const CO2_DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
 
-impl co2_tensor {
-    /// `CO2_TENSOR_INIT`: no name or data, fp32 on the host, a trained parameter.
-    pub fn init() -> Self {
-        co2_tensor {
-            size: ::std::mem::size_of::<co2_tensor>(),
-            name: ::std::ptr::null(),
-            data: ::std::ptr::null_mut(),
-            count: 0,
-            dtype: CO2_DTYPE_FP32 as co2_dtype_t,
-            device: CO2_DEVICE_HOST as co2_device_kind_t,
-            device_index: 0,
-            role: CO2_ROLE_PARAMETER as co2_tensor_role_t,
+/// Fills a struct with its `*_INIT` value through the library's own init function, so the Rust
+/// side cannot drift from the C macro.
+macro_rules! init_through {
+    ($ty:ident, $init:ident, $doc:literal) => {
+        impl $ty {
+            #[doc = $doc]
+            pub fn init() -> Self {
+                let mut value = ::std::mem::MaybeUninit::<$ty>::zeroed();
+                // SAFETY: a valid, writable pointer to one struct; the function writes every
+                // field and fails only for NULL.
+                let status = unsafe { $init(value.as_mut_ptr()) };
+                assert_eq!(status, CO2_OK as co2_status_t, concat!(stringify!($init), " failed"));
+                // SAFETY: zeroed, then fully written by the init function.
+                unsafe { value.assume_init() }
+            }
         }
-    }
+    };
 }
 
-impl co2_segment {
-    /// `CO2_SEGMENT_INIT`.
-    pub fn init() -> Self {
-        co2_segment {
-            size: ::std::mem::size_of::<co2_segment>(),
-            name: ::std::ptr::null(),
-            offset: 0,
-            count: 0,
-            role: CO2_ROLE_PARAMETER as co2_tensor_role_t,
-            reserved0: 0,
-        }
-    }
-}
-
-impl co2_engine_stats {
-    /// `CO2_ENGINE_STATS_INIT`.
-    pub fn init() -> Self {
-        co2_engine_stats {
-            size: ::std::mem::size_of::<co2_engine_stats>(),
-            version: CO2_ABI_VERSION,
-            world_size: 0,
-            steps: 0,
-            rounds: 0,
-            outer_updates: 0,
-            bytes_reduced: 0,
-            collective_ns: 0,
-            boundary_wait_ns: 0,
-            last_boundary_wait_ns: 0,
-            nonfinite_rounds: 0,
-            nonfinite_local: 0,
-            anchor_checks: 0,
-            resolved_outer_momentum: 0.0,
-            last_penalty_min: 1.0,
-            last_penalty_max: 1.0,
-            last_clip_scale_min: 1.0,
-            last_clip_fraction: 0.0,
-            step_time_ns: 0,
-            allreduce_time_ns: 0,
-            advised_tau: 0,
-            reserved0: 0,
-        }
-    }
-}
+init_through!(co2_tensor, co2_tensor_init, "`CO2_TENSOR_INIT` (`co2_tensor_init`): no name or data, fp32 on the host, a trained parameter.");
+init_through!(co2_segment, co2_segment_init, "`CO2_SEGMENT_INIT` (`co2_segment_init`).");
+init_through!(co2_engine_stats, co2_engine_stats_init, "`CO2_ENGINE_STATS_INIT` (`co2_engine_stats_init`).");
