@@ -49,6 +49,9 @@ constexpr auto kNoticeGrace = std::chrono::milliseconds(200);
 // long closing the endpoints may take. Both bound the destructor when a peer is stalled.
 constexpr auto kFlushLimit = std::chrono::milliseconds(2000);
 constexpr auto kCloseLimit = std::chrono::milliseconds(1000);
+// How long destroy waits for messages nobody will read (a peer's goodbye that arrived after the
+// standing receive was withdrawn) to be taken off UCX's unexpected queue.
+constexpr auto kDiscardLimit = std::chrono::milliseconds(200);
 // Longest abort reason sent to the peers (the control receive buffer's size).
 constexpr size_t kNoticeBytes = 512;
 // ucp_worker_progress calls per progress(): enough to drain what a burst of messages queued.
@@ -155,7 +158,8 @@ class UcxTransport final : public PointToPoint {
   void post_control_recv();
   void check_control_recv();
   void on_control(const ucp_tag_recv_info_t& info);
-  void drain_unexpected();
+  // Receives and drops unexpected messages whose tag matches `value` under `mask`.
+  void drain_unexpected(ucp_tag_t value = 0, ucp_tag_t mask = kControlBit);
   void reap_drains();
   void mark_lost(Peer& peer, const std::string& reason);
   void say_goodbye();
@@ -294,6 +298,13 @@ UcxTransport::~UcxTransport() {
     reap_closing_requests();
     return closing_.empty();
   }, Clock::now() + kCloseLimit);
+  // Whatever arrived that nobody will receive (typically the peers' goodbyes) is taken off the
+  // unexpected queue, which UCX would otherwise report, message by message, at worker destroy.
+  drain_unexpected(0, 0);
+  progress_until([&] {
+    reap_drains();
+    return drains_.empty();
+  }, Clock::now() + kDiscardLimit);
 
   for (auto& [handle, operation] : operations_)
     if (operation.request) ucp_request_free(operation.request);
@@ -784,14 +795,14 @@ void UcxTransport::settle_abort() {
     if (peer->peer_error_handling) close_endpoint(*peer);
 }
 
-void UcxTransport::drain_unexpected() {
+void UcxTransport::drain_unexpected(ucp_tag_t value, ucp_tag_t mask) {
   // After an abort nobody receives data any more, but a peer's rendezvous send waits until its
   // message is received. Over transports with peer error handling, closing the endpoints
   // cancels those sends on both sides; without it (shared memory), receiving and dropping the
   // messages is what lets the senders' sends complete.
   for (;;) {
     ucp_tag_recv_info_t info{};
-    ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, kControlBit, 1, &info);
+    ucp_tag_message_h message = ucp_tag_probe_nb(worker_, value, mask, 1, &info);
     if (!message) return;
     Drain drain;
     drain.buffer.reset(new char[std::max<size_t>(info.length, 1)]);
