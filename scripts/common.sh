@@ -11,6 +11,12 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 
+# The Rust toolchain of this machine kind is rustup's, in ~/.cargo/bin (not from apt), which a
+# non-login shell may not have on PATH; without cargo the Rust tests are not registered at all.
+if ! command -v cargo >/dev/null 2>&1 && [ -x "${HOME:-/root}/.cargo/bin/cargo" ]; then
+  export PATH="$PATH:${HOME:-/root}/.cargo/bin"
+fi
+
 log() { printf '==> %s\n' "$*" >&2; }
 
 # ensure_packages PKG...: installs the Debian packages that are not installed yet.

@@ -681,9 +681,16 @@ def main(argv):
     if args.inner:
         return inner_main(args)
     if args.tables_from:
-        with open(args.tables_from) as f:
-            earlier = json.load(f)
-        args.taus, args.step_ms = earlier["taus"], earlier["step_ms"]
+        try:
+            with open(args.tables_from) as f:
+                earlier = json.load(f)
+            missing = {"taus", "step_ms", "results", "date", "transport"} - set(earlier)
+            if missing:
+                raise KeyError(", ".join(sorted(missing)))
+            args.taus, args.step_ms = earlier["taus"], earlier["step_ms"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log(f"--tables-from {args.tables_from}: not an overlap.json this program wrote ({e})")
+            return 2
         print(f"# overlap benchmark, {earlier['date']}, co2 ranks: {earlier['transport']} "
               f"(tables from {args.tables_from})")
         print(tables(earlier["results"], args))
