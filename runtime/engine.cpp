@@ -354,7 +354,7 @@ bool apply_prepared(S& s, bool write_delta) {
     std::swap(s.anchor, s.comm_buffer);
     set_parameters_to_anchor(s);
   }
-  s.history = s.prepared.history;
+  std::swap(s.history, s.prepared.history);
   commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
   s.prepared.ready = false;
   return delta_finite;
@@ -421,6 +421,11 @@ void check_anchor(Engine::State& s) {
          "(memory corruption or a non-deterministic framework step); restore a checkpoint");
 }
 
+void check_anchor_when_due(Engine::State& s) {
+  const uint32_t k = s.config.anchor_check_interval;
+  if (k && s.stats.rounds % k == 0) check_anchor(s);
+}
+
 void collect_pending_average(Engine::State& s) {
   if (!s.pending) return;
   bool finite = true;
@@ -448,8 +453,7 @@ bool co2_boundary(S& s) {
   const bool delta_finite =
       update ? apply_prepared(s, /*write_delta=*/true) : fused_pass(s, /*update=*/false, /*write_delta=*/true);
   if (!delta_finite) ++s.stats.nonfinite_local;
-  const uint32_t k = s.config.anchor_check_interval;
-  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  check_anchor_when_due(s);
   submit_average_async(s);
   return !have_average || finite;
 }
@@ -469,35 +473,32 @@ bool diloco_boundary(S& s) {
     return false;
   }
   fused_pass(s, /*update=*/true, /*write_delta=*/false);
-  const uint32_t k = s.config.anchor_check_interval;
-  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  check_anchor_when_due(s);
   return true;
 }
 
-bool localsgd_boundary(S& s) {
+// Blocking average of the parameters across ranks; buffers_only: only BUFFER segments take it.
+// False (nothing changed) when the average was not finite.
+bool average_parameters(S& s, bool buffers_only) {
   pack_parameters(s, s.comm_buffer.data());
   if (!average_blocking(s, s.comm_buffer.data(), s.state_count)) {
     ++s.stats.nonfinite_rounds;
     return false;
   }
-  unpack_parameters(s, s.comm_buffer.data(), /*buffers_only=*/false);
-  const uint32_t k = s.config.anchor_check_interval;
-  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  unpack_parameters(s, s.comm_buffer.data(), buffers_only);
+  return true;
+}
+
+bool localsgd_boundary(S& s) {
+  if (!average_parameters(s, /*buffers_only=*/false)) return false;
+  check_anchor_when_due(s);
   return true;
 }
 
 bool sync_boundary(S& s) {
   // Gradients were averaged by reduce_gradients; here only BUFFER segments are averaged.
-  if (s.state_count > s.trained_count) {
-    pack_parameters(s, s.comm_buffer.data());
-    if (!average_blocking(s, s.comm_buffer.data(), s.state_count)) {
-      ++s.stats.nonfinite_rounds;
-      return false;
-    }
-    unpack_parameters(s, s.comm_buffer.data(), /*buffers_only=*/true);
-  }
-  const uint32_t k = s.config.anchor_check_interval;
-  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  if (s.state_count > s.trained_count && !average_parameters(s, /*buffers_only=*/true)) return false;
+  check_anchor_when_due(s);
   return true;
 }
 

@@ -113,6 +113,7 @@ void prepare_update(const std::vector<Segment>& segments, float* anchor, float* 
 uint64_t consensus_checksum(const Engine::State& s);
 bool same_on_every_rank(Engine::State& s, uint64_t value);
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
+void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_check_interval rounds
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
 void set_parameters_to_anchor(Engine::State& s);
 // Waits for `request`, charging the time to boundary_wait_ns; throws the collective's error.

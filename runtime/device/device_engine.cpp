@@ -545,25 +545,21 @@ class CudaPath final : public DevicePath {
     return take_nonfinite();
   }
 
-  bool localsgd_boundary(S& s, cudaStream_t caller) {
-    pack(s, comm_.as<float>(), caller, false);
+  // Blocking average of the parameters (buffers_only: of the BUFFER segments) across ranks.
+  bool average_parameters(S& s, cudaStream_t caller, bool buffers_only) {
+    pack(s, comm_.as<float>(), caller, buffers_only);
     if (!average_blocking(s, comm_.as<float>(), s.state_count, caller, blocking_flag())) {
       ++s.stats.nonfinite_rounds;
       return false;
     }
-    unpack(s, comm_.as<float>(), caller, false);
+    unpack(s, comm_.as<float>(), caller, buffers_only);
     return true;
   }
 
+  bool localsgd_boundary(S& s, cudaStream_t caller) { return average_parameters(s, caller, false); }
+
   bool sync_boundary(S& s, cudaStream_t caller) {
-    if (s.state_count == s.trained_count) return true;
-    pack(s, comm_.as<float>(), caller, true);
-    if (!average_blocking(s, comm_.as<float>(), s.state_count, caller, blocking_flag())) {
-      ++s.stats.nonfinite_rounds;
-      return false;
-    }
-    unpack(s, comm_.as<float>(), caller, true);
-    return true;
+    return s.state_count == s.trained_count || average_parameters(s, caller, true);
   }
 
   // The anchor (or, without one, the parameters) hashed on the host and compared across ranks.
