@@ -36,6 +36,10 @@ macro_rules! init_through {
     };
 }
 
-init_through!(co2_tensor, co2_tensor_init, "`CO2_TENSOR_INIT` (`co2_tensor_init`): no name or data, fp32 on the host, a trained parameter.");
+init_through!(
+    co2_tensor,
+    co2_tensor_init,
+    "`CO2_TENSOR_INIT` (`co2_tensor_init`): no name or data, fp32 on the host, a trained parameter."
+);
 init_through!(co2_segment, co2_segment_init, "`CO2_SEGMENT_INIT` (`co2_segment_init`).");
 init_through!(co2_engine_stats, co2_engine_stats_init, "`CO2_ENGINE_STATS_INIT` (`co2_engine_stats_init`).");

@@ -201,39 +201,17 @@ impl Communicator {
 
     /// Blocking in-place all-reduce (collective). The result is bit-identical on every rank.
     pub fn allreduce<T: Element>(&self, buffer: &mut [T], op: ReduceOp) -> Result<()> {
-        let mut request: sys::co2_request_t = ptr::null_mut();
         // SAFETY: the buffer is borrowed mutably until the request is freed below, which waits
         // for completion.
-        check(unsafe {
-            sys::co2_allreduce(
-                self.as_raw(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                T::DTYPE,
-                op.raw(),
-                ptr::null_mut(),
-                &mut request,
-            )
-        })?;
-        // SAFETY: a request returned by co2_allreduce; freed exactly once, here or in wait_raw.
+        let request = unsafe { self.post_allreduce(buffer.as_mut_ptr(), buffer.len(), op) }?;
+        // SAFETY: a request just posted; freed exactly once, here.
         unsafe { wait_and_free(request) }
     }
 
     /// Blocking in-place broadcast from `root` (collective).
     pub fn broadcast<T: Element>(&self, buffer: &mut [T], root: i32) -> Result<()> {
-        let mut request: sys::co2_request_t = ptr::null_mut();
         // SAFETY: as in allreduce.
-        check(unsafe {
-            sys::co2_broadcast(
-                self.as_raw(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                T::DTYPE,
-                root,
-                ptr::null_mut(),
-                &mut request,
-            )
-        })?;
+        let request = unsafe { self.post_broadcast(buffer.as_mut_ptr(), buffer.len(), root) }?;
         // SAFETY: as in allreduce.
         unsafe { wait_and_free(request) }
     }
@@ -241,38 +219,62 @@ impl Communicator {
     /// Asynchronous all-reduce: the request owns `buffer` until it completes (so a forgotten
     /// request leaks the buffer instead of freeing memory the collective still writes).
     pub fn allreduce_async<T: Element>(&self, mut buffer: Vec<T>, op: ReduceOp) -> Result<Request<T>> {
-        let mut request: sys::co2_request_t = ptr::null_mut();
         // SAFETY: the heap block of `buffer` moves into the Request and stays put until freed.
-        check(unsafe {
-            sys::co2_allreduce(
-                self.as_raw(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                T::DTYPE,
-                op.raw(),
-                ptr::null_mut(),
-                &mut request,
-            )
-        })?;
+        let request = unsafe { self.post_allreduce(buffer.as_mut_ptr(), buffer.len(), op) }?;
         Ok(Request::new(request, buffer))
     }
 
     /// Asynchronous broadcast from `root`; see `allreduce_async`.
     pub fn broadcast_async<T: Element>(&self, mut buffer: Vec<T>, root: i32) -> Result<Request<T>> {
-        let mut request: sys::co2_request_t = ptr::null_mut();
         // SAFETY: as in allreduce_async.
-        check(unsafe {
-            sys::co2_broadcast(
-                self.as_raw(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                T::DTYPE,
-                root,
-                ptr::null_mut(),
-                &mut request,
-            )
-        })?;
+        let request = unsafe { self.post_broadcast(buffer.as_mut_ptr(), buffer.len(), root) }?;
         Ok(Request::new(request, buffer))
+    }
+
+    /// Posts an in-place all-reduce of `len` elements at `data`.
+    ///
+    /// # Safety
+    /// `data` must stay valid and unaliased until the returned request completes and is freed.
+    unsafe fn post_allreduce<T: Element>(
+        &self,
+        data: *mut T,
+        len: usize,
+        op: ReduceOp,
+    ) -> Result<sys::co2_request_t> {
+        let mut request: sys::co2_request_t = ptr::null_mut();
+        check(sys::co2_allreduce(
+            self.as_raw(),
+            data.cast(),
+            len,
+            T::DTYPE,
+            op.raw(),
+            ptr::null_mut(),
+            &mut request,
+        ))?;
+        Ok(request)
+    }
+
+    /// Posts an in-place broadcast of `len` elements at `data` from `root`.
+    ///
+    /// # Safety
+    /// As for `post_allreduce`.
+    unsafe fn post_broadcast<T: Element>(
+        &self,
+        data: *mut T,
+        len: usize,
+        root: i32,
+    ) -> Result<sys::co2_request_t> {
+        let mut request: sys::co2_request_t = ptr::null_mut();
+        check(sys::co2_broadcast(
+            self.as_raw(),
+            data.cast(),
+            len,
+            T::DTYPE,
+            root,
+            ptr::null_mut(),
+            &mut request,
+        ))?;
+        Ok(request)
     }
 }
 
