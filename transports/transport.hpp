@@ -25,6 +25,10 @@ using Handle = uint64_t;
 // Tags carry at most this many bits (tag < 2^kTagBits): a transport may use the bits above for
 // its own matching (UCX puts the source rank and a message kind there, docs/transports.md).
 constexpr unsigned kTagBits = 48;
+// Tags with this bit belong to the control lane: small messages that something waits on. A
+// transport must not queue them behind the other (bulk) lane's messages on a link; bulk messages
+// may wait behind them (docs/architecture.md, "Lanes").
+constexpr uint64_t kControlLaneTag = uint64_t(1) << (kTagBits - 1);
 
 class PointToPoint {
  public:
