@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -387,6 +388,7 @@ class RingCollective final : public Collective {
         ranks_(transport.size()),
         next_(ring_index(rank_ + 1, ranks_)),
         previous_(ring_index(rank_ - 1, ranks_)),
+        stage_receives_(transport.receives_may_land_late()),
         descriptor_out_(encode(descriptor)),
         chunks_left_(schedule_->chunk_count()) {
     const size_t slots = std::min(std::max<size_t>(1, tuning.max_chunks_in_flight), chunks_left_);
@@ -408,6 +410,11 @@ class RingCollective final : public Collective {
     std::optional<Handle> send;
     std::optional<Handle> recv;
     std::byte* scratch = nullptr;
+    // With a transport whose receives may land late: the step's receive lands in `staging`
+    // (owned here) and is copied to `recv_target` once it completed.
+    std::vector<std::byte> staging;
+    std::byte* recv_target = nullptr;
+    size_t recv_bytes = 0;
   };
 
   // Tests `handle` if posted; forgets it once the transport released it. Not posted = Done.
@@ -425,6 +432,7 @@ class RingCollective final : public Collective {
   const int next_;
   const int previous_;
 
+  const bool stage_receives_;
   bool exchange_posted_ = false;
   bool data_started_ = false;
   const DescriptorWire descriptor_out_;
@@ -527,6 +535,10 @@ bool RingCollective::advance_chunks() {
       }
       if (slot.send || slot.recv) break;  // still in flight
 
+      if (slot.recv_target) {
+        std::memcpy(slot.recv_target, slot.staging.data(), slot.recv_bytes);
+        slot.recv_target = nullptr;
+      }
       schedule_->finish_step(slot.chunk, slot.step, slot.scratch);
       if (++slot.step < schedule_->steps_per_chunk()) {
         post_step(slot);
@@ -551,7 +563,18 @@ void RingCollective::post_step(Slot& slot) {
   const StepTransfers io = schedule_->transfers(slot.chunk, slot.step, slot.scratch);
   const uint64_t tag =
       data_tag(descriptor().sequence, io.tag_step, slot.chunk, descriptor().control_lane());
-  if (io.has_recv) slot.recv = transport_.post_recv(previous_, tag, io.recv, io.recv_bytes);
+  std::byte* recv = io.recv;
+  const std::less_equal<const std::byte*> not_after;
+  const bool into_scratch = slot.scratch != nullptr && not_after(slot.scratch, io.recv) &&
+                            !not_after(slot.scratch + schedule_->scratch_bytes(), io.recv);
+  const bool into_callers_memory = io.recv_bytes > 0 && !into_scratch;
+  if (io.has_recv && stage_receives_ && into_callers_memory) {
+    if (slot.staging.size() < io.recv_bytes) slot.staging.resize(io.recv_bytes);
+    slot.recv_target = io.recv;
+    slot.recv_bytes = io.recv_bytes;
+    recv = slot.staging.data();
+  }
+  if (io.has_recv) slot.recv = transport_.post_recv(previous_, tag, recv, io.recv_bytes);
   if (io.has_send) slot.send = transport_.post_send(next_, tag, io.send, io.send_bytes);
 }
 

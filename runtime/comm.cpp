@@ -100,6 +100,9 @@ constexpr auto kPollInterval = std::chrono::microseconds(1000);
 
 // After the transport was aborted, how long to wait for it to release a failed collective's
 // messages before giving up on them (an aborted transport releases them at the next test).
+// Giving up is safe for the caller's buffers: a transport whose receives may land late has
+// them land in the collective's own staging (transport::PointToPoint::receives_may_land_late),
+// and the collective is kept alive in abandoned_ until the transport is gone.
 constexpr auto kReleaseLimit = std::chrono::seconds(5);
 
 // Chunks (segments of an all-reduce) in flight per collective: enough to keep every link busy
@@ -306,8 +309,8 @@ void CollectiveEngine::fail_all(std::vector<Active>& active) {
   const auto give_up_at = Clock::now() + kReleaseLimit;
   for (Active& entry : active) {
     Submitted& failed = entry.submitted;
-    // The caller may free its buffers once the request completes, so first make sure the
-    // transport no longer references them.
+    // The caller may free its buffers once the request completes, so first give the transport
+    // the chance to release them; what it keeps writes only into the collective's staging.
     while (!failed.collective->release_transfers() && Clock::now() < give_up_at)
       transport_->wait_for_activity(kPollInterval);
     if (!failed.collective->release_transfers()) abandoned_.push_back(std::move(failed.collective));

@@ -57,6 +57,13 @@ class PointToPoint {
 
   // Detail of the last non-Done outcome.
   virtual std::string error_message() const = 0;
+
+  // Whether a receive that failed may still be written into for a while, even after abort()
+  // and test(): true when the transport cannot withdraw a receive that a peer already matched
+  // (UCX over shared memory cannot force-close an endpoint). The collectives then receive into
+  // memory of their own, copied to the caller's buffer on success and kept alive until the
+  // transport released it, so a caller's buffer is never written after its request completed.
+  virtual bool receives_may_land_late() const { return false; }
 };
 
 }  // namespace co2::transport

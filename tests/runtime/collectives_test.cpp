@@ -737,3 +737,110 @@ TEST(CollectiveDescriptor, ComparesAndDescribesEveryField) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Issue 12, item 4: a transport that cannot withdraw a matched receive (UCX over shared memory)
+// may write into it after the abort. The collective must then have received into memory of
+// its own, so that such a late write never reaches the caller's buffer, which the caller may
+// free once its request completed.
+
+namespace {
+
+// Wraps a local transport and behaves like such a transport: after abort() its receives are
+// never released, and land_late() writes into every receive that was posted, as UCX could.
+class LateLandingTransport final : public PointToPoint {
+ public:
+  explicit LateLandingTransport(std::unique_ptr<PointToPoint> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  co2::transport::Handle post_send(int peer, uint64_t tag, const void* data, size_t length) override {
+    return inner_->post_send(peer, tag, data, length);
+  }
+  co2::transport::Handle post_recv(int peer, uint64_t tag, void* data, size_t length) override {
+    const auto handle = inner_->post_recv(peer, tag, data, length);
+    if (tag != co2::collectives::descriptor_tag(0)) receives_.push_back({static_cast<std::byte*>(data), length});
+    return handle;
+  }
+  Outcome test(co2::transport::Handle handle) override {
+    if (aborted_) return Outcome::Pending;  // never released, as over shared memory
+    return inner_->test(handle);
+  }
+  void progress() override { inner_->progress(); }
+  void wait_for_activity(std::chrono::microseconds max_wait) override { inner_->wait_for_activity(max_wait); }
+  void abort(const std::string& reason) override {
+    aborted_ = true;
+    inner_->abort(reason);
+  }
+  std::string error_message() const override { return inner_->error_message(); }
+  bool receives_may_land_late() const override { return true; }
+
+  void land_late() {
+    for (const auto& [data, length] : receives_) std::memset(data, 0xEE, length);
+  }
+  size_t receives() const { return receives_.size(); }
+
+ private:
+  std::unique_ptr<PointToPoint> inner_;
+  bool aborted_ = false;
+  std::vector<std::pair<std::byte*, size_t>> receives_;
+};
+
+}  // namespace
+
+TEST(CollectiveFailure, AReceiveThatLandsAfterTheAbortNeverWritesTheCallersBuffer) {
+  Group group = join_all(2);
+  LateLandingTransport late(std::move(group[1]));
+  std::vector<int32_t> buffer(1000, 7);
+  auto collective = co2::collectives::make_broadcast(
+      late, broadcast_descriptor(0, buffer.size(), DataType::I32, 0), buffer.data(), Tuning{});
+  // Rank 0 takes part in the descriptor exchange only: rank 1's data receive stays posted.
+  const auto theirs = co2::collectives::encode(collective->descriptor());
+  co2::collectives::DescriptorWire mine{};
+  const auto tag = co2::collectives::descriptor_tag(0);
+  group[0]->post_recv(1, tag, mine.data(), mine.size());
+  group[0]->post_send(1, tag, theirs.data(), theirs.size());
+  const auto deadline = Clock::now() + milliseconds(10000);
+  while (late.receives() == 0 && Clock::now() < deadline) {
+    collective->advance();
+    late.wait_for_activity(std::chrono::microseconds(1000));
+  }
+  ASSERT_EQ(late.receives(), 1u) << "the data receive was never posted";
+  late.abort("test");
+  collective->advance();
+  EXPECT_FALSE(collective->release_transfers());  // the transport keeps the receive
+  // The communicator now completes the request (after its release limit); the caller frees or
+  // reuses its buffer. The transport's late write must not reach it.
+  late.land_late();
+  EXPECT_TRUE(std::all_of(buffer.begin(), buffer.end(), [](int32_t v) { return v == 7; }));
+}
+
+TEST(Collectives, StagedReceivesGiveTheSameResults) {
+  // Over a transport whose receives may land late every receive is staged and copied: the
+  // results are the same as in place.
+  Group group = join_all(3);
+  std::vector<std::unique_ptr<LateLandingTransport>> late;
+  for (auto& transport : group) late.push_back(std::make_unique<LateLandingTransport>(std::move(transport)));
+  std::vector<std::vector<float>> buffers(3);
+  std::vector<std::unique_ptr<Collective>> collectives;
+  Tuning tuning;
+  tuning.chunk_bytes = 64;  // many chunks and steps
+  for (int rank = 0; rank < 3; ++rank) {
+    buffers[size_t(rank)].assign(1001, float(rank + 1));
+    collectives.push_back(co2::collectives::make_allreduce(
+        *late[size_t(rank)], allreduce_descriptor(0, 1001, DataType::F32, ReduceOp::Sum),
+        buffers[size_t(rank)].data(), tuning));
+  }
+  const auto deadline = Clock::now() + milliseconds(20000);
+  bool all_finished = false;
+  while (!all_finished && Clock::now() < deadline) {
+    all_finished = true;
+    for (auto& collective : collectives) {
+      collective->advance();
+      ASSERT_FALSE(collective->failed()) << collective->message();
+      all_finished = all_finished && collective->finished();
+    }
+  }
+  ASSERT_TRUE(all_finished);
+  for (auto& buffer : buffers)
+    for (float value : buffer) ASSERT_EQ(value, 6.0f);
+}

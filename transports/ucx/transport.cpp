@@ -117,6 +117,9 @@ class UcxTransport final : public PointToPoint {
                      std::chrono::milliseconds timeout);
 
   int rank() const override { return rank_; }
+  // A matched rendezvous receive cannot be cancelled, and without peer error handling the
+  // endpoints cannot be force-closed: its data may still land after the abort.
+  bool receives_may_land_late() const override { return true; }
   int size() const override { return size_; }
   Handle post_send(int peer, uint64_t tag, const void* data, size_t length) override;
   Handle post_recv(int peer, uint64_t tag, void* data, size_t length) override;
