@@ -44,7 +44,7 @@ enum class Purpose : uint8_t {
   AnchorCheck = 4,       // the periodic all-gather of anchor checksums
   LayoutHash = 5,        // the all-gather of layout digests at commit
   InitialBroadcast = 6,  // rank 0's parameters at commit
-  GradientAverage = 7,   // co2_engine_average_gradients (sync)
+  GradientAverage = 7,   // co2_engine_reduce_gradients (sync)
 };
 const char* purpose_name(Purpose purpose);
 
@@ -120,8 +120,7 @@ class Communicator {
   // communicator has failed, they throw the stored error.
   // `id` names the collective's owner and purpose; the communicator numbers each (owner,
   // purpose) pair's collectives, and the peers refuse to pair collectives whose identity or
-  // shape differ (CollectiveMismatch on every rank that sees it, Aborted-turned-mismatch on
-  // the others).
+  // shape differ: CollectiveMismatch on every rank.
   std::shared_ptr<Request> allreduce(void* buffer, size_t count, DataType dtype, ReduceOp op,
                                      CollectiveId id = {});
   // Like allreduce, and runs `on_result` on the progress thread once the result is final, just
