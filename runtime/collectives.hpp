@@ -17,9 +17,9 @@
 
 #include <array>
 #include <cstddef>
-#include <optional>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/comm.hpp"

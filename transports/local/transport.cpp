@@ -466,9 +466,9 @@ std::unique_ptr<PointToPoint> join(const std::string& group_name, int rank, int 
                                    std::chrono::milliseconds timeout, const LinkModel& link) {
   const std::string label = group_label(group_name);
   if (size < 1 || size > kMaxRanks)
- throw RendezvousError(label + ": world size " + std::to_string(size) +
+    throw RendezvousError(label + ": world size " + std::to_string(size) +
                           " is out of range: the local transport runs 1.." +
-                                std::to_string(kMaxRanks) + " ranks (threads of one process)");
+                          std::to_string(kMaxRanks) + " ranks (threads of one process)");
   if (rank < 0 || rank >= size)
     throw RendezvousError(label + ": rank " + std::to_string(rank) + " is out of range for size " +
                           std::to_string(size));

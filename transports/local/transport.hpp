@@ -12,8 +12,8 @@
 namespace co2::transport::local {
 
 // Most ranks in one local group: each rank is a thread of this process, and the collectives
-// above handle at most 2048 ranks (runtime/collectives.hpp). A larger size is refused (RendezvousError
-// here, InvalidArgument from co2_comm_create).
+// above handle at most 2048 ranks (runtime/collectives.hpp). A larger size is refused
+// (RendezvousError here, InvalidArgument from co2_comm_create).
 constexpr int kMaxRanks = 2048;
 
 struct LinkModel {
