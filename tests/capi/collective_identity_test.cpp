@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,11 +21,20 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kPrompt = std::chrono::seconds(10);
 constexpr size_t kCount = 256;
 
-TEST(CollectiveIdentity, LocalAverageOnOneRankDuringTheOthersBoundaryIsAMismatchOnBoth) {
+// Runs the audit's case on two ranks whose communicators `make(rank, &comm)` creates.
+void expect_local_average_against_boundary_is_a_mismatch(
+    const std::function<co2_status_t(int, co2_comm_t*)>& make) {
   std::vector<co2_status_t> statuses(2, CO2_OK);
   std::vector<std::string> messages(2);
   std::vector<double> seconds(2, 0.0);
-  co2test::run_ranks(2, [&](int rank, co2_comm_t comm) {
+  co2test::run_threads(2, [&](int rank) {
+    co2_comm_t comm = nullptr;
+    const co2_status_t created = make(rank, &comm);
+    if (created == CO2_ERR_UNSUPPORTED) {
+      statuses[size_t(rank)] = created;
+      return;
+    }
+    CO2_ASSERT_OK(created);
     std::vector<float> params(kCount, float(rank + 1));
     co2_engine_config_t config = CO2_ENGINE_CONFIG_INIT;
     config.algorithm = CO2_ALGO_CO2;
@@ -52,7 +63,10 @@ TEST(CollectiveIdentity, LocalAverageOnOneRankDuringTheOthersBoundaryIsAMismatch
     messages[size_t(rank)] = co2_last_error_message();
     seconds[size_t(rank)] = std::chrono::duration<double>(Clock::now() - start).count();
     co2_engine_destroy(engine);
+    co2_comm_destroy(comm);
   });
+  if (statuses[0] == CO2_ERR_UNSUPPORTED || statuses[1] == CO2_ERR_UNSUPPORTED)
+    GTEST_SKIP() << "transport not built";
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(statuses[size_t(rank)], CO2_ERR_COLLECTIVE_MISMATCH)
         << "rank " << rank << ": " << messages[size_t(rank)];
@@ -60,6 +74,28 @@ TEST(CollectiveIdentity, LocalAverageOnOneRankDuringTheOthersBoundaryIsAMismatch
     EXPECT_NE(messages[size_t(rank)].find("outer-average"), std::string::npos) << messages[size_t(rank)];
     EXPECT_LT(seconds[size_t(rank)], std::chrono::duration<double>(kPrompt).count()) << "rank " << rank;
   }
+}
+
+TEST(CollectiveIdentity, LocalAverageOnOneRankDuringTheOthersBoundaryIsAMismatchOnBoth) {
+  const std::string group = co2test::unique_group_name();
+  expect_local_average_against_boundary_is_a_mismatch([&](int rank, co2_comm_t* comm) {
+    return co2test::create_comm(group, rank, 2, comm);
+  });
+}
+
+// The same over UCX (ranks are threads of this process that meet through an id's store).
+TEST(CollectiveIdentity, OverUcxTooTheMismatchFailsBothRanks) {
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_NET_DEVICES", "lo", 0);
+  co2_unique_id_t id;
+  const co2_status_t made = co2_get_unique_id(&id);
+  ASSERT_EQ(made, CO2_OK) << co2_last_error_message();
+  expect_local_average_against_boundary_is_a_mismatch([&](int rank, co2_comm_t* comm) {
+    co2_comm_config_t config = CO2_COMM_CONFIG_INIT;
+    config.transport = CO2_TRANSPORT_UCX;
+    config.timeout_ms = 60000;
+    return co2_comm_create_with_id(&config, &id, rank, 2, comm);
+  });
 }
 
 // A raw all-reduce on the communicator is not an engine's collective either.
