@@ -55,25 +55,62 @@ CollectiveBackend::~CollectiveBackend() {
   }
 }
 
-std::shared_ptr<Request> CollectiveBackend::submit(const Post& post, std::function<void()> on_result) {
+std::shared_ptr<Request> CollectiveBackend::submit(collectives::Descriptor descriptor,
+                                                   const Post& post,
+                                                   std::function<void()> on_result) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (error_ != Status::Ok) co2::fail(error_, error_message_);
   }
-  transport::Handle handle;
+  Active entry;
   {
     std::lock_guard<std::mutex> lock(transport_mutex_);
-    handle = post(*transport_);
+    const CollectiveId id{descriptor.owner, descriptor.purpose};
+    descriptor.sequence = next_sequence_++;
+    descriptor.purpose_sequence = purpose_sequences_.peek(id);
+    purpose_sequences_.consume(id);
+    entry.descriptor = descriptor;
+    entry.check_send = std::make_shared<collectives::DescriptorWire>(collectives::encode(descriptor));
+    entry.check_recv = std::make_shared<std::vector<collectives::DescriptorWire>>(size_t(size_));
+    static_assert(collectives::kDescriptorBytes % sizeof(int64_t) == 0, "whole I64 elements");
+    entry.check = transport_->post_allgather(entry.check_send->data(), entry.check_recv->data(),
+                                             collectives::kDescriptorBytes / sizeof(int64_t),
+                                             transport::Element::I64);
+    entry.handle = post(*transport_);
   }
+  entry.on_result = std::move(on_result);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto request = std::make_shared<Request>(next_sequence_++, Clock::now());
-  if (error_ != Status::Ok) {  // failed while posting: the handle is dead with the transport
+  entry.request = std::make_shared<Request>(descriptor.sequence, Clock::now());
+  entry.posted = entry.request->submitted_at();
+  auto request = entry.request;
+  if (error_ != Status::Ok) {  // failed while posting: the handles are dead with the transport
     request->complete(error_, error_message_);
     return request;
   }
-  active_.push_back(Active{handle, request, std::move(on_result), request->submitted_at()});
+  active_.push_back(std::move(entry));
   cv_.notify_all();
   return request;
+}
+
+transport::Outcome CollectiveBackend::test_check(Active& front) {
+  if (front.checked) return transport::Outcome::Done;
+  transport::Outcome outcome;
+  {
+    std::lock_guard<std::mutex> transport_lock(transport_mutex_);
+    outcome = transport_->test(front.check);
+  }
+  if (outcome != transport::Outcome::Done) return outcome;
+  front.checked = true;
+  for (int rank = 0; rank < size_; ++rank) {
+    const auto theirs = collectives::decode((*front.check_recv)[size_t(rank)]);
+    if (theirs && *theirs == front.descriptor) continue;
+    fail(Status::CollectiveMismatch,
+         collectives::mismatch_message(rank_, front.descriptor, "rank " + std::to_string(rank),
+                                       theirs) +
+             " (NCCL: the collective itself may have run; its result is discarded)");
+    return transport::Outcome::Failed;
+  }
+  return transport::Outcome::Done;
 }
 
 void CollectiveBackend::fail(Status status, const std::string& message) {
@@ -114,15 +151,25 @@ void CollectiveBackend::poll_loop() {
     // Completion is in posting order on the one stream, so only the oldest needs testing.
     Active front = active_.front();
     lock.unlock();
-    transport::Outcome outcome;
-    {
+    transport::Outcome outcome = test_check(front);
+    if (outcome == transport::Outcome::Failed && error_status() == Status::CollectiveMismatch) {
+      lock.lock();
+      continue;
+    }
+    if (outcome == transport::Outcome::Done) {
+      {
+        lock.lock();
+        if (!active_.empty() && active_.front().request == front.request)
+          active_.front().checked = true;
+        lock.unlock();
+      }
       std::lock_guard<std::mutex> transport_lock(transport_mutex_);
       outcome = transport_->test(front.handle);
     }
     if (outcome == transport::Outcome::Pending) {
       if (Clock::now() - front.posted > options_.timeout) {
         fail(Status::PeerTimeout,
-             "collective #" + std::to_string(front.request->sequence()) + " made no progress for " +
+             front.descriptor.to_string() + " made no progress for " +
                  std::to_string(options_.timeout.count()) +
                  " ms (a peer stalled or died); the communicator is aborted");
       } else {

@@ -4,6 +4,15 @@
 // sticky first error, the transport aborted so peers fail promptly, the no-progress timeout
 // (a collective pending longer than the timeout fails with PeerTimeout: a collective transport
 // reports no partial progress), abort from any thread.
+//
+// Identity check: NCCL exchanges no descriptors, so every collective is preceded on the stream
+// by an all-gather of its descriptor (48 bytes per rank, host-staged). The poller compares the
+// gathered descriptors before it looks at the collective itself: on a mismatch every rank sees
+// every descriptor, so all of them fail with CollectiveMismatch at once and the transport is
+// aborted, which also ends a real collective that the mismatch left hanging. The real collective
+// is already enqueued behind the check, so with equal sizes it may have run on mismatched
+// partners; its request then fails and the communicator is failed, so such a result is never
+// reported as OK (docs/capi.md, "Collective identity").
 #pragma once
 
 #include <condition_variable>
@@ -14,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/collectives.hpp"
 #include "runtime/comm.hpp"
 #include "transports/collective.hpp"
 
@@ -35,7 +45,9 @@ class CollectiveBackend {
 
   // Posts through `post` (under the transport lock) and tracks the handle. `on_result` runs on
   // the poller thread once the collective completed, before the request does.
-  std::shared_ptr<Request> submit(const Post& post, std::function<void()> on_result = {});
+  // `descriptor` is the collective's identity and shape; its sequence numbers are assigned here.
+  std::shared_ptr<Request> submit(collectives::Descriptor descriptor, const Post& post,
+                                  std::function<void()> on_result = {});
 
   // First error wins; the transport is aborted and everything in flight fails with `status`.
   void fail(Status status, const std::string& message);
@@ -44,12 +56,20 @@ class CollectiveBackend {
 
  private:
   struct Active {
+    // The all-gather of every rank's descriptor, then the collective itself.
+    std::shared_ptr<collectives::DescriptorWire> check_send;
+    std::shared_ptr<std::vector<collectives::DescriptorWire>> check_recv;
+    bool checked = false;
+    transport::Handle check;
+    collectives::Descriptor descriptor;
     transport::Handle handle;
     std::shared_ptr<Request> request;
     std::function<void()> on_result;
     Clock::time_point posted;
   };
   void poll_loop();
+  // Outcome of the front entry's descriptor check: Done once all descriptors matched.
+  transport::Outcome test_check(Active& front);
   void fail_all_locked();
 
   std::unique_ptr<transport::Collective> transport_;
@@ -60,7 +80,8 @@ class CollectiveBackend {
   mutable std::mutex mutex_;    // active_, error, stop
   std::condition_variable cv_;
   std::vector<Active> active_;
-  uint64_t next_sequence_ = 0;
+  uint64_t next_sequence_ = 0;  // and purpose_sequences_: guarded by transport_mutex_
+  PurposeSequences purpose_sequences_;
   Status error_ = Status::Ok;
   std::string error_message_;
   bool stop_ = false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -15,14 +16,8 @@ using transport::Handle;
 using transport::Outcome;
 using transport::PointToPoint;
 
-// ---------------------------------------------------------------------------------------------
-// Descriptor on the wire: fixed little-endian layout, so that ranks built by different compilers
-// (or a stranger on the tag) are recognised.
-
 constexpr uint32_t kDescriptorMagic = 0x44324f43;  // "CO2D"
-constexpr uint8_t kDescriptorVersion = 1;
-constexpr size_t kDescriptorBytes = 32;
-using DescriptorWire = std::array<std::byte, kDescriptorBytes>;
+constexpr uint8_t kDescriptorVersion = 2;
 
 void put_le(DescriptorWire& wire, size_t offset, uint64_t value, size_t bytes) {
   for (size_t i = 0; i < bytes; ++i) wire[offset + i] = std::byte((value >> (8 * i)) & 0xff);
@@ -34,6 +29,8 @@ uint64_t get_le(const DescriptorWire& wire, size_t offset, size_t bytes) {
   return value;
 }
 
+}  // namespace
+
 DescriptorWire encode(const Descriptor& descriptor) {
   DescriptorWire wire{};
   put_le(wire, 0, kDescriptorMagic, 4);
@@ -44,6 +41,9 @@ DescriptorWire encode(const Descriptor& descriptor) {
   put_le(wire, 8, descriptor.sequence, 8);
   put_le(wire, 16, descriptor.count, 8);
   put_le(wire, 24, uint32_t(descriptor.root), 4);
+  put_le(wire, 28, descriptor.owner, 4);
+  put_le(wire, 32, descriptor.purpose_sequence, 8);
+  put_le(wire, 40, uint64_t(descriptor.purpose), 1);
   return wire;
 }
 
@@ -57,8 +57,20 @@ std::optional<Descriptor> decode(const DescriptorWire& wire) {
   descriptor.sequence = get_le(wire, 8, 8);
   descriptor.count = get_le(wire, 16, 8);
   descriptor.root = int32_t(uint32_t(get_le(wire, 24, 4)));
+  descriptor.owner = uint32_t(get_le(wire, 28, 4));
+  descriptor.purpose_sequence = get_le(wire, 32, 8);
+  descriptor.purpose = Purpose(get_le(wire, 40, 1));
   return descriptor;
 }
+
+std::string mismatch_message(int rank, const Descriptor& ours, const std::string& who,
+                             const std::optional<Descriptor>& theirs) {
+  return kMismatchPrefix + std::string("rank ") + std::to_string(rank) + " issued " +
+         ours.to_string() + " but " + who +
+         (theirs ? " issued " + theirs->to_string() : std::string(" sent a malformed descriptor"));
+}
+
+namespace {
 
 std::string kind_name(Kind kind) {
   switch (kind) {
@@ -376,6 +388,7 @@ class RingCollective final : public Collective {
         ranks_(transport.size()),
         next_(ring_index(rank_ + 1, ranks_)),
         previous_(ring_index(rank_ - 1, ranks_)),
+        stage_receives_(transport.receives_may_land_late()),
         descriptor_out_(encode(descriptor)),
         chunks_left_(schedule_->chunk_count()) {
     const size_t slots = std::min(std::max<size_t>(1, tuning.max_chunks_in_flight), chunks_left_);
@@ -397,6 +410,11 @@ class RingCollective final : public Collective {
     std::optional<Handle> send;
     std::optional<Handle> recv;
     std::byte* scratch = nullptr;
+    // With a transport whose receives may land late: the step's receive lands in `staging`
+    // (owned here) and is copied to `recv_target` once it completed.
+    std::vector<std::byte> staging;
+    std::byte* recv_target = nullptr;
+    size_t recv_bytes = 0;
   };
 
   // Tests `handle` if posted; forgets it once the transport released it. Not posted = Done.
@@ -414,6 +432,7 @@ class RingCollective final : public Collective {
   const int next_;
   const int previous_;
 
+  const bool stage_receives_;
   bool exchange_posted_ = false;
   bool data_started_ = false;
   const DescriptorWire descriptor_out_;
@@ -439,23 +458,23 @@ Outcome RingCollective::poll(std::optional<Handle>& handle, bool& progressed) {
 void RingCollective::fail_transfer(Outcome outcome, const std::string& what) {
   std::string message = descriptor().to_string() + " on rank " + std::to_string(rank_) + ": " + what;
   if (outcome == Outcome::SizeMismatch)
-    message = "collective mismatch: " + message + " (the peer issued a different collective)";
-  mark_failed(status_of(outcome), message + ": " + transport_.error_message());
+    message = kMismatchPrefix + message + " (the peer issued a different collective)";
+  const std::string detail = transport_.error_message();
+  // A rank that is not next to the mismatch learns of it through the abort that the ranks
+  // which compared the descriptors sent: it reports the mismatch (naming both identities, in
+  // the detail) rather than a bare abort.
+  Status status = status_of(outcome);
+  if (outcome == Outcome::Aborted && detail.find(kMismatchPrefix) != std::string::npos)
+    status = Status::CollectiveMismatch;
+  mark_failed(status, message + ": " + detail);
 }
 
 void RingCollective::check_descriptor() {
   const std::optional<Descriptor> theirs = decode(descriptor_in_);
-  const std::string peer = "its ring predecessor rank " + std::to_string(previous_);
-  if (!theirs) {
-    mark_failed(Status::CollectiveMismatch,
-                "collective mismatch: rank " + std::to_string(rank_) + " issued " +
-                    descriptor().to_string() + " but " + peer +
-                    " sent a malformed descriptor");
-  } else if (*theirs != descriptor()) {
-    mark_failed(Status::CollectiveMismatch,
-                "collective mismatch: rank " + std::to_string(rank_) + " issued " +
-                    descriptor().to_string() + " but " + peer + " issued " + theirs->to_string());
-  }
+  if (theirs && *theirs == descriptor()) return;
+  mark_failed(Status::CollectiveMismatch,
+              mismatch_message(rank_, descriptor(),
+                               "its ring predecessor rank " + std::to_string(previous_), theirs));
 }
 
 bool RingCollective::advance() {
@@ -516,6 +535,10 @@ bool RingCollective::advance_chunks() {
       }
       if (slot.send || slot.recv) break;  // still in flight
 
+      if (slot.recv_target) {
+        std::memcpy(slot.recv_target, slot.staging.data(), slot.recv_bytes);
+        slot.recv_target = nullptr;
+      }
       schedule_->finish_step(slot.chunk, slot.step, slot.scratch);
       if (++slot.step < schedule_->steps_per_chunk()) {
         post_step(slot);
@@ -538,8 +561,20 @@ void RingCollective::start_chunk(Slot& slot, size_t chunk) {
 
 void RingCollective::post_step(Slot& slot) {
   const StepTransfers io = schedule_->transfers(slot.chunk, slot.step, slot.scratch);
-  const uint64_t tag = data_tag(descriptor().sequence, io.tag_step, slot.chunk);
-  if (io.has_recv) slot.recv = transport_.post_recv(previous_, tag, io.recv, io.recv_bytes);
+  const uint64_t tag =
+      data_tag(descriptor().sequence, io.tag_step, slot.chunk, descriptor().control_lane());
+  std::byte* recv = io.recv;
+  const std::less_equal<const std::byte*> not_after;
+  const bool into_scratch = slot.scratch != nullptr && not_after(slot.scratch, io.recv) &&
+                            !not_after(slot.scratch + schedule_->scratch_bytes(), io.recv);
+  const bool into_callers_memory = io.recv_bytes > 0 && !into_scratch;
+  if (io.has_recv && stage_receives_ && into_callers_memory) {
+    if (slot.staging.size() < io.recv_bytes) slot.staging.resize(io.recv_bytes);
+    slot.recv_target = io.recv;
+    slot.recv_bytes = io.recv_bytes;
+    recv = slot.staging.data();
+  }
+  if (io.has_recv) slot.recv = transport_.post_recv(previous_, tag, recv, io.recv_bytes);
   if (io.has_send) slot.send = transport_.post_send(next_, tag, io.send, io.send_bytes);
 }
 
@@ -582,12 +617,21 @@ void check_common(const PointToPoint& transport, const Descriptor& descriptor,
 // ---------------------------------------------------------------------------------------------
 
 bool Descriptor::operator==(const Descriptor& other) const {
-  return sequence == other.sequence && kind == other.kind && op == other.op &&
+  return sequence == other.sequence && owner == other.owner && purpose == other.purpose &&
+         purpose_sequence == other.purpose_sequence && kind == other.kind && op == other.op &&
          dtype == other.dtype && count == other.count && root == other.root;
 }
 
+bool Descriptor::control_lane() const {
+  if (is_control_purpose(purpose)) return true;
+  const size_t element_bytes = dtype_size(dtype);
+  return count <= kControlLaneBytes / element_bytes;
+}
+
 std::string Descriptor::to_string() const {
-  std::string text = "#" + std::to_string(sequence) + " " + kind_name(kind) + "(";
+  std::string text = "#" + std::to_string(sequence) + " " + purpose_name(purpose) + " #" +
+                     std::to_string(purpose_sequence) + " of owner " + std::to_string(owner) +
+                     ": " + kind_name(kind) + "(";
   if (kind == Kind::AllReduce) text += op_name(op) + ", ";
   text += dtype_name(dtype) + ", count " + std::to_string(count);
   if (kind == Kind::Broadcast) text += ", root " + std::to_string(root);
@@ -595,9 +639,11 @@ std::string Descriptor::to_string() const {
 }
 
 namespace {
-constexpr unsigned kChunkBits = 20;
+constexpr unsigned kChunkBits = 19;
 constexpr unsigned kStepBits = 12;
-constexpr unsigned kSequenceBits = transport::kTagBits - kStepBits - kChunkBits;
+constexpr unsigned kSequenceBits = transport::kTagBits - 1 - kStepBits - kChunkBits;
+static_assert(transport::kControlLaneTag >> (kSequenceBits + kStepBits + kChunkBits) == 1,
+              "the lane bit sits above the sequence");
 static_assert(kSequenceBits >= 16, "sequence numbers must not wrap among collectives in flight");
 constexpr uint64_t kDescriptorStep = (uint64_t(1) << kStepBits) - 1;
 static_assert(2 * (kMaxRanks - 1) < kDescriptorStep, "data steps must not reach the descriptor's");
@@ -610,12 +656,14 @@ uint64_t make_tag(uint64_t sequence, uint64_t step, uint64_t chunk) {
 }
 }  // namespace
 
-uint64_t data_tag(uint64_t sequence, uint32_t step, uint64_t chunk) {
+uint64_t data_tag(uint64_t sequence, uint32_t step, uint64_t chunk, bool control_lane) {
   // Schedules use fewer than kDescriptorStep steps (kMaxRanks is checked at construction).
-  return make_tag(sequence, step, chunk);
+  return make_tag(sequence, step, chunk) | (control_lane ? transport::kControlLaneTag : 0);
 }
 
-uint64_t descriptor_tag(uint64_t sequence) { return make_tag(sequence, kDescriptorStep, 0); }
+uint64_t descriptor_tag(uint64_t sequence) {
+  return make_tag(sequence, kDescriptorStep, 0) | transport::kControlLaneTag;
+}
 
 Status status_of(transport::Outcome outcome) {
   switch (outcome) {

@@ -15,9 +15,11 @@
 // - all-gather: ring, per chunk of every rank's block.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/comm.hpp"
@@ -31,7 +33,11 @@ enum class Kind : uint8_t { AllReduce = 1, Broadcast = 2, AllGather = 3 };
 // What the peers compare before exchanging data. Fields that do not apply to a kind are zero
 // (op Sum, root 0) so that equal collectives have equal descriptors.
 struct Descriptor {
-  uint64_t sequence = 0;
+  uint64_t sequence = 0;          // issue order on the communicator: only matches messages
+  // The identity (docs/capi.md, "Collective identity"): equal on every rank or a mismatch.
+  uint32_t owner = 0;
+  Purpose purpose = Purpose::User;
+  uint64_t purpose_sequence = 0;
   Kind kind = Kind::AllReduce;
   ReduceOp op = ReduceOp::Sum;    // all-reduce only
   DataType dtype = DataType::F32;
@@ -40,9 +46,21 @@ struct Descriptor {
 
   bool operator==(const Descriptor& other) const;
   bool operator!=(const Descriptor& other) const { return !(*this == other); }
-  // e.g. "#7 allreduce(sum, f32, count 1000)"
+  // e.g. "#7 consensus #2 of owner 1: allreduce(avg, f32, count 1000)"
   std::string to_string() const;
+  // Whether its data travels on the control lane (see kControlLaneBytes).
+  bool control_lane() const;
 };
+
+// The descriptor on the wire: a fixed little-endian layout, so that ranks built by different
+// compilers (or a stranger on the tag) are recognised.
+constexpr size_t kDescriptorBytes = 48;
+using DescriptorWire = std::array<std::byte, kDescriptorBytes>;
+DescriptorWire encode(const Descriptor& descriptor);
+std::optional<Descriptor> decode(const DescriptorWire& wire);
+// The message that names both sides of a mismatch; `ours` was issued on rank `rank`.
+std::string mismatch_message(int rank, const Descriptor& ours, const std::string& who,
+                             const std::optional<Descriptor>& theirs);
 
 struct Tuning {
   // Largest message; every message carries at most this many bytes (and at least one element).
@@ -52,12 +70,18 @@ struct Tuning {
   size_t max_chunks_in_flight = 4;
 };
 
-// Tags (transport::kTagBits = 48 bits): sequence (16 bits, wrapping) | step (12 bits) | chunk
-// (20 bits, wrapping). Wrapping is safe because a rank never runs more than a few chunks ahead of
-// its neighbours. The descriptor uses a step value that no data message uses.
+// Tags (transport::kTagBits = 48 bits): lane (1 bit: transport::kControlLaneTag) | sequence
+// (16 bits, wrapping) | step (12 bits) | chunk (19 bits, wrapping). Wrapping is safe because a
+// rank never runs more than a few chunks ahead of its neighbours. The descriptor uses a step
+// value that no data message uses, and always travels on the control lane: ranks whose
+// collectives would use different lanes still meet at the descriptor and see the mismatch.
 constexpr int kMaxRanks = 2048;  // 2(W-1) data steps must fit below the descriptor's step
-uint64_t data_tag(uint64_t sequence, uint32_t step, uint64_t chunk);
+uint64_t data_tag(uint64_t sequence, uint32_t step, uint64_t chunk, bool control_lane);
 uint64_t descriptor_tag(uint64_t sequence);
+
+// Peers that learn of a mismatch through the abort it caused (they did not compare the two
+// descriptors themselves) recognise it by this prefix of the abort reason.
+constexpr const char* kMismatchPrefix = "collective mismatch: ";
 
 // Status a transport outcome maps to (Done and Pending map to Ok).
 Status status_of(transport::Outcome outcome);

@@ -21,6 +21,29 @@ size_t dtype_size(DataType dtype) {
   fail(Status::UnknownEnum, "unknown data type " + std::to_string(int(dtype)));
 }
 
+const char* purpose_name(Purpose purpose) {
+  switch (purpose) {
+    case Purpose::User: return "user";
+    case Purpose::OuterAverage: return "outer-average";
+    case Purpose::ParameterAverage: return "parameter-average";
+    case Purpose::Consensus: return "consensus";
+    case Purpose::AnchorCheck: return "anchor-check";
+    case Purpose::LayoutHash: return "layout-hash";
+    case Purpose::InitialBroadcast: return "initial-broadcast";
+    case Purpose::GradientAverage: return "gradient-average";
+  }
+  return "purpose?";
+}
+
+bool is_control_purpose(Purpose purpose) {
+  return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash;
+}
+
+uint64_t PurposeSequences::peek(CollectiveId id) const {
+  const auto found = next_.find(key(id));
+  return found == next_.end() ? 0 : found->second;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Request
 
@@ -77,6 +100,9 @@ constexpr auto kPollInterval = std::chrono::microseconds(1000);
 
 // After the transport was aborted, how long to wait for it to release a failed collective's
 // messages before giving up on them (an aborted transport releases them at the next test).
+// Giving up is safe for the caller's buffers: a transport whose receives may land late has
+// them land in the collective's own staging (transport::PointToPoint::receives_may_land_late),
+// and the collective is kept alive in abandoned_ until the transport is gone.
 constexpr auto kReleaseLimit = std::chrono::seconds(5);
 
 // Chunks (segments of an all-reduce) in flight per collective: enough to keep every link busy
@@ -138,6 +164,7 @@ class CollectiveEngine {
   std::condition_variable wake_;  // submissions, failure, stop
   std::deque<Submitted> incoming_;
   uint64_t next_sequence_ = 0;
+  PurposeSequences purpose_sequences_;
   bool stop_requested_ = false;
   std::atomic<bool> failed_{false};
   Status error_status_ = Status::Ok;
@@ -177,9 +204,12 @@ std::shared_ptr<Request> CollectiveEngine::submit(collectives::Descriptor descri
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_) throw Error(error_status_, error_message_);
+    const CollectiveId id{descriptor.owner, descriptor.purpose};
     descriptor.sequence = next_sequence_;
-    // Built before the sequence number is consumed: a rejected submission leaves no gap.
+    descriptor.purpose_sequence = purpose_sequences_.peek(id);
+    // Built before the sequence numbers are consumed: a rejected submission leaves no gap.
     auto collective = make(*transport_, descriptor, tuning_);
+    purpose_sequences_.consume(id);
     request = std::make_shared<Request>(next_sequence_++, Clock::now());
     incoming_.push_back({request, std::move(collective), std::move(on_result)});
   }
@@ -279,8 +309,8 @@ void CollectiveEngine::fail_all(std::vector<Active>& active) {
   const auto give_up_at = Clock::now() + kReleaseLimit;
   for (Active& entry : active) {
     Submitted& failed = entry.submitted;
-    // The caller may free its buffers once the request completes, so first make sure the
-    // transport no longer references them.
+    // The caller may free its buffers once the request completes, so first give the transport
+    // the chance to release them; what it keeps writes only into the collective's staging.
     while (!failed.collective->release_transfers() && Clock::now() < give_up_at)
       transport_->wait_for_activity(kPollInterval);
     if (!failed.collective->release_transfers()) abandoned_.push_back(std::move(failed.collective));
@@ -359,25 +389,36 @@ transport::Element element_of(DataType dtype) { return transport::Element(int(dt
 }  // namespace
 
 std::shared_ptr<Request> Communicator::allreduce(void* buffer, size_t count, DataType dtype,
-                                                 ReduceOp op) {
-  return allreduce_then(buffer, count, dtype, op, {});
+                                                 ReduceOp op, CollectiveId id) {
+  return allreduce_then(buffer, count, dtype, op, {}, id);
 }
+
+namespace {
+collectives::Descriptor descriptor_of(CollectiveId id, collectives::Kind kind, DataType dtype,
+                                      size_t count) {
+  collectives::Descriptor descriptor;
+  descriptor.owner = id.owner;
+  descriptor.purpose = id.purpose;
+  descriptor.kind = kind;
+  descriptor.dtype = dtype;
+  descriptor.count = count;
+  return descriptor;
+}
+}  // namespace
 
 std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count, DataType dtype,
                                                       ReduceOp op,
-                                                      std::function<void()> on_result) {
+                                                      std::function<void()> on_result,
+                                                      CollectiveId id) {
   dtype_size(dtype);
   require_valid_op(op);
   require_buffer(buffer, count, "allreduce buffer");
+  collectives::Descriptor descriptor = descriptor_of(id, collectives::Kind::AllReduce, dtype, count);
+  descriptor.op = op;
   if (backend_)
-    return backend_->submit([=](transport::Collective& t) {
+    return backend_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allreduce(buffer, buffer, count, element_of(dtype), transport::Reduction(int(op)));
     }, std::move(on_result));
-  collectives::Descriptor descriptor;
-  descriptor.kind = collectives::Kind::AllReduce;
-  descriptor.op = op;
-  descriptor.dtype = dtype;
-  descriptor.count = count;
   return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
                                               const collectives::Descriptor& agreed,
                                               const collectives::Tuning& tuning) {
@@ -386,21 +427,18 @@ std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count
 }
 
 std::shared_ptr<Request> Communicator::broadcast(void* buffer, size_t count, DataType dtype,
-                                                 int root) {
+                                                 int root, CollectiveId id) {
   dtype_size(dtype);
   require_buffer(buffer, count, "broadcast buffer");
   require(root >= 0 && root < size(), Status::InvalidArgument,
           "broadcast root " + std::to_string(root) + " is out of range for " +
               std::to_string(size()) + " ranks");
+  collectives::Descriptor descriptor = descriptor_of(id, collectives::Kind::Broadcast, dtype, count);
+  descriptor.root = root;
   if (backend_)
-    return backend_->submit([=](transport::Collective& t) {
+    return backend_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_broadcast(buffer, count, element_of(dtype), root);
     });
-  collectives::Descriptor descriptor;
-  descriptor.kind = collectives::Kind::Broadcast;
-  descriptor.dtype = dtype;
-  descriptor.count = count;
-  descriptor.root = root;
   return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
                                               const collectives::Descriptor& agreed,
                                               const collectives::Tuning& tuning) {
@@ -409,24 +447,25 @@ std::shared_ptr<Request> Communicator::broadcast(void* buffer, size_t count, Dat
 }
 
 std::shared_ptr<Request> Communicator::allgather(const void* send, void* recv,
-                                                 size_t count_per_rank, DataType dtype) {
+                                                 size_t count_per_rank, DataType dtype,
+                                                 CollectiveId id) {
   dtype_size(dtype);
   require_buffer(send, count_per_rank, "allgather send buffer");
   require_buffer(recv, count_per_rank, "allgather receive buffer");
+  const collectives::Descriptor descriptor =
+      descriptor_of(id, collectives::Kind::AllGather, dtype, count_per_rank);
   if (backend_)
-    return backend_->submit([=](transport::Collective& t) {
+    return backend_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allgather(send, recv, count_per_rank, element_of(dtype));
     });
-  collectives::Descriptor descriptor;
-  descriptor.kind = collectives::Kind::AllGather;
-  descriptor.dtype = dtype;
-  descriptor.count = count_per_rank;
   return engine_->submit(descriptor, [send, recv](transport::PointToPoint& transport,
                                                   const collectives::Descriptor& agreed,
                                                   const collectives::Tuning& tuning) {
     return collectives::make_allgather(transport, agreed, send, recv, tuning);
   });
 }
+
+uint32_t Communicator::register_owner() { return next_owner_.fetch_add(1); }
 
 void Communicator::abort() {
   if (backend_)

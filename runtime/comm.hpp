@@ -1,9 +1,12 @@
 // The communicator: asynchronous collectives over a point-to-point transport, driven by one
 // progress thread per communicator. Collectives are matched across ranks by issue order (a
-// sequence number); each carries a descriptor (kind, op, dtype, count, root) that the peers
-// compare, so ranks that issue different collectives get CollectiveMismatch instead of a hang.
-// Several collectives may be in flight at once; the progress thread advances all of them, so a
-// small collective is not stuck behind a round-long all-reduce.
+// sequence number); each carries a descriptor -- its identity (owner, purpose, per-purpose
+// sequence) and its shape (kind, op, dtype, count, root) -- that the peers compare, so ranks
+// that issue different collectives get CollectiveMismatch instead of a hang or a silent pairing
+// (docs/capi.md, "Collective identity").
+// Several collectives may be in flight at once; the progress thread advances all of them, and
+// control collectives move their data on a lane of their own (docs/architecture.md, "Lanes"),
+// so a small collective is not stuck behind a round-long all-reduce.
 #pragma once
 
 #include <atomic>
@@ -13,8 +16,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "runtime/status.hpp"
 #include "transports/collective.hpp"
@@ -28,6 +33,32 @@ enum class ReduceOp : int { Sum = 0, Avg = 1, Min = 2, Max = 3 };
 size_t dtype_size(DataType dtype);
 
 using Clock = std::chrono::steady_clock;
+
+// What a collective is for. Part of its identity: two ranks' collectives pair only if their
+// purposes (and owners, and per-purpose sequence numbers) are equal. Values are on the wire.
+enum class Purpose : uint8_t {
+  User = 0,              // a raw co2_allreduce / co2_broadcast on the communicator
+  OuterAverage = 1,      // an engine's round all-reduce of deltas (co2, diloco)
+  ParameterAverage = 2,  // an engine's blocking average of parameters (localsgd, sync)
+  Consensus = 3,         // co2_engine_consensus(LOCAL_AVERAGE)
+  AnchorCheck = 4,       // the periodic all-gather of anchor checksums
+  LayoutHash = 5,        // the all-gather of layout digests at commit
+  InitialBroadcast = 6,  // rank 0's parameters at commit
+  GradientAverage = 7,   // co2_engine_reduce_gradients (sync)
+};
+const char* purpose_name(Purpose purpose);
+
+// Who issued a collective and why. `owner` 0 is the communicator's user; engines take an id
+// from Communicator::register_owner(), which every rank hands out in the same order.
+struct CollectiveId {
+  uint32_t owner = 0;
+  Purpose purpose = Purpose::User;
+};
+
+// Purposes whose messages travel on the control lane whatever their size: they are small and
+// something waits on them. Any other collective of at most kControlLaneBytes does too.
+bool is_control_purpose(Purpose purpose);
+constexpr size_t kControlLaneBytes = size_t(64) << 10;
 
 // Completion state of one collective, shared by the submitter and the progress thread.
 class Request {
@@ -87,17 +118,26 @@ class Communicator {
   // All submit calls: thread-compatible (one submitting thread at a time), buffers must stay
   // valid until the request finishes. Results are bit-identical on every rank. If the
   // communicator has failed, they throw the stored error.
-  std::shared_ptr<Request> allreduce(void* buffer, size_t count, DataType dtype, ReduceOp op);
+  // `id` names the collective's owner and purpose; the communicator numbers each (owner,
+  // purpose) pair's collectives, and the peers refuse to pair collectives whose identity or
+  // shape differ: CollectiveMismatch on every rank.
+  std::shared_ptr<Request> allreduce(void* buffer, size_t count, DataType dtype, ReduceOp op,
+                                     CollectiveId id = {});
   // Like allreduce, and runs `on_result` on the progress thread once the result is final, just
   // before the request completes: the engine checks the average for NaN/Inf there, off the
   // training thread. (Added by the engine; on_result must not throw.)
   std::shared_ptr<Request> allreduce_then(void* buffer, size_t count, DataType dtype, ReduceOp op,
-                                          std::function<void()> on_result);
-  std::shared_ptr<Request> broadcast(void* buffer, size_t count, DataType dtype, int root);
+                                          std::function<void()> on_result, CollectiveId id = {});
+  std::shared_ptr<Request> broadcast(void* buffer, size_t count, DataType dtype, int root,
+                                     CollectiveId id = {});
   // Each rank contributes `count_per_rank` elements from `send`; `recv` receives
   // size() * count_per_rank elements in rank order. `send` may alias recv's own block.
   std::shared_ptr<Request> allgather(const void* send, void* recv, size_t count_per_rank,
-                                     DataType dtype);
+                                     DataType dtype, CollectiveId id = {});
+
+  // A new owner id for CollectiveId (1, 2, ...): engines take one when they are created, so
+  // the n-th engine on one rank pairs only with the n-th engine on the others. Thread-safe.
+  uint32_t register_owner();
 
   // Thread-safe: fails everything pending and future, here and at the peers, with Aborted.
   void abort();
@@ -113,6 +153,18 @@ class Communicator {
  private:
   std::unique_ptr<CollectiveEngine> engine_;
   std::unique_ptr<CollectiveBackend> backend_;  // instead of engine_ for collective transports
+  std::atomic<uint32_t> next_owner_{1};
+};
+
+// Per-(owner, purpose) sequence numbers of one communicator's collectives.
+class PurposeSequences {
+ public:
+  uint64_t peek(CollectiveId id) const;
+  void consume(CollectiveId id) { ++next_[key(id)]; }
+
+ private:
+  static std::pair<uint32_t, uint8_t> key(CollectiveId id) { return {id.owner, uint8_t(id.purpose)}; }
+  std::map<std::pair<uint32_t, uint8_t>, uint64_t> next_;
 };
 
 }  // namespace co2

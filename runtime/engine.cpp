@@ -153,10 +153,12 @@ void check_comm(const S& s) {
 
 
 // A blocking all-reduce (average) of `count` floats that reports whether the result is finite.
-bool average_blocking(S& s, float* data, size_t count) {
+bool average_blocking(S& s, float* data, size_t count, Purpose purpose) {
   auto finite = std::make_shared<std::atomic<bool>>(true);
-  auto request = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg,
-                                        [finite, data, count] { finite->store(all_finite(data, count)); });
+  auto request = s.comm->allreduce_then(
+      data, count, DataType::F32, ReduceOp::Avg,
+      [finite, data, count] { finite->store(all_finite(data, count)); },
+      s.id(purpose));
   s.stats.bytes_reduced += count * sizeof(float);
   wait_charged(s, request);
   return finite->load();
@@ -328,7 +330,7 @@ void submit_average_async(S& s) {
     const bool ok = all_finite(data, count);
     finite->store(ok);
     if (ok) prepare_update(*segments, anchor, momentum, data, *prepared);
-  });
+  }, s.id(Purpose::OuterAverage));
   s.stats.bytes_reduced += count * sizeof(float);
 }
 
@@ -466,19 +468,19 @@ uint64_t consensus_checksum(const Engine::State& s) {
 }
 
 // All ranks compare a 64-bit value; every rank learns of a difference.
-bool same_on_every_rank(Engine::State& s, uint64_t value) {
+bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose) {
   const int w = s.comm->size();
   std::vector<int64_t> all(size_t(w), 0);
   int64_t mine;
   std::memcpy(&mine, &value, sizeof mine);
-  auto request = s.comm->allgather(&mine, all.data(), 1, DataType::I64);
+  auto request = s.comm->allgather(&mine, all.data(), 1, DataType::I64, s.id(purpose));
   if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
   return std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; });
 }
 
 void check_anchor(Engine::State& s) {
   ++s.stats.anchor_checks;
-  if (!same_on_every_rank(s, consensus_checksum(s)))
+  if (!same_on_every_rank(s, consensus_checksum(s), Purpose::AnchorCheck))
     fail(Status::AnchorMismatch,
          "anchor checksums differ across ranks: the ranks no longer train the same model "
          "(memory corruption or a non-deterministic framework step); restore a checkpoint");
@@ -543,7 +545,7 @@ bool diloco_boundary(S& s) {
     float* c = comm + seg.state_offset;
     for (size_t i = 0; i < seg.count; ++i) c[i] = a[i] - seg.data[i];
   }
-  if (!average_blocking(s, comm, s.state_count)) {
+  if (!average_blocking(s, comm, s.state_count, Purpose::OuterAverage)) {
     ++s.stats.nonfinite_rounds;
     set_parameters_to_anchor(s);
     return false;
@@ -557,7 +559,7 @@ bool diloco_boundary(S& s) {
 // False (nothing changed) when the average was not finite.
 bool average_parameters(S& s, bool buffers_only) {
   pack_parameters(s, s.comm_buffer.data());
-  if (!average_blocking(s, s.comm_buffer.data(), s.state_count)) {
+  if (!average_blocking(s, s.comm_buffer.data(), s.state_count, Purpose::ParameterAverage)) {
     ++s.stats.nonfinite_rounds;
     return false;
   }
@@ -611,6 +613,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config)
   validate(config);
   State& s = *state_;
   s.comm = std::move(comm);
+  s.owner = s.comm->register_owner();
   s.config = config;
   s.beta_auto = config.outer_momentum < 0.0;
   s.beta = s.beta_auto ? default_outer_momentum(s.comm->size()) : config.outer_momentum;
@@ -747,7 +750,7 @@ void Engine::commit() {
           "nothing to train: register at least one PARAMETER or BUFFER tensor before commit");
   s.state_count = offset;
   s.layout_hash = layout.digest();
-  if (!same_on_every_rank(s, s.layout_hash))
+  if (!same_on_every_rank(s, s.layout_hash, Purpose::LayoutHash))
     fail(Status::LayoutMismatch,
          "ranks registered different parameter layouts (names, counts, roles, dtypes or order "
          "differ); every rank must register the same tensors in the same order");
@@ -771,7 +774,8 @@ void Engine::commit() {
   }
   // Rank 0's values become everyone's parameters and anchor.
   pack_parameters(s, s.comm_buffer.data());
-  auto request = s.comm->broadcast(s.comm_buffer.data(), s.state_count, DataType::F32, 0);
+  auto request = s.comm->broadcast(s.comm_buffer.data(), s.state_count, DataType::F32, 0,
+                                   s.id(Purpose::InitialBroadcast));
   if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
   unpack_parameters(s, s.comm_buffer.data(), false);
   if (s.has_anchor()) std::memcpy(s.anchor.data(), s.comm_buffer.data(), s.state_count * sizeof(float));
@@ -843,7 +847,7 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
     offset += seg.count;
     ++i;
   }
-  if (!average_blocking(s, packed, s.trained_count))
+  if (!average_blocking(s, packed, s.trained_count, Purpose::GradientAverage))
     fail(Status::NonFinite,
          "the averaged gradient contains NaN or Inf; the gradients were left as they were: skip "
          "this optimizer step");
@@ -922,7 +926,8 @@ void Engine::consensus(ConsensusKind kind, float* out, size_t count) {
     case ConsensusKind::LocalAverage: {
       check_comm(s);
       pack_parameters(s, out);
-      auto request = s.comm->allreduce(out, count, DataType::F32, ReduceOp::Avg);
+      auto request =
+          s.comm->allreduce(out, count, DataType::F32, ReduceOp::Avg, s.id(Purpose::Consensus));
       if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
       return;
     }

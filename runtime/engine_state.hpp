@@ -57,6 +57,8 @@ struct PreparedUpdate {
 
 struct Engine::State {
   std::shared_ptr<Communicator> comm;
+  uint32_t owner = 0;  // this engine's id on comm: part of every collective's identity
+  CollectiveId id(Purpose purpose) const { return {owner, purpose}; }
   EngineConfig config;
   bool beta_auto = true;
   double beta = 0.0;  // resolved outer momentum
@@ -117,7 +119,7 @@ OuterSettings outer_settings_of(const Engine::State& s);
 void prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
                     PreparedUpdate& prepared);
 uint64_t consensus_checksum(const Engine::State& s);
-bool same_on_every_rank(Engine::State& s, uint64_t value);
+bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose);
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
 void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_check_interval rounds
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply

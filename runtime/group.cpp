@@ -239,6 +239,10 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
 
   switch (choice.kind) {
     case TransportKind::Local: {
+      require(request.world_size <= transport::local::kMaxRanks, Status::InvalidArgument,
+              "world_size " + std::to_string(request.world_size) +
+                  " is too large for the local transport (its ranks are threads of one process): "
+                  "at most " + std::to_string(transport::local::kMaxRanks));
       const std::string group = request.unique_id.empty() ? "name:" + request.group_name : "id:" + request.unique_id;
       auto transport = transport::local::join(group, request.rank, request.world_size, request.options.timeout,
                                               transport::local::LinkModel::from_environment());

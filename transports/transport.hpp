@@ -25,6 +25,10 @@ using Handle = uint64_t;
 // Tags carry at most this many bits (tag < 2^kTagBits): a transport may use the bits above for
 // its own matching (UCX puts the source rank and a message kind there, docs/transports.md).
 constexpr unsigned kTagBits = 48;
+// Tags with this bit belong to the control lane: small messages that something waits on. A
+// transport must not queue them behind the other (bulk) lane's messages on a link; bulk messages
+// may wait behind them (docs/architecture.md, "Lanes").
+constexpr uint64_t kControlLaneTag = uint64_t(1) << (kTagBits - 1);
 
 class PointToPoint {
  public:
@@ -53,6 +57,13 @@ class PointToPoint {
 
   // Detail of the last non-Done outcome.
   virtual std::string error_message() const = 0;
+
+  // Whether a receive that failed may still be written into for a while, even after abort()
+  // and test(): true when the transport cannot withdraw a receive that a peer already matched
+  // (UCX over shared memory cannot force-close an endpoint). The collectives then receive into
+  // memory of their own, copied to the caller's buffer on success and kept alive until the
+  // transport released it, so a caller's buffer is never written after its request completed.
+  virtual bool receives_may_land_late() const { return false; }
 };
 
 }  // namespace co2::transport

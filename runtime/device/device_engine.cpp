@@ -133,7 +133,7 @@ class CudaPath final : public DevicePath {
       offset += seg.count;
       ++i;
     }
-    if (!average_blocking(s, packed, s.trained_count, caller, blocking_flag()))
+    if (!average_blocking(s, packed, s.trained_count, caller, blocking_flag(), Purpose::GradientAverage))
       fail(Status::NonFinite,
            "the averaged gradient contains NaN or Inf; the gradients were left as they were: skip "
            "this optimizer step");
@@ -212,7 +212,7 @@ class CudaPath final : public DevicePath {
       case ConsensusKind::LocalAverage: {
         if (scratch_.empty()) scratch_ = alloc(s, s.state_count * sizeof(float));
         pack(s, scratch_.as<float>(), nullptr, false);
-        average_blocking(s, scratch_.as<float>(), count, nullptr, blocking_flag());
+        average_blocking(s, scratch_.as<float>(), count, nullptr, blocking_flag(), Purpose::Consensus);
         check(cudaMemcpy(out, scratch_.as(), bytes, cudaMemcpyDefault), "copy average out");
         return;
       }
@@ -360,7 +360,8 @@ class CudaPath final : public DevicePath {
 
   void broadcast_from_rank0(S& s, float* data, size_t count) {
     if (averaging_ == Averaging::Collective) {
-      auto request = s.comm->broadcast(data, count, DataType::F32, 0);  // ordered on the NCCL stream
+      // Ordered on the NCCL stream.
+      auto request = s.comm->broadcast(data, count, DataType::F32, 0, s.id(Purpose::InitialBroadcast));
       if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
       return;
     }
@@ -368,7 +369,7 @@ class CudaPath final : public DevicePath {
     const size_t bytes = count * sizeof(float);
     check(cudaMemcpyAsync(pin.as(), data, bytes, cudaMemcpyDeviceToHost, comm_stream_), "stage out");
     check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
-    auto request = s.comm->broadcast(pin.as(), count, DataType::F32, 0);
+    auto request = s.comm->broadcast(pin.as(), count, DataType::F32, 0, s.id(Purpose::InitialBroadcast));
     if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
     check(cudaMemcpyAsync(data, pin.as(), bytes, cudaMemcpyHostToDevice, comm_stream_), "stage in");
     check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage in)");
@@ -376,18 +377,19 @@ class CudaPath final : public DevicePath {
 
   // Blocking average of device `data` after the caller's stream's work; the caller's stream then
   // waits for the result. *flag (device) = 1 if the average is not finite. Returns finiteness.
-  bool average_blocking(S& s, float* data, size_t count, cudaStream_t caller, int* flag) {
+  bool average_blocking(S& s, float* data, size_t count, cudaStream_t caller, int* flag,
+                        Purpose purpose) {
     ordered_.record(caller);
     ordered_.make_wait(comm_stream_);
     const size_t bytes = count * sizeof(float);
     s.stats.bytes_reduced += bytes;
     if (averaging_ == Averaging::Collective) {
-      wait_charged(s, s.comm->allreduce(data, count, DataType::F32, ReduceOp::Avg));
+      wait_charged(s, s.comm->allreduce(data, count, DataType::F32, ReduceOp::Avg, s.id(purpose)));
     } else {
       PinnedMemory& pin = blocking_staging(count);
       check(cudaMemcpyAsync(pin.as(), data, bytes, cudaMemcpyDeviceToHost, comm_stream_), "stage out");
       check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
-      wait_charged(s, s.comm->allreduce(pin.as(), count, DataType::F32, ReduceOp::Avg));
+      wait_charged(s, s.comm->allreduce(pin.as(), count, DataType::F32, ReduceOp::Avg, s.id(purpose)));
       check(cudaMemcpyAsync(data, pin.as(), bytes, cudaMemcpyHostToDevice, comm_stream_), "stage in");
     }
     check(kernels::finite_check(data, count, flag, comm_stream_), "finite check");
@@ -493,11 +495,13 @@ class CudaPath final : public DevicePath {
           break;
         case OpKind::DeviceAllReduce:
           if (s.pending) in_flight_.push_back(std::move(s.pending));
-          s.pending = s.comm->allreduce(comm_.as(), count, DataType::F32, ReduceOp::Avg);
+          s.pending = s.comm->allreduce(comm_.as(), count, DataType::F32, ReduceOp::Avg,
+                                        s.id(Purpose::OuterAverage));
           s.stats.bytes_reduced += bytes;
           break;
         case OpKind::SubmitHostAverage:
-          s.pending = s.comm->allreduce(staging_.as(), count, DataType::F32, ReduceOp::Avg);
+          s.pending = s.comm->allreduce(staging_.as(), count, DataType::F32, ReduceOp::Avg,
+                                        s.id(Purpose::OuterAverage));
           s.stats.bytes_reduced += bytes;
           break;
       }
@@ -536,7 +540,8 @@ class CudaPath final : public DevicePath {
     // c = a - p (and p = a, which is also what a non-finite average leaves).
     const OuterSettings now = outer_settings_of(s);
     check(kernels::boundary_pass(t_, config_of(now, false, true), caller), "delta kernel");
-    average_blocking(s, comm_.as<float>(), s.state_count, caller, t_.average_nonfinite);
+    average_blocking(s, comm_.as<float>(), s.state_count, caller, t_.average_nonfinite,
+                     Purpose::OuterAverage);
     const kernels::Config config = config_of(now, true, false);
     check(kernels::coefficients(t_, config, caller), "coefficients kernels");
     check(kernels::boundary_pass(t_, config, caller), "boundary pass kernel");
@@ -548,7 +553,8 @@ class CudaPath final : public DevicePath {
   // Blocking average of the parameters (buffers_only: of the BUFFER segments) across ranks.
   bool average_parameters(S& s, cudaStream_t caller, bool buffers_only) {
     pack(s, comm_.as<float>(), caller, buffers_only);
-    if (!average_blocking(s, comm_.as<float>(), s.state_count, caller, blocking_flag())) {
+    if (!average_blocking(s, comm_.as<float>(), s.state_count, caller, blocking_flag(),
+                          Purpose::ParameterAverage)) {
       ++s.stats.nonfinite_rounds;
       return false;
     }
@@ -575,7 +581,7 @@ class CudaPath final : public DevicePath {
     check(cudaStreamSynchronize(caller), "cudaStreamSynchronize (anchor check)");
     WordHasher hasher;
     hasher.update(host.data(), host.size());
-    if (!same_on_every_rank(s, hasher.digest()))
+    if (!same_on_every_rank(s, hasher.digest(), Purpose::AnchorCheck))
       fail(Status::AnchorMismatch,
            "anchor checksums differ across ranks: the ranks no longer train the same model "
            "(memory corruption or a non-deterministic framework step); restore a checkpoint");

@@ -27,11 +27,14 @@ class FakeCollective final : public transport::Collective {
     std::atomic<Behaviour> behaviour{Behaviour::Complete};
     std::atomic<int> aborts{0};
     std::atomic<int> posts{0};
+    // >= 0: the group has a second rank whose every collective has this purpose (the
+    // descriptor all-gather shows it), as when that rank issued another collective.
+    std::atomic<int> peer_purpose{-1};
   };
   explicit FakeCollective(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
 
   int rank() const override { return 0; }
-  int size() const override { return 1; }
+  int size() const override { return shared_->peer_purpose.load() >= 0 ? 2 : 1; }
   void* stream() const override { return const_cast<int*>(&stream_tag_); }
 
   transport::Handle post_allreduce(const void* send, void* recv, size_t count, transport::Element e,
@@ -42,7 +45,14 @@ class FakeCollective final : public transport::Collective {
   }
   transport::Handle post_broadcast(void*, size_t, transport::Element, int) override { return post(); }
   transport::Handle post_allgather(const void* send, void* recv, size_t count, transport::Element e) override {
-    std::memmove(recv, send, count * (e == transport::Element::F32 || e == transport::Element::I32 ? 4 : 8));
+    const size_t bytes = count * (e == transport::Element::F32 || e == transport::Element::I32 ? 4 : 8);
+    std::memmove(recv, send, bytes);
+    if (shared_->peer_purpose.load() >= 0) {
+      // The peer's descriptor: ours with another purpose (byte 40 of the wire layout).
+      auto* peer = static_cast<unsigned char*>(recv) + bytes;
+      std::memcpy(peer, send, bytes);
+      peer[40] = static_cast<unsigned char>(shared_->peer_purpose.load());
+    }
     return post();
   }
   transport::Outcome test(transport::Handle h) override {
@@ -75,7 +85,8 @@ class FakeCollective final : public transport::Collective {
 struct Fixture {
   std::shared_ptr<FakeCollective::Shared> shared = std::make_shared<FakeCollective::Shared>();
   std::unique_ptr<Communicator> comm;
-  explicit Fixture(std::chrono::milliseconds timeout = 10s) {
+  explicit Fixture(std::chrono::milliseconds timeout = 10s, int peer_purpose = -1) {
+    shared->peer_purpose = peer_purpose;  // fixes the group's size before the backend reads it
     CommOptions options;
     options.timeout = timeout;
     comm = std::make_unique<Communicator>(std::make_unique<FakeCollective>(shared), options);
@@ -146,6 +157,32 @@ TEST(CollectiveComm, DestroyWithCollectivesInFlightFailsThem) {
   auto request = f.comm->allreduce(x, 2, DataType::F32, ReduceOp::Sum);
   f.comm.reset();
   EXPECT_EQ(request->wait_status(), Status::Aborted);
+}
+
+// NCCL exchanges no descriptors: the backend all-gathers them before each collective and every
+// rank compares all of them (issue 12, item 2).
+TEST(CollectiveComm, AnotherPurposeOnAPeerIsACollectiveMismatch) {
+  Fixture f(10s, int(Purpose::OuterAverage));
+  float x[4] = {1, 2, 3, 4};
+  std::atomic<bool> ran{false};
+  auto request = f.comm->allreduce_then(x, 4, DataType::F32, ReduceOp::Avg, [&] { ran = true; },
+                                        {1, Purpose::Consensus});
+  EXPECT_EQ(request->wait_status(), Status::CollectiveMismatch);
+  EXPECT_FALSE(ran.load()) << "the result of a mismatched collective was used";
+  EXPECT_EQ(f.comm->error_status(), Status::CollectiveMismatch);
+  const std::string message = f.comm->error_message();
+  EXPECT_NE(message.find("consensus"), std::string::npos) << message;
+  EXPECT_NE(message.find("outer-average"), std::string::npos) << message;
+  EXPECT_GE(f.shared->aborts.load(), 1);  // the peers fail too, and a hung collective ends
+}
+
+TEST(CollectiveComm, EqualIdentitiesPassTheCheck) {
+  Fixture f(10s, int(Purpose::Consensus));
+  float x[4] = {1, 2, 3, 4};
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(f.comm->allreduce(x, 4, DataType::F32, ReduceOp::Avg, {1, Purpose::Consensus})->wait_status(),
+              Status::Ok)
+        << f.comm->error_message();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // runtime/group: the transport decision, and groups formed in one process from ids over both
 // transports (processes over UCX are tests/capi/multiprocess).
 #include "runtime/group.hpp"
+#include "transports/local/transport.hpp"
 
 #include <gtest/gtest.h>
 
@@ -107,6 +108,24 @@ TEST(FormGroup, MalformedIdIsRefusedForUcx) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::InvalidArgument);
+  }
+}
+
+TEST(FormGroup, LocalWorldSizeAboveTheBoundIsAnInvalidArgument) {
+  GroupRequest request;
+  request.transport = TransportKind::Local;
+  request.group_name = "too-large";
+  request.rank = 0;
+  request.world_size = transport::local::kMaxRanks + 1;
+  request.rank_is_default = false;
+  request.options.timeout = std::chrono::milliseconds(100);
+  try {
+    form_group(request);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(transport::local::kMaxRanks)), std::string::npos)
+        << e.what();
   }
 }
 

@@ -90,13 +90,19 @@ class ActivitySignal {
       wake_times_;
 };
 
-struct Member {
-  explicit Member(int group_size) : link_free_at(size_t(group_size), Clock::time_point::min()) {}
+// Which queue of the link sender -> receiver a message waits in: the control lane's messages
+// never wait behind the bulk lane's (transport::kControlLaneTag).
+uint64_t link_key(int sender, uint64_t tag) {
+  return (uint64_t(uint32_t(sender)) << 1) | ((tag & kControlLaneTag) ? 1 : 0);
+}
 
+struct Member {
   std::mutex mailbox_mutex;
   std::deque<OperationPtr> posted_recvs;      // receives this member posted, unmatched
   std::deque<OperationPtr> unexpected_sends;  // sends addressed to this member, unmatched
-  std::vector<Clock::time_point> link_free_at;  // per sender: when link sender->this is free
+  // Per (sender, lane) that ever sent here: when that queue of the link is free. Only links in
+  // use have an entry (a ring uses one or two), so a group's state grows with W, not W^2.
+  std::unordered_map<uint64_t, Clock::time_point> link_free_at;
 
   // False once this member's transport is destroyed. Written under this member's mailbox
   // mutex, read under others' too, hence atomic.
@@ -110,7 +116,7 @@ struct Member {
 struct Group {
   Group(std::string group_name, int group_size)
       : name(std::move(group_name)), size(group_size), joined(size_t(group_size), false) {
-    for (int i = 0; i < size; ++i) members.push_back(std::make_unique<Member>(size));
+    for (int i = 0; i < size; ++i) members.push_back(std::make_unique<Member>());
   }
 
   const std::string name;
@@ -260,10 +266,14 @@ void LocalTransport::match(Operation& send, Operation& recv, Member& receiver) {
   } else {
     if (send.length > 0) std::memcpy(recv.recv_data, send.send_data, send.length);
     const LinkModel& link = member(send.owner).link;
-    auto& link_free_at = receiver.link_free_at[size_t(send.owner)];
-    const auto ready_at =
-        std::max(Clock::now(), link_free_at) + transfer_time(link, send.length);
-    link_free_at = ready_at;
+    auto ready_at = Clock::now();
+    if (link.bytes_per_second > 0.0 || link.latency.count() > 0) {
+      auto& free_at =
+          receiver.link_free_at.try_emplace(link_key(send.owner, send.tag), Clock::time_point::min())
+              .first->second;
+      ready_at = std::max(ready_at, free_at) + transfer_time(link, send.length);
+      free_at = ready_at;
+    }
     for (Operation* operation : {&send, &recv}) {
       operation->state = Operation::State::Matched;
       operation->ready_at = ready_at;
@@ -455,7 +465,10 @@ LinkModel LinkModel::from_environment() {
 std::unique_ptr<PointToPoint> join(const std::string& group_name, int rank, int size,
                                    std::chrono::milliseconds timeout, const LinkModel& link) {
   const std::string label = group_label(group_name);
-  if (size < 1) throw RendezvousError(label + ": size " + std::to_string(size) + " must be >= 1");
+  if (size < 1 || size > kMaxRanks)
+    throw RendezvousError(label + ": world size " + std::to_string(size) +
+                          " is out of range: the local transport runs 1.." +
+                          std::to_string(kMaxRanks) + " ranks (threads of one process)");
   if (rank < 0 || rank >= size)
     throw RendezvousError(label + ": rank " + std::to_string(rank) + " is out of range for size " +
                           std::to_string(size));

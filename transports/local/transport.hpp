@@ -11,7 +11,14 @@
 
 namespace co2::transport::local {
 
+// Most ranks in one local group: each rank is a thread of this process, and the collectives
+// above handle at most 2048 ranks (runtime/collectives.hpp). A larger size is refused
+// (RendezvousError here, InvalidArgument from co2_comm_create).
+constexpr int kMaxRanks = 2048;
+
 struct LinkModel {
+  // Each link has two queues, one per lane (transport::kControlLaneTag): a control message
+  // waits only behind control messages, as over a transport with a separate channel for them.
   // Each directed link (sender -> receiver) carries one message at a time at this rate;
   // 0 = unlimited. Read from CO2_LOCAL_TEST_BANDWIDTH (bytes/s) when not set explicitly.
   double bytes_per_second = 0.0;

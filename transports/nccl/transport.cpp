@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 namespace co2::transport::nccl {
 namespace {
@@ -67,6 +68,10 @@ class NcclCollective final : public Collective {
       comm_ = nullptr;
     }
     if (stream_) cudaStreamDestroy(stream_);
+    for (const Staging& staging : pool_) {
+      cudaFree(staging.device);
+      cudaFreeHost(staging.pinned);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -149,8 +154,19 @@ class NcclCollective final : public Collective {
   }
 
  private:
+  // Host buffers of at most this many bytes are staged through buffers kept for reuse: every
+  // collective is preceded by a small all-gather of descriptors (runtime/collective_comm.hpp),
+  // and cudaMalloc / cudaFree (which synchronises the device) per small collective would
+  // stall the poller behind the training's kernels.
+  static constexpr size_t kPooledStageBytes = size_t(64) << 10;
+  struct Staging {
+    void* device = nullptr;
+    void* pinned = nullptr;
+  };
+
   struct Op {
     cudaEvent_t done = nullptr;
+    bool pooled = false;            // scratch and pinned_recv belong to pool_
     void* scratch = nullptr;        // device copy of host buffers
     void* pinned_recv = nullptr;    // host result lands here first
     void* host_recv = nullptr;      // ... and is copied here on completion
@@ -169,8 +185,15 @@ class NcclCollective final : public Collective {
     op.recv = recv;
     op.recv_bytes = recv_bytes;
     if (is_device_memory(recv) && is_device_memory(send)) return op;
-    if (cudaMalloc(&op.scratch, recv_bytes) != cudaSuccess ||
-        cudaHostAlloc(&op.pinned_recv, recv_bytes, cudaHostAllocDefault) != cudaSuccess) {
+    op.pooled = recv_bytes <= kPooledStageBytes;
+    if (op.pooled && !pool_.empty()) {
+      op.scratch = pool_.back().device;
+      op.pinned_recv = pool_.back().pinned;
+      pool_.pop_back();
+    }
+    const size_t allocate = op.pooled ? kPooledStageBytes : recv_bytes;
+    if ((!op.scratch && cudaMalloc(&op.scratch, allocate) != cudaSuccess) ||
+        (!op.pinned_recv && cudaHostAlloc(&op.pinned_recv, allocate, cudaHostAllocDefault) != cudaSuccess)) {
       cudaGetLastError();
       set_error("out of device or pinned memory staging a host buffer for NCCL");
       op.failed = Outcome::Failed;
@@ -227,8 +250,12 @@ class NcclCollective final : public Collective {
 
   void release(Op& op) {
     if (op.done) cudaEventDestroy(op.done);
-    if (op.scratch) cudaFree(op.scratch);
-    if (op.pinned_recv) cudaFreeHost(op.pinned_recv);
+    if (op.pooled && op.scratch && op.pinned_recv) {
+      pool_.push_back({op.scratch, op.pinned_recv});
+    } else {
+      if (op.scratch) cudaFree(op.scratch);
+      if (op.pinned_recv) cudaFreeHost(op.pinned_recv);
+    }
     op = Op{};
   }
 
@@ -247,6 +274,7 @@ class NcclCollective final : public Collective {
   std::string error_;
   std::unordered_map<Handle, Op> ops_;
   Handle next_handle_ = 1;
+  std::vector<Staging> pool_;  // idle small staging buffers, see kPooledStageBytes
 };
 
 }  // namespace

@@ -42,9 +42,12 @@ ucp_tag_t wire_tag(Kind kind, int source, uint64_t tag) {
 
 int source_of(ucp_tag_t tag) { return int((tag >> kSourceShift) & ucp_tag_t(kMaxRanks - 1)); }
 
-// After an abort, how long the abort notices may take to leave before the endpoints are closed
-// (closing cancels whatever is still queued on them, which releases the caller's send buffers).
-constexpr auto kNoticeGrace = std::chrono::milliseconds(200);
+// After an abort, how long the abort notices may take to reach the peers (the endpoints'
+// flushes to complete) before the endpoints are closed anyway (closing cancels whatever is still
+// queued on them, which releases the caller's send buffers). A notice that completed locally
+// may still sit in UCX's transmit queue, which a forced close discards: the peer would then
+// learn of the abort only from its endpoint timing out (status PeerLost instead of Aborted).
+constexpr auto kNoticeGrace = std::chrono::milliseconds(1000);
 // On destruction: how long the messages this rank sent may take to leave the process, and how
 // long closing the endpoints may take. Both bound the destructor when a peer is stalled.
 constexpr auto kFlushLimit = std::chrono::milliseconds(2000);
@@ -114,6 +117,9 @@ class UcxTransport final : public PointToPoint {
                      std::chrono::milliseconds timeout);
 
   int rank() const override { return rank_; }
+  // A matched rendezvous receive cannot be cancelled, and without peer error handling the
+  // endpoints cannot be force-closed: its data may still land after the abort.
+  bool receives_may_land_late() const override { return true; }
   int size() const override { return size_; }
   Handle post_send(int peer, uint64_t tag, const void* data, size_t length) override;
   Handle post_recv(int peer, uint64_t tag, void* data, size_t length) override;
@@ -613,6 +619,9 @@ Outcome UcxTransport::test(Handle handle) {
       status = status_now();
     }
     if (status == UCS_INPROGRESS) return Outcome::Pending;
+    // A peer that aborted sent its notice before closing its endpoints: if it arrived, the
+    // failure is that abort, not the endpoint error that followed it.
+    if (status != UCS_OK && !aborted_) check_control_recv();
     if (operation.is_send) complete_send(operation, status);
     else complete_recv(operation, status, info);
     ucp_request_free(operation.request);
@@ -718,6 +727,11 @@ void UcxTransport::start_abort(const std::string& reason) {
     void* request = ucp_tag_send_nbx(peer->endpoint, notice_out_.data(), notice_out_.size(),
                                      wire_tag(Kind::Abort, rank_, 0), &param);
     if (UCS_PTR_IS_PTR(request)) notice_sends_.push_back(request);
+    // Completes once the notice (and everything before it) reached the peer, not merely left
+    // this process's buffers; settle_abort closes the endpoints only after that.
+    ucp_request_param_t flush_param{};
+    void* flush = ucp_ep_flush_nbx(peer->endpoint, &flush_param);
+    if (UCS_PTR_IS_PTR(flush)) notice_sends_.push_back(flush);
   }
 }
 

@@ -137,12 +137,34 @@ pub struct Communicator {
 // SAFETY: the handle is a reference-counted C++ object that is not tied to the thread that
 // created it (docs/capi.md, Threading: nothing in the communicator API is thread-affine).
 unsafe impl Send for Communicator {}
-// SAFETY: every call taking `&self` may run concurrently from several threads: rank/size are
-// "any thread", `co2_comm_abort` is explicitly safe from any thread while another is blocked,
-// and collective submission is thread-safe in the library (issue order across threads is then
-// up to the caller, which is a matter of matching ranks, not of memory safety). Destroy, the one
-// call that must not be concurrent, needs ownership (Drop).
-unsafe impl Sync for Communicator {}
+// Not Sync: collective submission is thread-compatible, not thread-safe (docs/capi.md,
+// Threading): two threads submitting on one communicator would issue collectives in an order
+// that differs from rank to rank. Aborting from another thread, the one cross-thread use the C
+// API allows, goes through `abort_handle()`.
+
+/// Aborts a communicator from any thread while its owner may be blocked in a collective
+/// (`co2_comm_abort` is the one communicator call that is safe concurrently with others).
+/// Borrowed from the [`Communicator`], so it cannot outlive it.
+#[derive(Clone, Copy)]
+pub struct AbortHandle<'a> {
+    raw: NonNull<sys::co2_comm>,
+    _comm: std::marker::PhantomData<&'a Communicator>,
+}
+
+// SAFETY: the only call it offers is co2_comm_abort, which is thread-safe by contract, on a
+// handle that stays valid while the borrowed Communicator lives.
+unsafe impl Send for AbortHandle<'_> {}
+// SAFETY: as for Send: abort may run from several threads at once.
+unsafe impl Sync for AbortHandle<'_> {}
+
+impl AbortHandle<'_> {
+    /// Fails every pending and future operation of the communicator and its peers with
+    /// `Aborted`.
+    pub fn abort(&self) -> Result<()> {
+        // SAFETY: valid handle (the Communicator is borrowed); abort is thread-safe.
+        check(unsafe { sys::co2_comm_abort(self.raw.as_ptr()) })
+    }
+}
 
 impl Communicator {
     /// Collective over the group: blocks until all `world_size` ranks joined (each rank on its
@@ -192,8 +214,14 @@ impl Communicator {
         Ok(size)
     }
 
+    /// A handle that aborts this communicator from another thread (the Communicator itself
+    /// is not `Sync`).
+    pub fn abort_handle(&self) -> AbortHandle<'_> {
+        AbortHandle { raw: self.raw, _comm: std::marker::PhantomData }
+    }
+
     /// Fails every pending and future operation of this communicator and its peers with
-    /// `Aborted`. Callable from any thread, also while another is blocked in a call.
+    /// `Aborted`. From another thread, use [`Communicator::abort_handle`].
     pub fn abort(&self) -> Result<()> {
         // SAFETY: valid handle; abort is thread-safe.
         check(unsafe { sys::co2_comm_abort(self.as_raw()) })

@@ -35,7 +35,7 @@ mod stats;
 
 pub use co2_sys as sys;
 
-pub use comm::{CommConfig, Communicator, UniqueId};
+pub use comm::{AbortHandle, CommConfig, Communicator, UniqueId};
 pub use config::EngineConfig;
 pub use engine::{Engine, SegmentId, TensorId};
 pub use enums::{Algorithm, Clip, Consensus, Element, Param, Penalty, ReduceOp, Role, Transport};

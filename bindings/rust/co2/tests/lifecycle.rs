@@ -137,7 +137,7 @@ fn unique_id_groups() {
 #[test]
 fn abort_from_another_thread_unblocks_a_collective() {
     // Only rank 0 of a 2-rank group issues the all-reduce, so it blocks; a watchdog thread
-    // aborts it through a shared reference (Communicator is Sync for exactly this). Rank 1 is
+    // aborts it through an AbortHandle (the Communicator itself is not Sync). Rank 1 is
     // held by this thread and never takes part.
     let group = group_name("abort");
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
@@ -152,11 +152,11 @@ fn abort_from_another_thread_unblocks_a_collective() {
     peer.join().unwrap();
     let comm = comm_rx.recv().unwrap(); // a Communicator moves between threads (Send)
     std::thread::scope(|scope| {
-        let comm_ref = &comm;
+        let aborter = comm.abort_handle();
         scope.spawn(move || {
             ready_rx.recv().unwrap();
             std::thread::sleep(std::time::Duration::from_millis(50));
-            comm_ref.abort().unwrap();
+            aborter.abort().unwrap();
         });
         ready_tx.send(()).unwrap();
         let mut x = [1.0f32; 4];
@@ -174,9 +174,23 @@ fn thread_markers() {
     fn send<T: Send>() {}
     fn sync<T: Sync>() {}
     send::<Communicator>();
-    sync::<Communicator>();
+    send::<co2::AbortHandle<'static>>();
+    sync::<co2::AbortHandle<'static>>();
     send::<Engine<'static>>();
     send::<co2::Request<f32>>();
     send::<co2::Error>();
     sync::<co2::Error>();
+}
+
+// Communicator must not be Sync while submission is not thread-safe (issue 12): this compiles
+// only if it is not. Were it Sync, both impls below would apply and the call would be ambiguous.
+#[allow(dead_code)]
+fn communicator_is_not_sync() {
+    trait AmbiguousIfSync<A> {
+        fn check() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSync<()> for T {}
+    struct IsSync;
+    impl<T: ?Sized + Sync> AmbiguousIfSync<IsSync> for T {}
+    <Communicator as AmbiguousIfSync<_>>::check();
 }
