@@ -237,10 +237,11 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
     EXPECT_EQ(blobs[r].size(), sizes[r]) << "rank " << r << ": state_size vs bytes written";
     // Shared state only: every rank writes the same canonical bytes (eager: plus its own
     // offsets, so the blobs differ, but have the same size).
-    if (eager)
+    if (eager) {
       EXPECT_EQ(blobs[r].size(), blobs[0].size()) << "rank " << r;
-    else
+    } else {
       EXPECT_TRUE(blobs[r] == blobs[0]) << "rank " << r << "'s blob differs from rank 0's";
+    }
   }
   ASSERT_FALSE(blobs[0].empty());
 
@@ -294,8 +295,9 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
       }
       for (size_t i = 0; i < traj2[r].size(); ++i) {
         EXPECT_TRUE(bitwise_equal(traj2[r][i].anchor, traj2[0][i].anchor)) << r << " " << i;
-        if (!eager)  // eager ranks start their rounds from their own points
+        if (!eager) {  // eager ranks start their rounds from their own points
           EXPECT_TRUE(bitwise_equal(traj2[r][i].params, traj2[0][i].params)) << r << " " << i;
+        }
       }
     }
   }
