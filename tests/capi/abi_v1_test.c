@@ -167,9 +167,9 @@ int main(void) {
     CHECK(co2_engine_create(comm, (const co2_engine_config_t *)ecp, &refused) == CO2_ERR_INVALID_CONFIG);
     CHECK(refused == NULL);
     CHECK(strstr(co2_last_error_message(), "co2_engine_config_t") != NULL);
-    snprintf(expected, sizeof expected, "%u", CO2_ENGINE_CONFIG_V1_SIZE - 8);
+    snprintf(expected, sizeof expected, "%zu", CO2_ENGINE_CONFIG_V1_SIZE - 8);
     CHECK(strstr(co2_last_error_message(), expected) != NULL);
-    snprintf(expected, sizeof expected, "%u", CO2_ENGINE_CONFIG_V1_SIZE);
+    snprintf(expected, sizeof expected, "%zu", CO2_ENGINE_CONFIG_V1_SIZE);
     CHECK(strstr(co2_last_error_message(), expected) != NULL);
     ccp->size = CO2_COMM_CONFIG_V1_SIZE - 8;
     co2_comm_t refused_comm = NULL;
@@ -184,6 +184,6 @@ int main(void) {
     CHECK(co2_engine_destroy(engine) == CO2_OK);
     CHECK(co2_comm_destroy(comm) == CO2_OK);
     if (failures) return 1;
-    printf("abi_v1_test: v1 structs accepted, stats written up to %u bytes\n", CO2_ENGINE_STATS_V1_SIZE);
+    printf("abi_v1_test: v1 structs accepted, stats written up to %zu bytes\n", CO2_ENGINE_STATS_V1_SIZE);
     return 0;
 }
