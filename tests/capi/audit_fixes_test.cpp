@@ -325,9 +325,10 @@ TEST(AuditOverflow, AnUpdateThatOverflowsIsNotApplied) {
 
 // --- co2_engine_state_size while the average is in flight (item 7) ----------------------------
 
-// Right after a co2 boundary the all-reduce of the deltas is on a slowed link (~0.25 s) and the
+// Right after a co2 boundary the all-reduce of the deltas is on a slowed link (~0.3 s) and the
 // progress thread writes the comm buffer and, once it arrives, the momentum: state_size must
-// neither read them (ThreadSanitizer) nor wait, and must equal what save then writes.
+// neither read them (ThreadSanitizer reports the reads the unfixed library made) nor wait, and
+// must equal what save then writes.
 TEST(AuditStateSize, StateSizeWhileTheAverageIsInFlightEqualsTheSavedSize) {
   ScopedEnv slow("CO2_LOCAL_TEST_BANDWIDTH", "4000000");
   constexpr size_t kCount = size_t(1) << 18;  // 1 MiB of deltas
@@ -339,8 +340,17 @@ TEST(AuditStateSize, StateSizeWhileTheAverageIsInFlightEqualsTheSavedSize) {
     int boundary = 0;
     ASSERT_EQ(co2_engine_step(engine, nullptr, &boundary), CO2_OK) << co2_last_error_message();
     ASSERT_EQ(boundary, 1);
+    // Asked again and again while the deltas travel (~0.3 s), with no other call in between
+    // that could order these reads before the progress thread's writes.
     size_t in_flight = 0;
     ASSERT_EQ(co2_engine_state_size(engine, &in_flight), CO2_OK) << co2_last_error_message();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < until) {
+      size_t again = 0;
+      ASSERT_EQ(co2_engine_state_size(engine, &again), CO2_OK) << co2_last_error_message();
+      ASSERT_EQ(again, in_flight);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     Blob saved;
     ASSERT_EQ(co2_engine_save(engine, rank == 0 ? write_blob : nullptr, &saved), CO2_OK)
         << co2_last_error_message();
