@@ -273,7 +273,7 @@ bool write_deltas(S& s) {
 // the next anchor (into `comm`); `anchor` is only read. Runs on the progress thread for co2.
 // Returns false, leaving the anchor and momentum as they were, when the result would not be
 // finite (an overflow from finite inputs); `comm` no longer holds the average then.
-bool prepare_update(const std::vector<Segment>& segments, const float* anchor, float* momentum, float* comm,
+bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
                     PreparedUpdate& prepared) {
   prepared.ready = false;
   prepared.summary = UpdateSummary{};
@@ -300,7 +300,7 @@ bool prepare_update(const std::vector<Segment>& segments, const float* anchor, f
     if (seg.role == Role::Excluded) continue;
     const size_t off = seg.state_offset;
     float* m = momentum ? momentum + off : nullptr;
-    const PassResult r = run_boundary_pass(plan[index].flags, nullptr, const_cast<float*>(anchor) + off, m,
+    const PassResult r = run_boundary_pass(plan[index].flags, nullptr, anchor + off, m,
                                            comm + off, seg.count, plan[index].k);
     finite = finite && r.result_finite;
     record_update(seg, r, plan[index].k, prepared.history[index], &prepared.summary);

@@ -110,7 +110,7 @@ OuterSettings outer_settings_of(const Engine::State& s);
 // average in `comm` (momentum in place, the next anchor into `comm`) with prepared.settings and
 // prepared.history; sets prepared.ready. False when the result would not be finite: nothing is
 // prepared and the anchor and momentum are unchanged.
-bool prepare_update(const std::vector<Segment>& segments, const float* anchor, float* momentum, float* comm,
+bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
                     PreparedUpdate& prepared);
 uint64_t consensus_checksum(const Engine::State& s);
 bool same_on_every_rank(Engine::State& s, uint64_t value);
