@@ -87,7 +87,9 @@ struct PassFlags {
   bool value_clip;  // otherwise: scale by norm_scale
   bool write_delta; // c <- a - p (co2); otherwise p is only overwritten
   // The first half of the split pass (co2 on the host): with update, m <- m_new and c <- the
-  // next anchor a - alpha*s; a and p are left alone. apply_prepared_segment is the other half.
+  // next anchor a - alpha*s; a is left alone, and so is p when it is null (co2: the progress
+  // thread never touches the framework's memory); a non-null p takes the next anchor too
+  // (diloco, on the training thread). apply_prepared_segment is co2's other half.
   bool prepare = false;
 };
 
@@ -134,7 +136,11 @@ PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, f
       for (int l = 0; l < lanes; ++l) result_probe[first_lane + l] += anchor_new[l] * 0.0f;
       for (int l = 0; l < lanes; ++l) (kPrepare ? c : a)[base + l] = anchor_new[l];
     }
-    if (kPrepare) return;
+    if (kPrepare) {
+      if (p)
+        for (int l = 0; l < lanes; ++l) p[base + l] = anchor_new[l];
+      return;
+    }
     if (kWriteDelta) {
       for (int l = 0; l < lanes; ++l) {
         const float delta = anchor_old[l] - p[base + l];

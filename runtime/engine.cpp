@@ -274,7 +274,7 @@ bool write_deltas(S& s) {
 // Returns false, leaving the anchor and momentum as they were, when the result would not be
 // finite (an overflow from finite inputs); `comm` no longer holds the average then.
 bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
-                    PreparedUpdate& prepared) {
+                    PreparedUpdate& prepared, bool params_follow) {
   prepared.ready = false;
   prepared.summary = UpdateSummary{};
   struct Planned {
@@ -300,7 +300,7 @@ bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* 
     if (seg.role == Role::Excluded) continue;
     const size_t off = seg.state_offset;
     float* m = momentum ? momentum + off : nullptr;
-    const PassResult r = run_boundary_pass(plan[index].flags, nullptr, anchor + off, m,
+    const PassResult r = run_boundary_pass(plan[index].flags, params_follow ? seg.data : nullptr, anchor + off, m,
                                            comm + off, seg.count, plan[index].k);
     finite = finite && r.result_finite;
     record_update(seg, r, plan[index].k, prepared.history[index], &prepared.summary);
@@ -346,9 +346,9 @@ void submit_average_async(S& s) {
 }
 
 // Swaps in the prepared update (prepared.ready): the anchor becomes the next anchor and the
-// parameters follow it. write_delta: comm_buffer receives this round's deltas a - p instead.
-// Returns whether every delta was finite.
-bool apply_prepared(S& s, bool write_delta) {
+// parameters follow it (params_current: they already did, in the prepare pass). write_delta:
+// comm_buffer receives this round's deltas a - p instead. Returns whether every delta was finite.
+bool apply_prepared(S& s, bool write_delta, bool params_current = false) {
   bool delta_finite = true;
   if (write_delta) {
     for (const Segment& seg : s.segments)
@@ -359,7 +359,7 @@ bool apply_prepared(S& s, bool write_delta) {
     std::swap(s.anchor, s.comm_buffer);
   } else {
     std::swap(s.anchor, s.comm_buffer);
-    set_parameters_to_anchor(s);
+    if (!params_current) set_parameters_to_anchor(s);
   }
   std::swap(s.history, s.prepared.history);
   commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
@@ -475,16 +475,17 @@ bool diloco_boundary(S& s) {
     for (size_t i = 0; i < seg.count; ++i) c[i] = a[i] - seg.data[i];
   }
   // Prepared like co2's update, so that a result that overflows is found before the anchor
-  // takes it.
+  // takes it. The parameters take the next anchor in the same pass; a refused update resets
+  // them to the unchanged anchor.
   s.prepared.settings = outer_settings_of(s);
   s.prepared.history = s.history;
   if (!average_blocking(s, comm, s.state_count) ||
-      !prepare_update(s.segments, s.anchor.data(), momentum_of(s), comm, s.prepared)) {
+      !prepare_update(s.segments, s.anchor.data(), momentum_of(s), comm, s.prepared, /*params_follow=*/true)) {
     ++s.stats.nonfinite_rounds;
     set_parameters_to_anchor(s);
     return false;
   }
-  apply_prepared(s, /*write_delta=*/false);
+  apply_prepared(s, /*write_delta=*/false, /*params_current=*/true);
   check_anchor_when_due(s);
   return true;
 }
