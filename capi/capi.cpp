@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "capi/abi_v1.h"
 #include "capi/handles.hpp"
 #include "co2/co2.h"
 #include "runtime/comm.hpp"
@@ -77,16 +78,34 @@ co2_status_t guarded(Body&& body) noexcept {
 
 void require_arg(bool ok, const char* message) { co2::require(ok, Status::InvalidArgument, message); }
 
-// Copies a size-first struct: min(user->size, sizeof(T)) bytes over the defaults. A size below
-// the first published (v1) layout, or version 0, is a bad config.
+// The v1 size of each size-first struct (capi/abi_v1.h): the least a caller may pass.
+template <typename T> struct V1Size;
+template <> struct V1Size<co2_comm_config_t> { static constexpr size_t value = CO2_COMM_CONFIG_V1_SIZE; };
+template <> struct V1Size<co2_engine_config_t> { static constexpr size_t value = CO2_ENGINE_CONFIG_V1_SIZE; };
+template <> struct V1Size<co2_tensor_t> { static constexpr size_t value = CO2_TENSOR_V1_SIZE; };
+template <> struct V1Size<co2_segment_t> { static constexpr size_t value = CO2_SEGMENT_V1_SIZE; };
+template <> struct V1Size<co2_allocator_t> { static constexpr size_t value = CO2_ALLOCATOR_V1_SIZE; };
+template <> struct V1Size<co2_engine_stats_t> { static constexpr size_t value = CO2_ENGINE_STATS_V1_SIZE; };
+
+// A caller's struct: at least its v1 size, else InvalidConfig naming both sizes. Returns how
+// many bytes the library may read or write of it: min(caller's size, ours).
+template <typename T>
+size_t usable_size(size_t caller_size, const char* what) {
+  static_assert(V1Size<T>::value <= sizeof(T), "structs only grow");
+  co2::require(caller_size >= V1Size<T>::value, Status::InvalidConfig,
+               std::string(what) + ".size is " + std::to_string(caller_size) + ", below its first published size " +
+                   std::to_string(V1Size<T>::value) + " (this library's is " + std::to_string(sizeof(T)) +
+                   "): initialise it with its INIT macro or init function");
+  return caller_size < sizeof(T) ? caller_size : sizeof(T);
+}
+
+// Copies min(user->size, sizeof(T)) bytes of a size-first struct over the defaults: fields a
+// caller built against an older header does not have keep their INIT values.
 template <typename T>
 T read_sized(const T* user, const T& defaults, const char* what) {
   T out = defaults;
   if (!user) return out;
-  co2::require(user->size >= sizeof(T), Status::InvalidConfig,
-               std::string(what) + ".size is " + std::to_string(user->size) + ", expected sizeof(" + what +
-                   ") = " + std::to_string(sizeof(T)) + ": initialise it with its INIT macro");
-  std::memcpy(&out, user, sizeof(T));
+  std::memcpy(&out, user, usable_size<T>(user->size, what));
   return out;
 }
 
@@ -121,10 +140,11 @@ co2::ReduceOp reduce_op(co2_reduce_op_t op) {
   }
 }
 
+// Count 0 is a collective without data (NCCL and MPI accept it): it still pairs across ranks,
+// and its buffer may be NULL.
 void require_host(co2_comm_t comm, const void* buffer, size_t count) {
   require_arg(comm != nullptr, "communicator is NULL");
-  require_arg(buffer != nullptr, "buffer is NULL");
-  require_arg(count >= 1, "count is 0");
+  require_arg(buffer != nullptr || count == 0, "buffer is NULL");
 }
 
 // Forms the group `config` describes; `unique_id` is "" for co2_comm_create.
@@ -539,12 +559,10 @@ CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_sta
   return guarded([&] {
     co2::Engine& e = engine_of(engine);
     require_arg(out_stats != nullptr, "out_stats is NULL");
-    co2::require(out_stats->size >= sizeof(size_t) + sizeof(uint32_t), Status::InvalidConfig,
-                 "co2_engine_stats_t.size is too small: initialise it with CO2_ENGINE_STATS_INIT");
+    const size_t writable = usable_size<co2_engine_stats_t>(out_stats->size, "co2_engine_stats_t");
     const co2::EngineStats s = e.stats();
     co2_engine_stats_t out;
     std::memset(&out, 0, sizeof out);
-    out.size = sizeof out;
     out.version = CO2_ABI_VERSION;
     out.world_size = s.world_size;
     out.steps = s.steps;
@@ -565,9 +583,8 @@ CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_sta
     out.step_time_ns = s.step_time_ns;
     out.allreduce_time_ns = s.allreduce_time_ns;
     out.advised_tau = s.advised_tau;
-    const size_t caller_size = out_stats->size;
-    std::memcpy(out_stats, &out, std::min(caller_size, sizeof out));
-    out_stats->size = std::min(caller_size, sizeof out);
+    out.size = writable;  // a caller with an older header receives its own layout, no more
+    std::memcpy(out_stats, &out, writable);
   });
 }
 

@@ -68,6 +68,37 @@ bool apply_prepared_segment(float* __restrict__ p, float* __restrict__ a, const 
   return total == 0.0f;
 }
 
+namespace {
+template <bool kNesterov, bool kValueClip>
+bool update_result_finite_typed(const float* a, const float* m, const float* c, size_t n,
+                                const OuterCoefficients& k) {
+  float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint32_t clamped = 0;
+  auto element = [&](size_t j, int lane) {
+    // The expressions of boundary_pass_segment, so that the verdict is the pass's own.
+    const float m_new = clip_momentum<kValueClip>(momentum_candidate(m[j], c[j], k), k, &clamped);
+    const float anchor_new = a[j] - k.alpha * outer_step<kNesterov>(m_new, c[j], k);
+    probe[lane] += m_new * 0.0f + anchor_new * 0.0f;
+  };
+  size_t i = 0;
+  for (; i + kNormLanes <= n; i += kNormLanes)
+    for (int lane = 0; lane < kNormLanes; ++lane) element(i + lane, lane);
+  for (int lane = 0; i < n; ++i, ++lane) element(i, lane);
+  float total = 0.0f;
+  for (float v : probe) total += v;
+  return total == 0.0f;
+}
+}  // namespace
+
+bool update_result_finite(const PassFlags& f, const float* a, const float* m, const float* c, size_t n,
+                          const OuterCoefficients& k) {
+  if (f.nesterov)
+    return f.value_clip ? update_result_finite_typed<true, true>(a, m, c, n, k)
+                        : update_result_finite_typed<true, false>(a, m, c, n, k);
+  return f.value_clip ? update_result_finite_typed<false, true>(a, m, c, n, k)
+                      : update_result_finite_typed<false, false>(a, m, c, n, k);
+}
+
 bool eager_boundary_segment(float* p, const float* a, const float* next, float* e, float* q,
                             float* delta, size_t n, const EagerCoefficients& k) {
   float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};

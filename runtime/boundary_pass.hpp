@@ -87,7 +87,9 @@ struct PassFlags {
   bool value_clip;  // otherwise: scale by norm_scale
   bool write_delta; // c <- a - p (co2); otherwise p is only overwritten
   // The first half of the split pass (co2 on the host): with update, m <- m_new and c <- the
-  // next anchor a - alpha*s; a and p are left alone. apply_prepared_segment is the other half.
+  // next anchor a - alpha*s; a is left alone, and so is p when it is null (co2: the progress
+  // thread never touches the framework's memory); a non-null p takes the next anchor too
+  // (diloco, on the training thread). apply_prepared_segment is co2's other half.
   bool prepare = false;
 };
 
@@ -95,6 +97,7 @@ struct PassResult {
   double step_sum_squares = 0.0;  // sum of s^2 (for the gap penalty's next g = alpha*||s||)
   uint32_t clamped = 0;           // momentum elements clamped by value clipping
   bool delta_finite = true;       // every a - p was finite (only checked with write_delta)
+  bool result_finite = true;      // every new anchor was finite (only checked with update)
 };
 
 // One segment. p: the framework's params; a: anchor; m: momentum (may be null when
@@ -109,6 +112,7 @@ PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, f
   // cheap enough that the pass stays memory-bound.
   float square_lane[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   float nan_probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float result_probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   uint32_t clamped_lane[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   // Element i of the segment always lands in lane i mod kNormLanes, so the sums do not depend
   // on how the loop is vectorised. Each block is written as lane-wise loops the compiler turns
@@ -128,9 +132,15 @@ PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, f
         anchor_new[l] = anchor_old[l] - k.alpha * step[l];
       }
       for (int l = 0; l < lanes; ++l) square_lane[first_lane + l] += step[l] * step[l];
+      // Finite inputs can still overflow (a - alpha*s beyond FLT_MAX): the result is checked too.
+      for (int l = 0; l < lanes; ++l) result_probe[first_lane + l] += anchor_new[l] * 0.0f;
       for (int l = 0; l < lanes; ++l) (kPrepare ? c : a)[base + l] = anchor_new[l];
     }
-    if (kPrepare) return;
+    if (kPrepare) {
+      if (p)
+        for (int l = 0; l < lanes; ++l) p[base + l] = anchor_new[l];
+      return;
+    }
     if (kWriteDelta) {
       for (int l = 0; l < lanes; ++l) {
         const float delta = anchor_old[l] - p[base + l];
@@ -165,6 +175,9 @@ PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, f
   float probe = 0.0f;
   for (float v : nan_probe) probe += v;
   result.delta_finite = probe == 0.0f;
+  float result_sum = 0.0f;
+  for (float v : result_probe) result_sum += v;
+  result.result_finite = result_sum == 0.0f;
   return result;
 }
 
@@ -204,5 +217,11 @@ bool eager_boundary_segment(float* p, const float* a, const float* next, float* 
 
 // True when no element is NaN or infinite.
 bool all_finite(const float* x, size_t n);
+
+// Whether the update of `flags` (update set, momentum stored) would leave every new anchor and
+// momentum element finite; reads a, m, c and writes nothing. The split pass writes the momentum
+// in place, so an overflow must be found before it, not after.
+bool update_result_finite(const PassFlags& flags, const float* a, const float* m, const float* c,
+                          size_t n, const OuterCoefficients& k);
 
 }  // namespace co2

@@ -48,13 +48,17 @@ constexpr uint32_t kHasAverage = 1u << 3;
 constexpr uint32_t kHasAnchor = 1u << 4;
 constexpr uint32_t kPrepared = 1u << 5;  // version 2
 constexpr uint32_t kEager = 1u << 6;     // version 3
+constexpr uint32_t kKnownFlags = kBetaAuto | kNesterov | kHasMomentum | kHasAverage | kHasAnchor | kPrepared |
+                                   kEager;
 
-// Counts bytes and CRC; forwards to the user's callback when there is one.
+// Counts bytes and CRC; forwards to the user's callback when there is one. Without one it only
+// counts and never reads `data`: state_size runs while the progress thread may be writing the
+// buffers (the average in flight, the momentum of its prepared update).
 class Sink {
  public:
   explicit Sink(const WriteFn* write) : write_(write) {}
   void bytes(const void* data, size_t length) {
-    crc_ = crc32_update(crc_, data, length);
+    if (write_) crc_ = crc32_update(crc_, data, length);
     total_ += length;
     if (write_ && *write_ && !(*write_)(data, length))
       fail(Status::Callback, "the checkpoint write callback reported failure at byte " + std::to_string(total_ - length));
@@ -252,10 +256,22 @@ void Engine::load(const ReadFn& read) {
   }
   require(h.tau >= 1 && h.round_tau >= 1 && h.steps_in_round < h.round_tau, Status::CheckpointCorrupt,
           "checkpoint round counters are inconsistent");
+  // The CRC only proves the blob is what some writer wrote: every flag must also be one this
+  // engine's writer would have set, or the commit below would read buffers that are not there.
   const bool prepared = (h.flags & kPrepared) != 0;
   require(!prepared || (version >= kPreparedFormatVersion && (h.flags & kHasAverage) &&
                         h.algorithm == uint32_t(Algorithm::Co2)),
           Status::CheckpointCorrupt, "checkpoint flags are inconsistent (a prepared update without its average)");
+  require((h.flags & ~kKnownFlags) == 0, Status::CheckpointCorrupt,
+          "checkpoint flags hold unknown bits (" + std::to_string(h.flags & ~kKnownFlags) + ")");
+  require(((h.flags & kHasAnchor) != 0) == s.has_anchor(), Status::CheckpointCorrupt,
+          std::string("checkpoint flags are inconsistent: an engine of this algorithm ") +
+              (s.has_anchor() ? "keeps an anchor but the blob has none" : "keeps no anchor but the blob has one"));
+  require(!(h.flags & kHasMomentum) || s.has_anchor(), Status::CheckpointCorrupt,
+          "checkpoint flags are inconsistent: momentum without an anchor");
+  require(!(h.flags & kHasAverage) || h.algorithm == uint32_t(Algorithm::Co2), Status::CheckpointCorrupt,
+          "checkpoint flags are inconsistent: only co2 saves an average in flight");
+  require(h.world_size >= 1, Status::CheckpointCorrupt, "checkpoint world size is 0");
   require(eager_blob == ((h.flags & kEager) != 0) && (!eager_blob || h.algorithm == uint32_t(Algorithm::Co2)),
           Status::CheckpointCorrupt, "checkpoint flags are inconsistent (eager state without the eager policy)");
   // The eager state is one rank's own: another rank, or the same rank at another W, starts its

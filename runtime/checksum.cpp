@@ -1,6 +1,7 @@
 #include "runtime/checksum.hpp"
 
-#include <array>
+#include <zlib.h>
+
 #include <cstring>
 
 namespace co2 {
@@ -38,24 +39,16 @@ void ByteHasher::update_string(const std::string& s) {
   update(s.data(), s.size());
 }
 
-namespace {
-std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-}  // namespace
-
 uint32_t crc32_update(uint32_t crc, const void* data, size_t length) {
-  static const std::array<uint32_t, 256> table = make_crc_table();
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < length; ++i) crc = table[(crc ^ bytes[i]) & 0xff] ^ (crc >> 8);
-  return ~crc;
+  // zlib takes uInt lengths: feed a longer buffer in pieces.
+  const auto* bytes = static_cast<const Bytef*>(data);
+  while (length > 0) {
+    const uInt piece = length > (1u << 30) ? uInt(1u << 30) : uInt(length);
+    crc = uint32_t(::crc32(crc, bytes, piece));
+    bytes += piece;
+    length -= piece;
+  }
+  return crc;
 }
 
 }  // namespace co2

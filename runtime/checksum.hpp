@@ -33,7 +33,7 @@ class ByteHasher {
   uint64_t state_ = 0xcbf29ce484222325ull;
 };
 
-// CRC-32 (IEEE 802.3, reflected), incremental: crc = crc32_update(crc, data, length),
+// CRC-32 (IEEE 802.3, reflected; zlib's crc32), incremental: crc = crc32_update(crc, data, length),
 // starting from 0.
 uint32_t crc32_update(uint32_t crc, const void* data, size_t length);
 

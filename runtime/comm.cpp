@@ -1,5 +1,6 @@
 #include "runtime/comm.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -55,6 +56,10 @@ bool Request::test() {
 }
 
 bool Request::wait_for(std::chrono::milliseconds timeout) {
+  // The condition variable adds the timeout to now() in nanoseconds: INT64_MAX ms would overflow
+  // into the past and time out at once. Anything longer than a century waits like a century.
+  constexpr std::chrono::milliseconds kLongestTimedWait = std::chrono::hours(24 * 365 * 100);
+  timeout = std::min(timeout, kLongestTimedWait);
   std::unique_lock<std::mutex> lock(mutex_);
   const auto is_done = [&] { return done_.load(std::memory_order_relaxed); };
   if (timeout.count() < 0) {

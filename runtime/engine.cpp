@@ -165,6 +165,8 @@ bool average_blocking(S& s, float* data, size_t count, Purpose purpose) {
 }
 
 
+float* momentum_of(S& s) { return s.momentum.empty() ? nullptr : s.momentum.data(); }
+
 // Waits for the pending average (co2). Returns whether an average is now in comm_buffer, and
 // sets *finite.
 bool collect_average(S& s, bool* finite) {
@@ -180,12 +182,15 @@ bool collect_average(S& s, bool* finite) {
   if (s.average_ready) {  // collected by save, or restored from a checkpoint
     s.average_ready = false;
     *finite = s.ready_average_finite;
+    if (*finite && !s.prepared.ready) {  // restored from a format without the prepared update
+      s.prepared.settings = outer_settings_of(s);
+      s.prepared.history = s.history;
+      *finite = prepare_update(s.segments, s.anchor.data(), momentum_of(s), s.comm_buffer.data(), s.prepared);
+    }
     return true;
   }
   return false;
 }
-
-float* momentum_of(S& s) { return s.momentum.empty() ? nullptr : s.momentum.data(); }
 
 // Lambda of one PARAMETER segment for an update; records g in the gap history `h`.
 double segment_lambda(const OuterSettings& o, GapHistory& h) {
@@ -249,53 +254,62 @@ void commit_update(S& s, Clip clip, const UpdateSummary* sum) {
     s.stats.last_clip_fraction = 0.0;
 }
 
-// The fused pass over every segment. update: apply comm_buffer as the average with the current
-// settings; write_delta: comm_buffer <- a - p (co2). Returns whether every local delta was finite.
-bool fused_pass(S& s, bool update, bool write_delta) {
-  const OuterSettings o = outer_settings_of(s);
-  float* anchor = s.anchor.data();
-  float* momentum = momentum_of(s);
-  float* comm = s.comm_buffer.data();
+// co2 without an update to apply: comm_buffer <- a - p, p <- a. Returns whether every delta
+// was finite.
+bool write_deltas(S& s) {
   bool delta_finite = true;
-  UpdateSummary sum;
-  for (size_t index = 0; index < s.segments.size(); ++index) {
-    const Segment& seg = s.segments[index];
+  for (const Segment& seg : s.segments) {
     if (seg.role == Role::Excluded) continue;
     const size_t off = seg.state_offset;
-    float* m = momentum ? momentum + off : nullptr;
-    OuterCoefficients k;
-    PassFlags flags{false, false, false, false, write_delta};
-    if (update) update_coefficients(o, seg, s.history[index], m, comm + off, &flags, &k, &sum);
-    const PassResult r = run_boundary_pass(flags, seg.data, anchor + off, m, comm + off, seg.count, k);
+    const PassFlags flags{false, false, false, false, true};
+    const PassResult r = run_boundary_pass(flags, seg.data, s.anchor.data() + off, nullptr,
+                                           s.comm_buffer.data() + off, seg.count, OuterCoefficients{});
     delta_finite = delta_finite && r.delta_finite;
-    if (update) record_update(seg, r, k, s.history[index], &sum);
   }
-  if (update) commit_update(s, o.clip, &sum);
   return delta_finite;
 }
 
 }  // namespace
 
 // The first half of the split pass: from the average in `comm`, the new momentum (in place) and
-// the next anchor (into `comm`); `anchor` is only read. Runs on the progress thread.
-void prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
-                    PreparedUpdate& prepared) {
+// the next anchor (into `comm`); `anchor` is only read. Runs on the progress thread for co2.
+// Returns false, leaving the anchor and momentum as they were, when the result would not be
+// finite (an overflow from finite inputs); `comm` no longer holds the average then.
+bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
+                    PreparedUpdate& prepared, bool params_follow) {
+  prepared.ready = false;
   prepared.summary = UpdateSummary{};
+  struct Planned {
+    PassFlags flags{false, false, false, false, false};
+    OuterCoefficients k;
+  };
+  std::vector<Planned> plan(segments.size());
+  for (size_t index = 0; index < segments.size(); ++index) {
+    const Segment& seg = segments[index];
+    if (seg.role == Role::Excluded) continue;
+    const size_t off = seg.state_offset;
+    Planned& p = plan[index];
+    p.flags.prepare = true;
+    update_coefficients(prepared.settings, seg, prepared.history[index], momentum ? momentum + off : nullptr,
+                        comm + off, &p.flags, &p.k, &prepared.summary);
+    // The pass writes the momentum in place: with one, an overflow must be ruled out first.
+    if (momentum && !update_result_finite(p.flags, anchor + off, momentum + off, comm + off, seg.count, p.k))
+      return false;
+  }
+  bool finite = true;
   for (size_t index = 0; index < segments.size(); ++index) {
     const Segment& seg = segments[index];
     if (seg.role == Role::Excluded) continue;
     const size_t off = seg.state_offset;
     float* m = momentum ? momentum + off : nullptr;
-    OuterCoefficients k;
-    PassFlags flags{false, false, false, false, false};
-    flags.prepare = true;
-    update_coefficients(prepared.settings, seg, prepared.history[index], m, comm + off, &flags, &k,
-                        &prepared.summary);
-    const PassResult r = run_boundary_pass(flags, nullptr, anchor + off, m, comm + off, seg.count, k);
-    record_update(seg, r, k, prepared.history[index], &prepared.summary);
+    const PassResult r = run_boundary_pass(plan[index].flags, params_follow ? seg.data : nullptr, anchor + off, m,
+                                           comm + off, seg.count, plan[index].k);
+    finite = finite && r.result_finite;
+    record_update(seg, r, plan[index].k, prepared.history[index], &prepared.summary);
   }
   prepared.summary_known = true;
-  prepared.ready = true;
+  prepared.ready = finite;
+  return finite;
 }
 
 OuterSettings outer_settings_of(const Engine::State& s) {
@@ -313,7 +327,8 @@ OuterSettings outer_settings_of(const Engine::State& s) {
 namespace {
 
 // co2: the all-reduce of this round's deltas. Its update is prepared on the progress thread as
-// soon as the average is known to be finite, with the settings in effect now.
+// soon as the average is known to be finite, with the settings in effect now; "finite" covers
+// the prepared next anchor too.
 void submit_average_async(S& s) {
   s.pending_result_finite.store(true);
   s.prepared.ready = false;
@@ -327,20 +342,9 @@ void submit_average_async(S& s) {
   const std::vector<Segment>* segments = &s.segments;  // fixed after commit
   PreparedUpdate* prepared = &s.prepared;
   s.pending = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg, [=] {
-    const bool ok = all_finite(data, count);
-    finite->store(ok);
-    if (ok) prepare_update(*segments, anchor, momentum, data, *prepared);
+    finite->store(all_finite(data, count) && prepare_update(*segments, anchor, momentum, data, *prepared));
   }, s.id(Purpose::OuterAverage));
   s.stats.bytes_reduced += count * sizeof(float);
-}
-
-// The update of the average in comm_buffer, prepared on the progress thread; here only when the
-// average came from a checkpoint of an older format.
-void ensure_prepared(S& s) {
-  if (s.prepared.ready) return;
-  s.prepared.settings = outer_settings_of(s);
-  s.prepared.history = s.history;
-  prepare_update(s.segments, s.anchor.data(), momentum_of(s), s.comm_buffer.data(), s.prepared);
 }
 
 // After the prepared next anchor was swapped in: its gap history and statistics become the
@@ -351,11 +355,10 @@ void adopt_prepared(S& s) {
   s.prepared.ready = false;
 }
 
-// Swaps in the prepared update of the average in comm_buffer: the anchor becomes the next anchor
-// and the parameters follow it. write_delta: comm_buffer receives this round's deltas a - p
-// instead. Returns whether every delta was finite.
-bool apply_prepared(S& s, bool write_delta) {
-  ensure_prepared(s);
+// Swaps in the prepared update (prepared.ready): the anchor becomes the next anchor and the
+// parameters follow it (params_current: they already did, in the prepare pass). write_delta:
+// comm_buffer receives this round's deltas a - p instead. Returns whether every delta was finite.
+bool apply_prepared(S& s, bool write_delta, bool params_current = false) {
   bool delta_finite = true;
   if (write_delta) {
     for (const Segment& seg : s.segments)
@@ -366,7 +369,7 @@ bool apply_prepared(S& s, bool write_delta) {
     std::swap(s.anchor, s.comm_buffer);
   } else {
     std::swap(s.anchor, s.comm_buffer);
-    set_parameters_to_anchor(s);
+    if (!params_current) set_parameters_to_anchor(s);
   }
   adopt_prepared(s);
   return delta_finite;
@@ -381,9 +384,9 @@ void clear_eager_state(S& s) {
 // follows the delayed rule exactly as without it; each PARAMETER segment's delta is taken from
 // the point the rank started at (anchor + its offset) and the next round starts from the next
 // anchor plus the new offset. BUFFER segments are only averaged, as always. update: an arrived,
-// finite average is applied. Returns whether every delta was finite.
+// finite average, whose update collect_average prepared, is applied. Returns whether every delta
+// was finite.
 bool eager_boundary(S& s, bool update) {
-  if (update) ensure_prepared(s);
   const OuterSettings o = outer_settings_of(s);
   EagerCoefficients k;
   k.beta = float(o.beta);
@@ -529,7 +532,7 @@ bool co2_boundary(S& s) {
   const bool delta_finite =
       s.eager()  ? eager_boundary(s, update)
       : update ? apply_prepared(s, /*write_delta=*/true)
-               : fused_pass(s, /*update=*/false, /*write_delta=*/true);
+               : write_deltas(s);
   if (!delta_finite) ++s.stats.nonfinite_local;
   check_anchor_when_due(s);
   submit_average_async(s);
@@ -545,12 +548,18 @@ bool diloco_boundary(S& s) {
     float* c = comm + seg.state_offset;
     for (size_t i = 0; i < seg.count; ++i) c[i] = a[i] - seg.data[i];
   }
-  if (!average_blocking(s, comm, s.state_count, Purpose::OuterAverage)) {
+  // Prepared like co2's update, so that a result that overflows is found before the anchor
+  // takes it. The parameters take the next anchor in the same pass; a refused update resets
+  // them to the unchanged anchor.
+  s.prepared.settings = outer_settings_of(s);
+  s.prepared.history = s.history;
+  if (!average_blocking(s, comm, s.state_count, Purpose::OuterAverage) ||
+      !prepare_update(s.segments, s.anchor.data(), momentum_of(s), comm, s.prepared, /*params_follow=*/true)) {
     ++s.stats.nonfinite_rounds;
     set_parameters_to_anchor(s);
     return false;
   }
-  fused_pass(s, /*update=*/true, /*write_delta=*/false);
+  apply_prepared(s, /*write_delta=*/false, /*params_current=*/true);
   check_anchor_when_due(s);
   return true;
 }
@@ -666,8 +675,8 @@ void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
     rollback.dismiss();
     return s.flat;
   }
+  s.owned_flat = FloatBuffer(count);  // may throw: the rollback then unpins the host
   rollback.dismiss();
-  s.owned_flat = FloatBuffer(count);
   s.flat = s.owned_flat.data();
   s.flat_count = count;
   return s.flat;

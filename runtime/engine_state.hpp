@@ -114,10 +114,13 @@ struct Engine::State {
 
 // Shared by engine.cpp, checkpoint.cpp and the device path.
 OuterSettings outer_settings_of(const Engine::State& s);
-// The first half of the split boundary pass (co2 on the host): the update of the average in
-// `comm` (momentum in place, the next anchor into `comm`); sets prepared.ready.
-void prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
-                    PreparedUpdate& prepared);
+// The first half of the split boundary pass (co2 and diloco on the host): the update of the
+// average in `comm` (momentum in place, the next anchor into `comm`, and into the parameters
+// when params_follow) with prepared.settings and prepared.history; sets prepared.ready. False
+// when the result is not finite: nothing is prepared, the anchor and momentum are unchanged
+// (the parameters may not be).
+bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
+                    PreparedUpdate& prepared, bool params_follow = false);
 uint64_t consensus_checksum(const Engine::State& s);
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose);
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 
 #include "runtime/log.hpp"
 #include "runtime/store/tcp_store.hpp"
@@ -244,8 +245,13 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
                   " is too large for the local transport (its ranks are threads of one process): "
                   "at most " + std::to_string(transport::local::kMaxRanks));
       const std::string group = request.unique_id.empty() ? "name:" + request.group_name : "id:" + request.unique_id;
-      auto transport = transport::local::join(group, request.rank, request.world_size, request.options.timeout,
-                                              transport::local::LinkModel::from_environment());
+      transport::local::LinkModel link;
+      try {
+        link = transport::local::LinkModel::from_environment();
+      } catch (const std::invalid_argument& e) {
+        fail(Status::InvalidArgument, e.what());  // a malformed CO2_LOCAL_TEST_* variable is the caller's
+      }
+      auto transport = transport::local::join(group, request.rank, request.world_size, request.options.timeout, link);
       if (!request.unique_id.empty()) {
         std::lock_guard<std::mutex> lock(servers().mutex);
         servers().by_id.erase(request.unique_id);  // the group met: its id's store is not needed

@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-ensure_packages meson ninja-build gcc g++ libc6-dev pkg-config libucx-dev ucx-utils
+ensure_packages meson ninja-build gcc g++ libc6-dev pkg-config zlib1g-dev libucx-dev ucx-utils
 configure false
 log "building the example and co2run"
 ninja -C "$BUILD_DIR" -j "$(jobs)" examples/c/co2_example_regression launcher/co2run

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "capi/abi_v1.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -164,6 +166,26 @@ TEST(AbiLayout, Allocator) {
   EXPECT_OFFSET(co2_allocator_t, user, 8);
   EXPECT_OFFSET(co2_allocator_t, allocate, 16);
   EXPECT_OFFSET(co2_allocator_t, release, 24);
+}
+
+// The v1 sizes the library accepts as the least `size` (capi/abi_v1.h) are the first published
+// layouts: they never change, and no struct is ever smaller than its v1 size.
+TEST(AbiLayout, V1SizesArePinned) {
+  if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
+  EXPECT_EQ(CO2_COMM_CONFIG_V1_SIZE, 48u);
+  EXPECT_EQ(CO2_ENGINE_CONFIG_V1_SIZE, 88u);
+  EXPECT_EQ(CO2_TENSOR_V1_SIZE, 48u);
+  EXPECT_EQ(CO2_SEGMENT_V1_SIZE, 40u);
+  EXPECT_EQ(CO2_ALLOCATOR_V1_SIZE, 32u);
+  EXPECT_EQ(CO2_ENGINE_STATS_V1_SIZE, 136u);
+  EXPECT_GE(sizeof(co2_comm_config_t), size_t(CO2_COMM_CONFIG_V1_SIZE));
+  EXPECT_GE(sizeof(co2_engine_config_t), size_t(CO2_ENGINE_CONFIG_V1_SIZE));
+  EXPECT_GE(sizeof(co2_tensor_t), size_t(CO2_TENSOR_V1_SIZE));
+  EXPECT_GE(sizeof(co2_segment_t), size_t(CO2_SEGMENT_V1_SIZE));
+  EXPECT_GE(sizeof(co2_allocator_t), size_t(CO2_ALLOCATOR_V1_SIZE));
+  EXPECT_GE(sizeof(co2_engine_stats_t), size_t(CO2_ENGINE_STATS_V1_SIZE));
+  // The first field after v1 starts where v1 ended.
+  EXPECT_EQ(offsetof(co2_engine_stats_t, step_time_ns), size_t(CO2_ENGINE_STATS_V1_SIZE));
 }
 
 // Every struct begins with `size`; every config/stats struct has `version` right after it.

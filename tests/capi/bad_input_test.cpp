@@ -4,13 +4,15 @@
 // crash, leave outputs untouched, and leave the handle usable (or cleanly destroyable).
 //
 // The `size` rule for size-first structs (docs/capi.md): size 0 or smaller than the v1 struct
-// -> CO2_ERR_INVALID_CONFIG; version 0 -> CO2_ERR_INVALID_CONFIG; a size larger than the
+// (capi/abi_v1.h) -> CO2_ERR_INVALID_CONFIG; version 0 -> CO2_ERR_INVALID_CONFIG; a size larger than the
 // library's sizeof is accepted and only the library's sizeof bytes are read (or written, for
 // stats), so a program built against a newer header runs on an older library.
 //
 // Every communicator is a world_size-1 `local` communicator with its own group name, so the
 // whole test runs on one thread (plus the communicators' progress threads).
 #include <co2/co2.h>
+
+#include "capi/abi_v1.h"
 
 #include <gtest/gtest.h>
 
@@ -271,7 +273,7 @@ TEST(BadInputComm, ConfigSizeAndVersion) {
   const std::string g = unique_group("g");
   co2_comm_t comm = kSentinelComm;
   for (size_t bad_size : {size_t(0), size_t(1), sizeof(size_t), sizeof(size_t) + 4,
-                          sizeof(co2_comm_config_t) - 8}) {
+                          size_t(CO2_COMM_CONFIG_V1_SIZE - 8)}) {
     co2_comm_config_t c = local_config(g);
     c.size = bad_size;
     EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_comm_create(&c, &comm)) << "size " << bad_size;
@@ -416,8 +418,6 @@ TEST_F(BadInput, AllreduceArguments) {
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT,
                 co2_allreduce(comm_, nullptr, 3, CO2_DTYPE_FP32, CO2_REDUCE_SUM, nullptr, &req));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT,
-                co2_allreduce(comm_, buf, 0, CO2_DTYPE_FP32, CO2_REDUCE_SUM, nullptr, &req));
-  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT,
                 co2_allreduce(comm_, buf, 3, CO2_DTYPE_FP32, CO2_REDUCE_SUM, nullptr, nullptr));
   EXPECT_STATUS(CO2_ERR_UNKNOWN_ENUM, co2_allreduce(comm_, buf, 3, 99, CO2_REDUCE_SUM, nullptr, &req));
   EXPECT_STATUS(CO2_ERR_UNKNOWN_ENUM, co2_allreduce(comm_, buf, 3, -1, CO2_REDUCE_SUM, nullptr, &req));
@@ -443,7 +443,6 @@ TEST_F(BadInput, BroadcastArguments) {
   double buf[2] = {1.5, -2.5};
   co2_request_t req = kSentinelRequest;
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_broadcast(comm_, nullptr, 2, CO2_DTYPE_FP64, 0, nullptr, &req));
-  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_broadcast(comm_, buf, 0, CO2_DTYPE_FP64, 0, nullptr, &req));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_broadcast(comm_, buf, 2, CO2_DTYPE_FP64, -1, nullptr, &req));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_broadcast(comm_, buf, 2, CO2_DTYPE_FP64, 1, nullptr, &req));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_broadcast(comm_, buf, 2, CO2_DTYPE_FP64, 0, nullptr, nullptr));
@@ -510,7 +509,7 @@ TEST_F(BadInput, EngineCreateNullPointers) {
 TEST_F(BadInput, EngineConfigSizeAndVersion) {
   co2_engine_t e = kSentinelEngine;
   for (size_t bad_size : {size_t(0), size_t(1), sizeof(size_t), sizeof(size_t) + 4,
-                          sizeof(co2_engine_config_t) - 8}) {
+                          size_t(CO2_ENGINE_CONFIG_V1_SIZE - 8)}) {
     co2_engine_config_t c = engine_config();
     c.size = bad_size;
     EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_engine_create(comm_, &c, &e)) << "size " << bad_size;

@@ -130,6 +130,33 @@ TEST(BoundaryPass, DetectsNonFiniteDelta) {
   }
 }
 
+// Finite a, m and c whose update overflows (a - alpha*s beyond FLT_MAX): the pass reports it,
+// and update_result_finite predicts it without writing anything, for every flag combination.
+TEST(BoundaryPass, DetectsAnUpdateThatOverflowsFromFiniteInputs) {
+  for (int variant = 0; variant < 8; ++variant) {
+    PassFlags flags{true, true, (variant & 1) != 0, (variant & 2) != 0, false};
+    flags.prepare = (variant & 4) != 0;
+    OuterCoefficients k;
+    k.alpha = 1e6f;
+    k.beta = 0.5f;
+    k.clip_value = 1e35f;
+    Arrays x(1001, 7);
+    x.a[600] = 3e38f;
+    x.c[600] = -1e33f;
+    const Arrays before = x;
+    EXPECT_FALSE(update_result_finite(flags, x.a.data(), x.m.data(), x.c.data(), x.a.size(), k)) << variant;
+    EXPECT_EQ(x.m, before.m);
+    EXPECT_EQ(x.c, before.c);
+    const PassResult r = run_boundary_pass(flags, x.p.data(), x.a.data(), x.m.data(), x.c.data(), x.a.size(), k);
+    EXPECT_FALSE(r.result_finite) << variant;
+    Arrays sane(1001, 7);
+    EXPECT_TRUE(update_result_finite(flags, sane.a.data(), sane.m.data(), sane.c.data(), sane.a.size(), k)) << variant;
+    EXPECT_TRUE(run_boundary_pass(flags, sane.p.data(), sane.a.data(), sane.m.data(), sane.c.data(), sane.a.size(), k)
+                    .result_finite)
+        << variant;
+  }
+}
+
 TEST(BoundaryPass, RoundZeroOnlyWritesDeltaAndResets) {
   Arrays x(33, 5);
   const Arrays before = x;

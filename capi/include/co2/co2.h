@@ -12,6 +12,9 @@
  *  - destroy(NULL) is a no-op that returns CO2_OK.
  *  - Config and stats structs begin with `size`: fill them with their INIT macro or init
  *    function; the library reads/writes min(size, its own sizeof) bytes, so the ABI can grow.
+ *    Structs grow only at their end; a size below a struct's first published (v1) size is
+ *    CO2_ERR_INVALID_CONFIG, and fields beyond the caller's size take their INIT defaults
+ *    (docs/capi.md, "The size rule").
  *  - One engine is driven from one thread. co2_comm_abort may be called from any thread.
  *
  * This header includes only standard C headers and compiles as C99 and as C++.
