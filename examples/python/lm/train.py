@@ -12,9 +12,10 @@ evaluates the same held-out windows, so ranks stay in step and the evaluation co
 algorithm alike. AdamW with linear warm-up and cosine decay, gradient clipping by norm.
 
 What is evaluated during training: for `ddp` and `sync` the model itself (identical on every
-rank); for localsgd, diloco and co2 the engine's anchor (trainer.engine.consensus("anchor"),
-the last model every rank agreed on; no communication, the trajectory is not changed), loaded
-into a second copy of the model. The final validation loss is always that of the model after
+rank); for diloco and co2 the engine's anchor (trainer.engine.consensus("anchor"), the last
+model every rank agreed on; no communication), for localsgd (which keeps no anchor) the average
+of the ranks' models (consensus("local_average"), collective), loaded into a second copy of the
+model: the trajectory is not changed. The final validation loss is always that of the model after
 trainer.finalize() (every rank then holds the same consensus model), on all held-out windows.
 """
 import argparse
@@ -134,7 +135,10 @@ def train(algorithm, data, seed, steps, *, comm=None, rank=0, world=1, eval_ever
     def validation_loss():
         if shadow is None:
             return evaluate(model, data)
-        trainer.engine.consensus("anchor", out=anchor)
+        # localsgd keeps no anchor: the average of the ranks' models (collective; every rank
+        # evaluates at the same steps).
+        trainer.engine.consensus("local_average" if algorithm == "localsgd" else "anchor",
+                                 out=anchor)
         torch.nn.utils.vector_to_parameters(anchor, shadow.parameters())
         return evaluate(shadow, data)
 
