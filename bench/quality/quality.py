@@ -111,6 +111,8 @@ def rank_main(args):
 def launch_seed(args, seed, configs, prefix=None, rate="none"):
     runner = overlap.Runner(types.SimpleNamespace(build=args.build),
                             "netns" if prefix else "loopback", args.world, rate, prefix)
+    if args.port:
+        runner.port = args.port - 1   # its next launch takes args.port and args.port + 1
     argv = [PYTHON, os.path.abspath(__file__), "--rank", "--seed", str(seed),
             "--steps", str(args.steps), "--size", args.size, "--eval-every", str(args.eval_every),
             "--plan", json.dumps(configs)] + (["--batch", str(args.batch)] if args.batch else [])
@@ -357,6 +359,8 @@ def parse_args(argv):
     ap.add_argument("--links", help="e.g. 100mbit,1gbit: the time-to-quality mode (root)")
     ap.add_argument("--target", type=float, help="target validation loss (default: DDP's final)")
     ap.add_argument("--overlap-json", help="bench/overlap's overlap.json for the composite figure")
+    ap.add_argument("--port", type=int, default=0,
+                    help="co2's store port (gloo takes the next); default: by process id")
     ap.add_argument("--timeout", type=float, default=7200.0, help="per launch, seconds")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
