@@ -212,6 +212,9 @@ def print_time_table(rows, title, out=sys.stdout):
     print(f"{'configuration':<26} {'reached':>8} {'steps':>7} {'seconds':>8} {'/ DDP':>7}",
           file=out)
     for name, row in rows.items():
+        if not row["runs"]:
+            print(f"{name:<26}  unavailable", file=out)
+            continue
         steps = f"{row['steps']:.0f}" if row["steps"] is not None else "-"
         secs = f"{row['seconds']:.1f}" if row["seconds"] is not None else "-"
         ratio = f"{row['ratio_to_ddp']:.3f}" if row["ratio_to_ddp"] is not None else "-"
