@@ -68,6 +68,33 @@ bool apply_prepared_segment(float* __restrict__ p, float* __restrict__ a, const 
   return total == 0.0f;
 }
 
+bool eager_boundary_segment(float* p, const float* a, const float* next, float* e, float* q,
+                            float* delta, size_t n, const EagerCoefficients& k) {
+  float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  // `delta` may alias `a` and `next` may alias `a`: every element is read before it is written.
+  auto element = [&](size_t j, int lane) {
+    const float d = (a[j] + e[j]) - p[j];
+    const float y = next[j];
+    probe[lane] += d * 0.0f;
+    delta[j] = d;
+    float filtered = d;
+    if (k.momentum) {
+      filtered = k.beta * q[j] + d;
+      q[j] = filtered;
+    }
+    const float offset = -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
+    e[j] = offset;
+    p[j] = y + offset;
+  };
+  size_t i = 0;
+  for (; i + kNormLanes <= n; i += kNormLanes)
+    for (int lane = 0; lane < kNormLanes; ++lane) element(i + lane, lane);
+  for (int lane = 0; i < n; ++i, ++lane) element(i, lane);
+  float total = 0.0f;
+  for (float v : probe) total += v;
+  return total == 0.0f;
+}
+
 bool all_finite(const float* x, size_t n) {
   float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   size_t i = 0;

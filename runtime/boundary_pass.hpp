@@ -186,6 +186,22 @@ double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
 // anchor). Returns whether every delta was finite.
 bool apply_prepared_segment(float* p, float* a, const float* c, size_t n);
 
+// The eager policy's rank-local correction (docs/algorithm.md, "The eager policy").
+struct EagerCoefficients {
+  float beta = 0.0f;      // the outer momentum, filtering this rank's own deltas
+  float scale = 0.0f;     // alpha / W
+  bool momentum = false;  // q is stored (beta > 0 or Nesterov)
+  bool nesterov = false;
+};
+
+// One PARAMETER segment of a co2 boundary under the eager policy. `a` is the anchor the round
+// started from, `next` the anchor the next round starts from (`a` itself when nothing is
+// applied). Per element: d = (a + e) - p into `delta` (which may be `a`: the split pass writes
+// the delta into the anchor's buffer); q <- beta*q + d (q may be null: then q = d);
+// e <- -scale * (nesterov ? beta*q + d : q); p <- next + e. Returns whether every d was finite.
+bool eager_boundary_segment(float* p, const float* a, const float* next, float* e, float* q,
+                            float* delta, size_t n, const EagerCoefficients& k);
+
 // True when no element is NaN or infinite.
 bool all_finite(const float* x, size_t n);
 

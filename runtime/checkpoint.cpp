@@ -15,6 +15,11 @@
 // Version 2 adds flags.prepared (co2 on the host): the average slot holds the next anchor, the
 // momentum and gap history are already those after the update (docs/algorithm.md, "The split
 // boundary pass"). Blobs without it are written as version 1, which older libraries read.
+//
+// Version 3 is written by engines with the eager policy (flags.eager): the header is followed
+// (inside its CRC) by u32 rank, the rank whose per-rank eager state the blob carries, and each
+// PARAMETER segment ends with f32 eager_offset[count] and, if flags.momentum,
+// f32 eager_momentum[count]. That state is restored only by the same rank at the same W.
 #include <cstring>
 #include <string>
 
@@ -22,6 +27,7 @@
 #include "runtime/checksum.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/engine_state.hpp"
+#include "runtime/log.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the checkpoint format is little-endian; a big-endian host needs byte swapping here");
@@ -33,6 +39,7 @@ constexpr char kMagic[8] = {'C', 'O', '2', 'S', 'T', 'A', 'T', 'E'};
 constexpr char kTrailer[8] = {'C', 'O', '2', 'E', 'N', 'D', '!', '!'};
 constexpr uint32_t kFormatVersion = 1;
 constexpr uint32_t kPreparedFormatVersion = 2;
+constexpr uint32_t kEagerFormatVersion = 3;
 
 constexpr uint32_t kBetaAuto = 1u << 0;
 constexpr uint32_t kNesterov = 1u << 1;
@@ -40,6 +47,7 @@ constexpr uint32_t kHasMomentum = 1u << 2;
 constexpr uint32_t kHasAverage = 1u << 3;
 constexpr uint32_t kHasAnchor = 1u << 4;
 constexpr uint32_t kPrepared = 1u << 5;  // version 2
+constexpr uint32_t kEager = 1u << 6;     // version 3
 
 // Counts bytes and CRC; forwards to the user's callback when there is one.
 class Sink {
@@ -119,7 +127,7 @@ Header header_of(const Engine::State& s, bool with_average, bool prepared) {
   h.algorithm = uint32_t(s.config.algorithm);
   h.flags = (s.beta_auto ? kBetaAuto : 0) | (s.config.nesterov ? kNesterov : 0) |
             (!s.momentum.empty() ? kHasMomentum : 0) | (with_average ? kHasAverage : 0) |
-            (s.has_anchor() ? kHasAnchor : 0) | (prepared ? kPrepared : 0);
+            (s.has_anchor() ? kHasAnchor : 0) | (prepared ? kPrepared : 0) | (s.eager() ? kEager : 0);
   h.tau = s.config.tau;
   h.round_tau = s.round_tau;
   h.steps_in_round = s.steps_in_round;
@@ -142,11 +150,12 @@ Header header_of(const Engine::State& s, bool with_average, bool prepared) {
 
 void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& out) {
   out.bytes(kMagic, sizeof kMagic);
-  out.value(prepared ? kPreparedFormatVersion : kFormatVersion);
+  out.value(s.eager() ? kEagerFormatVersion : prepared ? kPreparedFormatVersion : kFormatVersion);
   Header h = header_of(s, with_average, prepared);
   const std::vector<GapHistory>& history = prepared ? s.prepared.history : s.history;
   auto put = [&](auto v) { out.value(v); };
   visit_header(put, h);
+  if (h.flags & kEager) out.value(uint32_t(s.comm->rank()));
   out.value(out.crc());
   for (size_t i = 0; i < s.segments.size(); ++i) {
     const Segment& seg = s.segments[i];
@@ -162,6 +171,10 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
     if (h.flags & kHasAnchor) out.bytes(s.anchor.data() + seg.state_offset, bytes);
     if (h.flags & kHasMomentum) out.bytes(s.momentum.data() + seg.state_offset, bytes);
     if (h.flags & kHasAverage) out.bytes(s.comm_buffer.data() + seg.state_offset, bytes);
+    if ((h.flags & kEager) && seg.role == Role::Parameter) {
+      out.bytes(s.eager_offset.data() + seg.state_offset, bytes);
+      if (h.flags & kHasMomentum) out.bytes(s.eager_momentum.data() + seg.state_offset, bytes);
+    }
   }
   out.value(out.crc());
   out.bytes(kTrailer, sizeof kTrailer);
@@ -204,12 +217,14 @@ void Engine::load(const ReadFn& read) {
           "not a co2 checkpoint (bad magic)");
   const auto version = in.value<uint32_t>();
   require(version != 0, Status::CheckpointCorrupt, "checkpoint format version is 0: the blob is corrupted");
-  require(version == kFormatVersion || version == kPreparedFormatVersion, Status::CheckpointMismatch,
+  require(version >= kFormatVersion && version <= kEagerFormatVersion, Status::CheckpointMismatch,
           "checkpoint format version " + std::to_string(version) + " is not supported (this library reads " +
-              std::to_string(kFormatVersion) + " and " + std::to_string(kPreparedFormatVersion) + ")");
+              std::to_string(kFormatVersion) + " to " + std::to_string(kEagerFormatVersion) + ")");
   Header h;
   auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
   visit_header(get, h);
+  const bool eager_blob = version == kEagerFormatVersion;
+  const uint32_t eager_rank = eager_blob ? in.value<uint32_t>() : 0;
   const uint32_t header_crc = in.crc();
   require(in.value<uint32_t>() == header_crc, Status::CheckpointCorrupt, "checkpoint header CRC mismatch");
   require(h.layout_hash == s.layout_hash && h.num_segments == stateful_segments(s), Status::CheckpointMismatch,
@@ -229,6 +244,7 @@ void Engine::load(const ReadFn& read) {
   config.clip_threshold = h.clip_threshold;
   config.inner_lr = h.inner_lr;
   config.outer_momentum = (h.flags & kBetaAuto) ? -1.0 : h.beta;
+  config.eager = (h.flags & kEager) != 0;
   try {
     validate(config);
   } catch (const Error& e) {
@@ -237,14 +253,27 @@ void Engine::load(const ReadFn& read) {
   require(h.tau >= 1 && h.round_tau >= 1 && h.steps_in_round < h.round_tau, Status::CheckpointCorrupt,
           "checkpoint round counters are inconsistent");
   const bool prepared = (h.flags & kPrepared) != 0;
-  require(!prepared || (version == kPreparedFormatVersion && (h.flags & kHasAverage) &&
+  require(!prepared || (version >= kPreparedFormatVersion && (h.flags & kHasAverage) &&
                         h.algorithm == uint32_t(Algorithm::Co2)),
           Status::CheckpointCorrupt, "checkpoint flags are inconsistent (a prepared update without its average)");
+  require(eager_blob == ((h.flags & kEager) != 0) && (!eager_blob || h.algorithm == uint32_t(Algorithm::Co2)),
+          Status::CheckpointCorrupt, "checkpoint flags are inconsistent (eager state without the eager policy)");
+  // The eager state is one rank's own: another rank, or the same rank at another W, starts its
+  // next round from the anchor instead (as after finalize).
+  const bool restore_eager = eager_blob && eager_rank == uint32_t(s.comm->rank()) &&
+                             h.world_size == uint32_t(s.comm->size());
+  if (eager_blob && !restore_eager)
+    log::info("checkpoint: the eager offsets of rank " + std::to_string(eager_rank) + " of " +
+              std::to_string(h.world_size) + " are not restored on rank " + std::to_string(s.comm->rank()) +
+              " of " + std::to_string(s.comm->size()) + "; this rank's next round starts from the anchor");
 
   // Read everything into fresh buffers; swap them in only after the CRC matched.
   FloatBuffer anchor((h.flags & kHasAnchor) ? s.state_count : 0);
   FloatBuffer momentum((h.flags & kHasMomentum) ? s.state_count : 0);
   FloatBuffer average(s.state_count);
+  FloatBuffer eager_offset(config.eager ? s.state_count : 0);
+  FloatBuffer eager_momentum(config.eager && (h.flags & kHasMomentum) ? s.state_count : 0);
+  std::vector<float> skipped;  // another rank's eager state: read for the CRC, then dropped
   std::vector<GapHistory> history(s.segments.size());
   for (size_t i = 0; i < s.segments.size(); ++i) {
     const Segment& seg = s.segments[i];
@@ -266,6 +295,17 @@ void Engine::load(const ReadFn& read) {
     if (!anchor.empty()) in.bytes(anchor.data() + seg.state_offset, bytes);
     if (!momentum.empty()) in.bytes(momentum.data() + seg.state_offset, bytes);
     if (h.flags & kHasAverage) in.bytes(average.data() + seg.state_offset, bytes);
+    if (eager_blob && seg.role == Role::Parameter) {
+      for (FloatBuffer* target : {&eager_offset, &eager_momentum}) {
+        if (target == &eager_momentum && !(h.flags & kHasMomentum)) continue;
+        if (restore_eager) {
+          in.bytes(target->data() + seg.state_offset, bytes);
+        } else {
+          skipped.resize(seg.count);
+          in.bytes(skipped.data(), bytes);
+        }
+      }
+    }
   }
   const uint32_t body_crc = in.crc();
   require(in.value<uint32_t>() == body_crc, Status::CheckpointCorrupt,
@@ -285,6 +325,9 @@ void Engine::load(const ReadFn& read) {
   s.momentum = std::move(momentum);
   if (s.has_anchor() && s.momentum_needed() && s.momentum.empty()) s.momentum = FloatBuffer(s.state_count);
   s.comm_buffer = std::move(average);
+  s.eager_offset = std::move(eager_offset);
+  s.eager_momentum = std::move(eager_momentum);
+  if (s.eager() && s.momentum_needed() && s.eager_momentum.empty()) s.eager_momentum = FloatBuffer(s.state_count);
   s.average_ready = (h.flags & kHasAverage) != 0;
   s.ready_average_finite = s.average_ready ? all_finite(s.comm_buffer.data(), s.state_count) : true;
   s.prepared.ready = prepared;
@@ -299,7 +342,7 @@ void Engine::load(const ReadFn& read) {
   s.stats.outer_updates = h.outer_updates;
   s.stats.nonfinite_rounds = h.nonfinite_rounds;
   s.stats.resolved_outer_momentum = s.beta;
-  if (s.has_anchor()) set_parameters_to_anchor(s);
+  if (s.has_anchor()) set_parameters_to_round_start(s);
 }
 
 }  // namespace co2

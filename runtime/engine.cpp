@@ -332,16 +332,28 @@ void submit_average_async(S& s) {
   s.stats.bytes_reduced += count * sizeof(float);
 }
 
-// Swaps in the prepared update of the average in comm_buffer (preparing it first when the
-// average came from a checkpoint of an older format): the anchor becomes the next anchor and the
-// parameters follow it. write_delta: comm_buffer receives this round's deltas a - p instead.
-// Returns whether every delta was finite.
+// The update of the average in comm_buffer, prepared on the progress thread; here only when the
+// average came from a checkpoint of an older format.
+void ensure_prepared(S& s) {
+  if (s.prepared.ready) return;
+  s.prepared.settings = outer_settings_of(s);
+  s.prepared.history = s.history;
+  prepare_update(s.segments, s.anchor.data(), momentum_of(s), s.comm_buffer.data(), s.prepared);
+}
+
+// After the prepared next anchor was swapped in: its gap history and statistics become the
+// engine's.
+void adopt_prepared(S& s) {
+  std::swap(s.history, s.prepared.history);
+  commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
+  s.prepared.ready = false;
+}
+
+// Swaps in the prepared update of the average in comm_buffer: the anchor becomes the next anchor
+// and the parameters follow it. write_delta: comm_buffer receives this round's deltas a - p
+// instead. Returns whether every delta was finite.
 bool apply_prepared(S& s, bool write_delta) {
-  if (!s.prepared.ready) {
-    s.prepared.settings = outer_settings_of(s);
-    s.prepared.history = s.history;
-    prepare_update(s.segments, s.anchor.data(), momentum_of(s), s.comm_buffer.data(), s.prepared);
-  }
+  ensure_prepared(s);
   bool delta_finite = true;
   if (write_delta) {
     for (const Segment& seg : s.segments)
@@ -354,9 +366,60 @@ bool apply_prepared(S& s, bool write_delta) {
     std::swap(s.anchor, s.comm_buffer);
     set_parameters_to_anchor(s);
   }
-  std::swap(s.history, s.prepared.history);
-  commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
-  s.prepared.ready = false;
+  adopt_prepared(s);
+  return delta_finite;
+}
+
+void clear_eager_state(S& s) {
+  if (!s.eager_offset.empty()) std::memset(s.eager_offset.data(), 0, s.state_count * sizeof(float));
+  if (!s.eager_momentum.empty()) std::memset(s.eager_momentum.data(), 0, s.state_count * sizeof(float));
+}
+
+// A co2 boundary under the eager policy (docs/algorithm.md, "The eager policy"): the anchor
+// follows the delayed rule exactly as without it; each PARAMETER segment's delta is taken from
+// the point the rank started at (anchor + its offset) and the next round starts from the next
+// anchor plus the new offset. BUFFER segments are only averaged, as always. update: an arrived,
+// finite average is applied. Returns whether every delta was finite.
+bool eager_boundary(S& s, bool update) {
+  if (update) ensure_prepared(s);
+  const OuterSettings o = outer_settings_of(s);
+  EagerCoefficients k;
+  k.beta = float(o.beta);
+  k.scale = float(o.outer_lr / double(s.comm->size()));
+  k.momentum = !s.eager_momentum.empty();
+  k.nesterov = o.nesterov;
+  bool delta_finite = true;
+  for (const Segment& seg : s.segments) {
+    if (seg.role == Role::Excluded) continue;
+    const size_t off = seg.state_offset;
+    float* anchor = s.anchor.data() + off;
+    float* comm = s.comm_buffer.data() + off;
+    // With an update the comm buffer holds the next anchor and the delta goes into the anchor's
+    // buffer (the two swap below); without one the anchor stays and the delta goes to comm.
+    float* next = update ? comm : anchor;
+    float* delta = update ? anchor : comm;
+    bool finite;
+    if (seg.role == Role::Parameter) {
+      finite = eager_boundary_segment(seg.data, anchor, next, s.eager_offset.data() + off,
+                                      k.momentum ? s.eager_momentum.data() + off : nullptr, delta, seg.count, k);
+    } else if (update) {
+      finite = apply_prepared_segment(seg.data, anchor, comm, seg.count);
+    } else {
+      PassFlags flags{false, false, false, false, true};
+      finite = run_boundary_pass(flags, seg.data, anchor, nullptr, comm, seg.count, OuterCoefficients{}).delta_finite;
+    }
+    delta_finite = delta_finite && finite;
+  }
+  if (update) {
+    std::swap(s.anchor, s.comm_buffer);
+    adopt_prepared(s);
+  }
+  if (!delta_finite) {
+    // This rank's NaN travels in the all-reduce and every rank skips that average; meanwhile the
+    // rank restarts from the anchor instead of carrying the NaN in its offset.
+    clear_eager_state(s);
+    set_parameters_to_anchor(s);
+  }
   return delta_finite;
 }
 
@@ -440,6 +503,17 @@ void set_parameters_to_anchor(Engine::State& s) {
       std::memcpy(seg.data, s.anchor.data() + seg.state_offset, seg.count * sizeof(float));
 }
 
+void set_parameters_to_round_start(Engine::State& s) {
+  set_parameters_to_anchor(s);
+  if (s.eager_offset.empty()) return;
+  for (const Segment& seg : s.segments) {
+    if (seg.role != Role::Parameter) continue;
+    const float* a = s.anchor.data() + seg.state_offset;
+    const float* e = s.eager_offset.data() + seg.state_offset;
+    for (size_t i = 0; i < seg.count; ++i) seg.data[i] = a[i] + e[i];
+  }
+}
+
 namespace {
 
 // --- boundaries of each algorithm; each returns false when it applied nothing because an
@@ -451,7 +525,9 @@ bool co2_boundary(S& s) {
   const bool update = have_average && finite;
   if (have_average && !finite) ++s.stats.nonfinite_rounds;
   const bool delta_finite =
-      update ? apply_prepared(s, /*write_delta=*/true) : fused_pass(s, /*update=*/false, /*write_delta=*/true);
+      s.eager()  ? eager_boundary(s, update)
+      : update ? apply_prepared(s, /*write_delta=*/true)
+               : fused_pass(s, /*update=*/false, /*write_delta=*/true);
   if (!delta_finite) ++s.stats.nonfinite_local;
   check_anchor_when_due(s);
   submit_average_async(s);
@@ -505,6 +581,7 @@ bool sync_boundary(S& s) {
 // co2: waits for the pending average and applies it; parameters = anchor. Returns false when
 // the average was not finite (nothing applied).
 bool apply_pending(S& s) {
+  clear_eager_state(s);  // every rank's own deltas are in the average being applied
   bool finite = true;
   const bool have_average = collect_average(s, &finite);
   if (have_average && finite) {
@@ -677,6 +754,8 @@ void Engine::commit() {
 
   s.history.assign(s.segments.size(), GapHistory{});
   if (s.device) {
+    require(!s.eager(), Status::Unsupported,
+            "the eager policy is implemented on the host only: CUDA tensors need eager = 0");
     s.device->commit(s);
     s.committed = true;
     return;
@@ -685,6 +764,10 @@ void Engine::commit() {
   if (s.has_anchor()) {
     s.anchor = FloatBuffer(s.state_count);
     if (s.momentum_needed()) s.momentum = FloatBuffer(s.state_count);
+  }
+  if (s.eager()) {
+    s.eager_offset = FloatBuffer(s.state_count);
+    if (s.momentum_needed()) s.eager_momentum = FloatBuffer(s.state_count);
   }
   // Rank 0's values become everyone's parameters and anchor.
   pack_parameters(s, s.comm_buffer.data());
@@ -890,6 +973,8 @@ void Engine::set_param(Param key, double value) {
     if (s.committed && s.has_anchor() && s.momentum_needed() && s.device) s.device->momentum_needed(s);
     if (s.committed && s.has_anchor() && s.momentum_needed() && s.momentum.empty() && !s.device)
       s.momentum = FloatBuffer(s.state_count);  // starts from zero momentum
+    if (s.committed && s.eager() && s.momentum_needed() && s.eager_momentum.empty())
+      s.eager_momentum = FloatBuffer(s.state_count);
   }
 }
 

@@ -44,6 +44,9 @@ struct EngineConfig {
   double clip_threshold = 1.0;
   uint32_t anchor_check_interval = 100;
   double inner_lr = 0.0;
+  // co2 only: each rank starts its round from the anchor plus a rank-local correction that puts
+  // its own fresh delta in place of its stale share (docs/algorithm.md, "The eager policy").
+  bool eager = false;
 };
 
 // Throws InvalidArgument / UnknownEnum with a message naming the bad field.

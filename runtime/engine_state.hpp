@@ -78,6 +78,11 @@ struct Engine::State {
   FloatBuffer momentum;  // empty while beta == 0 and not Nesterov
   FloatBuffer comm_buffer;
   FloatBuffer gradient_buffer;  // reduce_gradients outside `sync`, allocated on first use
+  // The eager policy (co2 with config.eager), per rank, never averaged: the round starts from
+  // anchor + eager_offset; eager_momentum is the momentum of this rank's own deltas (allocated
+  // with the outer momentum). Both are zero except on PARAMETER segments.
+  FloatBuffer eager_offset;
+  FloatBuffer eager_momentum;
 
   // Round state.
   uint32_t round_tau = 12;  // tau of the round in progress
@@ -102,6 +107,7 @@ struct Engine::State {
     return config.algorithm == Algorithm::Co2 || config.algorithm == Algorithm::Diloco;
   }
   bool momentum_needed() const { return beta > 0.0 || config.nesterov; }
+  bool eager() const { return config.eager && config.algorithm == Algorithm::Co2; }
 };
 
 // Shared by engine.cpp, checkpoint.cpp and the device path.
@@ -116,6 +122,8 @@ void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
 void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_check_interval rounds
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
 void set_parameters_to_anchor(Engine::State& s);
+// p <- anchor, plus the rank's eager offset on PARAMETER segments under the eager policy.
+void set_parameters_to_round_start(Engine::State& s);
 // Waits for `request`, charging the time to boundary_wait_ns; throws the collective's error.
 void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request);
 

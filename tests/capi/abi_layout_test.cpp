@@ -79,7 +79,7 @@ TEST(AbiLayout, UniqueId) {
 
 TEST(AbiLayout, EngineConfig) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_config_t), 88u);
+  EXPECT_EQ(sizeof(co2_engine_config_t), 96u);
   EXPECT_EQ(alignof(co2_engine_config_t), 8u);
   EXPECT_OFFSET(co2_engine_config_t, size, 0);
   EXPECT_OFFSET(co2_engine_config_t, version, 8);
@@ -97,6 +97,8 @@ TEST(AbiLayout, EngineConfig) {
   EXPECT_OFFSET(co2_engine_config_t, inner_lr, 72);
   EXPECT_OFFSET(co2_engine_config_t, state_dtype, 80);
   EXPECT_OFFSET(co2_engine_config_t, reserved0, 84);
+  EXPECT_OFFSET(co2_engine_config_t, eager, 88);
+  EXPECT_OFFSET(co2_engine_config_t, reserved1, 92);
   EXPECT_FIELD_SIZE(co2_engine_config_t, outer_lr, 8);
   EXPECT_FIELD_SIZE(co2_engine_config_t, tau, 4);
 }

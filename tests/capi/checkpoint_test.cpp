@@ -200,7 +200,10 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
   std::vector<size_t> sizes(c.world, 0);
   std::vector<std::vector<std::vector<float>>> local(c.world);  // per-rank framework state
   std::vector<Trajectory> traj1(c.world);
-  std::vector<std::vector<float>> saved_anchor(c.world);
+  std::vector<std::vector<float>> saved_anchor(c.world), saved_params(c.world);
+  // Under eager each rank's blob also carries its own offsets: it loads its own blob (at the
+  // same W) and starts from anchor + offset, as the uninterrupted run does.
+  const bool eager = c.cfg.eager != 0;
   {
     std::unique_ptr<ScopedEnv> env;
     if (c.slow_link) env = std::make_unique<ScopedEnv>("CO2_LOCAL_TEST_LATENCY_US", "20000");
@@ -216,6 +219,7 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
                                     writes ? &blobs[rank] : nullptr));
       local[rank] = tr.model.snapshot_all();
       saved_anchor[rank] = tr.anchor();
+      saved_params[rank] = tr.model.gather_state();
       // Saving does not change the trajectory: this run continues like the uninterrupted one.
       Trajectory rest;
       const uint64_t until = std::min<uint64_t>(c.total, c.save_step + 2 * tau);
@@ -231,8 +235,12 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
       continue;
     }
     EXPECT_EQ(blobs[r].size(), sizes[r]) << "rank " << r << ": state_size vs bytes written";
-    // Shared state only: every rank writes the same canonical bytes.
-    EXPECT_TRUE(blobs[r] == blobs[0]) << "rank " << r << "'s blob differs from rank 0's";
+    // Shared state only: every rank writes the same canonical bytes (eager: plus its own
+    // offsets, so the blobs differ, but have the same size).
+    if (eager)
+      EXPECT_EQ(blobs[r].size(), blobs[0].size()) << "rank " << r;
+    else
+      EXPECT_TRUE(blobs[r] == blobs[0]) << "rank " << r << "'s blob differs from rank 0's";
   }
   ASSERT_FALSE(blobs[0].empty());
 
@@ -244,11 +252,17 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
     Trainer tr(c.layout, data2, rank);
     tr.start(comm, c.cfg);
     if (HasFatalFailure()) return;
-    CO2_ASSERT_OK(load_blob(tr.eg.engine, blobs[0]));
-    // Load sets p <- a (the restored anchor).
+    const bool own_blob = eager && W2 == c.world;
+    CO2_ASSERT_OK(load_blob(tr.eg.engine, blobs[own_blob ? rank : 0]));
+    // Load sets p <- a (the restored anchor), plus the rank's own offset under eager.
     after_load[rank] = tr.anchor();
     EXPECT_TRUE(bitwise_equal(after_load[rank], saved_anchor[0])) << "rank " << rank;
-    EXPECT_TRUE(bitwise_equal(tr.model.gather_state(), after_load[rank])) << "rank " << rank;
+    if (own_blob && !mid_round) {
+      EXPECT_TRUE(bitwise_equal(tr.model.gather_state(), saved_params[rank])) << "rank " << rank;
+      if (c.world > 1) EXPECT_FALSE(bitwise_equal(saved_params[rank], saved_anchor[rank])) << "offset is zero";
+    } else if (!own_blob) {
+      EXPECT_TRUE(bitwise_equal(tr.model.gather_state(), after_load[rank])) << "rank " << rank;
+    }
     const co2_engine_stats_t st = get_stats(tr.eg.engine);
     EXPECT_EQ(st.world_size, W2);
     EXPECT_EQ(st.steps, c.save_step) << "rank " << rank << ": counters restored";
@@ -280,7 +294,8 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
       }
       for (size_t i = 0; i < traj2[r].size(); ++i) {
         EXPECT_TRUE(bitwise_equal(traj2[r][i].anchor, traj2[0][i].anchor)) << r << " " << i;
-        EXPECT_TRUE(bitwise_equal(traj2[r][i].params, traj2[0][i].params)) << r << " " << i;
+        if (!eager)  // eager ranks start their rounds from their own points
+          EXPECT_TRUE(bitwise_equal(traj2[r][i].params, traj2[0][i].params)) << r << " " << i;
       }
     }
   }
@@ -409,6 +424,48 @@ std::vector<RestartCase> restart_cases() {
     c.world_after = 4;
     c.save_step = 4;
     c.total = 10;
+    v.push_back(c);
+  }
+  // The eager policy: per-rank offsets and own-delta momentum restored by their rank.
+  {
+    RestartCase c{"co2_eager_momentum_gap_norm_nesterov", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.eager = 1;
+    c.cfg.outer_momentum = 0.9;
+    c.cfg.outer_lr = 0.7;
+    c.cfg.nesterov = 1;
+    c.cfg.penalty = CO2_PENALTY_GAP;
+    c.cfg.clip = CO2_CLIP_NORM;
+    c.cfg.clip_threshold = 0.3;
+    c.world = 3;
+    c.save_step = 12;
+    c.total = 24;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_eager_with_allreduce_in_flight", base_config(CO2_ALGO_CO2, 2)};
+    c.cfg.eager = 1;
+    c.world = 3;
+    c.save_step = 6;
+    c.total = 14;
+    c.slow_link = true;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_eager_mid_round", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.eager = 1;
+    c.cfg.outer_momentum = 0.6;
+    c.save_step = 11;
+    c.total = 21;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_eager_world_2_to_3", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.eager = 1;
+    c.cfg.outer_momentum = 0.5;
+    c.world = 2;
+    c.world_after = 3;
+    c.save_step = 9;
+    c.total = 18;
     v.push_back(c);
   }
   return v;

@@ -19,6 +19,11 @@
 //    still sets the next pending average and p <- a; a non-finite local delta is counted per
 //    rank; diloco skips a non-finite fresh average (p <- a); localsgd leaves p as it was.
 //  - finalize / synchronize, τ changes at the next boundary.
+//  - eager (co2 only, docs/algorithm.md "The eager policy"): per rank an offset e_i and a
+//    momentum q_i of its own deltas; d_i = (a + e_i) - p_i on PARAMETER segments; after the
+//    boundary's update q_i <- β q_i + d_i, e_i <- -(α/W)(nesterov ? β q_i + d_i : q_i),
+//    p_i <- a + e_i; a rank whose d_i is not finite gets e_i = q_i = 0 and p_i <- a;
+//    finalize / synchronize set e = q = 0 (after taking synchronize's deltas).
 //
 // Besides the trajectory it records what the float engine cannot reproduce exactly if data
 // come close to a branch (clip thresholds, g = 0), so tests can refuse such data (margins).
@@ -49,6 +54,7 @@ struct Config {
   double penalty_constant = 1.0;
   Clip clip = Clip::None;
   double phi = 1.0;
+  bool eager = false;
 };
 
 // docs/algorithm.md "Defaults": W <= 16 -> 0, <= 32 -> 0.2, <= 64 -> 0.5, > 64 -> 0.6.
@@ -108,6 +114,8 @@ class Reference {
     gap_sum_.assign(segs_.size(), 0.0);
     gap_n_.assign(segs_.size(), 0);
     nonfinite_local_.assign(world_size, 0);
+    e_.assign(world_size, std::vector<double>(n_, 0.0));
+    q_ = e_;
     observe(a_);
   }
 
@@ -158,6 +166,7 @@ class Reference {
       return;
     }
     apply_pending();
+    clear_eager();
     for (auto& p : p_) p = a_;
   }
   // co2: finalize's update, then (if steps happened since the last boundary) one blocking
@@ -181,6 +190,7 @@ class Reference {
           ++extra_updates_;
         }
       }
+      clear_eager();
       for (auto& p : p_) p = a_;
     }
     steps_in_round_ = 0;
@@ -205,11 +215,18 @@ class Reference {
   }
 
  private:
+  // d_i = (a + e_i) - p_i: e is zero except under eager, on PARAMETER segments.
   std::vector<std::vector<double>> deltas() const {
     std::vector<std::vector<double>> d(world_, std::vector<double>(n_));
     for (int r = 0; r < world_; ++r)
-      for (size_t i = 0; i < n_; ++i) d[r][i] = a_[i] - p_[r][i];
+      for (size_t i = 0; i < n_; ++i) d[r][i] = (a_[i] + e_[r][i]) - p_[r][i];
     return d;
+  }
+  void clear_eager() {
+    for (int r = 0; r < world_; ++r) {
+      std::fill(e_[r].begin(), e_[r].end(), 0.0);
+      std::fill(q_[r].begin(), q_[r].end(), 0.0);
+    }
   }
   std::vector<double> mean(const std::vector<std::vector<double>>& v) const {
     std::vector<double> out(n_, 0.0);
@@ -304,11 +321,30 @@ class Reference {
         ++nonfinite_rounds_;
       }
     }
-    // c <- d, submitted: the next boundary's average. p <- a.
+    // c <- d, submitted: the next boundary's average. p <- a (+ e under eager).
     pending_ = mean(d);
     observe(pending_);
     pending_valid_ = true;
     for (auto& p : p_) p = a_;
+    if (!cfg_.eager) return;
+    for (int r = 0; r < world_; ++r) {
+      if (!all_finite(d[r])) {
+        std::fill(e_[r].begin(), e_[r].end(), 0.0);
+        std::fill(q_[r].begin(), q_[r].end(), 0.0);
+        continue;
+      }
+      for (size_t l = 0; l < segs_.size(); ++l) {
+        if (segs_[l].buffer) continue;
+        for (size_t i = offsets_[l]; i < offsets_[l] + segs_[l].count; ++i) {
+          q_[r][i] = beta_ * q_[r][i] + d[r][i];
+          const double filtered = cfg_.nesterov ? beta_ * q_[r][i] + d[r][i] : q_[r][i];
+          e_[r][i] = -(cfg_.alpha / double(world_)) * filtered;
+          p_[r][i] = a_[i] + e_[r][i];
+        }
+      }
+      observe(e_[r]);
+      observe(q_[r]);
+    }
   }
 
   // One outer update of every segment with the average `avg`.
@@ -401,6 +437,7 @@ class Reference {
 
   std::vector<std::vector<double>> p_;
   std::vector<double> a_, m_, pending_;
+  std::vector<std::vector<double>> e_, q_;  // eager: per rank offset and own-delta momentum
   bool pending_valid_ = false;
   std::vector<double> gap_prev_, gap_sum_;
   std::vector<uint64_t> gap_n_;

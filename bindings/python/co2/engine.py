@@ -26,7 +26,7 @@ DTYPES = {"float32": capi.CO2_DTYPE_FP32, "fp32": capi.CO2_DTYPE_FP32}
 _CONFIG_KEYS = {"algorithm": ALGORITHMS, "tau": None, "warmup_sync_rounds": None,
                 "outer_lr": None, "outer_momentum": None, "nesterov": None, "penalty": PENALTIES,
                 "penalty_constant": None, "clip": CLIPS, "anchor_check_interval": None,
-                "clip_threshold": None, "inner_lr": None, "state_dtype": DTYPES}
+                "clip_threshold": None, "inner_lr": None, "state_dtype": DTYPES, "eager": None}
 _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduced",
                  "collective_ns", "boundary_wait_ns", "last_boundary_wait_ns",
                  "nonfinite_rounds", "nonfinite_local", "anchor_checks",
@@ -44,7 +44,9 @@ def engine_defaults():
 class Engine(OwnsHandle):
     """The outer algorithm for one rank. Keyword arguments left out (or None) keep the C API's
     defaults (see co2.engine_defaults()): algorithm "co2", tau 12, outer_lr 1.0, outer_momentum
-    "auto" (by world size), no penalty, no clipping, anchor check every 100 rounds.
+    "auto" (by world size), no penalty, no clipping, anchor check every 100 rounds, eager
+    as CO2_DEFAULT_EAGER (co2 only: each rank starts its round from the anchor plus its own
+    fresh delta's share, docs/algorithm.md "The eager policy").
 
     Lifecycle: register tensors (register) or adopt one flat storage and declare its segments
     (adopt_flat, add_segment); commit() (collective: every rank gets rank 0's values); then per
@@ -67,7 +69,7 @@ class Engine(OwnsHandle):
                 value = capi.CO2_OUTER_MOMENTUM_AUTO
             elif _CONFIG_KEYS[key] is not None:
                 value = _enum(_CONFIG_KEYS[key], value, key)
-            elif key == "nesterov":
+            elif key in ("nesterov", "eager"):
                 value = int(bool(value))
             try:
                 setattr(c_config, key, value)

@@ -263,6 +263,7 @@ co2_status_t co2_request_free(co2_request_t request);
 #define CO2_OUTER_MOMENTUM_AUTO (-1.0) /* resolve by number of outer participants */
 #define CO2_DEFAULT_CLIP_THRESHOLD 1.0
 #define CO2_DEFAULT_ANCHOR_CHECK_INTERVAL 100u
+#define CO2_DEFAULT_EAGER 0
 
 typedef struct co2_engine_config {
     size_t size;                 /* sizeof(co2_engine_config_t)                          */
@@ -281,13 +282,18 @@ typedef struct co2_engine_config {
     double inner_lr;             /* recorded only, 0                                      */
     co2_dtype_t state_dtype;     /* outer state dtype, CO2_DTYPE_FP32 (the only one)      */
     int32_t reserved0;
+    /* --- added in 1.1 (a struct from an older header leaves these at their defaults) --- */
+    int32_t eager;               /* co2 only: 1 = the eager outer policy (each rank starts
+                                    its round from the anchor plus its own fresh delta's
+                                    share; docs/algorithm.md), 0 = delayed; CO2_DEFAULT_EAGER */
+    int32_t reserved1;
 } co2_engine_config_t;
 
 #define CO2_ENGINE_CONFIG_INIT                                                             \
     { sizeof(co2_engine_config_t), CO2_ABI_VERSION, CO2_ALGO_CO2, CO2_DEFAULT_TAU, 0,     \
       CO2_DEFAULT_OUTER_LR, CO2_OUTER_MOMENTUM_AUTO, 0, CO2_PENALTY_NONE, 1.0,            \
       CO2_CLIP_NONE, CO2_DEFAULT_ANCHOR_CHECK_INTERVAL, CO2_DEFAULT_CLIP_THRESHOLD, 0.0,  \
-      CO2_DTYPE_FP32, 0 }
+      CO2_DTYPE_FP32, 0, CO2_DEFAULT_EAGER, 0 }
 
 co2_status_t co2_engine_config_init(co2_engine_config_t *config);
 

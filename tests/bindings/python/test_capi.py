@@ -66,6 +66,30 @@ def test_engine_keywords_reach_the_engine():
         assert engine.get_param("outer_momentum") == pytest.approx(0.9)   # refused: unchanged
 
 
+def test_eager_policy_reaches_the_engine():
+    """eager=True: after a boundary every rank holds the same anchor but starts its round from
+    its own point, anchor - (alpha/W) * its own delta (beta = 0)."""
+    group, world, n, alpha = unique_group(), 2, 9, 0.5
+    assert co2.engine_defaults()["eager"] == capi.CO2_DEFAULT_EAGER
+
+    def rank_main(rank):
+        w = np.zeros(n, np.float32)
+        with local_comm(rank, world, group) as comm, co2.Engine(
+                comm, algorithm="co2", tau=1, outer_lr=alpha, outer_momentum=0.0,
+                eager=True) as engine:
+            engine.register("w", w)
+            engine.commit()
+            w -= np.float32(rank + 1)               # this rank's local step: delta = rank + 1
+            assert engine.step()
+            return w.copy(), engine.consensus("anchor")
+
+    (w0, a0), (w1, a1) = run_ranks(world, rank_main)
+    np.testing.assert_array_equal(a0, a1)
+    np.testing.assert_array_equal(a0, np.zeros(n, np.float32))   # nothing arrived yet
+    np.testing.assert_allclose(w0, -alpha / world * 1.0)
+    np.testing.assert_allclose(w1, -alpha / world * 2.0)
+
+
 def test_closed_handles_refuse_use():
     comm = co2.Communicator(0, 1, transport="local", group_name=unique_group())
     engine = co2.Engine(comm)

@@ -14,6 +14,7 @@ const CO2_DEFAULT_OUTER_LR = Cdouble(1.0)
 const CO2_OUTER_MOMENTUM_AUTO = Cdouble(-1.0)
 const CO2_DEFAULT_CLIP_THRESHOLD = Cdouble(1.0)
 const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL = Cuint(100)
+const CO2_DEFAULT_EAGER = Cint(0)
 
 const co2_status_t = Int32
 
@@ -230,6 +231,8 @@ mutable struct co2_engine_config_t
     inner_lr::Cdouble
     state_dtype::co2_dtype_t
     reserved0::Int32
+    eager::Int32
+    reserved1::Int32
 end
 
 const _co2_engine_config_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -421,7 +424,7 @@ CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     UInt64(1048576),
 )
 CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
-    Csize_t(88),
+    Csize_t(96),
     UInt32(1),
     co2_algorithm_t(0),
     UInt32(12),
@@ -436,6 +439,8 @@ CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
     Cdouble(1.0),
     Cdouble(0.0),
     co2_dtype_t(0),
+    Int32(0),
+    Int32(0),
     Int32(0),
 )
 CO2_TENSOR_INIT() = co2_tensor_t(
@@ -492,7 +497,7 @@ const GENERATED_ON_WORD_SIZE = 64
 const LAYOUT = (
     co2_comm_config_t = (size = 48, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40,)),
     co2_unique_id_t = (size = 128, align = 1, offsets = (internal = 0,)),
-    co2_engine_config_t = (size = 88, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84,)),
+    co2_engine_config_t = (size = 96, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),
     co2_segment_t = (size = 40, align = 8, offsets = (size = 0, name = 8, offset = 16, count = 24, role = 32, reserved0 = 36,)),
     co2_allocator_t = (size = 32, align = 8, offsets = (size = 0, user = 8, allocate = 16, release = 24,)),

@@ -9,6 +9,7 @@ pub const CO2_DEFAULT_OUTER_LR: f64 = 1.0;
 pub const CO2_OUTER_MOMENTUM_AUTO: f64 = -1.0;
 pub const CO2_DEFAULT_CLIP_THRESHOLD: f64 = 1.0;
 pub const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL: u32 = 100;
+pub const CO2_DEFAULT_EAGER: u32 = 0;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
 pub type __int64_t = ::std::os::raw::c_long;
@@ -428,12 +429,14 @@ pub struct co2_engine_config {
     pub inner_lr: f64,
     pub state_dtype: co2_dtype_t,
     pub reserved0: i32,
+    pub eager: i32,
+    pub reserved1: i32,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_config() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_config>(),
-        88usize,
+        96usize,
         concat!("Size of: ", stringify!(co2_engine_config))
     );
     assert_eq!(
@@ -713,6 +716,40 @@ fn bindgen_test_layout_co2_engine_config() {
         );
     }
     test_field_reserved0();
+    fn test_field_eager() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).eager) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_config),
+                "::",
+                stringify!(eager)
+            )
+        );
+    }
+    test_field_eager();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            92usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_config),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
 }
 pub type co2_engine_config_t = co2_engine_config;
 extern "C" {

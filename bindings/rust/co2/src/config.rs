@@ -57,6 +57,12 @@ impl EngineConfig {
         self.raw.nesterov = i32::from(nesterov);
         self
     }
+    /// co2 only: the eager outer policy (each rank starts its round from the anchor plus its
+    /// own fresh delta's share; docs/algorithm.md). Default `CO2_DEFAULT_EAGER`.
+    pub fn eager(mut self, eager: bool) -> Self {
+        self.raw.eager = i32::from(eager);
+        self
+    }
     pub fn penalty(mut self, penalty: Penalty) -> Self {
         self.raw.penalty = penalty.raw();
         self
@@ -108,6 +114,9 @@ impl EngineConfig {
     }
     pub fn get_nesterov(&self) -> bool {
         self.raw.nesterov != 0
+    }
+    pub fn get_eager(&self) -> bool {
+        self.raw.eager != 0
     }
     pub fn get_penalty(&self) -> Option<Penalty> {
         Penalty::from_raw(self.raw.penalty)
