@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import corpus  # noqa: E402
-from model import SIZES, ByteLM, Size  # noqa: E402
+from model import SIZES, VOCAB, ByteLM, Size  # noqa: E402
 
 CO2_ALGORITHMS = ("sync", "localsgd", "diloco", "co2")
 ALGORITHMS = ("ddp",) + CO2_ALGORITHMS
@@ -119,7 +119,7 @@ def train(algorithm, data, seed, steps, *, comm=None, rank=0, world=1, eval_ever
         optimizer = make_optimizer(model)
         # DDP hooks the forward of the wrapper: the loss must come out of net(...).
         loss_of = lambda x, y: torch.nn.functional.cross_entropy(  # noqa: E731
-            net(x).reshape(-1, 256), y.reshape(-1))
+            net(x).reshape(-1, VOCAB), y.reshape(-1))
     else:
         import co2.torch
         optimizer = make_optimizer(model)
@@ -149,10 +149,10 @@ def train(algorithm, data, seed, steps, *, comm=None, rank=0, world=1, eval_ever
     def record(step, train_loss):
         nonlocal eval_seconds
         entered = time.perf_counter()
+        curve["seconds"].append(entered - start - eval_seconds)   # training time so far
         loss = validation_loss()
         eval_seconds += time.perf_counter() - entered
         curve["step"].append(step)
-        curve["seconds"].append(entered - start - (eval_seconds - (time.perf_counter() - entered)))
         curve["loss"].append(loss)
         curve["train_loss"].append(train_loss)
         if on_eval:
@@ -167,6 +167,8 @@ def train(algorithm, data, seed, steps, *, comm=None, rank=0, world=1, eval_ever
         optimizer.zero_grad(set_to_none=True)
         loss = loss_of(x, y)
         loss.backward()
+        # Clipped before the average: under co2's sync each rank clips its own gradient (the
+        # average happens in optimizer.step); DDP clips the averaged one.
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
         optimizer.step()          # co2: sync averages the gradients first; the engine steps after
         scheduler.step()
