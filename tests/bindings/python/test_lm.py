@@ -59,10 +59,11 @@ def run(cmd, env):
 @pytest.mark.parametrize("algorithm", ["co2", "ddp"])
 def test_lm_example_trains_through_co2run(algorithm, tmp_path):
     out = tmp_path / "lm.json"
-    env = launch_env(port=two_free_ports())
-    run([co2run(), "--nproc-per-node", "2", sys.executable, "-u", EXAMPLE,
+    # co2's store at the port, gloo (ddp) at the next: both checked free.
+    run([co2run(), "--nproc-per-node", "2", "--master-port", str(two_free_ports()),
+         sys.executable, "-u", EXAMPLE,
          "--algorithm", algorithm, "--tau", "4", "--size", "tiny", "--steps", "24",
-         "--eval-every", "8", "--json", str(out)], env)
+         "--eval-every", "8", "--json", str(out)], launch_env())
     result = json.loads(out.read_text())
     losses = result["curve"]["loss"]
     assert result["world_size"] == 2 and result["steps"] == 24
