@@ -199,6 +199,8 @@ def time_to_target(runs, names, target):
                 for r in done]
         hits = [h for h in hits if h[0] is not None]
         rows[name] = {"runs": len(done), "reached": len(hits),
+                      "final_loss": statistics.mean(r["final_loss"] for r in done) if done else None,
+                      "wall_s": statistics.mean(r["wall_s"] for r in done) if done else None,
                       "seconds": statistics.mean(h[0] for h in hits) if hits else None,
                       "steps": statistics.mean(h[1] for h in hits) if hits else None}
     base = rows.get("ddp", {}).get("seconds")
@@ -209,8 +211,8 @@ def time_to_target(runs, names, target):
 
 def print_time_table(rows, title, out=sys.stdout):
     print(title, file=out)
-    print(f"{'configuration':<26} {'reached':>8} {'steps':>7} {'seconds':>8} {'/ DDP':>7}",
-          file=out)
+    print(f"{'configuration':<26} {'reached':>8} {'steps':>7} {'seconds':>8} {'/ DDP':>7}"
+          f"   {'final loss':>10} {'wall s':>7}  (all steps)", file=out)
     for name, row in rows.items():
         if not row["runs"]:
             print(f"{name:<26}  unavailable", file=out)
@@ -218,8 +220,8 @@ def print_time_table(rows, title, out=sys.stdout):
         steps = f"{row['steps']:.0f}" if row["steps"] is not None else "-"
         secs = f"{row['seconds']:.1f}" if row["seconds"] is not None else "-"
         ratio = f"{row['ratio_to_ddp']:.3f}" if row["ratio_to_ddp"] is not None else "-"
-        print(f"{name:<26} {row['reached']:>3}/{row['runs']:<4} {steps:>7} {secs:>8} {ratio:>7}",
-              file=out)
+        print(f"{name:<26} {row['reached']:>3}/{row['runs']:<4} {steps:>7} {secs:>8} {ratio:>7}"
+              f"   {row['final_loss']:>10.4f} {row['wall_s']:>7.1f}", file=out)
 
 
 def overlap_ratio(overlap_rows, world, rate, algorithm, tau):
