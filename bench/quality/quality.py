@@ -1,0 +1,434 @@
+#!/usr/bin/python3
+"""Quality at equal steps, and time to quality on a slow link, for the byte-level language model
+of examples/python/lm (docs/quality.md).
+
+    quality.py [--quick] [--seeds 3] [--steps 480] [--out DIR]
+        Every configuration (torch DDP over gloo; co2 sync; localsgd, diloco, co2 with penalty
+        none/constant 2/gap x clip none/norm, co2 + eager, each at tau 12 and 48) trains the
+        same model from the same initial weights on the same data for the same number of
+        steps, W ranks on loopback. Prints final validation loss mean +- std over seeds, the
+        ratio to DDP's, training wall time; writes DIR/quality.json, DIR/quality.png.
+    quality.py --links 100mbit,1gbit [--seeds 1] [--out DIR] [--overlap-json overlap.json]
+        The same runs with each rank in its own network namespace, its link capped by tc tbf
+        (bench/overlap/netns.sh; needs root). Prints, per link, the training wall time each
+        configuration needs to reach torch DDP's final validation loss (the target) and its ratio
+        to DDP's; writes DIR/quality_links.json, DIR/quality_links.png (loss against wall time).
+        --overlap-json adds the composite figure: steps to the target measured here x the step
+        time of the timed-wait table of bench/overlap (its throughput over compute-only).
+
+Launching: one launch per seed (and link) of W processes; each rank runs every configuration in
+sequence (torch's import and the corpus load are paid once), co2 meeting through its store at
+MASTER_PORT and gloo at MASTER_PORT + 1, through bench/overlap/run.py's launcher (loopback or
+the namespaces). Each rank uses one torch thread. Wall time is rank 0's training time; the
+evaluations (every rank evaluates the same held-out windows) are taken out of it.
+
+The eager outer policy is the engine key `eager`; in a build whose Python binding lacks it the
+eager rows are reported as unavailable.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LM = os.path.join(ROOT, "examples", "python", "lm")
+sys.path.insert(0, os.path.join(ROOT, "bench", "overlap"))
+sys.path.insert(0, LM)
+
+import run as overlap  # noqa: E402  (bench/overlap/run.py: launcher, netns, environment)
+
+PYTHON = "/usr/bin/python3"
+DILOCO = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True}
+PENALTIES = {"none": {"penalty": "none"}, "constant2": {"penalty": "constant",
+                                                        "penalty_constant": 2.0},
+             "gap": {"penalty": "gap"}}
+
+
+def configurations(taus, quick=False):
+    """[(name, algorithm, engine config)] in run order."""
+    configs = [("ddp", "ddp", {}), ("sync", "sync", {})]
+    for tau in taus:
+        configs += [(f"localsgd t{tau}", "localsgd", {"tau": tau}),
+                    (f"diloco t{tau}", "diloco", {"tau": tau, **DILOCO})]
+        for penalty, pconfig in PENALTIES.items():
+            for clip in ("none", "norm"):
+                if quick and (penalty != "none" or clip != "none"):
+                    continue
+                configs.append((f"co2 t{tau} {penalty}/{clip}", "co2",
+                                {"tau": tau, **pconfig, "clip": clip}))
+        configs.append((f"co2+eager t{tau}", "co2", {"tau": tau, "eager": True}))
+    return configs
+
+
+# --- one rank ---------------------------------------------------------------------------------
+
+def rank_main(args):
+    """One rank of one launch: every configuration of the plan for one seed; rank 0 prints one
+    JSON line per configuration."""
+    import torch
+    torch.set_num_threads(1)
+    import co2
+    import co2.engine
+    import train as lm
+    rank, world = co2.rank_and_world()
+    plan = json.loads(args.plan)
+    size = lm.SIZES[args.size]
+    if args.batch:
+        size = lm.Size(**{**size.__dict__, "batch": args.batch})
+    data = lm.Data(size)
+    comm = co2.Communicator.from_env()
+    gloo = False
+    for name, algorithm, config in plan:
+        missing = [k for k in config if k not in co2.engine._CONFIG_KEYS]
+        if missing:
+            result = {"name": name, "unavailable": f"this co2 build has no engine key "
+                                                   f"{', '.join(missing)}"}
+        else:
+            if algorithm == "ddp" and not gloo:
+                lm.init_gloo(rank, world)
+                gloo = True
+            result = lm.train(algorithm, data, args.seed, args.steps, comm=comm, rank=rank,
+                              world=world, eval_every=args.eval_every, **config)
+            result["name"] = name
+        if rank == 0:
+            print(json.dumps(result), flush=True)
+    comm.close()
+    if gloo:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return 0
+
+
+# --- launching --------------------------------------------------------------------------------
+
+def launch_seed(args, seed, configs, prefix=None, rate="none"):
+    runner = overlap.Runner(types.SimpleNamespace(build=args.build),
+                            "netns" if prefix else "loopback", args.world, rate, prefix)
+    if args.port:
+        runner.port = args.port - 1   # its next launch takes args.port and args.port + 1
+    argv = [PYTHON, os.path.abspath(__file__), "--rank", "--seed", str(seed),
+            "--steps", str(args.steps), "--size", args.size, "--eval-every", str(args.eval_every),
+            "--plan", json.dumps(configs)] + (["--batch", str(args.batch)] if args.batch else [])
+    env = overlap.digits_env(args)
+    lines = runner._launch(lambda r: argv, args.timeout, ports=2, extra_env={
+        k: env[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS")})
+    for line in lines:
+        line["seed"] = seed
+        line["rate"] = rate
+    return lines
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_all(args, configs, prefix=None, rate="none"):
+    runs = []
+    for seed in args.seed_list:
+        started = time.monotonic()
+        lines = launch_seed(args, seed, configs, prefix, rate)
+        for r in lines:
+            log(f"  {rate} seed {seed} {r['name']:<26} " + (
+                f"unavailable: {r['unavailable']}" if "unavailable" in r else
+                f"validation {r['final_loss']:.4f}  {r['wall_s']:.1f} s"))
+        log(f"  seed {seed}: {time.monotonic() - started:.0f} s")
+        runs += lines
+    return runs
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+def summarize(runs, names):
+    table = {}
+    for name in names:
+        mine = [r for r in runs if r["name"] == name]
+        done = [r for r in mine if "unavailable" not in r]
+        if not done:
+            table[name] = {"unavailable": mine[0]["unavailable"] if mine else "not run"}
+            continue
+        losses = [r["final_loss"] for r in done]
+        table[name] = {"runs": len(done), "loss_mean": statistics.mean(losses),
+                       "loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+                       "wall_mean_s": statistics.mean(r["wall_s"] for r in done)}
+    base = table.get("ddp", {}).get("loss_mean")
+    for row in table.values():
+        if base and "loss_mean" in row:
+            row["ratio_to_ddp"] = row["loss_mean"] / base
+    return table
+
+
+def print_table(table, out=sys.stdout):
+    print(f"{'configuration':<26} {'runs':>4} {'validation loss':>18} {'/ DDP':>7} {'wall s':>8}",
+          file=out)
+    for name, row in table.items():
+        if "unavailable" in row:
+            print(f"{name:<26}  unavailable ({row['unavailable']})", file=out)
+            continue
+        ratio = f"{row['ratio_to_ddp']:.4f}" if "ratio_to_ddp" in row else "-"
+        print(f"{name:<26} {row['runs']:>4} {row['loss_mean']:>9.4f} ± {row['loss_std']:<6.4f} "
+              f"{ratio:>7} {row['wall_mean_s']:>8.1f}", file=out)
+
+
+def reach(curve, target, key):
+    """The first `key` (step or seconds) at which the validation loss is <= target, linearly
+    interpolated between evaluations; None if never."""
+    xs, ys = curve[key], curve["loss"]
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if y <= target:
+            if i == 0:
+                return x
+            x0, y0 = xs[i - 1], ys[i - 1]
+            return x0 + (x - x0) * (y0 - target) / (y0 - y) if y0 != y else x
+    return None
+
+
+def time_to_target(runs, names, target):
+    """Per configuration: mean seconds and steps to reach target over the seeds that reached
+    it (and how many did)."""
+    rows = {}
+    for name in names:
+        done = [r for r in runs if r["name"] == name and "unavailable" not in r]
+        hits = [(reach(r["curve"], target, "seconds"), reach(r["curve"], target, "step"))
+                for r in done]
+        hits = [h for h in hits if h[0] is not None]
+        rows[name] = {"runs": len(done), "reached": len(hits),
+                      "final_loss": statistics.mean(r["final_loss"] for r in done) if done else None,
+                      "wall_s": statistics.mean(r["wall_s"] for r in done) if done else None,
+                      "seconds": statistics.mean(h[0] for h in hits) if hits else None,
+                      "steps": statistics.mean(h[1] for h in hits) if hits else None}
+    base = rows.get("ddp", {}).get("seconds")
+    for row in rows.values():
+        row["ratio_to_ddp"] = row["seconds"] / base if base and row["seconds"] else None
+    return rows
+
+
+def print_time_table(rows, title, out=sys.stdout):
+    print(title, file=out)
+    print(f"{'configuration':<26} {'reached':>8} {'steps':>7} {'seconds':>8} {'/ DDP':>7}"
+          f"   {'final loss':>10} {'wall s':>7}  (all steps)", file=out)
+    for name, row in rows.items():
+        if not row["runs"]:
+            print(f"{name:<26}  unavailable", file=out)
+            continue
+        steps = f"{row['steps']:.0f}" if row["steps"] is not None else "-"
+        secs = f"{row['seconds']:.1f}" if row["seconds"] is not None else "-"
+        ratio = f"{row['ratio_to_ddp']:.3f}" if row["ratio_to_ddp"] is not None else "-"
+        print(f"{name:<26} {row['reached']:>3}/{row['runs']:<4} {steps:>7} {secs:>8} {ratio:>7}"
+              f"   {row['final_loss']:>10.4f} {row['wall_s']:>7.1f}", file=out)
+
+
+def overlap_ratio(overlap_rows, world, rate, algorithm, tau):
+    """Throughput over compute-only in bench/overlap's timed-wait table (None if absent)."""
+    rows = [r for r in overlap_rows if r.get("work") == "wait" and r["world"] == world
+            and r["rate"] == rate]
+    base = overlap.best_reference(rows)
+    algo = {"ddp": "ddp", "sync": "sync"}.get(algorithm, algorithm)
+    row = next((r for r in rows if r["algo"] == algo
+                and (algo in ("ddp", "sync") or r["tau"] == tau)), None)
+    return row["steps_per_s"] / base["steps_per_s"] if row and base else None
+
+
+def composite(steps_rows, configs, overlap_rows, world, rate):
+    """Steps to the target (measured) x step time on the shaped link (bench/overlap's
+    timed-wait throughput), in compute-only steps, and its ratio to DDP's."""
+    out = {}
+    for name, algorithm, config in configs:
+        steps = steps_rows.get(name, {}).get("steps")
+        ratio = overlap_ratio(overlap_rows, world, rate, algorithm, config.get("tau"))
+        out[name] = {"steps": steps, "throughput_ratio": ratio,
+                     "compute_steps": steps / ratio if steps and ratio else None}
+    base = out.get("ddp", {}).get("compute_steps")
+    for row in out.values():
+        row["ratio_to_ddp"] = row["compute_steps"] / base if base and row["compute_steps"] else None
+    return out
+
+
+def plot(runs, names, path, xkeys, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({r["rate"] for r in runs})
+    panels = [(g, k) for g in groups for k in xkeys]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    for ax, (rate, key) in zip(axes[0], panels):
+        for i, name in enumerate(names):
+            mine = [r for r in runs if r["name"] == name and r["rate"] == rate
+                    and "unavailable" not in r]
+            if not mine:
+                continue
+            # The mean curve over seeds (every seed evaluates at the same steps).
+            n = min(len(r["curve"]["loss"]) for r in mine)
+            xs = [statistics.mean(r["curve"][key][j] for r in mine) for j in range(n)]
+            ys = [statistics.mean(r["curve"]["loss"][j] for r in mine) for j in range(n)]
+            style = "-" if "t48" not in name else "--"
+            ax.plot(xs[1:], ys[1:], style, color=cmap(i % 20), label=name, lw=1.2)
+        ax.set_xlabel({"step": "step", "seconds": "training wall time (s)"}[key])
+        ax.set_ylabel("validation loss (nats/byte)")
+        ax.set_title(f"{title}, link {rate}" if rate != "none" else title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- modes ------------------------------------------------------------------------------------
+
+def inner_main(args, configs):
+    """Inside netns.sh: one rate's runs with every rank in its namespace."""
+    prefix, rate = os.environ["CO2_NETNS_PREFIX"], os.environ["CO2_NETNS_RATE"]
+    runs = run_all(args, configs, prefix, rate)
+    with open(args.inner_out, "w") as f:
+        json.dump(runs, f)
+    return 0
+
+
+def links_main(args, configs, names):
+    if subprocess.run(["bash", overlap.NETNS, "check"]).returncode != 0:
+        log("--links needs network namespaces (root): skipped")
+        return 77
+    runs = []
+    for rate in args.links:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            path = tmp.name
+        try:
+            log(f"link {rate}: {args.world} ranks in namespaces")
+            cmd = ["bash", overlap.NETNS, "run", "--ranks", str(args.world), "--rate", rate,
+                   "--prefix", f"co2q{os.getpid() % 1000}", "--", PYTHON,
+                   os.path.abspath(__file__), "--inner", "--inner-out", path] + args.passthrough
+            if subprocess.run(cmd).returncode != 0:
+                log(f"link {rate}: failed")
+                continue
+            with open(path) as f:
+                runs += json.load(f)
+        finally:
+            os.unlink(path)
+    overlap_rows = []
+    if args.overlap_json:
+        with open(args.overlap_json) as f:
+            overlap_rows = json.load(f)["results"]
+    report = {"command": " ".join(sys.argv), "steps": args.steps, "size": args.size,
+              "world": args.world, "seeds": args.seed_list, "links": {}, "runs": runs}
+    for rate in args.links:
+        mine = [r for r in runs if r["rate"] == rate]
+        ddp = summarize(mine, ["ddp"]).get("ddp", {})
+        if "loss_mean" not in ddp:
+            continue
+        target = args.target if args.target else ddp["loss_mean"]
+        rows = time_to_target(mine, names, target)
+        print_time_table(rows, f"\nlink {rate}: time to validation loss {target:.4f} "
+                               f"({'stated' if args.target else 'DDP final, mean'})")
+        entry = {"target": target, "time_to_target": rows}
+        if overlap_rows:
+            comp = composite(rows, configs, overlap_rows, args.world, rate)
+            entry["composite"] = comp
+            print(f"composite (steps to target here / bench/overlap timed-wait throughput "
+                  f"ratio at {rate}, W={args.world}):")
+            for name, row in comp.items():
+                if row["compute_steps"] is not None:
+                    print(f"  {name:<26} {row['steps']:7.0f} steps / {row['throughput_ratio']:.3f}"
+                          f" = {row['compute_steps']:8.0f} compute-only steps, "
+                          f"{row['ratio_to_ddp']:.3f} of DDP")
+        report["links"][rate] = entry
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "quality_links.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    if runs and not args.no_plot:
+        plot(runs, names, os.path.join(args.out, "quality_links.png"), ["seconds"],
+             f"{args.size} LM, W={args.world}")
+    return 0 if report["links"] else 1
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: tiny model, 24 steps, 1 seed, tau 4, a subset")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=480)
+    ap.add_argument("--taus", default="12,48")
+    ap.add_argument("--size", default="small")
+    ap.add_argument("--batch", type=int, default=0, help="sequences per rank and step")
+    ap.add_argument("--eval-every", type=int, default=40)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--only", help="comma-separated configuration names (as in the table)")
+    ap.add_argument("--links", help="e.g. 100mbit,1gbit: the time-to-quality mode (root)")
+    ap.add_argument("--target", type=float, help="target validation loss (default: DDP's final)")
+    ap.add_argument("--overlap-json", help="bench/overlap's overlap.json for the composite figure")
+    ap.add_argument("--port", type=int, default=0,
+                    help="co2's store port (gloo takes the next); default: by process id")
+    ap.add_argument("--timeout", type=float, default=7200.0, help="per launch, seconds")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--plan", help=argparse.SUPPRESS)
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--inner-out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    # What the inner (namespace) invocation needs to repeat this run.
+    args.passthrough = [a for a in argv if a not in ("--inner",)]
+    if args.quick:
+        args.seeds, args.steps, args.size, args.eval_every = 1, 24, "tiny", 8
+        args.taus = "4"
+        args.timeout = min(args.timeout, 300.0)
+    args.taus = [int(t) for t in args.taus.split(",")]
+    args.seed_list = list(range(args.first_seed, args.first_seed + args.seeds))
+    args.links = args.links.split(",") if args.links else None
+    for rate in args.links or ():
+        if rate not in overlap.RATES_BITS:
+            ap.error(f"--links: {rate} is not one of {', '.join(overlap.RATES_BITS)}")
+    if args.steps < 1 or args.seeds < 1 or args.eval_every < 1:
+        ap.error("--steps, --seeds and --eval-every must be >= 1")
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.rank:
+        return rank_main(args)
+    configs = configurations(args.taus, args.quick)
+    if args.only:
+        wanted = set(args.only.split(","))
+        configs = [c for c in configs if c[0] in wanted or c[0] == "ddp"]
+    names = [c[0] for c in configs]
+    if args.inner:
+        return inner_main(args, configs)
+    if not os.path.isdir(os.path.join(args.build, "bindings", "python", "co2")):
+        log(f"{args.build}/bindings/python/co2 is missing: build the Python binding first")
+        return 77
+    if args.links:
+        return links_main(args, configs, names)
+    started = time.monotonic()
+    runs = run_all(args, configs)
+    table = summarize(runs, names)
+    import model
+    size = model.SIZES[args.size]
+    print(f"# LM quality, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.size} "
+          f"({size.parameters():,} parameters, batch {args.batch or size.batch} x "
+          f"{size.context} bytes per rank), W={args.world}, {args.steps} steps, seeds "
+          f"{args.seed_list}; {time.monotonic() - started:.0f} s")
+    print_table(table)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "quality.json"), "w") as f:
+        json.dump({"command": " ".join(sys.argv), "steps": args.steps, "size": args.size,
+                   "world": args.world, "seeds": args.seed_list, "summary": table,
+                   "runs": runs}, f, indent=1)
+    if not args.no_plot:
+        plot(runs, names, os.path.join(args.out, "quality.png"), ["step", "seconds"],
+             f"{args.size} LM, W={args.world}, {args.steps} steps")
+    return 0 if all("unavailable" in r or math.isfinite(r["final_loss"]) for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,89 @@
+"""The language-model example (examples/python/lm) through co2run with 2 processes, and the
+quality benchmark's smoke mode (bench/quality/quality.py --quick). Both use the tiny model: a
+few seconds of torch on 2 cores. The corpus (Debian's python3-doc) is required, not optional:
+scripts/test.sh installs it."""
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from test_multiprocess import PROCESS_TIMEOUT_S, launch_env, multiprocess_unavailable  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+EXAMPLE = os.path.join(ROOT, "examples", "python", "lm", "train.py")
+QUALITY = os.path.join(ROOT, "bench", "quality", "quality.py")
+# The initial loss is ln 256 = 5.55; 24 steps of the tiny model reach about 4.1 (3.8 - 4.2 over
+# seeds and algorithms): a decrease of 0.8 can only fail if training does not work.
+MIN_DECREASE = 0.8
+
+pytestmark = pytest.mark.skipif(multiprocess_unavailable() is not None,
+                                reason=str(multiprocess_unavailable()))
+
+
+def co2run():
+    path = os.environ.get("CO2RUN")
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail("CO2RUN (the co2run launcher of this build) is not set by meson")
+    return path
+
+
+def two_free_ports():
+    """A port p with p + 1 free too (co2's store, then gloo)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    pytest.fail("no two consecutive free ports")
+
+
+def run(cmd, env):
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                          timeout=PROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "ddp"])
+def test_lm_example_trains_through_co2run(algorithm, tmp_path):
+    out = tmp_path / "lm.json"
+    # co2's store at the port, gloo (ddp) at the next: both checked free.
+    run([co2run(), "--nproc-per-node", "2", "--master-port", str(two_free_ports()),
+         sys.executable, "-u", EXAMPLE,
+         "--algorithm", algorithm, "--tau", "4", "--size", "tiny", "--steps", "24",
+         "--eval-every", "8", "--json", str(out)], launch_env())
+    result = json.loads(out.read_text())
+    losses = result["curve"]["loss"]
+    assert result["world_size"] == 2 and result["steps"] == 24
+    assert all(math.isfinite(x) for x in losses)
+    assert result["final_loss"] == losses[-1]
+    assert losses[0] - result["final_loss"] >= MIN_DECREASE, losses
+    if algorithm == "co2":
+        assert result["rounds"] == 24 // 4
+
+
+def test_quality_quick(tmp_path):
+    build = os.environ["CO2_BUILD_ROOT"]
+    env = launch_env()
+    proc = run([sys.executable, QUALITY, "--quick", "--no-plot", "--build", build,
+                "--port", str(two_free_ports()), "--out", str(tmp_path)], env)
+    summary = json.loads((tmp_path / "quality.json").read_text())["summary"]
+    for name in ("ddp", "sync", "localsgd t4", "diloco t4", "co2 t4 none/none"):
+        assert math.isfinite(summary[name]["loss_mean"]), summary
+        assert summary[name]["loss_mean"] < 5.55 - MIN_DECREASE / 2, summary
+    eager = summary["co2+eager t4"]
+    assert "unavailable" in eager or math.isfinite(eager["loss_mean"])
+    assert "ratio_to_ddp" in summary["co2 t4 none/none"]
+    assert "co2 t4 none/none" in proc.stdout
