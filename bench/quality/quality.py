@@ -60,7 +60,8 @@ TUNE = [(1.0, 0.0, False), (0.8, 0.0, False), (1.2, 0.0, False), (0.8, 0.5, Fals
 def tuning_configurations(tau):
     configs = [("ddp", "ddp", {}), (f"diloco t{tau} a1/b0", "diloco",
                                     {"tau": tau, "outer_lr": 1.0, "outer_momentum": 0.0}),
-               (f"co2 t{tau} a1/b0", "co2", {"tau": tau, "outer_lr": 1.0, "outer_momentum": 0.0})]
+               (f"co2 t{tau} a1/b0", "co2", {"tau": tau, "outer_lr": 1.0, "outer_momentum": 0.0,
+                                                "eager": False})]
     for alpha, beta, nesterov in TUNE:
         configs.append((f"co2+eager t{tau} a{alpha:g}/b{beta:g}" + ("/nesterov" if nesterov else ""),
                         "co2", {"tau": tau, "eager": True, "outer_lr": alpha,
@@ -79,7 +80,7 @@ def configurations(taus, quick=False):
                 if quick and (penalty != "none" or clip != "none"):
                     continue
                 configs.append((f"co2 t{tau} {penalty}/{clip}", "co2",
-                                {"tau": tau, **pconfig, "clip": clip}))
+                                {"tau": tau, **pconfig, "clip": clip, "eager": False}))
         configs.append((f"co2+eager t{tau}", "co2", {"tau": tau, "eager": True}))
     return configs
 
