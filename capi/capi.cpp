@@ -424,8 +424,8 @@ CO2_EXPORT co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_conf
     e.clip_threshold = c.clip_threshold;
     e.anchor_check_interval = c.anchor_check_interval;
     e.inner_lr = c.inner_lr;
-    require_arg(c.eager == 0 || c.eager == 1, "eager must be 0 or 1");
-    e.eager = c.eager != 0;
+    require_arg(c.eager >= CO2_EAGER_AUTO && c.eager <= 1, "eager must be 0, 1 or CO2_EAGER_AUTO (-1)");
+    e.eager = co2::Eager(c.eager);
     auto handle = std::make_unique<co2_engine>();
     handle->engine = std::make_unique<co2::Engine>(comm->comm, e);
     *out_engine = handle.release();

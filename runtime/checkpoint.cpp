@@ -248,7 +248,7 @@ void Engine::load(const ReadFn& read) {
   config.clip_threshold = h.clip_threshold;
   config.inner_lr = h.inner_lr;
   config.outer_momentum = (h.flags & kBetaAuto) ? -1.0 : h.beta;
-  config.eager = (h.flags & kEager) != 0;
+  config.eager = (h.flags & kEager) ? Eager::On : Eager::Off;
   try {
     validate(config);
   } catch (const Error& e) {
@@ -287,8 +287,8 @@ void Engine::load(const ReadFn& read) {
   FloatBuffer anchor((h.flags & kHasAnchor) ? s.state_count : 0);
   FloatBuffer momentum((h.flags & kHasMomentum) ? s.state_count : 0);
   FloatBuffer average(s.state_count);
-  FloatBuffer eager_offset(config.eager ? s.state_count : 0);
-  FloatBuffer eager_momentum(config.eager && (h.flags & kHasMomentum) ? s.state_count : 0);
+  FloatBuffer eager_offset(eager_blob ? s.state_count : 0);
+  FloatBuffer eager_momentum(eager_blob && (h.flags & kHasMomentum) ? s.state_count : 0);
   std::vector<float> skipped;  // another rank's eager state: read for the CRC, then dropped
   std::vector<GapHistory> history(s.segments.size());
   for (size_t i = 0; i < s.segments.size(); ++i) {
@@ -335,6 +335,7 @@ void Engine::load(const ReadFn& read) {
   if (s.pending) s.pending->wait_status();
   s.pending.reset();
   s.config = config;
+  s.eager_resolved = config.eager == Eager::On;
   s.beta_auto = (h.flags & kBetaAuto) != 0;
   s.beta = s.beta_auto ? default_outer_momentum(s.comm->size()) : h.beta;
   s.anchor = std::move(anchor);

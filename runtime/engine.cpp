@@ -11,6 +11,7 @@
 #include "runtime/device/device_path.hpp"
 #include "runtime/device/selection.hpp"
 #include "runtime/engine_state.hpp"
+#include "runtime/log.hpp"
 
 namespace co2 {
 
@@ -115,6 +116,8 @@ void validate(const EngineConfig& c) {
           "unknown penalty policy " + std::to_string(int(c.penalty)));
   require(int(c.clip) >= 0 && int(c.clip) <= 2, Status::UnknownEnum,
           "unknown clip policy " + std::to_string(int(c.clip)));
+  require(int(c.eager) >= -1 && int(c.eager) <= 1, Status::InvalidArgument,
+          "eager must be 0 (delayed), 1 (eager) or CO2_EAGER_AUTO (-1)");
   require(c.tau >= 1, Status::InvalidArgument, "tau must be >= 1");
   require(is_finite_in(c.outer_lr, 0.0, 1e6), Status::InvalidArgument,
           "outer_lr must be finite and >= 0");
@@ -765,9 +768,13 @@ void Engine::commit() {
          "differ); every rank must register the same tensors in the same order");
 
   s.history.assign(s.segments.size(), GapHistory{});
+  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.device);
   if (s.device) {
-    require(!s.eager(), Status::Unsupported,
-            "the eager policy is implemented on the host only: CUDA tensors need eager = 0");
+    require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,
+            "the eager policy is implemented on the host only: CUDA tensors need eager = 0 or "
+            "CO2_EAGER_AUTO (which runs the delayed update there)");
+    if (s.config.eager == Eager::Auto && s.config.algorithm == Algorithm::Co2)
+      log::info("eager policy: not implemented for CUDA tensors yet; this engine runs the delayed update");
     s.device->commit(s);
     s.committed = true;
     return;

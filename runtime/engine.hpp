@@ -30,6 +30,8 @@ enum class Param : int {
   AnchorCheckInterval = 6,
 };
 enum class ConsensusKind : int { Anchor = 0, LocalAverage = 1 };
+// Auto: on where implemented (host tensors), delayed on CUDA tensors (not implemented there yet).
+enum class Eager : int { Off = 0, On = 1, Auto = -1 };
 
 struct EngineConfig {
   Algorithm algorithm = Algorithm::Co2;
@@ -46,7 +48,7 @@ struct EngineConfig {
   double inner_lr = 0.0;
   // co2 only: each rank starts its round from the anchor plus a rank-local correction that puts
   // its own fresh delta in place of its stale share (docs/algorithm.md, "The eager policy").
-  bool eager = false;
+  Eager eager = Eager::Auto;
 };
 
 // Throws InvalidArgument / UnknownEnum with a message naming the bad field.

@@ -109,7 +109,8 @@ struct Engine::State {
     return config.algorithm == Algorithm::Co2 || config.algorithm == Algorithm::Diloco;
   }
   bool momentum_needed() const { return beta > 0.0 || config.nesterov; }
-  bool eager() const { return config.eager && config.algorithm == Algorithm::Co2; }
+  bool eager_resolved = false;  // config.eager decided at commit (Auto by placement) or load
+  bool eager() const { return eager_resolved && config.algorithm == Algorithm::Co2; }
 };
 
 // Shared by engine.cpp, checkpoint.cpp and the device path.

@@ -54,6 +54,7 @@ co2_engine_t make_engine(co2_comm_t comm, co2_engine_config_t config, std::vecto
 
 co2_engine_config_t config_of(co2_algorithm_t algorithm, double outer_lr, double beta) {
   co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+  c.eager = 0;  // the delayed schedule (eager has its own cases)
   c.algorithm = algorithm;
   c.tau = 1;
   c.outer_lr = outer_lr;

@@ -178,6 +178,7 @@ struct RestartCase {
 
 co2_engine_config_t base_config(co2_algorithm_t algo, int tau) {
   co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+  c.eager = 0;  // the delayed schedule (eager has its own cases)
   c.algorithm = algo;
   c.tau = tau;
   return c;
@@ -454,7 +455,7 @@ std::vector<RestartCase> restart_cases() {
   }
   {
     RestartCase c{"co2_eager_mid_round", base_config(CO2_ALGO_CO2, 3)};
-    c.cfg.eager = 1;
+    c.cfg.eager = CO2_EAGER_AUTO;  // the default: eager on host tensors
     c.cfg.outer_momentum = 0.6;
     c.save_step = 11;
     c.total = 21;

@@ -34,6 +34,7 @@ static int make_engine(co2_comm_t *comm, co2_engine_t *engine, float **p) {
     cc.transport = CO2_TRANSPORT_LOCAL;
     cc.group_name = "checkpoint-v1";
     if ((s = co2_comm_create(&cc, comm)) != CO2_OK) return fail("co2_comm_create", s);
+    ec.eager = 0; /* the scenario the format-1 library ran: the delayed update */
     ec.tau = 3;
     ec.outer_lr = 0.8;
     ec.outer_momentum = 0.5;

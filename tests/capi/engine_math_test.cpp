@@ -93,6 +93,7 @@ co2ref::Config ref_config(const MathCase& c) {
 
 co2_engine_config_t engine_config(const MathCase& c) {
   co2_engine_config_t e = CO2_ENGINE_CONFIG_INIT;
+  e.eager = 0;  // the delayed schedule (eager has its own cases)
   e.algorithm = c.algo;
   e.tau = uint32_t(c.tau);
   e.warmup_sync_rounds = uint32_t(c.warmup);
@@ -875,6 +876,7 @@ TEST(EngineMathProperty, BetaZeroAlphaOneAverages) {
         LocalModel model(layout, data, rank);
         EngineGuard eg;
         co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+        cfg.eager = 0;  // the delayed schedule (eager has its own cases)
         cfg.algorithm = algo;
         cfg.tau = tau;
         cfg.outer_lr = 1.0;
@@ -939,6 +941,7 @@ TEST(EngineMathProperty, AutoBetaResolvesByWorldSize) {
       LocalModel model(layout, data, rank);
       EngineGuard eg;
       co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;  // β = CO2_OUTER_MOMENTUM_AUTO
+      cfg.eager = 0;  // the delayed schedule (eager has its own cases)
       cfg.tau = 1;
       CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
       CO2_ASSERT_OK(model.register_with(eg.engine));
@@ -962,6 +965,7 @@ TEST(EngineMathProperty, StepReportsBoundary) {
     LocalModel model(layout, data, rank);
     EngineGuard eg;
     co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.eager = 0;  // the delayed schedule (eager has its own cases)
     cfg.tau = tau;
     CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
     CO2_ASSERT_OK(model.register_with(eg.engine));
@@ -993,6 +997,7 @@ TEST(EngineMathProperty, TauSetRightAfterBoundaryAppliesFromTheNextBoundary) {
     LocalModel model(layout, data, rank);
     EngineGuard eg;
     co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.eager = 0;  // the delayed schedule (eager has its own cases)
     cfg.tau = 2;
     CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
     CO2_ASSERT_OK(model.register_with(eg.engine));
@@ -1061,6 +1066,7 @@ TEST_P(EngineMathSync, ReduceGradientsAndBuffersMatchReference) {
     LocalModel model(layout, data, rank);
     EngineGuard eg;
     co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.eager = 0;  // the delayed schedule (eager has its own cases)
     cfg.algorithm = CO2_ALGO_SYNC;
     cfg.tau = tau;
     CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
@@ -1147,6 +1153,7 @@ TEST(EngineMathSyncNull, NullEntryContributesZeros) {
     LocalModel model(layout, data, rank);
     EngineGuard eg;
     co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.eager = 0;  // the delayed schedule (eager has its own cases)
     cfg.algorithm = CO2_ALGO_SYNC;
     cfg.tau = 1;
     CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
@@ -1195,6 +1202,7 @@ TEST(EngineMathProperty, OuterSettingsApplyFromTheDeltasSubmittedAfterTheChange)
   run_ranks(2, [&](int rank, co2_comm_t comm) {
     EngineGuard eg;
     co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.eager = 0;  // the delayed schedule (eager has its own cases)
     cfg.tau = 1;
     cfg.outer_lr = 1.0;
     cfg.outer_momentum = 0.0;

@@ -45,8 +45,9 @@ class Engine(OwnsHandle):
     """The outer algorithm for one rank. Keyword arguments left out (or None) keep the C API's
     defaults (see co2.engine_defaults()): algorithm "co2", tau 12, outer_lr 1.0, outer_momentum
     "auto" (by world size), no penalty, no clipping, anchor check every 100 rounds, eager
-    as CO2_DEFAULT_EAGER (co2 only: each rank starts its round from the anchor plus its own
-    fresh delta's share, docs/algorithm.md "The eager policy").
+    "auto" (co2 only: each rank starts its round from the anchor plus its own fresh delta's
+    share, docs/algorithm.md "The eager policy"; "auto" is eager on host tensors and the
+    delayed update on CUDA tensors; True / False force it).
 
     Lifecycle: register tensors (register) or adopt one flat storage and declare its segments
     (adopt_flat, add_segment); commit() (collective: every rank gets rank 0's values); then per
@@ -69,6 +70,10 @@ class Engine(OwnsHandle):
                 value = capi.CO2_OUTER_MOMENTUM_AUTO
             elif _CONFIG_KEYS[key] is not None:
                 value = _enum(_CONFIG_KEYS[key], value, key)
+            elif key == "eager" and isinstance(value, str):
+                if value != "auto":
+                    raise ValueError("eager is True, False or 'auto'")
+                value = capi.CO2_EAGER_AUTO
             elif key in ("nesterov", "eager"):
                 value = int(bool(value))
             try:

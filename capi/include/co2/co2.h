@@ -266,7 +266,8 @@ co2_status_t co2_request_free(co2_request_t request);
 #define CO2_OUTER_MOMENTUM_AUTO (-1.0) /* resolve by number of outer participants */
 #define CO2_DEFAULT_CLIP_THRESHOLD 1.0
 #define CO2_DEFAULT_ANCHOR_CHECK_INTERVAL 100u
-#define CO2_DEFAULT_EAGER 0
+#define CO2_EAGER_AUTO (-1) /* eager where implemented (host tensors), else delayed */
+#define CO2_DEFAULT_EAGER CO2_EAGER_AUTO
 
 typedef struct co2_engine_config {
     size_t size;                 /* sizeof(co2_engine_config_t)                          */
@@ -288,7 +289,9 @@ typedef struct co2_engine_config {
     /* --- added in 1.1 (a struct from an older header leaves these at their defaults) --- */
     int32_t eager;               /* co2 only: 1 = the eager outer policy (each rank starts
                                     its round from the anchor plus its own fresh delta's
-                                    share; docs/algorithm.md), 0 = delayed; CO2_DEFAULT_EAGER */
+                                    share; docs/algorithm.md), 0 = delayed, CO2_EAGER_AUTO =
+                                    eager on host tensors, delayed on CUDA tensors (not
+                                    implemented there yet); CO2_DEFAULT_EAGER (auto) */
     int32_t reserved1;
 } co2_engine_config_t;
 

@@ -265,10 +265,10 @@ end
     Engine(comm; algorithm=:co2, tau=CO2_DEFAULT_TAU, warmup_sync_rounds=0, outer_lr=1.0,
            outer_momentum=nothing, nesterov=false, penalty=:none, penalty_constant=1.0,
            clip=:none, clip_threshold=1.0, anchor_check_interval=100, inner_lr=0.0,
-           eager=CO2_DEFAULT_EAGER != 0)
+           eager=nothing)
 
 One rank's engine. Defaults are the C ones (`co2_engine_config_init`); `outer_momentum=nothing`
-resolves β from the world size. The engine roots every array registered with it, so the
+resolves β from the world size; `eager=nothing` is automatic (eager on host arrays). The engine roots every array registered with it, so the
 garbage collector cannot free memory the engine still uses.
 """
 mutable struct Engine
@@ -284,7 +284,7 @@ mutable struct Engine
                     penalty::Symbol=:none, penalty_constant::Real=1.0, clip::Symbol=:none,
                     clip_threshold::Real=CO2_DEFAULT_CLIP_THRESHOLD,
                     anchor_check_interval::Integer=CO2_DEFAULT_ANCHOR_CHECK_INTERVAL,
-                    inner_lr::Real=0.0, eager::Bool=CO2_DEFAULT_EAGER != 0)
+                    inner_lr::Real=0.0, eager::Union{Nothing,Bool}=nothing)
         config = Ref(CO2_ENGINE_CONFIG_INIT())
         check(co2_engine_config_init(config))
         c = config[]
@@ -294,7 +294,7 @@ mutable struct Engine
         c.outer_lr = outer_lr
         c.outer_momentum = outer_momentum === nothing ? CO2_OUTER_MOMENTUM_AUTO : outer_momentum
         c.nesterov = nesterov
-        c.eager = eager
+        c.eager = eager === nothing ? CO2_EAGER_AUTO : eager
         c.penalty = _lookup(_PENALTIES, penalty, "penalty")
         c.penalty_constant = penalty_constant
         c.clip = _lookup(_CLIPS, clip, "clip")

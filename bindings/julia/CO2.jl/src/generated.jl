@@ -14,7 +14,8 @@ const CO2_DEFAULT_OUTER_LR = Cdouble(1.0)
 const CO2_OUTER_MOMENTUM_AUTO = Cdouble(-1.0)
 const CO2_DEFAULT_CLIP_THRESHOLD = Cdouble(1.0)
 const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL = Cuint(100)
-const CO2_DEFAULT_EAGER = Cint(0)
+const CO2_EAGER_AUTO = Cint(-1)
+const CO2_DEFAULT_EAGER = Cint(-1)
 
 const co2_status_t = Int32
 
@@ -440,7 +441,7 @@ CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
     Cdouble(0.0),
     co2_dtype_t(0),
     Int32(0),
-    Int32(0),
+    Int32(-1),
     Int32(0),
 )
 CO2_TENSOR_INIT() = co2_tensor_t(

@@ -58,9 +58,10 @@ impl EngineConfig {
         self
     }
     /// co2 only: the eager outer policy (each rank starts its round from the anchor plus its
-    /// own fresh delta's share; docs/algorithm.md). Default `CO2_DEFAULT_EAGER`.
-    pub fn eager(mut self, eager: bool) -> Self {
-        self.raw.eager = i32::from(eager);
+    /// own fresh delta's share; docs/algorithm.md); `None` = automatic (the default: eager on
+    /// host tensors, delayed on CUDA tensors).
+    pub fn eager(mut self, eager: Option<bool>) -> Self {
+        self.raw.eager = eager.map_or(sys::CO2_EAGER_AUTO, i32::from);
         self
     }
     pub fn penalty(mut self, penalty: Penalty) -> Self {
@@ -115,8 +116,13 @@ impl EngineConfig {
     pub fn get_nesterov(&self) -> bool {
         self.raw.nesterov != 0
     }
-    pub fn get_eager(&self) -> bool {
-        self.raw.eager != 0
+    /// `None` = automatic.
+    pub fn get_eager(&self) -> Option<bool> {
+        if self.raw.eager == sys::CO2_EAGER_AUTO {
+            None
+        } else {
+            Some(self.raw.eager != 0)
+        }
     }
     pub fn get_penalty(&self) -> Option<Penalty> {
         Penalty::from_raw(self.raw.penalty)

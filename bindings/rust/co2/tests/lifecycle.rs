@@ -30,8 +30,9 @@ fn configs_start_from_the_c_defaults() {
     assert_eq!(e.get_clip_threshold(), sys::CO2_DEFAULT_CLIP_THRESHOLD);
     assert_eq!(e.get_anchor_check_interval(), sys::CO2_DEFAULT_ANCHOR_CHECK_INTERVAL);
     assert_eq!(e.get_inner_lr(), 0.0);
-    assert_eq!(e.get_eager(), sys::CO2_DEFAULT_EAGER != 0);
-    assert!(EngineConfig::new().eager(true).get_eager());
+    assert_eq!(e.get_eager(), None, "eager defaults to automatic");
+    assert_eq!(EngineConfig::new().eager(Some(true)).get_eager(), Some(true));
+    assert_eq!(EngineConfig::new().eager(Some(false)).get_eager(), Some(false));
 
     let b = EngineConfig::new().algorithm(Algorithm::Diloco).tau(5).outer_momentum(Some(0.9)).nesterov(true);
     assert_eq!(b.get_algorithm(), Some(Algorithm::Diloco));
