@@ -244,6 +244,7 @@ class Server final : public TcpStoreServer {
           continue;
         }
         connection.input.append(chunk, size_t(received));
+        if (!connection.admitted) buffered_bytes_ += size_t(received);  // an admitted frame was counted whole
         if (!connection.have_length && connection.input.size() == wire::kFrameHeaderBytes) read_header(connection);
         continue;
       }
@@ -265,6 +266,7 @@ class Server final : public TcpStoreServer {
     connection.frame_length = length;
     const size_t frame = wire::kFrameHeaderBytes + length;
     if (connection.authenticated && buffered_bytes_ - connection.input.size() + frame > limits_.max_buffered_bytes) {
+      buffered_bytes_ -= connection.input.size();
       connection.input.clear();
       connection.have_length = false;
       connection.discard_left = length;
