@@ -10,7 +10,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -65,13 +64,8 @@ inline Layout layout_mixed(Storage storage = Storage::Registered) {
   return l;
 }
 // The large case: 1000003 elements plus a small buffer.
-// A million parameters; CO2_TEST_BIG_PARAMETERS=N makes it N (ThreadSanitizer runs set it:
-// the full size does not finish there in the time a test has).
 inline Layout layout_big() {
-  size_t parameters = 1000003;
-  if (const char* text = std::getenv("CO2_TEST_BIG_PARAMETERS"); text && std::strtoull(text, nullptr, 10) > 0)
-    parameters = size_t(std::strtoull(text, nullptr, 10));
-  return Layout{"big", {{"big.weight", parameters, CO2_ROLE_PARAMETER}, {"bn", 7, CO2_ROLE_BUFFER}}};
+  return Layout{"big", {{"big.weight", 1000003, CO2_ROLE_PARAMETER}, {"bn", 7, CO2_ROLE_BUFFER}}};
 }
 
 // splitmix64: a fast, seedable, platform-independent generator.
