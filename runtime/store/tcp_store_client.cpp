@@ -118,7 +118,7 @@ class TcpStore final : public Store {
   // when `server_may_be_late`, i.e. before the first connection), and whenever the server drops
   // the connection before answering the Hello (it pushes out the oldest silent connections when
   // flooded, and drops hellos past its connection limit). A refusal (a wrong token) is final.
-  Socket open_connection(Clock::time_point deadline, bool server_may_be_late) {
+  Socket open_connection(Clock::time_point deadline, bool server_may_be_late, const std::string& what = "connect") {
     auto pause = kFirstRetryPause;
     std::string error;
     for (int attempt = 1;; ++attempt) {
@@ -126,7 +126,7 @@ class TcpStore final : public Store {
       if (socket.valid()) {
         if (say_hello(socket, std::min(deadline, net::deadline_after(kHelloAnswerTimeout)), error)) return socket;
       } else if (!server_may_be_late) {
-        fail("cannot reconnect (" + error + "); the store's host, rank 0, is gone?");
+        fail(what + ": cannot reconnect (" + error + "); the store's host, rank 0, is gone?");
       }
       if (Clock::now() + pause >= deadline)
         fail("no TCP store answered at " + where_ + " within " + std::to_string(options_.timeout.count()) + " ms (" +
@@ -195,7 +195,7 @@ class TcpStore final : public Store {
     const auto deadline = net::deadline_after(timeout);
     Socket socket = take_idle();
     // The server was up when we first connected: a new connection gets no retries to connect.
-    if (!socket.valid()) socket = open_connection(deadline, false);
+    if (!socket.valid()) socket = open_connection(deadline, false, what);
     Answer answer = exchange(socket, frame, deadline, what);  // throws: the connection is dropped
     give_back(std::move(socket));
     return answer;
