@@ -102,8 +102,7 @@ bool parse_tcp_id(const std::string& id, IdParts& parts) {
 }
 
 // Rank 0 serves the store at MASTER_PORT, listening where store::choose_store_bind says; every
-// communicator of this process that uses that port shares one server, which lives as long as one
-// of them does.
+// communicator of this process that forms over that port at the same time shares one server.
 std::shared_ptr<store::TcpStoreServer> serve_master_port(const store::LaunchEnvironment& launched,
                                                          const std::string& token) {
   const uint16_t port = launched.master_port;
@@ -325,13 +324,6 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       if (!request.unique_id.empty()) {
         std::lock_guard<std::mutex> lock(servers().mutex);
         servers().by_id.erase(request.unique_id);
-      } else if (server) {
-        // Rank 0's store lives as long as its communicator: a process that comes late with a
-        // rank already taken is told "joined twice" instead of waiting for a store that is gone.
-        return std::shared_ptr<Communicator>(comm.get(), [comm, server](Communicator*) mutable {
-          comm.reset();
-          server.reset();
-        });
       }
       return comm;
     }

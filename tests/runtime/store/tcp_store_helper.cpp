@@ -8,8 +8,7 @@
 //                                  and then prints "serving".
 //   tcp_store_helper group         forms a group with co2::form_group from the same variables
 //                                  (rank 0 serves the store), prints "formed rank R of W" and
-//                                  exits 0 (with CO2_TEST_LINGER set, only once killed), or prints
-//                                  the error and exits 1.
+//                                  exits 0, or prints the error and exits 1.
 #include <unistd.h>
 
 #include <cstdio>
@@ -80,9 +79,6 @@ int group_main() {
   request.options.timeout = std::chrono::seconds(60);
   auto comm = co2::form_group(request);
   std::printf("formed rank %d of %d\n", comm->rank(), comm->size());
-  std::fflush(stdout);
-  // Rank 0 keeps the group, and so its store, for a latecomer (until the test kills it).
-  if (std::getenv("CO2_TEST_LINGER")) ::sleep(600);
   return 0;
 }
 
