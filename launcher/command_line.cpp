@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <getopt.h>
+
 namespace co2::launcher {
 
 const char kUsage[] =
@@ -56,11 +58,43 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
 }
 
-// "--nproc_per_node" -> "--nproc-per-node"
-std::string canonical(std::string flag) {
-  for (size_t i = 2; i < flag.size(); ++i)
-    if (flag[i] == '_') flag[i] = '-';
-  return flag;
+enum OptionId { kNprocPerNode = 1000, kNnodes, kNodeRank, kMasterAddr, kMasterPort, kGracePeriod, kHelp };
+
+// Both spellings of each option: co2run's and torchrun's (underscores).
+const option kLongOptions[] = {
+    {"nproc-per-node", required_argument, nullptr, kNprocPerNode},
+    {"nproc_per_node", required_argument, nullptr, kNprocPerNode},
+    {"nnodes", required_argument, nullptr, kNnodes},
+    {"node-rank", required_argument, nullptr, kNodeRank},
+    {"node_rank", required_argument, nullptr, kNodeRank},
+    {"master-addr", required_argument, nullptr, kMasterAddr},
+    {"master_addr", required_argument, nullptr, kMasterAddr},
+    {"master-port", required_argument, nullptr, kMasterPort},
+    {"master_port", required_argument, nullptr, kMasterPort},
+    {"grace-period", required_argument, nullptr, kGracePeriod},
+    {"grace_period", required_argument, nullptr, kGracePeriod},
+    {"help", no_argument, nullptr, kHelp},
+    {nullptr, 0, nullptr, 0}};
+
+// The name messages use for an option (co2run's spelling).
+std::string flag_name(int id) {
+  for (const option& entry : kLongOptions)
+    if (entry.name != nullptr && entry.val == id) return std::string("--") + entry.name;
+  return "-h";
+}
+
+// "--n" starts --nproc-per-node, --nnodes and --node-rank: getopt_long refuses it.
+bool starts_several_options(const std::string& argument) {
+  if (argument.rfind("--", 0) != 0) return false;
+  const std::string prefix = argument.substr(2, argument.find('=') == std::string::npos ? std::string::npos
+                                                                                         : argument.find('=') - 2);
+  int ids = 0, last = -1;
+  for (const option& entry : kLongOptions)
+    if (entry.name != nullptr && std::string(entry.name).rfind(prefix, 0) == 0 && entry.val != last) {
+      ++ids;
+      last = entry.val;
+    }
+  return ids > 1;
 }
 
 }  // namespace
@@ -68,44 +102,39 @@ std::string canonical(std::string flag) {
 Options parse_command_line(int argc, char** argv) {
   Options options;
   constexpr long long kMaxRanks = 1 << 20;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string argument = argv[i];
-    if (argument == "--") {
-      ++i;
-      break;
+  // '+': options end at the first argument that is not one (PROGRAM's own options are its own);
+  // ':': a missing value is reported as ':' rather than printed by getopt.
+  optind = 0;  // start afresh (GNU): the parser may run more than once in a process
+  opterr = 0;
+  for (;;) {
+    int index = -1;
+    const int id = getopt_long(argc, argv, "+:h", kLongOptions, &index);
+    if (id == -1) break;
+    const std::string seen = argv[optind - 1] != nullptr ? argv[optind - 1] : "";
+    if (id == '?') {
+      if (starts_several_options(seen)) throw UsageError("ambiguous option '" + seen + "' (say more of its name)");
+      throw UsageError("unknown option '" + seen + "'");
     }
-    if (argument == "-h" || argument == "--help") {
+    if (id == ':') throw UsageError(flag_name(optopt) + " needs a value");
+    if (id == 'h' || id == kHelp) {
       options.help = true;
       return options;
     }
-    if (argument.size() < 2 || argument[0] != '-') break;  // PROGRAM
-    std::string flag = argument, value;
-    bool has_value = false;
-    const size_t equals = argument.find('=');
-    if (equals != std::string::npos) {
-      flag = argument.substr(0, equals);
-      value = argument.substr(equals + 1);
-      has_value = true;
-    }
-    flag = canonical(flag);
-    const bool known = flag == "--nproc-per-node" || flag == "--nnodes" || flag == "--node-rank" ||
-                       flag == "--master-addr" || flag == "--master-port" || flag == "--grace-period";
-    if (!known) throw UsageError("unknown option '" + argument + "'");
-    if (!has_value) {
-      if (i + 1 >= argc) throw UsageError(flag + " needs a value");
-      value = argv[++i];
-    }
-    if (flag == "--nproc-per-node") options.nproc_per_node = int(parse_integer(flag, value, 1, kMaxRanks));
-    if (flag == "--nnodes") options.nnodes = int(parse_integer(flag, value, 1, kMaxRanks));
-    if (flag == "--node-rank") options.node_rank = int(parse_integer(flag, value, 0, kMaxRanks));
-    if (flag == "--master-port") options.master_port = int(parse_integer(flag, value, 1, 65535));
-    if (flag == "--grace-period") options.grace_period = parse_seconds(flag, value);
-    if (flag == "--master-addr") {
-      if (value.empty()) throw UsageError("--master-addr is empty");
-      options.master_addr = value;
+    const std::string flag = flag_name(id);
+    const std::string value = optarg != nullptr ? optarg : "";
+    switch (id) {
+      case kNprocPerNode: options.nproc_per_node = int(parse_integer(flag, value, 1, kMaxRanks)); break;
+      case kNnodes: options.nnodes = int(parse_integer(flag, value, 1, kMaxRanks)); break;
+      case kNodeRank: options.node_rank = int(parse_integer(flag, value, 0, kMaxRanks)); break;
+      case kMasterPort: options.master_port = int(parse_integer(flag, value, 1, 65535)); break;
+      case kGracePeriod: options.grace_period = parse_seconds(flag, value); break;
+      case kMasterAddr:
+        if (value.empty()) throw UsageError("--master-addr is empty");
+        options.master_addr = value;
+        break;
     }
   }
+  int i = optind;
   for (; i < argc; ++i) options.program.push_back(argv[i]);
 
   if (options.program.empty()) throw UsageError("no PROGRAM to run");

@@ -28,8 +28,9 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Parses argv (both --name VALUE and --name=VALUE; torchrun's underscore spellings too).
-// Options end at the first argument that is not one, or after "--".
+// Parses argv with getopt_long (both --name VALUE and --name=VALUE, an unambiguous prefix of a
+// name; torchrun's underscore spellings too). Options end at the first argument that is not
+// one, or after "--".
 Options parse_command_line(int argc, char** argv);
 
 extern const char kUsage[];

@@ -5,6 +5,8 @@
 #include <net/if.h>
 #include <netinet/in.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -100,28 +102,43 @@ bool parse_tcp_id(const std::string& id, IdParts& parts) {
   return true;
 }
 
-// Rank 0 serves the store at MASTER_PORT; every communicator of this process that uses that port
-// shares one server, which lives as long as one of them does.
-std::shared_ptr<store::TcpStoreServer> serve_master_port(uint16_t port, const std::string& token) {
+// Rank 0 serves the store at MASTER_PORT, listening where store::choose_store_bind says; every
+// communicator of this process that forms over that port at the same time shares one server.
+std::shared_ptr<store::TcpStoreServer> serve_master_port(const store::LaunchEnvironment& launched,
+                                                         const std::string& token) {
+  const uint16_t port = launched.master_port;
   ServerRegistry& registry = servers();
   std::lock_guard<std::mutex> lock(registry.mutex);
   if (auto running = registry.by_port[port].lock()) return running;
-  std::shared_ptr<store::TcpStoreServer> server = store::TcpStoreServer::start("", port, token);
+  std::string why;
+  const std::string bind = store::choose_store_bind(launched, why);
+  if (!why.empty()) log::warn(why);
+  std::shared_ptr<store::TcpStoreServer> server;
+  try {
+    server = store::TcpStoreServer::start(bind, port, token);
+  } catch (const transport::RendezvousError& error) {
+    throw transport::RendezvousError(std::string(error.what()) +
+                                     " (if another process of this job holds it: were two processes given RANK=0?)");
+  }
   registry.by_port[port] = server;
   return server;
+}
+
+// Which process this is, for rank claims: random per process image, and the pid so that a child
+// forked after the first call differs from its parent.
+std::string process_identity() {
+  static const std::string random = random_hex(8);
+  return random + "-" + std::to_string(::getpid());
 }
 
 std::string describe(const GroupRequest& request) {
   return "rank " + std::to_string(request.rank) + " of " + std::to_string(request.world_size);
 }
 
-// Every rank says which world size it believes in, claims its rank, and checks the others'
-// claims: a wrong WORLD_SIZE or a rank started twice is a clear rendezvous error, not a hang.
+// Every rank says which world size it believes in and checks the others': a wrong WORLD_SIZE is
+// a clear rendezvous error, not a hang.
 void agree_on_the_group(store::Store& store, const std::string& prefix, int rank, int world_size,
                         milliseconds timeout) {
-  if (store.add(prefix + "claim/" + std::to_string(rank), 1) != 1)
-    throw transport::RendezvousError("rank " + std::to_string(rank) +
-                                     " joined twice: two processes were given the same RANK");
   store.set(prefix + "world/" + std::to_string(rank), std::to_string(world_size));
   const auto deadline = Clock::now() + timeout;
   for (int peer = 0; peer < world_size; ++peer) {
@@ -187,6 +204,18 @@ std::shared_ptr<store::Store> threads_store() {
 }
 
 }  // namespace
+
+void claim_rank(store::Store& store, int rank, const std::string& process) {
+  const std::string key = "co2/rank-owner/" + std::to_string(rank);
+  // Only this process's first use of `rank` at this store counts it; later communicators of the
+  // same process (a group formed again) do not.
+  if (store.add(key + "/" + process, 1) != 1) return;
+  const int64_t processes = store.add(key, 1);
+  if (processes != 1)
+    throw transport::RendezvousError("rank " + std::to_string(rank) + " joined twice: " + std::to_string(processes) +
+                                     " processes were given RANK=" + std::to_string(rank) +
+                                     " (check the launcher's RANK, WORLD_SIZE and MASTER_PORT)");
+}
 
 bool ucx_built() {
 #ifdef CO2_HAVE_UCX
@@ -291,9 +320,10 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         where.host = launched.master_addr;
         where.port = launched.master_port;
         if (const char* token = std::getenv("CO2_AUTH_TOKEN")) where.auth_token = token;
-        if (request.rank == 0) server = serve_master_port(where.port, where.auth_token);
+        if (request.rank == 0) server = serve_master_port(launched, where.auth_token);
       }
       std::shared_ptr<store::Store> store = store::connect_tcp_store(where);
+      claim_rank(*store, request.rank, process_identity());
       const int64_t generation = store->add("co2/generation/" + std::to_string(request.rank), 1);
       const std::string prefix = "co2/group" + std::to_string(generation) + "/";
       agree_on_the_group(*store, prefix, request.rank, request.world_size, request.options.timeout);

@@ -7,6 +7,7 @@
 
 #include "runtime/comm.hpp"
 #include "runtime/store/launch_environment.hpp"
+#include "runtime/store/store.hpp"
 
 namespace co2 {
 
@@ -47,5 +48,11 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& request);
 std::string make_unique_id();
 
 bool ucx_built();
+
+// Claims `rank` at a group's store for `process` (an identity unique to one process). The
+// first claim of a rank by a process counts; a second process claiming the same rank throws
+// transport::RendezvousError "rank R joined twice". A process may claim its rank again (a group
+// formed anew from the same store).
+void claim_rank(store::Store& store, int rank, const std::string& process);
 
 }  // namespace co2

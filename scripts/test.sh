@@ -6,7 +6,13 @@
 # failed (or the build did).
 #   bash scripts/test.sh [extra meson test arguments, e.g. a test name or --suite capi]
 # BUILD_DIR (default build), CO2_JOBS (default: all cores) are honoured. CO2_SANITIZE=1 builds
-# and tests in build-asan with -Db_sanitize=address,undefined instead.
+# and tests in build-asan with -Db_sanitize=address,undefined instead. CO2_SANITIZE=thread builds
+# build-tsan with ThreadSanitizer (host only: no CUDA, NCCL, Python, Rust, LibTorch) and runs
+# the capi and runtime suites unless told otherwise:
+#   CO2_SANITIZE=thread bash scripts/test.sh [--suite capi --suite runtime]
+# UCX's memory hooks are turned off there (they patch malloc and mmap under TSan's own), the
+# checkpoint test's million-parameter case is shrunk (CO2_TEST_BIG_PARAMETERS) and one timing
+# assertion is left out (GTEST_FILTER).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -17,7 +23,23 @@ ensure_packages meson ninja-build gcc g++ libc6-dev binutils pkg-config zlib1g-d
   libtorch-dev || exit 1
 
 extra_options=()
-if [ "${CO2_SANITIZE:-0}" = 1 ]; then
+test_arguments=("$@")
+if [ "${CO2_SANITIZE:-0}" = thread ]; then
+  BUILD_DIR=${BUILD_DIR_TSAN:-build-tsan}
+  # debugoptimized: TSan's reports name file:line.
+  extra_options=(-Db_sanitize=thread -Db_lundef=false -Dbuildtype=debugoptimized -Dcuda=disabled -Dnccl=disabled
+                 -Dpython=disabled -Drust=disabled -Dlibtorch=disabled)
+  # allocator_may_return_null: bad_input asks for absurd sizes on purpose and expects an error.
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1}
+  export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no
+  export CO2_TEST_BIG_PARAMETERS=${CO2_TEST_BIG_PARAMETERS:-20011}
+  # A timing assertion (the boundary's wait under 5 % of the all-reduce): TSan's slowdown is
+  # uneven across threads, so the ratio means nothing there.
+  export GTEST_FILTER=${GTEST_FILTER:--Overlap.BoundaryWaitIsSmallWhenStepsOutlastTheCollective}
+  [ ${#test_arguments[@]} -gt 0 ] || test_arguments=(--suite capi --suite runtime)
+  # Everything is several times slower under TSan.
+  test_arguments+=(--timeout-multiplier "${CO2_TSAN_TIMEOUT_MULTIPLIER:-4}")
+elif [ "${CO2_SANITIZE:-0}" = 1 ]; then
   BUILD_DIR=${BUILD_DIR_ASAN:-build-asan}
   extra_options=(-Db_sanitize=address,undefined -Db_lundef=false)
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
@@ -32,8 +54,8 @@ fi
 
 testlog="$BUILD_DIR/meson-logs/testlog.json"
 rm -f "$testlog"
-log "meson test -C $BUILD_DIR $*"
-meson test -C "$BUILD_DIR" --no-rebuild --print-errorlogs "$@"
+log "meson test -C $BUILD_DIR ${test_arguments[*]}"
+meson test -C "$BUILD_DIR" --no-rebuild --print-errorlogs "${test_arguments[@]}"
 rc=$?
 
 if [ ! -f "$testlog" ]; then

@@ -1,6 +1,12 @@
 #include "runtime/store/launch_environment.hpp"
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <optional>
 
@@ -106,7 +112,73 @@ void check_consistent(const LaunchEnvironment& environment, const std::string& n
                                       std::to_string(environment.world_size));
 }
 
+bool is_loopback(const sockaddr* address) {
+  if (address->sa_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(address)->sin_addr.s_addr) >> 24) == 127;
+  if (address->sa_family == AF_INET6) {
+    const in6_addr& ip = reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&ip) ||
+           (IN6_IS_ADDR_V4MAPPED(&ip) && ip.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+bool same_ip(const sockaddr* a, const sockaddr* b) {
+  if (a->sa_family != b->sa_family) return false;
+  if (a->sa_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr == reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
+  if (a->sa_family == AF_INET6)
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr,
+                       sizeof(in6_addr)) == 0;
+  return false;
+}
+
+// Whether `address` belongs to this host: loopback (all of 127/8 on Linux) or an interface's.
+bool is_local(const sockaddr* address, const ifaddrs* interfaces) {
+  if (is_loopback(address)) return true;
+  for (const ifaddrs* entry = interfaces; entry; entry = entry->ifa_next)
+    if (entry->ifa_addr && same_ip(entry->ifa_addr, address)) return true;
+  return false;
+}
+
 }  // namespace
+
+std::string choose_store_bind(const LaunchEnvironment& environment, std::string& why) {
+  why.clear();
+  if (!environment.store_bind.empty()) return environment.store_bind == "*" ? "" : environment.store_bind;
+  const std::string& host = environment.master_addr;
+  if (host.empty()) return "";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* addresses = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &addresses) != 0) {
+    why = "MASTER_ADDR=" + host + " does not resolve on rank 0's host: the store listens on every address "
+          "(set CO2_STORE_BIND to choose one)";
+    return "";
+  }
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) interfaces = nullptr;
+  bool any_local = false, all_loopback = true;
+  for (const addrinfo* address = addresses; address; address = address->ai_next) {
+    any_local = any_local || is_local(address->ai_addr, interfaces);
+    all_loopback = all_loopback && is_loopback(address->ai_addr);
+  }
+  if (interfaces) ::freeifaddrs(interfaces);
+  ::freeaddrinfo(addresses);
+  if (!any_local) {
+    why = "MASTER_ADDR=" + host + " is not an address of rank 0's host: the store listens on every address "
+          "(set CO2_STORE_BIND to choose one)";
+    return "";
+  }
+  if (all_loopback && environment.local_world_size < environment.world_size) {
+    why = "MASTER_ADDR=" + host + " is a loopback address on rank 0's host, but the ranks span several hosts: "
+          "the store listens on every address (set CO2_STORE_BIND to choose one, or MASTER_ADDR to an address "
+          "the other hosts reach)";
+    return "";
+  }
+  return host;
+}
 
 LaunchEnvironment read_launch_environment() {
   LaunchEnvironment environment;
@@ -164,6 +236,11 @@ LaunchEnvironment read_launch_environment() {
     environment.master_addr = *address;
   } else if (environment.master_addr.empty() && environment.local_world_size == environment.world_size) {
     environment.master_addr = "127.0.0.1";
+  }
+
+  if (const auto bind = variable("CO2_STORE_BIND")) {
+    if (bind->empty()) malformed("CO2_STORE_BIND", *bind, "is empty (use '*' for every address)");
+    environment.store_bind = *bind;
   }
 
   if (const auto port = variable("CO2_MASTER_PORT")) {

@@ -12,6 +12,8 @@ struct LaunchEnvironment {
   std::string master_addr;  // "" when the launcher gives none and the ranks span several hosts
   uint16_t master_port = 0;  // 0 when neither given nor derivable
   std::string source;  // "torchrun/co2run", "openmpi", "slurm"
+  // CO2_STORE_BIND as given ("" = unset): where rank 0's store listens ("*" = every address).
+  std::string store_bind;
 };
 
 // Reads, in this order (the first family present wins):
@@ -26,5 +28,14 @@ struct LaunchEnvironment {
 // else one derived from the Open MPI or Slurm job id (10000-29999), else 0.
 // A malformed or inconsistent value throws co2::Error(Status::InvalidArgument) naming the variable.
 LaunchEnvironment read_launch_environment();
+
+// Where rank 0's store listens (the bind_host of TcpStoreServer::start; "" = every address):
+//   CO2_STORE_BIND when set ("*" = every address, else a host name or address);
+//   else MASTER_ADDR, so that the store is not reachable on interfaces the job does not use.
+// Two cases fall back to every address, with the reason in `why` (else `why` is ""): MASTER_ADDR
+// names no address of this host (a NAT or a load balancer in front of it), or it names only
+// loopback here while the ranks span several hosts (Debian maps the host's own name to
+// 127.0.1.1, which other hosts cannot reach).
+std::string choose_store_bind(const LaunchEnvironment& environment, std::string& why);
 
 }  // namespace co2::store

@@ -20,8 +20,37 @@ constexpr std::chrono::milliseconds kHelloTimeout{10000};
 // server answers "timeout" itself; this covers the trip back).
 constexpr std::chrono::milliseconds kReplyGrace{5000};
 
-// Most connections a server holds at once; further ones are accepted and closed at once.
+// How long a client waits for the answer to one Hello before it tries a new connection (within
+// its overall timeout): a server that dropped or never read the Hello costs at most this much.
+constexpr std::chrono::milliseconds kHelloAnswerTimeout{5000};
+
+// Most connections that said hello a server holds at once; a Hello past it is dropped (the
+// client tries again within its timeout).
 constexpr size_t kMaxStoreConnections = 4096;
+
+// Most connections that have not said hello yet. A new connection past it pushes out the oldest
+// such one, so that a flood of silent connections cannot lock out a rank: a real client sends its
+// Hello at once and is answered long before kMaxPendingHellos newer strangers push it out.
+constexpr size_t kMaxPendingHellos = 256;
+
+// Memory the server spends on all clients together. Keys and values stored: kMaxStoredBytes
+// (each entry counted as key + value + kStoredEntryOverheadBytes); a set()/add() past it is
+// answered with an error. Requests being received and replies being sent: kMaxBufferedBytes; a
+// request that would pass it is read and thrown away, then answered with an error. Each
+// connection holds at most one request and one reply (wire::kMaxFrameBytes each) and, before its
+// Hello, at most wire::kMaxHelloFrameBytes.
+constexpr size_t kMaxStoredBytes = size_t(128) << 20;
+constexpr size_t kMaxBufferedBytes = size_t(64) << 20;
+constexpr size_t kStoredEntryOverheadBytes = 64;
+
+// The limits above; tests shrink them.
+struct TcpStoreLimits {
+  size_t max_connections = kMaxStoreConnections;
+  size_t max_pending_hellos = kMaxPendingHellos;
+  std::chrono::milliseconds hello_timeout = kHelloTimeout;
+  size_t max_stored_bytes = kMaxStoredBytes;
+  size_t max_buffered_bytes = kMaxBufferedBytes;
+};
 
 // A store server on its own thread (one poll() loop for every connection: a client that sends
 // garbage, half a frame or nothing only ever loses its own connection). A get() or wait() for a
@@ -30,11 +59,11 @@ constexpr size_t kMaxStoreConnections = 4096;
 // connection, so clients blocked on it fail at once.
 class TcpStoreServer {
  public:
-  // Listens on bind_host:port ("" = every address, IPv6 and IPv4; port 0 = a free port). With a
-  // non-empty auth_token, a client whose Hello does not carry the same token is refused.
-  // Throws transport::RendezvousError when it cannot listen.
+  // Listens on bind_host:port ("" = every address, IPv6 and IPv4; a name = every address it
+  // resolves to; port 0 = a free port). With a non-empty auth_token, a client whose Hello does
+  // not carry the same token is refused. Throws transport::RendezvousError when it cannot listen.
   static std::unique_ptr<TcpStoreServer> start(const std::string& bind_host, uint16_t port,
-                                               const std::string& auth_token);
+                                               const std::string& auth_token, const TcpStoreLimits& limits = {});
 
   virtual ~TcpStoreServer() = default;
 

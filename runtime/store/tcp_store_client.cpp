@@ -34,25 +34,7 @@ class TcpStore final : public Store {
       : options_(std::move(options)), where_(net::endpoint_name(options_.host, options_.port)) {}
 
   // Opens the first connection, retrying while nobody listens yet.
-  void connect_first() {
-    const auto deadline = net::deadline_after(options_.timeout);
-    auto pause = kFirstRetryPause;
-    std::string error;
-    for (;;) {
-      Socket socket = net::connect_once(options_.host, options_.port, deadline, error);
-      if (socket.valid()) {
-        say_hello(socket, deadline);
-        give_back(std::move(socket));
-        return;
-      }
-      if (Clock::now() + pause >= deadline)
-        fail("no TCP store answered at " + where_ + " within " + std::to_string(options_.timeout.count()) +
-             " ms (last error: " + error +
-             "); is rank 0 running, and do MASTER_ADDR and MASTER_PORT (or CO2_MASTER_PORT) agree on every rank?");
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, kLongestRetryPause);
-    }
-  }
+  void connect_first() { give_back(open_connection(net::deadline_after(options_.timeout), true)); }
 
   void set(const std::string& key, const std::string& value) override {
     check_key(key, "set");
@@ -132,39 +114,79 @@ class TcpStore final : public Store {
     fail(what + ": " + message);
   }
 
-  void say_hello(Socket& socket, Clock::time_point deadline) {
+  // A connection that has said hello, retrying until `deadline`: while nobody listens (only
+  // when `server_may_be_late`, i.e. before the first connection), and whenever the server drops
+  // the connection before answering the Hello (it pushes out the oldest silent connections when
+  // flooded, and drops hellos past its connection limit). A refusal (a wrong token) is final.
+  Socket open_connection(Clock::time_point deadline, bool server_may_be_late, const std::string& what = "connect") {
+    auto pause = kFirstRetryPause;
+    std::string error;
+    for (int attempt = 1;; ++attempt) {
+      Socket socket = net::connect_once(options_.host, options_.port, deadline, error);
+      if (socket.valid()) {
+        if (say_hello(socket, std::min(deadline, net::deadline_after(kHelloAnswerTimeout)), error)) return socket;
+      } else if (!server_may_be_late) {
+        fail(what + ": cannot reconnect (" + error + "); the store's host, rank 0, is gone?");
+      }
+      if (Clock::now() + pause >= deadline)
+        fail("no TCP store answered at " + where_ + " within " + std::to_string(options_.timeout.count()) + " ms (" +
+             std::to_string(attempt) + " attempts; last error: " + error +
+             "); is rank 0 running, and do MASTER_ADDR and MASTER_PORT (or CO2_MASTER_PORT) agree on every rank? "
+             "Under torchrun MASTER_PORT is torchrun's own store: give co2's store another port with CO2_MASTER_PORT");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, kLongestRetryPause);
+    }
+  }
+
+  // True when the server accepted the Hello; false (with `error`) when the connection was
+  // dropped or not answered in time; throws when the server refused it.
+  bool say_hello(Socket& socket, Clock::time_point deadline, std::string& error) {
     const std::string hello =
         wire::Writer().u8(uint8_t(wire::Op::Hello)).u32(wire::kMagic).u32(wire::kVersion).str(options_.auth_token).frame();
-    const Answer answer = exchange(socket, hello, deadline, "hello",
-                                   "is it a co2 store? Under torchrun MASTER_PORT is torchrun's own store: "
-                                   "give co2's store another port with CO2_MASTER_PORT");
-    if (answer.kind == wire::Reply::Ok) return;
-    wire::Reader in(answer.payload.data(), answer.payload.size());
+    IoResult result = net::send_all(socket.fd(), hello.data(), hello.size(), deadline);
+    std::string payload;
+    if (result == IoResult::Ok) result = receive_frame(socket, deadline, "hello", payload);
+    if (result != IoResult::Ok) {
+      error = result == IoResult::Timeout ? "the server did not answer hello in time"
+                                          : "the server closed the connection before answering hello";
+      return false;
+    }
+    const wire::Reply kind = reply_kind(payload, "hello");
+    if (kind == wire::Reply::Ok) return true;
+    wire::Reader in(payload.data() + 1, payload.size() - 1);
     fail("refused this client: " + in.str(wire::kMaxFrameBytes));
   }
 
-  // Sends one request frame and receives its answer; throws on anything but a complete answer.
-  Answer exchange(Socket& socket, const std::string& frame, Clock::time_point deadline, const std::string& what,
-                  const std::string& hint = "is the store's host, rank 0, still running?") {
-    const auto gone = [&](IoResult result) {
-      if (result == IoResult::Timeout) fail(what + ": the server did not answer in time (" + hint + ")");
-      fail(what + ": the server closed the connection (" + hint + ")");
-    };
-    IoResult result = net::send_all(socket.fd(), frame.data(), frame.size(), deadline);
-    if (result != IoResult::Ok) gone(result);
+  // Receives one answer frame into `payload` (reply byte first).
+  IoResult receive_frame(Socket& socket, Clock::time_point deadline, const std::string& what, std::string& payload) {
     char header[wire::kFrameHeaderBytes];
-    result = net::receive_exact(socket.fd(), header, sizeof(header), deadline);
-    if (result != IoResult::Ok) gone(result);
+    IoResult result = net::receive_exact(socket.fd(), header, sizeof(header), deadline);
+    if (result != IoResult::Ok) return result;
     const uint32_t length = wire::read_u32(header);
     if (length == 0 || length > wire::kMaxFrameBytes)
       fail(what + ": the server sent a frame of " + std::to_string(length) + " bytes (not a co2 store?)");
-    std::string payload(length, '\0');
-    result = net::receive_exact(socket.fd(), payload.data(), length, deadline);
-    if (result != IoResult::Ok) gone(result);
-    Answer answer;
-    answer.kind = wire::Reply(uint8_t(payload[0]));
-    if (answer.kind != wire::Reply::Ok && answer.kind != wire::Reply::Error && answer.kind != wire::Reply::Timeout)
+    payload.assign(length, '\0');
+    return net::receive_exact(socket.fd(), payload.data(), length, deadline);
+  }
+
+  wire::Reply reply_kind(const std::string& payload, const std::string& what) const {
+    const auto kind = wire::Reply(uint8_t(payload[0]));
+    if (kind != wire::Reply::Ok && kind != wire::Reply::Error && kind != wire::Reply::Timeout)
       fail(what + ": the server sent an unknown answer (not a co2 store?)");
+    return kind;
+  }
+
+  // Sends one request frame and receives its answer; throws on anything but a complete answer.
+  Answer exchange(Socket& socket, const std::string& frame, Clock::time_point deadline, const std::string& what) {
+    IoResult result = net::send_all(socket.fd(), frame.data(), frame.size(), deadline);
+    std::string payload;
+    if (result == IoResult::Ok) result = receive_frame(socket, deadline, what, payload);
+    if (result == IoResult::Timeout)
+      fail(what + ": the server did not answer in time (is the store's host, rank 0, still running?)");
+    if (result != IoResult::Ok)
+      fail(what + ": the server closed the connection (is the store's host, rank 0, still running?)");
+    Answer answer;
+    answer.kind = reply_kind(payload, what);
     answer.payload = payload.substr(1);
     return answer;
   }
@@ -172,13 +194,8 @@ class TcpStore final : public Store {
   Answer request(const std::string& frame, std::chrono::milliseconds timeout, const std::string& what) {
     const auto deadline = net::deadline_after(timeout);
     Socket socket = take_idle();
-    if (!socket.valid()) {
-      // The server was up when we first connected: one attempt, no retries.
-      std::string error;
-      socket = net::connect_once(options_.host, options_.port, deadline, error);
-      if (!socket.valid()) fail(what + ": cannot reconnect (" + error + "); the store's host, rank 0, is gone?");
-      say_hello(socket, deadline);
-    }
+    // The server was up when we first connected: a new connection gets no retries to connect.
+    if (!socket.valid()) socket = open_connection(deadline, false, what);
     Answer answer = exchange(socket, frame, deadline, what);  // throws: the connection is dropped
     give_back(std::move(socket));
     return answer;

@@ -56,6 +56,9 @@ TEST(Co2run, BadCommandLinesAreUsageErrors) {
       {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "true"}, "not below --nnodes"},
       {{"--master-port", "70000", "true"}, "out of range"},
       {{"--grace-period", "-1", "true"}, "--grace-period"},
+      {{"--grace_period", "x", "true"}, "--grace-period wants seconds"},
+      {{"--n", "2", "true"}, "ambiguous option '--n'"},
+      {{"--master-addr=", "true"}, "--master-addr is empty"},
   };
   for (const auto& [arguments, message] : cases) {
     Subprocess run(co2run(arguments));
@@ -90,6 +93,20 @@ TEST(Co2run, EachRankGetsItsEnvironmentAndPrefixedOutput) {
   EXPECT_FALSE(contains(run.out(), "to-stderr"));
   for (int rank = 0; rank < 3; ++rank)
     EXPECT_TRUE(contains(run.err(), "[rank " + std::to_string(rank) + "] to-stderr\n")) << run.describe();
+}
+
+TEST(Co2run, OptionsTakeEitherSpellingAndAnUnambiguousPrefix) {
+  for (const auto& arguments : std::vector<std::vector<std::string>>{{"--nproc_per_node=2"},
+                                                                     {"--nproc", "2"},
+                                                                     {"--nproc-per-node", "2", "--"}}) {
+    std::vector<std::string> command = arguments;
+    command.push_back(CO2_RANK_HELPER);
+    command.push_back("env");
+    Subprocess run(co2run(command));
+    ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+    EXPECT_TRUE(run.exited_with(0)) << run.describe();
+    EXPECT_EQ(Subprocess::occurrences(run.out(), " WORLD_SIZE=2 "), 2) << run.describe();
+  }
 }
 
 TEST(Co2run, MultiNodeRanksAndTheUsersToken) {

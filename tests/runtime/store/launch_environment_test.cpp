@@ -15,6 +15,7 @@ namespace {
 // Every variable read_launch_environment() looks at; each test starts with none of them set.
 const char* const kVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CO2_MASTER_PORT",
+    "CO2_STORE_BIND",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
     "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
     "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID",
@@ -226,6 +227,36 @@ TEST_F(LaunchEnvironmentTest, TorchrunNamesWinOverMpiAndSlurm) {
   ::unsetenv("WORLD_SIZE");
   set({{"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}});
   EXPECT_EQ(read_launch_environment().source, "openmpi");
+}
+
+TEST_F(LaunchEnvironmentTest, RankZeroListensOnMasterAddrUnlessCo2StoreBindSaysOtherwise) {
+  set({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+  std::string why;
+  EXPECT_EQ(choose_store_bind(read_launch_environment(), why), "127.0.0.1");
+  EXPECT_EQ(why, "");
+  set({{"CO2_STORE_BIND", "*"}});
+  EXPECT_EQ(choose_store_bind(read_launch_environment(), why), "") << "'*' is every address";
+  set({{"CO2_STORE_BIND", "127.0.0.2"}});
+  EXPECT_EQ(choose_store_bind(read_launch_environment(), why), "127.0.0.2");
+  set({{"CO2_STORE_BIND", ""}});
+  EXPECT_CONTAINS(invalid_argument(), "CO2_STORE_BIND");
+}
+
+TEST_F(LaunchEnvironmentTest, AMasterAddrOtherHostsCannotUseHereMeansEveryAddress) {
+  // 192.0.2.1 (TEST-NET-1) is no address of this host: a NAT or a balancer in front of rank 0.
+  set({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"},
+       {"MASTER_ADDR", "192.0.2.1"}, {"MASTER_PORT", "29500"}});
+  std::string why;
+  EXPECT_EQ(choose_store_bind(read_launch_environment(), why), "");
+  EXPECT_CONTAINS(why, "not an address of rank 0's host");
+  // Loopback while the ranks span hosts: the other hosts could never reach it.
+  set({{"MASTER_ADDR", "127.0.1.1"}});
+  EXPECT_EQ(choose_store_bind(read_launch_environment(), why), "");
+  EXPECT_CONTAINS(why, "loopback");
+  // On one host, loopback is right.
+  set({{"LOCAL_WORLD_SIZE", "2"}});
+  EXPECT_EQ(choose_store_bind(read_launch_environment(), why), "127.0.1.1");
+  EXPECT_EQ(why, "");
 }
 
 }  // namespace

@@ -4,6 +4,11 @@
 //                                  MASTER_PORT / CO2_MASTER_PORT, CO2_AUTH_TOKEN; with
 //                                  CO2_TEST_SERVE=1 rank 0 serves the store itself. Publishes an
 //                                  address, reads every peer's, passes a barrier; exit 0 = all agreed.
+//                                  Rank 0 listens where choose_store_bind says (CO2_STORE_BIND)
+//                                  and then prints "serving".
+//   tcp_store_helper group         forms a group with co2::form_group from the same variables
+//                                  (rank 0 serves the store), prints "formed rank R of W" and
+//                                  exits 0, or prints the error and exits 1.
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +16,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "runtime/group.hpp"
 #include "runtime/status.hpp"
 #include "runtime/store/launch_environment.hpp"
 #include "runtime/store/tcp_store.hpp"
@@ -36,7 +42,12 @@ int rank_main() {
   std::unique_ptr<TcpStoreServer> server;
   const char* serve_flag = std::getenv("CO2_TEST_SERVE");
   if (environment.rank == 0 && serve_flag != nullptr && std::strcmp(serve_flag, "1") == 0)
-    server = TcpStoreServer::start("", environment.master_port, token ? token : "");
+  {
+    std::string why;
+    server = TcpStoreServer::start(choose_store_bind(environment, why), environment.master_port, token ? token : "");
+    std::printf("serving\n");
+    std::fflush(stdout);
+  }
   TcpStoreOptions options;
   options.host = environment.master_addr;
   options.port = environment.master_port;
@@ -63,12 +74,21 @@ int rank_main() {
   return 0;
 }
 
+int group_main() {
+  co2::GroupRequest request;  // rank and world size from the launcher's variables
+  request.options.timeout = std::chrono::seconds(60);
+  auto comm = co2::form_group(request);
+  std::printf("formed rank %d of %d\n", comm->rank(), comm->size());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     if (argc == 3 && std::strcmp(argv[1], "serve") == 0) return serve(argv[2]);
     if (argc == 2 && std::strcmp(argv[1], "rank") == 0) return rank_main();
+    if (argc == 2 && std::strcmp(argv[1], "group") == 0) return group_main();
   } catch (const std::exception& error) {
     std::fprintf(stderr, "tcp_store_helper: %s\n", error.what());
     return 1;

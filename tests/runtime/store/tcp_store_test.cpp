@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <future>
 #include <random>
+#include <thread>
 
+#include "runtime/group.hpp"
+#include "runtime/store/launch_environment.hpp"
 #include "runtime/store/tcp_store.hpp"
 #include "runtime/store/wire_protocol.hpp"
 #include "tests/subprocess.hpp"
@@ -49,20 +53,39 @@ std::string rendezvous_error(Call call) {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+std::string hello(const std::string& token) {
+  return wire::Writer().u8(uint8_t(wire::Op::Hello)).u32(wire::kMagic).u32(wire::kVersion).str(token).frame();
+}
+
 // A raw TCP connection, for bytes no client would send.
 class RawConnection {
  public:
-  explicit RawConnection(uint16_t port) {
+  explicit RawConnection(uint16_t port, const char* ipv4 = "127.0.0.1") {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in address{};
     address.sin_family = AF_INET;
     address.sin_port = htons(port);
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::inet_pton(AF_INET, ipv4, &address.sin_addr);
     connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
   }
   ~RawConnection() { ::close(fd_); }
 
   bool connected() const { return connected_; }
+  // Sends a hello and reads the answer: true when the server answered Ok.
+  bool hello_accepted(const std::string& token) {
+    send(hello(token));
+    char answer[5];
+    size_t got = 0;
+    const auto deadline = std::chrono::steady_clock::now() + kHangDeadline;
+    while (got < sizeof(answer) && std::chrono::steady_clock::now() < deadline) {
+      pollfd polled{fd_, POLLIN, 0};
+      if (::poll(&polled, 1, 100) <= 0) continue;
+      const ssize_t n = ::recv(fd_, answer + got, sizeof(answer) - got, 0);
+      if (n <= 0) return false;
+      got += size_t(n);
+    }
+    return got == sizeof(answer) && wire::read_u32(answer) == 1 && answer[4] == char(wire::Reply::Ok);
+  }
   void send(const std::string& bytes) { (void)::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
 
   // Reads until the server closes the connection; false if it is still open at the deadline.
@@ -84,10 +107,6 @@ class RawConnection {
   int fd_ = -1;
   bool connected_ = false;
 };
-
-std::string hello(const std::string& token) {
-  return wire::Writer().u8(uint8_t(wire::Op::Hello)).u32(wire::kMagic).u32(wire::kVersion).str(token).frame();
-}
 
 std::string length_header(uint32_t length) {
   std::string header(4, '\0');
@@ -321,6 +340,223 @@ TEST(TcpStoreServer, BindsEveryAddressByDefault) {
   TcpStoreOptions options = options_for(server->port(), "");
   options.host = "localhost";
   connect_tcp_store(options)->set("by-name", "1");
+}
+
+// Raises this process's descriptor limit to `wanted` (or as far as the hard limit allows) and
+// returns what it is now.
+size_t raise_descriptor_limit(size_t wanted) {
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  if (limit.rlim_cur < wanted) {
+    limit.rlim_cur = std::min<rlim_t>(wanted, limit.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  return size_t(limit.rlim_cur);
+}
+
+TEST(TcpStoreFlood, SilentConnectionsCannotLockOutARank) {
+  // More silent connections than the server's connection limit (the audit's 4,200), when this
+  // process may hold that many descriptors; else as many as it may (still far past the cap on
+  // connections waiting for their hello).
+  constexpr size_t kWanted = kMaxStoreConnections + 200;
+  const size_t allowed = raise_descriptor_limit(kWanted + 256);
+  const size_t flood = std::min(kWanted, allowed > 256 ? allowed - 256 : 0);
+  ASSERT_GT(flood, 2 * kMaxPendingHellos) << "RLIMIT_NOFILE is too small for this test";
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "");
+  std::vector<std::unique_ptr<RawConnection>> silent;
+  for (size_t i = 0; i < flood; ++i) {
+    silent.push_back(std::make_unique<RawConnection>(server->port()));
+    ASSERT_TRUE(silent.back()->connected()) << "connection " << i;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto rank = connect_tcp_store(options_for(server->port(), "", 30s));
+  rank->set("k", "v");
+  EXPECT_EQ(rank->get("k", 1s), "v");
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, 20s) << "a rank waited behind " << flood << " silent connections";
+  // The rank's later connections get in too, while the flood is still open.
+  expect_server_works(server->port(), "", "during-flood");
+}
+
+TEST(TcpStoreFlood, TheOldestSilentConnectionIsPushedOutNotTheNewest) {
+  TcpStoreLimits limits;
+  limits.max_pending_hellos = 8;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "t", limits);
+  RawConnection oldest(server->port());
+  ASSERT_TRUE(oldest.connected());
+  std::vector<std::unique_ptr<RawConnection>> newer;
+  for (int i = 0; i < 40; ++i) newer.push_back(std::make_unique<RawConnection>(server->port()));
+  EXPECT_TRUE(oldest.closed_by_server()) << "the oldest silent connection was kept";
+  EXPECT_TRUE(newer.back()->hello_accepted("t")) << "the newest connection was pushed out";
+}
+
+TEST(TcpStoreFlood, AConnectionThatSaysNothingIsClosedAtItsHelloDeadline) {
+  TcpStoreLimits limits;
+  limits.hello_timeout = 200ms;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "", limits);
+  RawConnection silent(server->port());
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(silent.closed_by_server());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
+TEST(TcpStoreFlood, AClientRetriesAHelloDroppedWhileTheServerIsFull) {
+  TcpStoreLimits limits;
+  limits.max_connections = 2;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "", limits);
+  auto first = connect_tcp_store(options_for(server->port(), ""));
+  auto second = connect_tcp_store(options_for(server->port(), ""));
+  const std::string full = rendezvous_error([&] { connect_tcp_store(options_for(server->port(), "", 300ms)); });
+  EXPECT_TRUE(contains(full, "closed the connection before answering hello")) << full;
+  auto third = std::async(std::launch::async, [&] { return connect_tcp_store(options_for(server->port(), "", 30s)); });
+  EXPECT_EQ(third.wait_for(300ms), std::future_status::timeout) << "the server let a third connection in";
+  first.reset();  // frees a connection: the retrying client gets in
+  ASSERT_EQ(third.wait_for(kHangDeadline), std::future_status::ready);
+  auto store = third.get();
+  store->set("k", "v");
+  EXPECT_EQ(store->get("k", 1s), "v");
+}
+
+TEST(TcpStoreMemory, StoredBytesStopAtTheirLimitWithAClearError) {
+  TcpStoreLimits limits;
+  limits.max_stored_bytes = size_t(1) << 20;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "", limits);
+  auto store = connect_tcp_store(options_for(server->port(), ""));
+  const std::string value(300 << 10, 'v');
+  for (int i = 0; i < 3; ++i) store->set("k" + std::to_string(i), value);
+  const std::string refused = rendezvous_error([&] { store->set("k3", value); });
+  EXPECT_TRUE(contains(refused, "set('k3') was refused")) << refused;
+  EXPECT_TRUE(contains(refused, "kMaxStoredBytes")) << refused;
+  const std::string add_refused = rendezvous_error([&] {
+    for (int i = 0; i < 10000; ++i) store->add("counter/" + std::to_string(i), 1);
+  });
+  EXPECT_TRUE(contains(add_refused, "kMaxStoredBytes")) << add_refused;
+  // Replacing a value in place needs no more room; the stored values are intact.
+  store->set("k0", value);
+  EXPECT_EQ(store->get("k2", 1s), value);
+  EXPECT_THROW(store->get("k3", 0ms), RendezvousError);
+}
+
+TEST(TcpStoreMemory, ARequestPastTheInFlightLimitIsRefusedAndTheConnectionLives) {
+  TcpStoreLimits limits;
+  limits.max_buffered_bytes = size_t(1) << 20;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, "", limits);
+  auto store = connect_tcp_store(options_for(server->port(), ""));
+  const std::string refused = rendezvous_error([&] { store->set("big", std::string(2 << 20, 'v')); });
+  EXPECT_TRUE(contains(refused, "kMaxBufferedBytes")) << refused;
+  EXPECT_TRUE(contains(refused, "was refused")) << refused;
+  store->set("small", "fits");
+  EXPECT_EQ(store->get("small", 1s), "fits");
+  EXPECT_THROW(store->get("big", 0ms), RendezvousError);
+}
+
+TEST(TcpStoreServer, ListensOnlyOnTheAddressItIsGiven) {
+  // All of 127/8 is loopback on Linux: a store bound to 127.0.0.2 is not reachable at 127.0.0.1.
+  auto server = TcpStoreServer::start("127.0.0.2", 0, "");
+  RawConnection elsewhere(server->port(), "127.0.0.1");
+  EXPECT_FALSE(elsewhere.connected()) << "the store listens beyond 127.0.0.2";
+  RawConnection there(server->port(), "127.0.0.2");
+  EXPECT_TRUE(there.connected());
+  TcpStoreOptions options = options_for(server->port(), "");
+  options.host = "127.0.0.2";
+  connect_tcp_store(options)->set("bound", "1");
+}
+
+TEST(TcpStoreServer, ANameListensOnEachOfItsAddresses) {
+  auto server = TcpStoreServer::start("localhost", 0, "");
+  expect_server_works(server->port(), "", "by-name");  // 127.0.0.1, whatever localhost tried first
+}
+
+// The launch environment a rank of `world` ranks on this host would read.
+std::map<std::string, std::optional<std::string>> rank_environment(int rank, int world, uint16_t port) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_RANK", std::to_string(rank)},
+          {"LOCAL_WORLD_SIZE", std::to_string(world)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(port)},
+          {"CO2_MASTER_PORT", std::nullopt},
+          {"CO2_STORE_BIND", std::nullopt},
+          {"CO2_AUTH_TOKEN", "group-token"},
+          {"CO2_TEST_SERVE", "1"},
+          {"UCX_TLS", "tcp"},
+          {"UCX_NET_DEVICES", "lo"},
+          {"CO2_LOG_LEVEL", "warn"}};
+}
+
+// A port for a rank 0 that serves the store itself, below the ephemeral range so that no
+// outgoing connection holds it; a test retries with another when it is taken all the same.
+uint16_t random_port() {
+  static std::mt19937 random(std::random_device{}());
+  return uint16_t(20000 + random() % 10000);
+}
+constexpr int kPortAttempts = 5;
+
+bool port_was_taken(const co2::testing::Subprocess& rank0) { return contains(rank0.err(), "in use"); }
+
+TEST(TcpStoreProcesses, RankZeroListensOnMasterAddrOrWhereCo2StoreBindSays) {
+  for (const char* bind : {"", "127.0.0.2", "*"}) {
+    SCOPED_TRACE(std::string("CO2_STORE_BIND=") + bind);
+    for (int attempt = 1;; ++attempt) {
+      const uint16_t port = random_port();
+      auto environment = rank_environment(0, 2, port);
+      if (*bind) environment["CO2_STORE_BIND"] = bind;
+      // Rank 0 serves, then waits for rank 1 (which this test never starts).
+      co2::testing::Subprocess rank0({CO2_TCP_STORE_HELPER, "rank"}, environment);
+      ASSERT_TRUE(rank0.started());
+      if (!rank0.wait_for_stdout("serving", 1, kHangDeadline)) {
+        rank0.finish(kHangDeadline);
+        if (port_was_taken(rank0) && attempt < kPortAttempts) continue;
+        FAIL() << rank0.describe();
+      }
+      const std::string expected = std::string(bind) == "127.0.0.2" ? "127.0.0.2" : "127.0.0.1";
+      const std::string other = expected == "127.0.0.1" ? "127.0.0.2" : "127.0.0.1";
+      RawConnection there(port, expected.c_str());
+      EXPECT_TRUE(there.connected()) << "rank 0's store is not at " << expected;
+      RawConnection elsewhere(port, other.c_str());
+      EXPECT_EQ(elsewhere.connected(), std::string(bind) == "*") << "rank 0's store at " << other;
+      ::kill(rank0.pid(), SIGKILL);
+      rank0.finish(kHangDeadline);
+      break;
+    }
+  }
+}
+
+TEST(TcpStoreProcesses, TwoProcessesWithTheSameRankAreToldSo) {
+  if (!co2::ucx_built()) GTEST_SKIP() << "no UCX in this build: form_group cannot connect processes";
+  for (int attempt = 1;; ++attempt) {
+    const uint16_t port = random_port();
+    // Rank 2 starts only once the duplicate has failed: until then the group cannot form, so the
+    // store is up whichever rank 1 comes second.
+    co2::testing::Subprocess rank0({CO2_TCP_STORE_HELPER, "group"}, rank_environment(0, 3, port));
+    co2::testing::Subprocess first({CO2_TCP_STORE_HELPER, "group"}, rank_environment(1, 3, port));
+    co2::testing::Subprocess second({CO2_TCP_STORE_HELPER, "group"}, rank_environment(1, 3, port));
+    const auto start = std::chrono::steady_clock::now();
+    bool first_failed = false, second_failed = false;
+    while (!first_failed && !second_failed && std::chrono::steady_clock::now() - start < kHangDeadline) {
+      first_failed = first.wait_for_stdout("never printed", 1, 50ms) || contains(first.err(), "tcp_store_helper:");
+      second_failed = second.wait_for_stdout("never printed", 1, 50ms) || contains(second.err(), "tcp_store_helper:");
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    co2::testing::Subprocess rank2({CO2_TCP_STORE_HELPER, "group"}, rank_environment(2, 3, port));
+    for (auto* process : {&rank0, &first, &second, &rank2})
+      ASSERT_TRUE(process->finish(kHangDeadline * 2)) << process->describe();
+    if (port_was_taken(rank0) && attempt < kPortAttempts) continue;
+    ASSERT_TRUE(first_failed || second_failed) << first.describe() << second.describe();
+    // The second to claim rank 1 was told at once, not after the rendezvous timeout (60 s in
+    // the helper); the other formed the group with ranks 0 and 2.
+    const auto& loser = first_failed ? first : second;
+    const auto& winner = first_failed ? second : first;
+    EXPECT_TRUE(loser.exited_with(1)) << loser.describe();
+    EXPECT_TRUE(contains(loser.err(), "rank 1 joined twice")) << loser.describe();
+    EXPECT_LT(took, 30s);
+    EXPECT_TRUE(winner.exited_with(0)) << winner.describe();
+    EXPECT_TRUE(contains(winner.out(), "formed rank 1 of 3")) << winner.describe();
+    EXPECT_TRUE(rank0.exited_with(0)) << rank0.describe();
+    EXPECT_TRUE(rank2.exited_with(0)) << rank2.describe();
+    break;
+  }
 }
 
 TEST(TcpStoreProcesses, RanksInSeparateProcessesMeet) {
