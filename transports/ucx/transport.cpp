@@ -56,6 +56,12 @@ int source_of(ucp_tag_t tag) { return int((tag >> kSourceShift) & ucp_tag_t(kMax
 // may still sit in UCX's transmit queue, which a forced close discards: the peer would then
 // learn of the abort only from its endpoint timing out (status PeerLost instead of Aborted).
 constexpr auto kNoticeGrace = std::chrono::milliseconds(1000);
+// A peer's lanes are separate connections, so one lane may fail (the peer closed or aborted)
+// while the other still delivers what the peer sent before: its last data, its goodbye, its
+// abort notice. A lane's failure makes the peer lost once every lane failed or said goodbye,
+// or after this long; until then operations that failed on that peer are held back as Pending,
+// so that they report the peer's abort, or its data arrives, instead of a premature PeerLost.
+constexpr auto kLaneGrace = std::chrono::milliseconds(500);
 // On destruction: how long the messages this rank sent may take to leave the process, and how
 // long closing the endpoints may take. Both bound the destructor when a peer is stalled.
 constexpr auto kFlushLimit = std::chrono::milliseconds(2000);
@@ -148,6 +154,10 @@ class UcxTransport final : public PointToPoint {
     // Goodbyes heard, by lane: a goodbye follows everything the peer sent on its lane, so the
     // peer is gone only once every lane said it (the lanes' connections are not ordered).
     bool goodbye[kLanes] = {false, false};
+    // Lanes whose endpoint failed (error handler), when the first did, and why.
+    bool failed[kLanes] = {false, false};
+    Clock::time_point failed_at{};
+    std::string failed_reason;
     std::string lost_reason;
   };
 
@@ -155,6 +165,10 @@ class UcxTransport final : public PointToPoint {
     void* request = nullptr;  // the UCP request while in flight
     bool is_send = false;
     bool cancel_requested = false;
+    // The UCX operation failed while its peer's lanes were unsettled (Peer::failed): the
+    // status to report once they are.
+    bool held = false;
+    ucs_status_t held_status = UCS_OK;
     int peer = 0;
     uint64_t tag = 0;
     size_t length = 0;
@@ -179,6 +193,10 @@ class UcxTransport final : public PointToPoint {
   void drain_unexpected(ucp_tag_t value = 0, ucp_tag_t mask = kControlBit);
   void reap_drains();
   void mark_lost(Peer& peer, const std::string& reason);
+  // Whether a lane of `peer` failed but the peer is not (yet) taken as lost: see kLaneGrace.
+  bool unsettled(const Peer& peer) const;
+  // Marks lost the peers whose lane failures are settled; takes in control messages first.
+  void settle_lanes();
   void say_goodbye();
   void close_lost_endpoints();
   void settle_abort();
@@ -338,10 +356,39 @@ UcxTransport::~UcxTransport() {
   drains_.clear();  // their buffers outlive the worker, which may still have written into them
 }
 
-void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h /*endpoint*/, ucs_status_t status) {
-  // Runs inside ucp_worker_progress, i.e. with the owner's mutex held.
+void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h endpoint, ucs_status_t status) {
+  // Runs inside ucp_worker_progress, i.e. with the owner's mutex held: only records the
+  // failure; settle_lanes decides once the control messages that preceded it were taken in.
   auto* peer = static_cast<Peer*>(arg);
-  peer->owner->mark_lost(*peer, std::string("ucx endpoint error: ") + status_text(status));
+  const int lane = endpoint == peer->endpoints[kControlLane] ? kControlLane : kBulkLane;
+  if (peer->failed[lane]) return;
+  if (!peer->failed[kBulkLane] && !peer->failed[kControlLane]) {
+    peer->failed_at = Clock::now();
+    peer->failed_reason = std::string("ucx endpoint error: ") + status_text(status);
+  }
+  peer->failed[lane] = true;
+  peer->owner->lost_peer_pending_ = true;
+}
+
+bool UcxTransport::unsettled(const Peer& peer) const {
+  if (peer.lost) return false;
+  for (int lane = 0; lane < kLanes; ++lane)
+    if (peer.failed[lane] && !peer.goodbye[lane]) return true;
+  return false;
+}
+
+void UcxTransport::settle_lanes() {
+  check_control_recv();
+  for (auto& peer : peers_) {
+    if (!unsettled(*peer)) continue;
+    // A lane that said goodbye and then closed is finished, not failed; the peer is lost when
+    // every lane is finished or failed (all it sent before is in), or after the grace.
+    bool all_finished = true;
+    for (int lane = 0; lane < kLanes; ++lane)
+      all_finished = all_finished && (peer->failed[lane] || peer->goodbye[lane]);
+    if (all_finished || Clock::now() - peer->failed_at >= kLaneGrace)
+      mark_lost(*peer, peer->failed_reason);
+  }
 }
 
 void UcxTransport::mark_lost(Peer& peer, const std::string& reason) {
@@ -424,6 +471,9 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
         out = nullptr;
       }
     }
+    // Nothing was sent yet that a failed lane's partner could still deliver.
+    for (auto& peer : peers_)
+      if (peer->failed[kBulkLane] || peer->failed[kControlLane]) mark_lost(*peer, peer->failed_reason);
     for (auto& peer : peers_)
       if (peer->lost) return true;
     return std::all_of(heard.begin(), heard.end(), [](bool b) { return b; }) &&
@@ -634,7 +684,12 @@ Outcome UcxTransport::test(Handle handle) {
     return Outcome::Failed;
   }
   Operation& operation = found->second;
-  if (operation.request) {
+  if (operation.held) {
+    settle_lanes();
+    if (!aborted_ && unsettled(*peers_[size_t(operation.peer)])) return Outcome::Pending;
+    if (operation.is_send) complete_send(operation, operation.held_status);
+    else complete_recv(operation, operation.held_status, ucp_tag_recv_info_t{});
+  } else if (operation.request) {
     ucp_tag_recv_info_t info{};
     const auto status_now = [&] {
       return operation.is_send ? ucp_request_check_status(operation.request)
@@ -655,8 +710,18 @@ Outcome UcxTransport::test(Handle handle) {
     }
     if (status == UCS_INPROGRESS) return Outcome::Pending;
     // A peer that aborted sent its notice before closing its endpoints: if it arrived, the
-    // failure is that abort, not the endpoint error that followed it.
-    if (status != UCS_OK && !aborted_) check_control_recv();
+    // failure is that abort, not the endpoint error that followed it. On a lane of its own the
+    // notice may still be on its way: hold the failure until the peer's lanes settle.
+    if (status != UCS_OK && status != UCS_ERR_MESSAGE_TRUNCATED && !aborted_) {
+      settle_lanes();
+      if (!aborted_ && unsettled(*peers_[size_t(operation.peer)])) {
+        ucp_request_free(operation.request);
+        operation.request = nullptr;
+        operation.held = true;
+        operation.held_status = status;
+        return Outcome::Pending;
+      }
+    }
     if (operation.is_send) complete_send(operation, status);
     else complete_recv(operation, status, info);
     ucp_request_free(operation.request);
@@ -675,7 +740,7 @@ bool UcxTransport::progress_locked() {
     happened = true;
   }
   const bool was_aborted = aborted_;
-  check_control_recv();
+  settle_lanes();
   if (lost_peer_pending_) {
     close_lost_endpoints();
     happened = true;
