@@ -506,7 +506,7 @@ void UcxTransport::create_endpoint(Peer& slot, int lane, const std::string& addr
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  // Either lane's error is the peer's: the handler marks the peer lost, which fails both lanes.
+  // Either lane's error is the peer's: the handler records it, settle_lanes marks the peer lost.
   params.err_handler.cb = &UcxTransport::on_endpoint_error;
   params.err_handler.arg = &slot;
   ucp_ep_h& endpoint = slot.endpoints[lane];
@@ -631,9 +631,16 @@ Handle UcxTransport::post_send(int peer, uint64_t tag, const void* data, size_t 
     ucp_request_param_t param{};
     void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoints[lane_of(tag)], data, length,
                                      wire_tag(Kind::Data, rank_, tag), &param);
-    if (request == nullptr) complete_send(operation, UCS_OK);
-    else if (UCS_PTR_IS_ERR(request)) complete_send(operation, UCS_PTR_STATUS(request));
-    else operation.request = request;
+    if (request == nullptr) {
+      complete_send(operation, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(request) && unsettled(*peers_[size_t(peer)])) {
+      operation.held = true;  // see test(): the peer's notice may still be on its way
+      operation.held_status = UCS_PTR_STATUS(request);
+    } else if (UCS_PTR_IS_ERR(request)) {
+      complete_send(operation, UCS_PTR_STATUS(request));
+    } else {
+      operation.request = request;
+    }
   }
   return remember(std::move(operation));
 }
