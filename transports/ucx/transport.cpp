@@ -414,8 +414,9 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
                                  Clock::time_point deadline, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   const std::string where = "ucx transport rank " + std::to_string(rank_) + ": ";
-  // Both lanes' endpoints are created in the same order on every rank: UCX pairs a rank's n-th
-  // endpoint to a peer with the peer's n-th endpoint back, so bulk meets bulk, control control.
+  // Both lanes' endpoints are created in the same order on every rank: UCX's wire-up matches a
+  // rank's endpoint with the peer's by a per-peer sequence number, so bulk meets bulk. Nothing
+  // depends on it: receives match by tag whichever endpoint carried the message.
   for (int peer = 0; peer < size_; ++peer) {
     Peer& slot = *peers_[size_t(peer)];
     for (int lane = 0; lane < kLanes; ++lane)
