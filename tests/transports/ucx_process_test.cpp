@@ -132,6 +132,47 @@ int worker_fault(const fs::path& dir, int rank, int size, milliseconds timeout) 
   return 0;
 }
 
+// The lanes test's rank: a 64 MiB all-reduce in one chunk per block, so that each link carries
+// messages of 32 MiB, then, while it crosses the link, a 16-byte all-reduce. Records whether the
+// large one was still in flight when the small one completed, and both latencies.
+constexpr size_t kLanesLargeFloats = size_t(16) << 20;  // 64 MiB
+constexpr size_t kLanesSmallFloats = 4;                 // 16 bytes
+// Head start of the large all-reduce: its first messages are on the link when the small one
+// starts. Too short a head start only makes the test easier to pass, never flaky.
+constexpr milliseconds kLanesHeadStart{300};
+
+int worker_lanes(const fs::path& dir, int rank, int size) {
+  CommOptions options;
+  options.timeout = milliseconds(60000);
+  options.chunk_bytes = kLanesLargeFloats * sizeof(float);
+  // For measuring with other chunk sizes (docs/transports.md); the test itself does not set it.
+  if (const char* chunk = std::getenv("CO2_TEST_LANES_CHUNK_BYTES")) options.chunk_bytes = std::stoull(chunk);
+  Communicator comm(connect_rank(dir, rank, size, kConnectTimeout), options);
+  std::vector<float> large(kLanesLargeFloats, float(rank + 1));
+  std::vector<float> small(kLanesSmallFloats, float(10 * (rank + 1)));
+  // One warm-up round of both, so that connection set-up is not part of what is measured.
+  comm.allreduce(small.data(), small.size(), co2::DataType::F32, co2::ReduceOp::Sum)->wait_for(milliseconds(-1));
+  std::fill(small.begin(), small.end(), float(10 * (rank + 1)));
+  auto large_request = comm.allreduce(large.data(), large.size(), co2::DataType::F32, co2::ReduceOp::Sum);
+  std::this_thread::sleep_for(kLanesHeadStart);
+  auto small_request = comm.allreduce(small.data(), small.size(), co2::DataType::F32, co2::ReduceOp::Sum);
+  small_request->wait_for(milliseconds(-1));
+  const bool large_still_in_flight = !large_request->test();
+  large_request->wait_for(milliseconds(-1));
+  const auto us = [](Clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  };
+  const float expected_large = float(size * (size + 1) / 2);
+  const bool correct = small[0] == 10 * expected_large && large[0] == expected_large &&
+                       large.back() == expected_large;
+  write_file(dir / ("lanes." + std::to_string(rank)),
+             std::to_string(large_still_in_flight) + "\n" + std::to_string(correct) + "\n" +
+                 std::to_string(us(small_request->completed_at() - small_request->submitted_at())) + "\n" +
+                 std::to_string(us(large_request->completed_at() - large_request->submitted_at())) + "\n" +
+                 std::to_string(us(small_request->completed_at() - large_request->submitted_at())) + "\n");
+  return 0;
+}
+
 int worker_absent(const fs::path& dir, int rank, int size, milliseconds timeout) {
   const int64_t start = now_ns();
   std::string outcome = "connected";
@@ -157,6 +198,7 @@ int run_worker(int argc, char** argv) {
     if (mode == "workload") return worker_workload(dir, rank, size);
     if (mode == "fault") return worker_fault(dir, rank, size, timeout);
     if (mode == "absent") return worker_absent(dir, rank, size, timeout);
+    if (mode == "lanes") return worker_lanes(dir, rank, size);
   } catch (const std::exception& error) {
     write_file(dir / ("error." + std::to_string(rank)), error.what());
     return 2;
@@ -466,6 +508,15 @@ class VethLink {
   // The namespace and device of side 0 or 1 (they share their name).
   const std::string& side(int index) const { return index == 0 ? a_ : b_; }
   bool take_down() { return run("ip -n " + b_ + " link set " + b_ + " down"); }
+  // Caps both directions at `rate` (tc syntax) with a FIFO token bucket on each end, like a
+  // slow NIC: what one connection queued there delays every other connection's packets too.
+  bool cap(const std::string& rate) {
+    for (const std::string& side : {a_, b_})
+      if (!run("tc -n " + side + " qdisc add dev " + side + " root tbf rate " + rate +
+               " burst 256kb latency 50ms"))
+        return false;
+    return true;
+  }
 
  private:
   static bool run(const std::string& command) {
@@ -511,6 +562,44 @@ TEST(UcxFaults, LinkThatGoesDownFailsBothSidesWithinTheTimeout) {
               std::chrono::nanoseconds(kFaultTimeout + kFaultMargin).count())
         << "rank " << rank;
     EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
+  }
+}
+
+// A control-lane collective is not queued behind the bulk bytes already handed to UCX for the
+// same peer: over a 20 MB/s link a 16-byte all-reduce completes while a 64 MiB one (two 32 MiB
+// messages per direction, 3 s or more) is still in flight (docs/transports.md, "Lanes").
+TEST(UcxLanes, SmallCollectiveOvertakesABulkAllReduceOnASlowLink) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  VethLink link;
+  if (!link.ok()) GTEST_SKIP() << "cannot create network namespaces and a veth pair here";
+  if (!link.cap("160mbit")) GTEST_SKIP() << "cannot add a tc tbf qdisc here";
+  constexpr int kSize = 2;
+  TemporaryDirectory dir;
+  Children children(dir.path());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < kSize; ++rank)
+    pids.push_back(children.spawn("lanes", rank, kSize, milliseconds(0),
+                                  {"ip", "netns", "exec", link.side(rank)},
+                                  {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", link.side(rank)}}));
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  for (int rank = 0; rank < kSize; ++rank) {
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0)
+        << "rank " << rank << ": " << children.error_of(rank);
+    std::istringstream in(read_file(dir.path() / ("lanes." + std::to_string(rank))));
+    int large_in_flight = 0, correct = 0;
+    long long small_us = 0, large_us = 0, small_done_us = 0;
+    in >> large_in_flight >> correct >> small_us >> large_us >> small_done_us;
+    std::printf("rank %d: 16 B all-reduce %.1f ms while a 64 MiB all-reduce took %.1f ms (20 MB/s)\n",
+                rank, double(small_us) / 1e3, double(large_us) / 1e3);
+    EXPECT_TRUE(correct) << "rank " << rank << ": wrong results";
+    EXPECT_TRUE(large_in_flight) << "rank " << rank << ": the small all-reduce waited for the large one";
+    // Ordering, not timing: the large all-reduce is two 32 MiB messages in a row per direction
+    // (reduce-scatter, then all-gather), each about half its time. Queued behind the first of
+    // them, the small one would finish late in the second half; on a lane of its own it finishes
+    // before the first could have crossed the link.
+    EXPECT_LT(small_done_us, large_us / 2)
+        << "rank " << rank << ": the small all-reduce waited behind the large one's first message";
   }
 }
 

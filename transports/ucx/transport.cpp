@@ -30,6 +30,14 @@ constexpr unsigned kKindShift = 62;
 static_assert(kMaxRanks == 1 << (kKindShift - kSourceShift), "the source field holds every rank");
 constexpr ucp_tag_t kMatchAll = ~ucp_tag_t(0);
 
+// Each peer has one endpoint per lane (transport::kControlLaneTag), each its own connection
+// (over TCP its own socket), so a control-lane message never queues behind the bulk bytes that
+// UCX, the socket or the peer's receive path still holds for the other lane (docs/transports.md,
+// "Lanes"). A tag belongs to one lane, so messages of one tag keep their order.
+constexpr int kLanes = 2;
+constexpr int kBulkLane = 0, kControlLane = 1;
+int lane_of(uint64_t tag) { return (tag & kControlLaneTag) ? kControlLane : kBulkLane; }
+
 // Control messages (Abort, Goodbye) have the top bit set: one standing receive catches both.
 enum class Kind : ucp_tag_t { Data = 0, Hello = 1, Abort = 2, Goodbye = 3 };
 constexpr ucp_tag_t kControlBit = ucp_tag_t(2) << kKindShift;
@@ -48,6 +56,12 @@ int source_of(ucp_tag_t tag) { return int((tag >> kSourceShift) & ucp_tag_t(kMax
 // may still sit in UCX's transmit queue, which a forced close discards: the peer would then
 // learn of the abort only from its endpoint timing out (status PeerLost instead of Aborted).
 constexpr auto kNoticeGrace = std::chrono::milliseconds(1000);
+// A peer's lanes are separate connections, so one lane may fail (the peer closed or aborted)
+// while the other still delivers what the peer sent before: its last data, its goodbye, its
+// abort notice. A lane's failure makes the peer lost once every lane failed or said goodbye,
+// or after this long; until then operations that failed on that peer are held back as Pending,
+// so that they report the peer's abort, or its data arrives, instead of a premature PeerLost.
+constexpr auto kLaneGrace = std::chrono::milliseconds(500);
 // On destruction: how long the messages this rank sent may take to leave the process, and how
 // long closing the endpoints may take. Both bound the destructor when a peer is stalled.
 constexpr auto kFlushLimit = std::chrono::milliseconds(2000);
@@ -133,10 +147,17 @@ class UcxTransport final : public PointToPoint {
   struct Peer {
     UcxTransport* owner = nullptr;
     int rank = 0;
-    ucp_ep_h endpoint = nullptr;
-    bool closed = false;  // the endpoint was handed to ucp_ep_close_nbx
-    bool lost = false;    // the error handler ran, or the peer said goodbye
-    bool peer_error_handling = false;  // created with UCP_ERR_HANDLING_MODE_PEER
+    ucp_ep_h endpoints[kLanes] = {nullptr, nullptr};  // by lane; both or neither
+    bool closed = false;  // the endpoints were handed to ucp_ep_close_nbx
+    bool lost = false;    // an error handler ran, or the peer said goodbye on every lane
+    bool peer_error_handling = false;  // both created with UCP_ERR_HANDLING_MODE_PEER
+    // Goodbyes heard, by lane: a goodbye follows everything the peer sent on its lane, so the
+    // peer is gone only once every lane said it (the lanes' connections are not ordered).
+    bool goodbye[kLanes] = {false, false};
+    // Lanes whose endpoint failed (error handler), when the first did, and why.
+    bool failed[kLanes] = {false, false};
+    Clock::time_point failed_at{};
+    std::string failed_reason;
     std::string lost_reason;
   };
 
@@ -144,6 +165,10 @@ class UcxTransport final : public PointToPoint {
     void* request = nullptr;  // the UCP request while in flight
     bool is_send = false;
     bool cancel_requested = false;
+    // The UCX operation failed while its peer's lanes were unsettled (Peer::failed): the
+    // status to report once they are.
+    bool held = false;
+    ucs_status_t held_status = UCS_OK;
     int peer = 0;
     uint64_t tag = 0;
     size_t length = 0;
@@ -168,11 +193,17 @@ class UcxTransport final : public PointToPoint {
   void drain_unexpected(ucp_tag_t value = 0, ucp_tag_t mask = kControlBit);
   void reap_drains();
   void mark_lost(Peer& peer, const std::string& reason);
+  // Whether a lane of `peer` failed but the peer is not (yet) taken as lost: see kLaneGrace.
+  bool unsettled(const Peer& peer) const;
+  // Marks lost the peers whose lane failures are settled; takes in control messages first.
+  void settle_lanes();
   void say_goodbye();
   void close_lost_endpoints();
   void settle_abort();
   void start_abort(const std::string& reason);
   void close_endpoint(Peer& peer);
+  // Creates `slot`'s endpoint of `lane` to the worker at `address`; throws RendezvousError.
+  void create_endpoint(Peer& slot, int lane, const std::string& address, const std::string& where);
   void reap_closing_requests();
   // Progresses until `done` or `deadline`; true if `done`.
   template <typename Done>
@@ -325,10 +356,39 @@ UcxTransport::~UcxTransport() {
   drains_.clear();  // their buffers outlive the worker, which may still have written into them
 }
 
-void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h /*endpoint*/, ucs_status_t status) {
-  // Runs inside ucp_worker_progress, i.e. with the owner's mutex held.
+void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h endpoint, ucs_status_t status) {
+  // Runs inside ucp_worker_progress, i.e. with the owner's mutex held: only records the
+  // failure; settle_lanes decides once the control messages that preceded it were taken in.
   auto* peer = static_cast<Peer*>(arg);
-  peer->owner->mark_lost(*peer, std::string("ucx endpoint error: ") + status_text(status));
+  const int lane = endpoint == peer->endpoints[kControlLane] ? kControlLane : kBulkLane;
+  if (peer->failed[lane]) return;
+  if (!peer->failed[kBulkLane] && !peer->failed[kControlLane]) {
+    peer->failed_at = Clock::now();
+    peer->failed_reason = std::string("ucx endpoint error: ") + status_text(status);
+  }
+  peer->failed[lane] = true;
+  peer->owner->lost_peer_pending_ = true;
+}
+
+bool UcxTransport::unsettled(const Peer& peer) const {
+  if (peer.lost) return false;
+  for (int lane = 0; lane < kLanes; ++lane)
+    if (peer.failed[lane] && !peer.goodbye[lane]) return true;
+  return false;
+}
+
+void UcxTransport::settle_lanes() {
+  check_control_recv();
+  for (auto& peer : peers_) {
+    if (!unsettled(*peer)) continue;
+    // A lane that said goodbye and then closed is finished, not failed; the peer is lost when
+    // every lane is finished or failed (all it sent before is in), or after the grace.
+    bool all_finished = true;
+    for (int lane = 0; lane < kLanes; ++lane)
+      all_finished = all_finished && (peer->failed[lane] || peer->goodbye[lane]);
+    if (all_finished || Clock::now() - peer->failed_at >= kLaneGrace)
+      mark_lost(*peer, peer->failed_reason);
+  }
 }
 
 void UcxTransport::mark_lost(Peer& peer, const std::string& reason) {
@@ -340,11 +400,13 @@ void UcxTransport::mark_lost(Peer& peer, const std::string& reason) {
 
 void UcxTransport::say_goodbye() {
   for (auto& peer : peers_) {
-    if (peer->rank == rank_ || peer->lost || peer->closed || !peer->endpoint) continue;
-    ucp_request_param_t param{};
-    void* request = ucp_tag_send_nbx(peer->endpoint, nullptr, 0, wire_tag(Kind::Goodbye, rank_, 0),
-                                     &param);
-    if (UCS_PTR_IS_PTR(request)) goodbyes_.push_back(request);
+    if (peer->rank == rank_ || peer->lost || peer->closed || !peer->endpoints[0]) continue;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      ucp_request_param_t param{};
+      void* request = ucp_tag_send_nbx(peer->endpoints[lane], nullptr, 0,
+                                       wire_tag(Kind::Goodbye, rank_, uint64_t(lane)), &param);
+      if (UCS_PTR_IS_PTR(request)) goodbyes_.push_back(request);
+    }
   }
 }
 
@@ -352,37 +414,21 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
                                  Clock::time_point deadline, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   const std::string where = "ucx transport rank " + std::to_string(rank_) + ": ";
+  // Both lanes' endpoints are created in the same order on every rank: UCX's wire-up matches a
+  // rank's endpoint with the peer's by a per-peer sequence number, so bulk meets bulk. Nothing
+  // depends on it: receives match by tag whichever endpoint carried the message.
   for (int peer = 0; peer < size_; ++peer) {
     Peer& slot = *peers_[size_t(peer)];
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.address = reinterpret_cast<const ucp_address_t*>(addresses[size_t(peer)].data());
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &UcxTransport::on_endpoint_error;
-    params.err_handler.arg = &slot;
-    ucs_status_t status = ucp_ep_create(worker_, &params, &slot.endpoint);
-    slot.peer_error_handling = status == UCS_OK;
-    if (status == UCS_ERR_UNREACHABLE) {
-      // UCX 1.13's shared-memory transports (posix, sysv, self) cannot detect a failed peer, so
-      // a configuration of only those (UCX_TLS=shm) has no transport for PEER mode. Run without
-      // it: a peer's goodbye still reports a clean exit, and the communicator's no-progress
-      // timeout reports a dead one (docs/transports.md).
-      params.field_mask &= ~uint64_t(UCP_EP_PARAM_FIELD_ERR_HANDLER);
-      params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-      status = ucp_ep_create(worker_, &params, &slot.endpoint);
-    }
-    if (status != UCS_OK) {
-      slot.endpoint = nullptr;
-      throw RendezvousError(where + "creating the endpoint to rank " + std::to_string(peer) +
-                            " failed: " + status_text(status) +
-                            " (no common UCX transport? check UCX_TLS on every rank)");
-    }
+    for (int lane = 0; lane < kLanes; ++lane)
+      create_endpoint(slot, lane, addresses[size_t(peer)], where);
   }
 
-  // Wire-up: a zero-length message each way between every pair proves both directions work.
-  std::vector<void*> hellos_in(size_t(size_), nullptr), hellos_out(size_t(size_), nullptr);
-  std::vector<bool> heard(size_t(size_), false);
+  // Wire-up: a zero-length message each way on each lane between every pair proves both
+  // directions work and has both connections up before the first collective. Slot
+  // peer * kLanes + lane.
+  const size_t slots = size_t(size_) * kLanes;
+  std::vector<void*> hellos_in(slots, nullptr), hellos_out(slots, nullptr);
+  std::vector<bool> heard(slots, false);
   const auto release_all = [&] {
     for (void*& request : hellos_in)
       if (request) {
@@ -396,34 +442,39 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
         request = nullptr;
       }
   };
-  for (int peer = 0; peer < size_; ++peer) {
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    void* request = ucp_tag_recv_nbx(worker_, nullptr, 0, wire_tag(Kind::Hello, peer, 0),
-                                     kMatchAll, &param);
-    if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer)] = request;
-  }
-  for (int peer = 0; peer < size_; ++peer) {
-    ucp_request_param_t param{};
-    void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoint, nullptr, 0,
-                                     wire_tag(Kind::Hello, rank_, 0), &param);
-    if (UCS_PTR_IS_PTR(request)) hellos_out[size_t(peer)] = request;
-  }
+  for (int peer = 0; peer < size_; ++peer)
+    for (int lane = 0; lane < kLanes; ++lane) {
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      void* request = ucp_tag_recv_nbx(worker_, nullptr, 0,
+                                       wire_tag(Kind::Hello, peer, uint64_t(lane)), kMatchAll, &param);
+      if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer) * kLanes + size_t(lane)] = request;
+    }
+  for (int peer = 0; peer < size_; ++peer)
+    for (int lane = 0; lane < kLanes; ++lane) {
+      ucp_request_param_t param{};
+      void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoints[lane], nullptr, 0,
+                                       wire_tag(Kind::Hello, rank_, uint64_t(lane)), &param);
+      if (UCS_PTR_IS_PTR(request)) hellos_out[size_t(peer) * kLanes + size_t(lane)] = request;
+    }
 
   const auto settled = [&] {
-    for (int peer = 0; peer < size_; ++peer) {
-      void*& in = hellos_in[size_t(peer)];
+    for (size_t slot = 0; slot < slots; ++slot) {
+      void*& in = hellos_in[slot];
       if (in && ucp_request_check_status(in) != UCS_INPROGRESS) {
-        heard[size_t(peer)] = ucp_request_check_status(in) == UCS_OK;
+        heard[slot] = ucp_request_check_status(in) == UCS_OK;
         ucp_request_free(in);
         in = nullptr;
       }
-      void*& out = hellos_out[size_t(peer)];
+      void*& out = hellos_out[slot];
       if (out && ucp_request_check_status(out) != UCS_INPROGRESS) {
         ucp_request_free(out);
         out = nullptr;
       }
     }
+    // Nothing was sent yet that a failed lane's partner could still deliver.
+    for (auto& peer : peers_)
+      if (peer->failed[kBulkLane] || peer->failed[kControlLane]) mark_lost(*peer, peer->failed_reason);
     for (auto& peer : peers_)
       if (peer->lost) return true;
     return std::all_of(heard.begin(), heard.end(), [](bool b) { return b; }) &&
@@ -438,7 +489,7 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
   if (!done) {
     std::vector<int> silent;
     for (int peer = 0; peer < size_; ++peer)
-      if (!heard[size_t(peer)]) silent.push_back(peer);
+      if (!heard[size_t(peer) * kLanes] || !heard[size_t(peer) * kLanes + 1]) silent.push_back(peer);
     throw RendezvousError(where + "timed out after " + std::to_string(timeout.count()) +
                           " ms waiting for the wire-up with rank(s) " +
                           (silent.empty() ? std::string("(messages still leaving)")
@@ -447,6 +498,41 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
                           "UCX_NET_DEVICES)");
   }
   (void)lock;
+}
+
+void UcxTransport::create_endpoint(Peer& slot, int lane, const std::string& address,
+                                   const std::string& where) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  // Either lane's error is the peer's: the handler records it, settle_lanes marks the peer lost.
+  params.err_handler.cb = &UcxTransport::on_endpoint_error;
+  params.err_handler.arg = &slot;
+  ucp_ep_h& endpoint = slot.endpoints[lane];
+  // The second lane takes the first one's mode, so that both are closed alike.
+  ucs_status_t status = UCS_ERR_UNREACHABLE;
+  if (lane == 0 || slot.peer_error_handling) {
+    status = ucp_ep_create(worker_, &params, &endpoint);
+    if (lane == 0) slot.peer_error_handling = status == UCS_OK;
+  }
+  if (status == UCS_ERR_UNREACHABLE && !slot.peer_error_handling) {
+    // UCX 1.13's shared-memory transports (posix, sysv, self) cannot detect a failed peer, so
+    // a configuration of only those (UCX_TLS=shm) has no transport for PEER mode. Run without
+    // it: a peer's goodbye still reports a clean exit, and the communicator's no-progress
+    // timeout reports a dead one (docs/transports.md).
+    params.field_mask &= ~uint64_t(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    status = ucp_ep_create(worker_, &params, &endpoint);
+  }
+  if (status != UCS_OK) {
+    endpoint = nullptr;
+    throw RendezvousError(where + "creating the " + (lane == kControlLane ? "control" : "bulk") +
+                          " lane's endpoint to rank " + std::to_string(slot.rank) +
+                          " failed: " + status_text(status) +
+                          " (no common UCX transport? check UCX_TLS on every rank)");
+  }
 }
 
 template <typename Done>
@@ -544,11 +630,18 @@ Handle UcxTransport::post_send(int peer, uint64_t tag, const void* data, size_t 
     operation.detail = peer_lost_detail(peer);
   } else {
     ucp_request_param_t param{};
-    void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoint, data, length,
+    void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoints[lane_of(tag)], data, length,
                                      wire_tag(Kind::Data, rank_, tag), &param);
-    if (request == nullptr) complete_send(operation, UCS_OK);
-    else if (UCS_PTR_IS_ERR(request)) complete_send(operation, UCS_PTR_STATUS(request));
-    else operation.request = request;
+    if (request == nullptr) {
+      complete_send(operation, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(request) && unsettled(*peers_[size_t(peer)])) {
+      operation.held = true;  // see test(): the peer's notice may still be on its way
+      operation.held_status = UCS_PTR_STATUS(request);
+    } else if (UCS_PTR_IS_ERR(request)) {
+      complete_send(operation, UCS_PTR_STATUS(request));
+    } else {
+      operation.request = request;
+    }
   }
   return remember(std::move(operation));
 }
@@ -599,7 +692,12 @@ Outcome UcxTransport::test(Handle handle) {
     return Outcome::Failed;
   }
   Operation& operation = found->second;
-  if (operation.request) {
+  if (operation.held) {
+    settle_lanes();
+    if (!aborted_ && unsettled(*peers_[size_t(operation.peer)])) return Outcome::Pending;
+    if (operation.is_send) complete_send(operation, operation.held_status);
+    else complete_recv(operation, operation.held_status, ucp_tag_recv_info_t{});
+  } else if (operation.request) {
     ucp_tag_recv_info_t info{};
     const auto status_now = [&] {
       return operation.is_send ? ucp_request_check_status(operation.request)
@@ -620,8 +718,18 @@ Outcome UcxTransport::test(Handle handle) {
     }
     if (status == UCS_INPROGRESS) return Outcome::Pending;
     // A peer that aborted sent its notice before closing its endpoints: if it arrived, the
-    // failure is that abort, not the endpoint error that followed it.
-    if (status != UCS_OK && !aborted_) check_control_recv();
+    // failure is that abort, not the endpoint error that followed it. On a lane of its own the
+    // notice may still be on its way: hold the failure until the peer's lanes settle.
+    if (status != UCS_OK && status != UCS_ERR_MESSAGE_TRUNCATED && !aborted_) {
+      settle_lanes();
+      if (!aborted_ && unsettled(*peers_[size_t(operation.peer)])) {
+        ucp_request_free(operation.request);
+        operation.request = nullptr;
+        operation.held = true;
+        operation.held_status = status;
+        return Outcome::Pending;
+      }
+    }
     if (operation.is_send) complete_send(operation, status);
     else complete_recv(operation, status, info);
     ucp_request_free(operation.request);
@@ -640,7 +748,7 @@ bool UcxTransport::progress_locked() {
     happened = true;
   }
   const bool was_aborted = aborted_;
-  check_control_recv();
+  settle_lanes();
   if (lost_peer_pending_) {
     close_lost_endpoints();
     happened = true;
@@ -722,16 +830,20 @@ void UcxTransport::start_abort(const std::string& reason) {
   // out their timeout. A rank that learns of an abort from a notice passes it on too.
   notice_out_ = reason.substr(0, kNoticeBytes);
   for (auto& peer : peers_) {
-    if (peer->rank == rank_ || peer->lost || peer->closed || !peer->endpoint) continue;
+    if (peer->rank == rank_ || peer->lost || peer->closed || !peer->endpoints[0]) continue;
+    // On the control lane: not behind the bulk bytes queued for the peer.
     ucp_request_param_t param{};
-    void* request = ucp_tag_send_nbx(peer->endpoint, notice_out_.data(), notice_out_.size(),
-                                     wire_tag(Kind::Abort, rank_, 0), &param);
+    void* request = ucp_tag_send_nbx(peer->endpoints[kControlLane], notice_out_.data(),
+                                     notice_out_.size(), wire_tag(Kind::Abort, rank_, 0), &param);
     if (UCS_PTR_IS_PTR(request)) notice_sends_.push_back(request);
     // Completes once the notice (and everything before it) reached the peer, not merely left
-    // this process's buffers; settle_abort closes the endpoints only after that.
-    ucp_request_param_t flush_param{};
-    void* flush = ucp_ep_flush_nbx(peer->endpoint, &flush_param);
-    if (UCS_PTR_IS_PTR(flush)) notice_sends_.push_back(flush);
+    // this process's buffers; settle_abort closes the endpoints only after that. Both lanes,
+    // since closing either one cancels what it still holds.
+    for (ucp_ep_h endpoint : peer->endpoints) {
+      ucp_request_param_t flush_param{};
+      void* flush = ucp_ep_flush_nbx(endpoint, &flush_param);
+      if (UCS_PTR_IS_PTR(flush)) notice_sends_.push_back(flush);
+    }
   }
 }
 
@@ -762,7 +874,10 @@ void UcxTransport::on_control(const ucp_tag_recv_info_t& info) {
   const int source = source_of(info.sender_tag);
   if (source >= size_) return;  // not from this group
   if (kind_of(info.sender_tag) == Kind::Goodbye) {
-    mark_lost(*peers_[size_t(source)], "it closed its transport");
+    Peer& peer = *peers_[size_t(source)];
+    peer.goodbye[(info.sender_tag & 1) ? kControlLane : kBulkLane] = true;
+    if (peer.goodbye[kBulkLane] && peer.goodbye[kControlLane])
+      mark_lost(peer, "it closed its transport");
     return;
   }
   if (aborted_) return;
@@ -772,15 +887,18 @@ void UcxTransport::on_control(const ucp_tag_recv_info_t& info) {
 }
 
 void UcxTransport::close_endpoint(Peer& peer) {
-  if (!peer.endpoint || peer.closed) return;
+  if (peer.closed) return;
   peer.closed = true;
   // FORCE cancels what is still queued on the endpoint; UCX allows it only with peer error
   // handling on both sides. Without it, the close flushes (bounded by the caller's deadline).
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = peer.peer_error_handling ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  void* request = ucp_ep_close_nbx(peer.endpoint, &param);
-  if (UCS_PTR_IS_PTR(request)) closing_.push_back(request);
+  for (ucp_ep_h endpoint : peer.endpoints) {
+    if (!endpoint) continue;  // a wire-up that failed half way
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = peer.peer_error_handling ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* request = ucp_ep_close_nbx(endpoint, &param);
+    if (UCS_PTR_IS_PTR(request)) closing_.push_back(request);
+  }
 }
 
 void UcxTransport::close_lost_endpoints() {
