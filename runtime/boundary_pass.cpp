@@ -36,59 +36,62 @@ PassResult run_boundary_pass(const PassFlags& f, float* p, float* a, float* m, f
                     : dispatch_nesterov<true, false>(f, p, a, m, c, n, k);
 }
 
-double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
-                                      const OuterCoefficients& k) {
-  NormAccumulator norm;
+namespace {
+
+// element(j, lane) for every j < n, element j in lane j mod kNormLanes: the fixed order that
+// keeps every reduction of this file independent of vectorisation.
+template <typename Element>
+void for_each_in_lanes(size_t n, Element&& element) {
   size_t i = 0;
-  auto element = [&](size_t j, int lane) {
-    const float u = momentum_candidate(m ? m[j] : 0.0f, c[j], k);
-    norm.lane[lane] += double(u) * double(u);
-  };
   for (; i + kNormLanes <= n; i += kNormLanes)
     for (int lane = 0; lane < kNormLanes; ++lane) element(i + lane, lane);
   for (int lane = 0; i < n; ++i, ++lane) element(i, lane);
+}
+
+// element(j, probe) for every j < n, where the element adds x * 0.0f of each value that must be
+// finite to its lane's probe (it stays 0 unless one was NaN or infinite). True when all were.
+template <typename Element>
+bool all_finite_in_lanes(size_t n, Element&& element) {
+  float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for_each_in_lanes(n, [&](size_t j, int lane) { element(j, probe[lane]); });
+  float total = 0.0f;
+  for (float v : probe) total += v;
+  return total == 0.0f;
+}
+
+template <bool kNesterov, bool kValueClip>
+bool update_result_finite_typed(const float* a, const float* m, const float* c, size_t n,
+                                const OuterCoefficients& k) {
+  uint32_t clamped = 0;
+  return all_finite_in_lanes(n, [&](size_t j, float& probe) {
+    // The expressions of boundary_pass_segment, so that the verdict is the pass's own.
+    const float m_new = clip_momentum<kValueClip>(momentum_candidate(m[j], c[j], k), k, &clamped);
+    const float anchor_new = a[j] - k.alpha * outer_step<kNesterov>(m_new, c[j], k);
+    probe += m_new * 0.0f + anchor_new * 0.0f;
+  });
+}
+
+}  // namespace
+
+double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
+                                      const OuterCoefficients& k) {
+  NormAccumulator norm;
+  for_each_in_lanes(n, [&](size_t j, int lane) {
+    const float u = momentum_candidate(m ? m[j] : 0.0f, c[j], k);
+    norm.lane[lane] += double(u) * double(u);
+  });
   return norm.total();
 }
 
 bool apply_prepared_segment(float* __restrict__ p, float* __restrict__ a, const float* __restrict__ c,
                             size_t n) {
-  float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-  auto element = [&](size_t j, int lane) {
+  return all_finite_in_lanes(n, [&](size_t j, float& probe) {
     const float delta = a[j] - p[j];  // the fused pass's expression: bit-identical deltas
-    probe[lane] += delta * 0.0f;
+    probe += delta * 0.0f;
     a[j] = delta;
     p[j] = c[j];
-  };
-  size_t i = 0;
-  for (; i + kNormLanes <= n; i += kNormLanes)
-    for (int lane = 0; lane < kNormLanes; ++lane) element(i + lane, lane);
-  for (int lane = 0; i < n; ++i, ++lane) element(i, lane);
-  float total = 0.0f;
-  for (float v : probe) total += v;
-  return total == 0.0f;
+  });
 }
-
-namespace {
-template <bool kNesterov, bool kValueClip>
-bool update_result_finite_typed(const float* a, const float* m, const float* c, size_t n,
-                                const OuterCoefficients& k) {
-  float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-  uint32_t clamped = 0;
-  auto element = [&](size_t j, int lane) {
-    // The expressions of boundary_pass_segment, so that the verdict is the pass's own.
-    const float m_new = clip_momentum<kValueClip>(momentum_candidate(m[j], c[j], k), k, &clamped);
-    const float anchor_new = a[j] - k.alpha * outer_step<kNesterov>(m_new, c[j], k);
-    probe[lane] += m_new * 0.0f + anchor_new * 0.0f;
-  };
-  size_t i = 0;
-  for (; i + kNormLanes <= n; i += kNormLanes)
-    for (int lane = 0; lane < kNormLanes; ++lane) element(i + lane, lane);
-  for (int lane = 0; i < n; ++i, ++lane) element(i, lane);
-  float total = 0.0f;
-  for (float v : probe) total += v;
-  return total == 0.0f;
-}
-}  // namespace
 
 bool update_result_finite(const PassFlags& f, const float* a, const float* m, const float* c, size_t n,
                           const OuterCoefficients& k) {
@@ -101,12 +104,11 @@ bool update_result_finite(const PassFlags& f, const float* a, const float* m, co
 
 bool eager_boundary_segment(float* p, const float* a, const float* next, float* e, float* q,
                             float* delta, size_t n, const EagerCoefficients& k) {
-  float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   // `delta` may alias `a` and `next` may alias `a`: every element is read before it is written.
-  auto element = [&](size_t j, int lane) {
+  return all_finite_in_lanes(n, [&](size_t j, float& probe) {
     const float d = (a[j] + e[j]) - p[j];
     const float y = next[j];
-    probe[lane] += d * 0.0f;
+    probe += d * 0.0f;
     delta[j] = d;
     float filtered = d;
     if (k.momentum) {
@@ -116,25 +118,11 @@ bool eager_boundary_segment(float* p, const float* a, const float* next, float* 
     const float offset = -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
     e[j] = offset;
     p[j] = y + offset;
-  };
-  size_t i = 0;
-  for (; i + kNormLanes <= n; i += kNormLanes)
-    for (int lane = 0; lane < kNormLanes; ++lane) element(i + lane, lane);
-  for (int lane = 0; i < n; ++i, ++lane) element(i, lane);
-  float total = 0.0f;
-  for (float v : probe) total += v;
-  return total == 0.0f;
+  });
 }
 
 bool all_finite(const float* x, size_t n) {
-  float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-  size_t i = 0;
-  for (; i + kNormLanes <= n; i += kNormLanes)
-    for (int lane = 0; lane < kNormLanes; ++lane) probe[lane] += x[i + lane] * 0.0f;
-  for (int lane = 0; i < n; ++i, ++lane) probe[lane] += x[i] * 0.0f;
-  float total = 0.0f;
-  for (float v : probe) total += v;
-  return total == 0.0f;
+  return all_finite_in_lanes(n, [&](size_t j, float& probe) { probe += x[j] * 0.0f; });
 }
 
 }  // namespace co2
