@@ -50,11 +50,12 @@ ucp_tag_t wire_tag(Kind kind, int source, uint64_t tag) {
 
 int source_of(ucp_tag_t tag) { return int((tag >> kSourceShift) & ucp_tag_t(kMaxRanks - 1)); }
 
-// After an abort, how long the abort notices may take to reach the peers (the endpoints'
-// flushes to complete) before the endpoints are closed anyway (closing cancels whatever is still
-// queued on them, which releases the caller's send buffers). A notice that completed locally
-// may still sit in UCX's transmit queue, which a forced close discards: the peer would then
-// learn of the abort only from its endpoint timing out (status PeerLost instead of Aborted).
+// After an abort, how long a peer may take to settle (our notice reached it, its notice reached
+// us, no transfer between us in flight; see settle_abort) before its endpoints are force-closed
+// anyway (that cancels whatever is still queued on them, which releases the caller's send
+// buffers). A notice that completed locally may still sit in UCX's transmit queue, which a
+// forced close discards: the peer would then learn of the abort only from its endpoint timing
+// out (status PeerLost instead of Aborted).
 constexpr auto kNoticeGrace = std::chrono::milliseconds(1000);
 // A peer's lanes are separate connections, so one lane may fail (the peer closed or aborted)
 // while the other still delivers what the peer sent before: its last data, its goodbye, its
