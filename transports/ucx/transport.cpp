@@ -942,8 +942,9 @@ void UcxTransport::settle_abort() {
   if (endpoints_closed_) return;
   // A peer is settled once our notice reached it (the flushes of its endpoints completed), its
   // own notice arrived (it aborted too and posts nothing more to us), and no transfer between
-  // us is in flight any more (either side drains what the other sent). Closing an endpoint before that, or with FORCE, crashed live
-  // peers now and then inside UCX 1.13's tcp transport (docs/transports.md, UCX findings).
+  // us is in flight any more (either side drains what the other sent). Closing an endpoint
+  // before that, or with FORCE, crashed live peers now and then inside UCX 1.13's tcp
+  // transport (docs/transports.md, UCX findings).
   bool all_settled = true;
   for (auto& peer : peers_) {
     auto& sends = peer->notice_sends;
