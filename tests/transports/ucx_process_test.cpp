@@ -454,8 +454,9 @@ TEST(UcxFaults, StoppedPeerTimesOutAndDestroyIsPrompt) {
   }
 }
 
-TEST(UcxFaults, AbortReachesTheLivePeersLongBeforeTheirTimeout) {
-  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+// One rank of three aborts mid-all-reduce; every rank must exit cleanly, report the abort long
+// before its (long) timeout and destroy promptly. `verbose` prints each rank's timings.
+void abort_one_of_three(bool verbose) {
   constexpr int kSize = 3, kAborter = 1;
   constexpr milliseconds kLongTimeout{120000};
   TemporaryDirectory dir;
@@ -473,14 +474,34 @@ TEST(UcxFaults, AbortReachesTheLivePeersLongBeforeTheirTimeout) {
   write_file(dir.path() / ("abort." + std::to_string(kAborter)), "");
   const auto deadline = Clock::now() + kFaultMargin + std::chrono::seconds(10);
   for (int rank = 0; rank < kSize; ++rank) {
+    // 134 (SIGABRT) here was UCX 1.13's tcp assertion in a live peer (docs/transports.md).
     ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0)
         << "rank " << rank << " did not exit: " << children.error_of(rank);
     const FaultReport report = read_fault(dir.path(), rank);
-    describe(rank, report, aborted_at);
+    if (verbose) describe(rank, report, aborted_at);
     EXPECT_EQ(report.status, Status::Aborted) << report.message;
     EXPECT_NE(report.message.find("aborted on rank 1"), std::string::npos) << report.message;
     EXPECT_LT(report.failed_at_ns - aborted_at, std::chrono::nanoseconds(kFaultMargin).count());
     EXPECT_LT(report.destroy_ms, kPromptDestroy.count()) << "rank " << rank;
+  }
+}
+
+TEST(UcxFaults, AbortReachesTheLivePeersLongBeforeTheirTimeout) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  abort_one_of_three(true);
+}
+
+// Before the abort path closed only settled peers, by flushing, and waited in destroy for the
+// transfers still in flight, a live peer crashed inside UCX in ~6 % of aborts (19 of 300): this
+// many rounds failed most runs then (1 - 0.94^20 = 71 %). Each round takes ~0.2 s.
+constexpr int kAbortRounds = 20;
+
+TEST(UcxFaults, RepeatedAbortsNeverCrashALivePeer) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  for (int round = 0; round < kAbortRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    abort_one_of_three(false);
+    if (HasFailure()) return;
   }
 }
 

@@ -50,11 +50,12 @@ ucp_tag_t wire_tag(Kind kind, int source, uint64_t tag) {
 
 int source_of(ucp_tag_t tag) { return int((tag >> kSourceShift) & ucp_tag_t(kMaxRanks - 1)); }
 
-// After an abort, how long the abort notices may take to reach the peers (the endpoints'
-// flushes to complete) before the endpoints are closed anyway (closing cancels whatever is still
-// queued on them, which releases the caller's send buffers). A notice that completed locally
-// may still sit in UCX's transmit queue, which a forced close discards: the peer would then
-// learn of the abort only from its endpoint timing out (status PeerLost instead of Aborted).
+// After an abort, how long a peer may take to settle (our notice reached it, its notice reached
+// us, no transfer between us in flight; see settle_abort) before its endpoints are force-closed
+// anyway (that cancels whatever is still queued on them, which releases the caller's send
+// buffers). A notice that completed locally may still sit in UCX's transmit queue, which a
+// forced close discards: the peer would then learn of the abort only from its endpoint timing
+// out (status PeerLost instead of Aborted).
 constexpr auto kNoticeGrace = std::chrono::milliseconds(1000);
 // A peer's lanes are separate connections, so one lane may fail (the peer closed or aborted)
 // while the other still delivers what the peer sent before: its last data, its goodbye, its
@@ -154,6 +155,10 @@ class UcxTransport final : public PointToPoint {
     // Goodbyes heard, by lane: a goodbye follows everything the peer sent on its lane, so the
     // peer is gone only once every lane said it (the lanes' connections are not ordered).
     bool goodbye[kLanes] = {false, false};
+    // After an abort: our notice to it and the flushes of its endpoints still in flight, and
+    // whether its own notice arrived (it aborted too and posts nothing more to us).
+    std::vector<void*> notice_sends;
+    bool abort_heard = false;
     // Lanes whose endpoint failed (error handler), when the first did, and why.
     bool failed[kLanes] = {false, false};
     Clock::time_point failed_at{};
@@ -200,8 +205,12 @@ class UcxTransport final : public PointToPoint {
   void say_goodbye();
   void close_lost_endpoints();
   void settle_abort();
+  // After an abort: whether `peer` may be closed by flushing (see settle_abort).
+  bool settled(const Peer& peer) const;
   void start_abort(const std::string& reason);
-  void close_endpoint(Peer& peer);
+  // FORCE cancels what is queued (the caller's buffers are free at once); without it the close
+  // waits until what was sent has been delivered.
+  void close_endpoint(Peer& peer, bool force = true);
   // Creates `slot`'s endpoint of `lane` to the worker at `address`; throws RendezvousError.
   void create_endpoint(Peer& slot, int lane, const std::string& address, const std::string& where);
   void reap_closing_requests();
@@ -229,7 +238,6 @@ class UcxTransport final : public PointToPoint {
   std::string abort_reason_;
   Clock::time_point aborted_at_{};
   std::string notice_out_;
-  std::vector<void*> notice_sends_;
   bool endpoints_closed_ = false;
 
   std::vector<char> control_in_ = std::vector<char>(kNoticeBytes);
@@ -241,6 +249,7 @@ class UcxTransport final : public PointToPoint {
   struct Drain {
     void* request = nullptr;
     std::unique_ptr<char[]> buffer;
+    int peer = -1;  // the sender
   };
   std::vector<Drain> drains_;
 };
@@ -314,6 +323,25 @@ UcxTransport::~UcxTransport() {
   // Receives may write into buffers the caller frees after we return: withdraw them.
   for (auto& [handle, operation] : operations_)
     if (operation.request && !operation.is_send) ucp_request_cancel(worker_, operation.request);
+  if (aborted_) {
+    // A receive that had matched a peer's rendezvous send cannot be withdrawn: the peer is still
+    // writing into it. Destroying the worker under it (or letting the process exit) cuts the
+    // peer's transfer mid-way, which UCX 1.13's tcp transport does not survive (an assertion
+    // in the live peer, docs/transports.md). So after an abort, wait (bounded) until the peers
+    // settled and these transfers ended, as settle_abort does before closing the endpoints.
+    progress_until([&] {
+      check_control_recv();
+      settle_abort();
+      drain_unexpected();
+      reap_drains();
+      reap_closing_requests();
+      return endpoints_closed_ && drains_.empty() && closing_.empty() &&
+             std::none_of(operations_.begin(), operations_.end(), [](const auto& entry) {
+               return entry.second.request &&
+                      ucp_request_check_status(entry.second.request) == UCS_INPROGRESS;
+             });
+    }, std::max(Clock::now(), aborted_at_ + kNoticeGrace) + kCloseLimit);
+  }
   if (control_recv_) ucp_request_cancel(worker_, control_recv_);
 
   // Messages this rank sent that have not left yet (a completed eager send may still sit in a
@@ -345,7 +373,8 @@ UcxTransport::~UcxTransport() {
 
   for (auto& [handle, operation] : operations_)
     if (operation.request) ucp_request_free(operation.request);
-  for (void* request : notice_sends_) ucp_request_free(request);
+  for (auto& peer : peers_)
+    for (void* request : peer->notice_sends) ucp_request_free(request);
   for (void* request : closing_) ucp_request_free(request);
   for (void* request : goodbyes_) ucp_request_free(request);
   if (control_recv_) ucp_request_free(control_recv_);
@@ -835,14 +864,14 @@ void UcxTransport::start_abort(const std::string& reason) {
     ucp_request_param_t param{};
     void* request = ucp_tag_send_nbx(peer->endpoints[kControlLane], notice_out_.data(),
                                      notice_out_.size(), wire_tag(Kind::Abort, rank_, 0), &param);
-    if (UCS_PTR_IS_PTR(request)) notice_sends_.push_back(request);
+    if (UCS_PTR_IS_PTR(request)) peer->notice_sends.push_back(request);
     // Completes once the notice (and everything before it) reached the peer, not merely left
     // this process's buffers; settle_abort closes the endpoints only after that. Both lanes,
     // since closing either one cancels what it still holds.
     for (ucp_ep_h endpoint : peer->endpoints) {
       ucp_request_param_t flush_param{};
       void* flush = ucp_ep_flush_nbx(endpoint, &flush_param);
-      if (UCS_PTR_IS_PTR(flush)) notice_sends_.push_back(flush);
+      if (UCS_PTR_IS_PTR(flush)) peer->notice_sends.push_back(flush);
     }
   }
 }
@@ -880,13 +909,14 @@ void UcxTransport::on_control(const ucp_tag_recv_info_t& info) {
       mark_lost(peer, "it closed its transport");
     return;
   }
+  if (kind_of(info.sender_tag) == Kind::Abort) peers_[size_t(source)]->abort_heard = true;
   if (aborted_) return;
   std::string reason(control_in_.data(), std::min(info.length, control_in_.size()));
   if (reason.empty()) reason = "rank " + std::to_string(source) + " aborted";
   start_abort(reason);
 }
 
-void UcxTransport::close_endpoint(Peer& peer) {
+void UcxTransport::close_endpoint(Peer& peer, bool force) {
   if (peer.closed) return;
   peer.closed = true;
   // FORCE cancels what is still queued on the endpoint; UCX allows it only with peer error
@@ -895,7 +925,7 @@ void UcxTransport::close_endpoint(Peer& peer) {
     if (!endpoint) continue;  // a wire-up that failed half way
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = peer.peer_error_handling ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    param.flags = peer.peer_error_handling && force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     void* request = ucp_ep_close_nbx(endpoint, &param);
     if (UCS_PTR_IS_PTR(request)) closing_.push_back(request);
   }
@@ -910,21 +940,46 @@ void UcxTransport::close_lost_endpoints() {
 
 void UcxTransport::settle_abort() {
   if (endpoints_closed_) return;
-  notice_sends_.erase(std::remove_if(notice_sends_.begin(), notice_sends_.end(),
-                                     [](void* request) {
-                                       if (ucp_request_check_status(request) == UCS_INPROGRESS)
-                                         return false;
-                                       ucp_request_free(request);
-                                       return true;
-                                     }),
-                      notice_sends_.end());
-  if (!notice_sends_.empty() && Clock::now() - aborted_at_ < kNoticeGrace) return;
-  // Closing cancels every send still queued, so the caller's buffers are free again. Endpoints
-  // without peer error handling cannot be closed that way; they stay open so that the peers'
-  // drains can complete the sends instead (drain_unexpected).
+  // A peer is settled once our notice reached it (the flushes of its endpoints completed), its
+  // own notice arrived (it aborted too and posts nothing more to us), and no transfer between
+  // us is in flight any more (either side drains what the other sent). Closing an endpoint
+  // before that, or with FORCE, crashed live peers now and then inside UCX 1.13's tcp
+  // transport (docs/transports.md, UCX findings).
+  bool all_settled = true;
+  for (auto& peer : peers_) {
+    auto& sends = peer->notice_sends;
+    sends.erase(std::remove_if(sends.begin(), sends.end(),
+                               [](void* request) {
+                                 if (ucp_request_check_status(request) == UCS_INPROGRESS)
+                                   return false;
+                                 ucp_request_free(request);
+                                 return true;
+                               }),
+                sends.end());
+    all_settled = all_settled && settled(*peer);
+  }
+  if (!all_settled && Clock::now() - aborted_at_ < kNoticeGrace) return;
+  // Settled peers' endpoints are closed by flushing. One that did not settle in time (stopped,
+  // unreachable) is force-closed: that cancels the sends still queued to it, so the caller's
+  // buffers are free again. Endpoints without peer error handling cannot be force-closed; they
+  // stay open so that the peers' drains can complete the sends instead (drain_unexpected).
   endpoints_closed_ = true;
   for (auto& peer : peers_)
-    if (peer->peer_error_handling) close_endpoint(*peer);
+    if (peer->peer_error_handling) close_endpoint(*peer, /*force=*/!settled(*peer));
+}
+
+bool UcxTransport::settled(const Peer& peer) const {
+  // A flushing close waits for our sends to the peer; a transfer from the peer needs our
+  // endpoint to answer its rendezvous. Either may need the peer's endpoint still open.
+  const auto in_flight = [&](void* request) {
+    return request && ucp_request_check_status(request) == UCS_INPROGRESS;
+  };
+  for (const auto& [handle, operation] : operations_)
+    if (operation.peer == peer.rank && in_flight(operation.request)) return false;
+  for (const Drain& drain : drains_)
+    if (drain.peer == peer.rank && in_flight(drain.request)) return false;
+  return peer.notice_sends.empty() &&
+         (peer.rank == rank_ || peer.lost || peer.closed || !peer.endpoints[0] || peer.abort_heard);
 }
 
 void UcxTransport::drain_unexpected(ucp_tag_t value, ucp_tag_t mask) {
@@ -937,6 +992,7 @@ void UcxTransport::drain_unexpected(ucp_tag_t value, ucp_tag_t mask) {
     ucp_tag_message_h message = ucp_tag_probe_nb(worker_, value, mask, 1, &info);
     if (!message) return;
     Drain drain;
+    drain.peer = source_of(info.sender_tag);
     drain.buffer.reset(new char[std::max<size_t>(info.length, 1)]);
     ucp_request_param_t param{};
     void* request = ucp_tag_msg_recv_nbx(worker_, drain.buffer.get(), info.length, message, &param);
