@@ -329,6 +329,12 @@ def links_main(args, configs, names):
                 runs += json.load(f)
         finally:
             os.unlink(path)
+    return links_report(args, configs, names, runs)
+
+
+def links_report(args, configs, names, runs):
+    """The time-to-target tables of --links runs (also re-rendered from a saved
+    quality_links.json with --runs-from, e.g. with another --target-ratio)."""
     overlap_rows = []
     if args.overlap_json:
         with open(args.overlap_json) as f:
@@ -340,10 +346,11 @@ def links_main(args, configs, names):
         ddp = summarize(mine, ["ddp"]).get("ddp", {})
         if "loss_mean" not in ddp:
             continue
-        target = args.target if args.target else ddp["loss_mean"]
+        target = args.target or args.target_ratio * ddp["loss_mean"]
+        how = ("stated" if args.target else "DDP final, mean" if args.target_ratio == 1.0
+               else f"{args.target_ratio:g} x DDP final, mean")
         rows = time_to_target(mine, names, target)
-        print_time_table(rows, f"\nlink {rate}: time to validation loss {target:.4f} "
-                               f"({'stated' if args.target else 'DDP final, mean'})")
+        print_time_table(rows, f"\nlink {rate}: time to validation loss {target:.4f} ({how})")
         entry = {"target": target, "time_to_target": rows}
         if overlap_rows:
             comp = composite(rows, configs, overlap_rows, args.world, rate)
@@ -384,6 +391,10 @@ def parse_args(argv):
     ap.add_argument("--only", help="comma-separated configuration names (as in the table)")
     ap.add_argument("--links", help="e.g. 100mbit,1gbit: the time-to-quality mode (root)")
     ap.add_argument("--target", type=float, help="target validation loss (default: DDP's final)")
+    ap.add_argument("--target-ratio", type=float, default=1.0,
+                    help="without --target: the target is this times DDP's final loss")
+    ap.add_argument("--runs-from", help="re-render the time-to-target tables of an earlier "
+                                        "--links run's quality_links.json (no training)")
     ap.add_argument("--overlap-json", help="bench/overlap's overlap.json for the composite figure")
     ap.add_argument("--port", type=int, default=0,
                     help="co2's store port (gloo takes the next); default: by process id")
@@ -429,6 +440,13 @@ def main(argv):
     if not os.path.isdir(os.path.join(args.build, "bindings", "python", "co2")):
         log(f"{args.build}/bindings/python/co2 is missing: build the Python binding first")
         return 77
+    if args.runs_from:
+        with open(args.runs_from) as f:
+            saved = json.load(f)
+        args.links = list(saved["links"]) or sorted({r["rate"] for r in saved["runs"]})
+        present = {r["name"] for r in saved["runs"]}
+        configs = [c for c in configs if c[0] in present]
+        return links_report(args, configs, [c[0] for c in configs], saved["runs"])
     if args.links:
         return links_main(args, configs, names)
     started = time.monotonic()
