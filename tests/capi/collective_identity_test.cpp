@@ -21,6 +21,25 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kPrompt = std::chrono::seconds(10);
 constexpr size_t kCount = 256;
 
+// An engine over one tensor "w" (params), committed (collective); null after a failure.
+co2_engine_t committed_engine(co2_comm_t comm, std::vector<float>& params, const co2_engine_config_t& config) {
+  co2_engine_t engine = nullptr;
+  co2_tensor_t tensor = CO2_TENSOR_INIT;
+  tensor.name = "w";
+  tensor.data = params.data();
+  tensor.count = params.size();
+  const co2_status_t status = [&] {
+    co2_status_t s = co2_engine_create(comm, &config, &engine);
+    if (s == CO2_OK) s = co2_engine_register_tensor(engine, &tensor);
+    if (s == CO2_OK) s = co2_engine_commit(engine);
+    return s;
+  }();
+  EXPECT_EQ(status, CO2_OK) << co2_last_error_message();
+  if (status == CO2_OK) return engine;
+  co2_engine_destroy(engine);
+  return nullptr;
+}
+
 // Runs the audit's case on two ranks whose communicators `make(rank, &comm)` creates.
 void expect_local_average_against_boundary_is_a_mismatch(
     const std::function<co2_status_t(int, co2_comm_t*)>& make) {
@@ -39,14 +58,8 @@ void expect_local_average_against_boundary_is_a_mismatch(
     co2_engine_config_t config = CO2_ENGINE_CONFIG_INIT;
     config.algorithm = CO2_ALGO_CO2;
     config.tau = 1;  // every step is a boundary
-    co2_engine_t engine = nullptr;
-    CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
-    co2_tensor_t tensor = CO2_TENSOR_INIT;
-    tensor.name = "w";
-    tensor.data = params.data();
-    tensor.count = kCount;
-    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
-    CO2_ASSERT_OK(co2_engine_commit(engine));
+    co2_engine_t engine = committed_engine(comm, params, config);
+    if (!engine) return;
     for (float& p : params) p += float(rank + 1);  // some local training
 
     const auto start = Clock::now();
@@ -103,15 +116,8 @@ TEST(CollectiveIdentity, RawAllReduceDuringTheOthersLocalAverageIsAMismatch) {
   std::vector<co2_status_t> statuses(2, CO2_OK);
   co2test::run_ranks(2, [&](int rank, co2_comm_t comm) {
     std::vector<float> params(kCount, 1.0f);
-    co2_engine_config_t config = CO2_ENGINE_CONFIG_INIT;
-    co2_engine_t engine = nullptr;
-    CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
-    co2_tensor_t tensor = CO2_TENSOR_INIT;
-    tensor.name = "w";
-    tensor.data = params.data();
-    tensor.count = kCount;
-    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
-    CO2_ASSERT_OK(co2_engine_commit(engine));
+    co2_engine_t engine = committed_engine(comm, params, co2_engine_config_t CO2_ENGINE_CONFIG_INIT);
+    if (!engine) return;
     std::vector<float> buffer(kCount, 1.0f);
     if (rank == 0) {
       statuses[0] = co2_engine_consensus(engine, CO2_CONSENSUS_LOCAL_AVERAGE, buffer.data(), kCount);
