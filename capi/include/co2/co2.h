@@ -34,7 +34,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define CO2_VERSION_MAJOR 1
-#define CO2_VERSION_MINOR 0
+#define CO2_VERSION_MINOR 1
 #define CO2_VERSION_PATCH 0
 /* Version of the config/stats struct family; stored in each struct's `version` field. */
 #define CO2_ABI_VERSION 1

@@ -3,7 +3,7 @@
 
 # ---- macros (values evaluated by clang) ----
 const CO2_VERSION_MAJOR = Cint(1)
-const CO2_VERSION_MINOR = Cint(0)
+const CO2_VERSION_MINOR = Cint(1)
 const CO2_VERSION_PATCH = Cint(0)
 const CO2_ABI_VERSION = Cint(1)
 const CO2_DEFAULT_TIMEOUT_MS = Cuint(300000)
