@@ -59,6 +59,11 @@ class CudaPath final : public DevicePath {
   }
 
   void commit(S& s) override {
+    const int comm_device = s.comm->collective_device();
+    require(comm_device < 0 || comm_device == device_, Status::InvalidArgument,
+            "the tensors are on CUDA device " + std::to_string(device_) + " but the NCCL communicator on device " +
+                std::to_string(comm_device) + ": set co2_comm_config_t.device_index (default: LOCAL_RANK) to "
+                "the tensors' device, or move the model there (torch.cuda.set_device(LOCAL_RANK) before building it)");
     make_current();
     std::string why;
     averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr, &why);

@@ -175,4 +175,10 @@ std::vector<uint32_t> first_chunk_of_segments(const std::vector<Chunk>& chunks, 
 
 int usable_device_count(int cuda_error, int count) { return cuda_error != 0 || count < 0 ? 0 : count; }
 
+std::string raw_collective_refusal(bool cuda_buffer, bool collective_transport) {
+  if (!cuda_buffer || collective_transport) return "";
+  return "the buffer is CUDA device memory, but this communicator's transport moves host memory: "
+         "create the communicator with CO2_TRANSPORT_NCCL for device buffers, or pass host memory";
+}
+
 }  // namespace co2::device

@@ -42,6 +42,17 @@ TEST(Selection, TransportChoice) {
   EXPECT_EQ(choose_transport(7, true, true), TransportChoice::Unavailable);
 }
 
+// Under torchrun the default transport is UCX; a CUDA tensor handed to its raw all-reduce would
+// be read through device addresses on the CPU (a segfault before this check).
+TEST(Selection, RawCollectivesRefuseDeviceMemoryOnHostTransports) {
+  EXPECT_EQ(raw_collective_refusal(false, false), "");
+  EXPECT_EQ(raw_collective_refusal(false, true), "");
+  EXPECT_EQ(raw_collective_refusal(true, true), "");
+  const std::string why = raw_collective_refusal(true, false);
+  EXPECT_NE(why.find("CUDA device memory"), std::string::npos) << why;
+  EXPECT_NE(why.find("CO2_TRANSPORT_NCCL"), std::string::npos) << why;
+}
+
 TEST(Selection, NoDriverMeansNoDevice) {
   EXPECT_EQ(usable_device_count(35, 4), 0);  // cudaErrorInsufficientDriver
   EXPECT_EQ(usable_device_count(100, 0), 0);
