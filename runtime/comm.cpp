@@ -32,12 +32,13 @@ const char* purpose_name(Purpose purpose) {
     case Purpose::LayoutHash: return "layout-hash";
     case Purpose::InitialBroadcast: return "initial-broadcast";
     case Purpose::GradientAverage: return "gradient-average";
+    case Purpose::Split: return "split";
   }
   return "purpose?";
 }
 
 bool is_control_purpose(Purpose purpose) {
-  return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash;
+  return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash || purpose == Purpose::Split;
 }
 
 uint64_t PurposeSequences::peek(CollectiveId id) const {

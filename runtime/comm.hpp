@@ -45,6 +45,7 @@ enum class Purpose : uint8_t {
   LayoutHash = 5,        // the all-gather of layout digests at commit
   InitialBroadcast = 6,  // rank 0's parameters at commit
   GradientAverage = 7,   // co2_engine_reduce_gradients (sync)
+  Split = 8,             // co2_comm_split's exchange of colors, keys and group ids
 };
 const char* purpose_name(Purpose purpose);
 
