@@ -1,0 +1,56 @@
+"""trainer.join(): ranks with fewer batches shadow the others' collectives (like torch's Join).
+
+Inside the context every rank reports, at the start of each round (its first training forward
+or optimizer step after a round boundary), whether it still trains: a small all-reduce of one
+flag per rank (co2.torch's control collective, "join round"). A rank whose loop ended leaves the
+with-block and shadows: it reports 0 at the same point, and while others still train it calls
+the engine's step without changing its parameters (under sync: with zero gradients, so the
+average divides by the initial world size, as torch's Join does), so its delta is zero from its
+next round on. When every rank reports 0, all leave together, at the same step count.
+"""
+import torch
+
+
+class Join:
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.round_pending = True     # the next round starts with a report
+        self.rounds = 0
+        self.shadow_steps = 0
+
+    def __enter__(self):
+        if self.trainer._join is not None:
+            raise RuntimeError("trainer.join() is already active")
+        self.trainer._join = self
+        return self
+
+    def report_if_due(self, active=True):
+        """Called before a rank's work of a round; returns how many ranks still train."""
+        if not self.round_pending:
+            return None
+        self.round_pending = False
+        self.rounds += 1
+        _, flags = self.trainer._agree("join round", 1 if active else 0)
+        return int(flags.sum())
+
+    def after_step(self, boundary):
+        if boundary:
+            self.round_pending = True
+
+    def __exit__(self, exc_type, exc, tb):
+        trainer = self.trainer
+        try:
+            if exc_type is not None:
+                return False            # the peers learn of it by their timeout
+            while True:
+                if self.round_pending and self.report_if_due(active=False) == 0:
+                    return False
+                if trainer.algorithm == "sync":
+                    trainer.engine.reduce_gradients([None] * len(trainer._params),
+                                                    trainer._stream())
+                with torch.no_grad():
+                    boundary = trainer._engine_step()
+                self.shadow_steps += 1
+                self.after_step(boundary)
+        finally:
+            trainer._join = None

@@ -1,0 +1,101 @@
+"""How co2.torch notices a training loop that is not wired to the engine.
+
+- A module belongs to at most one live Distributed (distribute() twice is an error).
+- Parameter version counters: torch bumps a tensor's _version on every in-place change (every
+  optimizer's update), the engine's own writes (through C) do not. A Distributed records the sum
+  after each engine step; a different sum later means the parameters changed without an engine
+  step: an optimizer co2 was not given, or weights loaded into the model after distribute().
+- An optimizer created after distribute() is found among the live objects (the garbage
+  collector's list) the first time the module runs forward in training mode.
+- A Distributed that trained but whose process exits (or which is closed or collected) without
+  finalize() warns.
+"""
+import gc
+import sys
+import warnings
+import weakref
+
+import torch
+
+_OWNER_ATTRIBUTE = "_co2_distributed"
+
+
+class WiringError(RuntimeError):
+    """The training loop is not wired to co2 the way co2.torch needs it."""
+
+
+def claim(module, owner):
+    previous = getattr(module, _OWNER_ATTRIBUTE, None)
+    previous = previous() if previous is not None else None
+    if previous is not None and previous.engine is not None:
+        raise WiringError(f"this {type(module).__name__} is already distributed (rank "
+                          f"{previous.rank} of {previous.world_size}): call distribute() once "
+                          f"per model, or close() the first Distributed before distributing "
+                          f"it again")
+    object.__setattr__(module, _OWNER_ATTRIBUTE, weakref.ref(owner))
+
+
+def release(module, owner):
+    current = getattr(module, _OWNER_ATTRIBUTE, None)
+    if current is not None and current() in (owner, None):
+        object.__delattr__(module, _OWNER_ATTRIBUTE)
+
+
+def version(params):
+    """Sum of the parameters' version counters: changes with every in-place update."""
+    return sum(p._version for _, p in params)
+
+
+def optimizers_over(params):
+    """The live torch optimizers all of whose parameters are among `params` (one gc scan)."""
+    ids = {id(p) for _, p in params}
+    found = []
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.optim.Optimizer):
+            theirs = [p for group in obj.param_groups for p in group["params"]]
+            if theirs and all(id(p) in ids for p in theirs):
+                found.append(obj)
+    return found
+
+
+def check_optimizer(optimizer, params):
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"attach() takes a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    ids = {id(p) for _, p in params}
+    foreign = sum(1 for group in optimizer.param_groups for p in group["params"]
+                  if id(p) not in ids)
+    if foreign:
+        raise ValueError(f"the optimizer updates {foreign} tensor(s) that are not parameters of "
+                         f"the distributed module: co2 would not average them")
+
+
+class Lifecycle:
+    """What the exit warning needs to know, kept apart from the Distributed so that the
+    finalizer does not keep it alive."""
+
+    __slots__ = ("rank", "steps_unsaved", "done")
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.steps_unsaved = 0    # engine steps since the last finalize/state_dict/save_portable
+        self.done = False
+
+
+def warn_unfinalized(life, when):
+    if life.done or life.steps_unsaved == 0:
+        return
+    life.done = True
+    message = (f"co2.torch (rank {life.rank}): {life.steps_unsaved} training steps ran after "
+               f"distribute() (or the last checkpoint) but finalize() was never called before "
+               f"{when}: the average in flight was dropped and the ranks' models differ; call "
+               f"trainer.finalize() after the training loop")
+    if sys.is_finalizing():
+        print(f"RuntimeWarning: {message}", file=sys.stderr, flush=True)
+    else:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def watch_exit(owner, life):
+    """Warns at interpreter exit (or when `owner` is collected) unless finalized."""
+    return weakref.finalize(owner, warn_unfinalized, life, "the process exited")
