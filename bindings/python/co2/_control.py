@@ -37,14 +37,19 @@ def agree(comm, operation, steps, flag):
     return payload[:world], payload[world:2 * world]
 
 
-def peer_operation(error, world):
-    """The co2.torch operation a peer was in, read from a CollectiveMismatchError's message
-    (None when the peer's collective was not one of ours: it was training)."""
-    counts = [int(c) for c in _CONTROL_SHAPE.findall(str(error))]
-    for count in counts:
-        if count - 2 * world in _BY_CODE:
-            return _BY_CODE[count - 2 * world]
+def peer_operation(error, world, mine):
+    """The co2.torch operation a peer was in, other than `mine`, read from a
+    CollectiveMismatchError's message (None: the peer's collective was not one of ours, it was
+    training)."""
+    for count in _CONTROL_SHAPE.findall(str(error)):
+        operation = _BY_CODE.get(int(count) - 2 * world)
+        if operation is not None and operation != mine:
+            return operation
     return None
+
+
+_STOPS = ("finalize()", "synchronize()", "join round")
+_SAVES = ("state_dict()", "save_portable()")
 
 
 def translate(error, world, rank, steps, mine):
@@ -53,24 +58,26 @@ def translate(error, world, rank, steps, mine):
     mine: the operation this rank was in (None: a training step or boundary)."""
     if not isinstance(error, _errors.PeerError):
         return None
-    theirs = peer_operation(error, world) if isinstance(
-        error, _errors.CollectiveMismatchError) else None
+    theirs = peer_operation(error, world, mine) \
+        if isinstance(error, _errors.CollectiveMismatchError) else None
+    here = f"this rank ({rank}) is in {mine}" if mine else \
+        f"this rank ({rank}) was training at step {steps}"
     for op in (mine, theirs):
-        if op in ("state_dict()", "save_portable()") and mine != theirs:
-            where = (f"this rank ({rank}) is in {mine}" if mine else
-                     f"this rank ({rank}) was training at step {steps}")
-            peer = f"a peer is in {theirs}" if theirs else "the peers were not"
-            return _reraised(error, f"{COLLECTIVE_HINT.format(op=op)} ({where}; {peer})")
-    if mine in ("finalize()", "synchronize()", "join round") or \
-            theirs in ("finalize()", "synchronize()"):
-        if mine is None or (mine == "join round" and theirs is None):
-            text = (f"a peer stopped ({theirs or 'left'}) while this rank ({rank}) continues at "
-                    f"step {steps}: unequal step counts; {UNEQUAL_HINT}")
-        else:
-            text = (f"rank {rank} stopped at step {steps} ({mine}) while others continue: "
-                    f"unequal step counts; {UNEQUAL_HINT}")
-        return _reraised(error, text)
-    return None
+        if op in _SAVES:
+            peer = f"a peer is in {theirs}" if theirs else "a peer was not"
+            return _reraised(error, f"{COLLECTIVE_HINT.format(op=op)} ({here}; {peer})")
+    if mine is None and theirs in _STOPS:
+        text = (f"a peer stopped ({theirs}) while this rank ({rank}) continues at step "
+                f"{steps}: unequal step counts")
+    elif mine in _STOPS and theirs is None:
+        text = f"rank {rank} stopped at step {steps} ({mine}) while others continue: " \
+               f"unequal step counts"
+    elif mine in _STOPS:
+        text = (f"rank {rank} is at step {steps} in {mine} while a peer is in {theirs}: "
+                f"unequal step counts")
+    else:
+        return None
+    return _reraised(error, f"{text}; {UNEQUAL_HINT}")
 
 
 def unequal_steps_error(steps, rank):

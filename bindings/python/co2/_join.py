@@ -5,8 +5,9 @@ or optimizer step after a round boundary), whether it still trains: a small all-
 flag per rank (co2.torch's control collective, "join round"). A rank whose loop ended leaves the
 with-block and shadows: it reports 0 at the same point, and while others still train it calls
 the engine's step without changing its parameters (under sync: with zero gradients, so the
-average divides by the initial world size, as torch's Join does), so its delta is zero from its
-next round on. When every rank reports 0, all leave together, at the same step count.
+average divides by the initial world size, as torch's Join does, and it applies the averaged
+gradients with its optimizer, so its parameters stay those of the others), so its delta is zero
+from its next round on. When every rank reports 0, all leave together, at the same step count.
 """
 import torch
 
@@ -21,6 +22,10 @@ class Join:
     def __enter__(self):
         if self.trainer._join is not None:
             raise RuntimeError("trainer.join() is already active")
+        if self.trainer.algorithm == "sync" and self.trainer.optimizer is None:
+            raise RuntimeError("join() under sync needs the optimizer attached "
+                               "(trainer.attach(optimizer)): a rank out of batches keeps "
+                               "taking the averaged gradients' optimizer steps")
         self.trainer._join = self
         return self
 
@@ -45,12 +50,14 @@ class Join:
             while True:
                 if self.round_pending and self.report_if_due(active=False) == 0:
                     return False
-                if trainer.algorithm == "sync":
-                    trainer.engine.reduce_gradients([None] * len(trainer._params),
-                                                    trainer._stream())
-                with torch.no_grad():
-                    boundary = trainer._engine_step()
                 self.shadow_steps += 1
-                self.after_step(boundary)
+                if trainer.algorithm == "sync":
+                    # Zero gradients into the average, then the optimizer's step with what
+                    # arrives: the parameters stay those of the active ranks.
+                    for _, p in trainer._params:
+                        p.grad = torch.zeros_like(p)
+                    trainer.optimizer.step()     # wrapped: reduce, step, engine step
+                else:
+                    trainer._engine_step()
         finally:
             trainer._join = None

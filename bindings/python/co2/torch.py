@@ -251,7 +251,10 @@ class Distributed:
                 if not g.is_contiguous():
                     p.grad = g = g.contiguous()
             grads.append(g)
-        self.engine.reduce_gradients(grads, self._stream())
+        try:
+            self.engine.reduce_gradients(grads, self._stream())
+        except _errors.Error as exc:
+            raise self._explained(exc, None) from None
 
     def step(self):
         """The engine's step (done by optimizer.step when an optimizer is attached). True at a
