@@ -128,3 +128,14 @@ def test_checkpoint_restart_of_the_processes(algorithm, tmp_path):
         want = np.load(tmp_path / f"full{rank}.npy")
         got = np.load(tmp_path / f"second{rank}.npy")
         np.testing.assert_array_equal(got, want, err_msg=f"rank {rank}")
+
+
+def test_state_dict_on_rank_0_only_says_it_is_collective(tmp_path):
+    """The DDP habit `if rank == 0: torch.save(trainer.state_dict())`: every rank fails with
+    the reason instead of a bare CollectiveMismatchError or a timeout."""
+    world = 2
+    run_world(world, ["rank0_saves", str(tmp_path)], "state_dict on rank 0 only")
+    for rank in range(world):
+        message = (tmp_path / f"error{rank}.txt").read_text()
+        assert "state_dict() is collective: call it on every rank" in message, \
+            f"rank {rank}: {message!r}"
