@@ -69,6 +69,9 @@ def translate(error, world, rank, steps, mine):
     if mine is None and theirs in _STOPS:
         text = (f"a peer stopped ({theirs}) while this rank ({rank}) continues at step "
                 f"{steps}: unequal step counts")
+    elif mine in _STOPS and not isinstance(error, _errors.CollectiveMismatchError):
+        text = (f"rank {rank} waited in {mine} at step {steps} and a peer did not come (it "
+                f"exited, failed, or still trains): if the ranks have unequal step counts")
     elif mine in _STOPS and theirs is None:
         text = f"rank {rank} stopped at step {steps} ({mine}) while others continue: " \
                f"unequal step counts"
