@@ -5,8 +5,8 @@
   optimizer's update), the engine's own writes (through C) do not. A Distributed records the sum
   after each engine step; a different sum later means the parameters changed without an engine
   step: an optimizer co2 was not given, or weights loaded into the model after distribute().
-- An optimizer created after distribute() is found among the live objects (the garbage
-  collector's list) the first time the module runs forward in training mode.
+- An optimizer created after distribute() is found through the garbage collector's referrers of
+  a parameter the first time the module runs forward in training mode.
 - A Distributed that trained but whose process exits (or which is closed or collected) without
   finalize() warns.
 """
@@ -47,14 +47,40 @@ def version(params):
 
 
 def optimizers_over(params):
-    """The live torch optimizers all of whose parameters are among `params` (one gc scan)."""
+    """The live torch optimizers all of whose parameters are among `params`. Walks the
+    referrers up from one trained parameter (its param group's list, the group, the
+    optimizer's param_groups, the optimizer or its __dict__): gc.get_objects() would also hand
+    out every tensor, and holding those upsets autograd's bookkeeping."""
+    anchor = next((p for _, p in params if p.requires_grad), None)
+    if anchor is None:
+        return []
     ids = {id(p) for _, p in params}
-    found, optimizer_type = [], torch.optim.Optimizer
-    for obj in gc.get_objects():
-        if issubclass(type(obj), optimizer_type):   # type(): no __class__ property runs
-            theirs = [p for group in obj.param_groups for p in group["params"]]
-            if theirs and all(id(p) in ids for p in theirs):
-                found.append(obj)
+    optimizer_type = torch.optim.Optimizer
+    found = []
+
+    def owners_of(groups):
+        for holder in gc.get_referrers(groups):
+            if issubclass(type(holder), optimizer_type):       # 3.11: inline attributes
+                yield holder
+            elif type(holder) is dict and holder.get("param_groups") is groups:
+                yield from (o for o in gc.get_referrers(holder)
+                            if issubclass(type(o), optimizer_type))
+
+    for members in gc.get_referrers(anchor):
+        if type(members) is not list:
+            continue
+        for group in gc.get_referrers(members):
+            if type(group) is not dict or group.get("params") is not members:
+                continue
+            for groups in gc.get_referrers(group):
+                if type(groups) is not list:
+                    continue
+                for optimizer in owners_of(groups):
+                    if optimizer.param_groups is not groups or optimizer in found:
+                        continue
+                    theirs = [p for g in optimizer.param_groups for p in g["params"]]
+                    if all(id(p) in ids for p in theirs):
+                        found.append(optimizer)
     return found
 
 

@@ -15,15 +15,21 @@ What distribute() does:
   - creates the communicator from the launcher's environment (co2run, torchrun, mpirun, srun;
     a group of one otherwise) unless you pass `comm`;
   - moves the module's float32 parameters and its running statistics (BatchNorm's
-    running_mean / running_var; see _roles.py and `buffers=`) into one flat tensor that it allocates and co2 adopts: each parameter becomes a view into it
+    running_mean / running_var; see _roles.py and `buffers=`) into one flat tensor that it
+    allocates and co2 adopts: each parameter becomes a view into it
     (`param.data = flat[offset:offset+n].view(shape)`), so the optimizer, the module and the
     engine share the memory and the engine runs one contiguous pass. flat=False registers the
     tensors as they are instead;
   - commits the layout: every rank starts from rank 0's weights; other buffers are broadcast
     from rank 0 once and then left to each rank;
   - wraps optimizer.step (of the optimizer given, attached, or found at the first training
-    forward) so that it averages the gradients first under `sync` (the gradients
-    are read on every call: zero_grad(set_to_none=True) is fine), then runs the engine's step.
+    forward) so that it averages the gradients first under `sync` (the gradients are read on
+    every call: zero_grad(set_to_none=True) is fine), then runs the engine's step.
+
+What it checks (each failure names its cause; bindings/python/README.md): an optimizer that
+steps without co2 (WiringError at the next training forward or collective), a model
+distributed twice, training that ends without finalize() (a warning), collective operations
+called on some ranks only and unequal step counts (the control all-reduce of _control.py).
 
 Device tensors (CUDA) go to the GPU path with the current stream when co2 was built with it;
 otherwise the C API raises co2.UnsupportedError.
@@ -154,7 +160,7 @@ class Distributed:
         self._original_step = original
         optimizer.step = types.MethodType(step, optimizer)
 
-    def attach(self, optimizer):
+    def attach(self, optimizer, *, _stepped=False):
         """Hands `optimizer` (over this module's parameters) to co2: its step() then also runs
         the engine's step (and under sync averages the gradients first). For an optimizer
         created after distribute(); call it before the first optimizer.step()."""
@@ -164,7 +170,7 @@ class Distributed:
             raise WiringError("an optimizer is already attached: co2.torch drives one "
                               "optimizer per model (put several parameter groups into one)")
         _wiring.check_optimizer(optimizer, self._params)
-        if optimizer.state and self.engine.stats()["steps"] == 0:
+        if optimizer.state and not _stepped and self.engine.stats()["steps"] == 0:
             warnings.warn("the optimizer holds state from earlier steps but co2's engine "
                           "starts afresh (anchor = these weights, no outer momentum, no average "
                           "in flight): a torch-style resume of model + optimizer continues "
@@ -211,7 +217,7 @@ class Distributed:
         if len(found) == 1 and self.algorithm != "sync":
             # Created after the first forward: its first step ran without the engine's, which
             # the engine takes now (the same order as the wrapped step: optimizer, engine).
-            self.attach(found[0])
+            self.attach(found[0], _stepped=True)
             self.step()
             return
         raise WiringError(self._unwired_message(self.rank))

@@ -60,6 +60,8 @@ def wiring_run(algorithm, order):
                                            tau=3)
         else:
             trainer = co2.torch.distribute(model, algorithm=algorithm, comm=comm, tau=3)
+            if order == "late":                 # a forward before the optimizer exists
+                model(tiny_batch(0, rank)[0])
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             if order == "attach":
                 trainer.attach(optimizer)
@@ -82,6 +84,17 @@ def test_optimizer_created_after_distribute_trains_like_the_given_one(algorithm)
             assert got[rank][1] == 8, f"{order}: engine steps {got[rank][1]}"
             assert torch.equal(got[rank][0], given[rank][0]), f"{order}, rank {rank}"
     assert not torch.equal(given[0][0], flat_params(tiny_model(0)))   # it trained
+
+
+def test_optimizer_created_after_the_first_forward():
+    """co2: found at the second forward, after its first step; the engine takes the step it
+    missed then, so the run is still bitwise the same. sync: that first step used this rank's
+    own gradient, which cannot be repaired: an error that says what to do."""
+    given, late = wiring_run("co2", "given"), wiring_run("co2", "late")
+    for rank in range(2):
+        assert late[rank][1] == 8 and torch.equal(late[rank][0], given[rank][0])
+    with pytest.raises(co2.torch.WiringError, match=r"call trainer\.attach\(optimizer\)"):
+        wiring_run("sync", "late")
 
 
 def test_never_stepped_engine_fails_at_the_next_collective_and_forward():
