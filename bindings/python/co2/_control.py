@@ -64,8 +64,13 @@ def translate(error, world, rank, steps, mine):
         f"this rank ({rank}) was training at step {steps}"
     for op in (mine, theirs):
         if op in _SAVES:
-            peer = f"a peer is in {theirs}" if theirs else "a peer was not"
+            peer = f"a peer is in {theirs}" if theirs else "a peer was elsewhere"
             return _reraised(error, f"{COLLECTIVE_HINT.format(op=op)} ({here}; {peer})")
+    if "join round" in (mine, theirs) and None in (mine, theirs):
+        text = (f"rank {rank} is at step {steps} {'inside' if mine else 'outside'} "
+                f"trainer.join() while a peer is {'outside' if mine else 'inside'} it: enter "
+                f"join() on every rank at the same step")
+        return _reraised(error, text)
     if mine is None and theirs in _STOPS:
         text = (f"a peer stopped ({theirs}) while this rank ({rank}) continues at step "
                 f"{steps}: unequal step counts")
@@ -83,7 +88,7 @@ def translate(error, world, rank, steps, mine):
     return _reraised(error, f"{text}; {UNEQUAL_HINT}")
 
 
-def unequal_steps_error(steps, rank):
+def unequal_steps_error(steps):
     """The error for an agreement whose step counts differ (None when they are equal)."""
     steps = [int(s) for s in steps]
     if min(steps) == max(steps):
@@ -94,8 +99,9 @@ def unequal_steps_error(steps, rank):
         f"{max(steps)}; steps by rank: {steps}): unequal step counts; {UNEQUAL_HINT}")
 
 
-class UnequalStepsError(RuntimeError):
-    """The ranks took different numbers of training steps."""
+class UnequalStepsError(_errors.Error):
+    """The ranks took different numbers of training steps (found when all of them reached the
+    same collective operation)."""
 
 
 def _reraised(error, text):

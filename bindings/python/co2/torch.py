@@ -92,6 +92,7 @@ class Distributed:
         self._original_load = None
         self._join = None
         self._searched = False
+        self._evaluating = False        # inside consensus_weights(): not a training forward
         self._seen_version = _wiring.version(self._params)
         self._life = _wiring.Lifecycle(self.rank)
         self._exit_warning = _wiring.watch_exit(self, self._life)
@@ -200,7 +201,8 @@ class Distributed:
     def _before_forward(self):
         """Forward in training mode: the first time, find an optimizer created after
         distribute(); later, refuse parameters changed without an engine step."""
-        if not (self.module.training and torch.is_grad_enabled()) or self.engine is None:
+        if not (self.module.training and torch.is_grad_enabled()) or self.engine is None \
+                or self._evaluating:
             return
         if self.optimizer is None and not self._searched:
             self._searched = True
@@ -304,7 +306,7 @@ class Distributed:
             mine = self._unwired_message(self.rank) if changed else \
                 f"rank(s) {unwired}: the parameters changed without co2's engine step"
             raise WiringError(f"{operation}: {mine}")
-        unequal = _control.unequal_steps_error(steps, self.rank)
+        unequal = _control.unequal_steps_error(steps)
         if unequal is not None:
             raise unequal
         try:
@@ -373,9 +375,11 @@ class Distributed:
                 n = tensor.numel()
                 tensor.copy_(consensus[offset:offset + n].view_as(tensor))
                 offset += n
+        self._evaluating = True
         try:
             yield self.module
         finally:
+            self._evaluating = False
             with torch.no_grad():
                 for (_, tensor, _), saved in zip(self._segments, local):
                     tensor.copy_(saved)

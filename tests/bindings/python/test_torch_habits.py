@@ -368,10 +368,15 @@ def test_join_lets_a_rank_run_out_of_batches(algorithm):
     def body(rank, comm):
         model = tiny_model(0)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        # Stepped in the loop only: it stands still on a rank that ran out (sync: the shadow's
+        # own updates then differ, and join's end must hand it the others' parameters).
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
         with co2.torch.distribute(model, optimizer, algorithm=algorithm, comm=comm,
                                   tau=3) as trainer:
             with trainer.join():
-                train(model, optimizer, rank, 0, batches[rank])
+                for step in range(batches[rank]):
+                    train(model, optimizer, rank, step, step + 1)
+                    scheduler.step()
             trainer.finalize()
             return flat_params(model), trainer.stats()["steps"]
     (a, steps_a), (b, steps_b) = run_world(2, body)
