@@ -2,7 +2,8 @@
 
     {"format": "co2.torch.portable/1",
      "model": the module's state_dict holding the consensus (the engine's anchor: the model
-              every rank agrees on; buffers that are not averaged: rank 0's),
+              every rank agrees on; localsgd, which keeps none: the ranks' average; buffers
+              that are not averaged: rank 0's),
      "optimizer": rank 0's inner-optimizer state_dict (or None),
      "engine": the shared engine state (co2_engine_save: anchor, outer momentum, the average
                in flight, counters; it loads at another world size, docs/capi.md),
@@ -24,11 +25,14 @@ def save(trainer, path):
     """Collective; rank 0 writes `path` (atomically: a temporary file, then a rename)."""
     write = trainer.rank == 0
     engine_state = trainer.engine.save(keep=write)
+    kind = trainer.consensus_kind             # localsgd: the ranks' average, collective
+    if not write and kind == "anchor":
+        return
+    with trainer.consensus_weights(kind):
+        model = {k: v.detach().to("cpu", copy=True) for k, v in
+                 trainer.module.state_dict().items()} if write else None
     if not write:
         return
-    with trainer.consensus_weights("anchor"):
-        model = {k: v.detach().to("cpu", copy=True) for k, v in
-                 trainer.module.state_dict().items()}
     optimizer = trainer.optimizer.state_dict() if trainer.optimizer is not None else None
     state = {"format": FORMAT, "model": model, "optimizer": optimizer, "engine": engine_state,
              "algorithm": trainer.algorithm, "world_size": trainer.world_size,

@@ -356,12 +356,20 @@ class Distributed:
         rank is done (a one-flag all-reduce per round inside the context). See _join.py."""
         return _join.Join(self)
 
+    @property
+    def consensus_kind(self):
+        """consensus_weights()'s default: "anchor", or "local_average" for localsgd, which
+        keeps no anchor."""
+        return "local_average" if self.algorithm == "localsgd" else "anchor"
+
     @contextlib.contextmanager
-    def consensus_weights(self, kind="anchor"):
+    def consensus_weights(self, kind=None):
         """Puts the consensus model into the module for the with-block (evaluation) and restores
         this rank's parameters after, bitwise: the training trajectory does not change.
-        kind "anchor" (the model the ranks agreed on at the last boundary; no communication) or
-        "local_average" (the average of the ranks' current parameters; collective)."""
+        kind "anchor" (the model the ranks agreed on at the last boundary; no communication;
+        the default) or "local_average" (the average of the ranks' current parameters;
+        collective: every rank enters the block at the same step; localsgd's default)."""
+        kind = self.consensus_kind if kind is None else kind
         local = [t.detach().clone() for _, t, _ in self._segments]
         consensus = torch.empty(sum(t.numel() for t in local), dtype=torch.float32,
                                 device=local[0].device)

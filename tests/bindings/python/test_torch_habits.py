@@ -309,6 +309,41 @@ def test_portable_checkpoint_saved_at_two_ranks_loads_at_one_and_two(tmp_path):
             assert torch.equal(final, results[0][1])
 
 
+@pytest.mark.parametrize("algorithm", ["sync", "localsgd", "diloco"])
+def test_portable_checkpoint_of_every_algorithm(algorithm, tmp_path):
+    """localsgd keeps no anchor: its consensus is the ranks' average (collective). Saved at a
+    boundary: the engine's save compares checksums of the model, which for localsgd are those
+    of the ranks' own parameters and differ mid-round."""
+    path = str(tmp_path / "portable.pt")
+
+    def save(rank, comm):
+        model = tiny_model(0)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with co2.torch.distribute(model, optimizer, algorithm=algorithm, comm=comm,
+                                  tau=3) as trainer:
+            train(model, optimizer, rank, 0, 6)
+            with trainer.consensus_weights():
+                consensus = flat_params(model)
+            trainer.save_portable(path)
+            return consensus
+    consensus = run_world(2, save)
+    assert torch.equal(consensus[0], consensus[1])
+    plain = tiny_model(7)
+    plain.load_state_dict(co2.torch.load_portable(path)["model"])
+    assert torch.equal(flat_params(plain), consensus[0])
+
+    def resume(rank, comm):
+        model = tiny_model(99)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with co2.torch.distribute(model, optimizer, algorithm=algorithm, comm=comm,
+                                  tau=3) as trainer:
+            trainer.load_portable(path)
+            assert torch.equal(flat_params(model), consensus[0])
+            train(model, optimizer, rank, 6, 8)
+            trainer.finalize()
+    run_world(1, resume)
+
+
 def test_torch_style_resume_warns_or_fails():
     """Model + optimizer only, the DDP way, would continue differently without co2's state."""
     model = tiny_model(0)
