@@ -124,4 +124,5 @@ def warn_unfinalized(life, when):
 
 def watch_exit(owner, life):
     """Warns at interpreter exit (or when `owner` is collected) unless finalized."""
-    return weakref.finalize(owner, warn_unfinalized, life, "the process exited")
+    return weakref.finalize(owner, warn_unfinalized, life,
+                            "the process exited (or the Distributed was collected)")
