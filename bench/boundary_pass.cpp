@@ -3,6 +3,9 @@
 //
 //   build/bench/boundary_pass [--max-millions 64] [--repeats 5]
 //
+// The parameter dtype table runs the same passes with bf16 and fp16 parameters (fp32 outer
+// state): the parameters are read widened and written rounded, 4 bytes less per element.
+//
 // The co2 pass (update + momentum + delta) reads p, a, m, c and writes a, m, c, p: 32 bytes per
 // element. memcpy of 16 bytes per element (the same bytes the pass reads) also moves 32 bytes
 // per element (16 read + 16 written). Both run on one thread, back to back, in the same process.
@@ -106,6 +109,50 @@ void split_table(size_t max_millions, int repeats) {
   }
 }
 
+// The parameters of `x` converted to P (bf16, fp16, or fp32 itself).
+template <typename P>
+std::vector<P> params_as(const PassInputs& x, size_t n) {
+  std::vector<P> out(n);
+  co2::narrow_into(x.p.data(), out.data(), n);
+  return out;
+}
+
+// Fused pass and the split pass's apply half with each parameter dtype, side by side.
+void dtype_table(size_t max_millions, int repeats) {
+  std::printf("\nParameter dtypes (fp32 outer state): fused pass and apply half, ms (GB/s)\n");
+  std::printf("%10s %18s %18s %18s %18s %18s %18s\n", "N", "fused fp32", "fused bf16", "fused fp16", "apply fp32",
+              "apply bf16", "apply fp16");
+  for (size_t millions = 1; millions <= max_millions; millions *= 4) {
+    const size_t n = millions << 20;
+    PassInputs x(n);
+    auto bf16 = params_as<co2::Bf16>(x, n);
+    auto fp16 = params_as<co2::Fp16>(x, n);
+    const co2::PassFlags flags{true, true, false, false, true};
+    // Each pass rewrites p and a; the measurement is of memory traffic, so drifting values do
+    // not matter (they stay finite over a few repeats).
+    auto fused = [&](auto* p) {
+      return best_of(repeats, [&] { co2::run_boundary_pass(flags, p, x.a.data(), x.m.data(), x.c.data(), n, x.k); });
+    };
+    auto apply = [&](auto* p) {
+      return best_of(repeats, [&] { co2::apply_prepared_segment(p, x.a.data(), x.c.data(), n); });
+    };
+    const double f32 = fused(x.p.data()), fb = fused(bf16.data()), fh = fused(fp16.data());
+    const double a32 = apply(x.p.data()), ab = apply(bf16.data()), ah = apply(fp16.data());
+    // Bytes per element: fused = p read + written, a, m, c read + written; apply = p read +
+    // written, a read + written, c read.
+    auto cell = [&](double seconds, double bytes_per_element) {
+      static char text[4][32];
+      static int next = 0;
+      char* out = text[next++ % 4];
+      std::snprintf(out, 32, "%.2f (%.1f)", seconds * 1e3, bytes_per_element * double(n) / seconds / 1e9);
+      return out;
+    };
+    std::printf("%9zuM %18s %18s %18s", millions, cell(f32, 32), cell(fb, 28), cell(fh, 28));
+    std::printf(" %18s %18s %18s\n", cell(a32, 20), cell(ab, 16), cell(ah, 16));
+    std::fflush(stdout);
+  }
+}
+
 int check(co2_status_t status, const char* what) {
   if (status != CO2_OK) {
     std::fprintf(stderr, "%s: %s (%s)\n", what, co2_status_string(status), co2_last_error_message());
@@ -158,6 +205,7 @@ int main(int argc, char** argv) {
   }
   pass_table(max_millions, repeats);
   split_table(max_millions, repeats);
+  dtype_table(max_millions, repeats);
   step_table();
   return 0;
 }

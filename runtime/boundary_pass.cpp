@@ -3,37 +3,55 @@
 namespace co2 {
 namespace {
 
-template <bool kUpdate, bool kMomentum, bool kNesterov, bool kValueClip>
-PassResult dispatch_delta(const PassFlags& f, float* p, float* a, float* m, float* c, size_t n,
+template <bool kUpdate, bool kMomentum, bool kNesterov, bool kValueClip, typename P>
+PassResult dispatch_delta(const PassFlags& f, P* p, float* a, float* m, float* c, size_t n,
                           const OuterCoefficients& k) {
   if (f.prepare)
-    return boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, false, true>(p, a, m, c, n, k);
+    return boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, false, true, P>(p, a, m, c, n, k);
   return f.write_delta
-             ? boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, true>(p, a, m, c, n, k)
-             : boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, false>(p, a, m, c, n, k);
+             ? boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, true, false, P>(p, a, m, c, n, k)
+             : boundary_pass_segment<kUpdate, kMomentum, kNesterov, kValueClip, false, false, P>(p, a, m, c, n, k);
 }
 
-template <bool kUpdate, bool kMomentum, bool kNesterov>
-PassResult dispatch_clip(const PassFlags& f, float* p, float* a, float* m, float* c, size_t n,
+template <bool kUpdate, bool kMomentum, bool kNesterov, typename P>
+PassResult dispatch_clip(const PassFlags& f, P* p, float* a, float* m, float* c, size_t n,
                          const OuterCoefficients& k) {
-  return f.value_clip ? dispatch_delta<kUpdate, kMomentum, kNesterov, true>(f, p, a, m, c, n, k)
-                      : dispatch_delta<kUpdate, kMomentum, kNesterov, false>(f, p, a, m, c, n, k);
+  return f.value_clip ? dispatch_delta<kUpdate, kMomentum, kNesterov, true, P>(f, p, a, m, c, n, k)
+                      : dispatch_delta<kUpdate, kMomentum, kNesterov, false, P>(f, p, a, m, c, n, k);
 }
 
-template <bool kUpdate, bool kMomentum>
-PassResult dispatch_nesterov(const PassFlags& f, float* p, float* a, float* m, float* c, size_t n,
+template <bool kUpdate, bool kMomentum, typename P>
+PassResult dispatch_nesterov(const PassFlags& f, P* p, float* a, float* m, float* c, size_t n,
                              const OuterCoefficients& k) {
-  return f.nesterov ? dispatch_clip<kUpdate, kMomentum, true>(f, p, a, m, c, n, k)
-                    : dispatch_clip<kUpdate, kMomentum, false>(f, p, a, m, c, n, k);
+  return f.nesterov ? dispatch_clip<kUpdate, kMomentum, true, P>(f, p, a, m, c, n, k)
+                    : dispatch_clip<kUpdate, kMomentum, false, P>(f, p, a, m, c, n, k);
+}
+
+}  // namespace
+
+namespace {
+
+template <typename P>
+PassResult run_typed(const PassFlags& f, P* p, float* a, float* m, float* c, size_t n,
+                     const OuterCoefficients& k) {
+  if (!f.update) return boundary_pass_segment<false, false, false, false, true, false, P>(p, a, m, c, n, k);
+  return f.momentum ? dispatch_nesterov<true, true, P>(f, p, a, m, c, n, k)
+                    : dispatch_nesterov<true, false, P>(f, p, a, m, c, n, k);
 }
 
 }  // namespace
 
 PassResult run_boundary_pass(const PassFlags& f, float* p, float* a, float* m, float* c, size_t n,
                              const OuterCoefficients& k) {
-  if (!f.update) return boundary_pass_segment<false, false, false, false, true>(p, a, m, c, n, k);
-  return f.momentum ? dispatch_nesterov<true, true>(f, p, a, m, c, n, k)
-                    : dispatch_nesterov<true, false>(f, p, a, m, c, n, k);
+  return run_typed(f, p, a, m, c, n, k);
+}
+PassResult run_boundary_pass(const PassFlags& f, Bf16* p, float* a, float* m, float* c, size_t n,
+                             const OuterCoefficients& k) {
+  return run_typed(f, p, a, m, c, n, k);
+}
+PassResult run_boundary_pass(const PassFlags& f, Fp16* p, float* a, float* m, float* c, size_t n,
+                             const OuterCoefficients& k) {
+  return run_typed(f, p, a, m, c, n, k);
 }
 
 namespace {
@@ -83,13 +101,14 @@ double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
   return norm.total();
 }
 
-bool apply_prepared_segment(float* __restrict__ p, float* __restrict__ a, const float* __restrict__ c,
+template <typename P>
+bool apply_prepared_segment(P* __restrict__ p, float* __restrict__ a, const float* __restrict__ c,
                             size_t n) {
   return all_finite_in_lanes(n, [&](size_t j, float& probe) {
-    const float delta = a[j] - p[j];  // the fused pass's expression: bit-identical deltas
+    const float delta = a[j] - widen(p[j]);  // the fused pass's expression: bit-identical deltas
     probe += delta * 0.0f;
     a[j] = delta;
-    p[j] = c[j];
+    p[j] = narrow<P>(c[j]);
   });
 }
 
@@ -102,11 +121,12 @@ bool update_result_finite(const PassFlags& f, const float* a, const float* m, co
                       : update_result_finite_typed<false, false>(a, m, c, n, k);
 }
 
-bool eager_boundary_segment(float* p, const float* a, const float* next, float* e, float* q,
+template <typename P>
+bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, float* q,
                             float* delta, size_t n, const EagerCoefficients& k) {
   // `delta` may alias `a` and `next` may alias `a`: every element is read before it is written.
   return all_finite_in_lanes(n, [&](size_t j, float& probe) {
-    const float d = (a[j] + e[j]) - p[j];
+    const float d = (a[j] + e[j]) - widen(p[j]);
     const float y = next[j];
     probe += d * 0.0f;
     delta[j] = d;
@@ -117,9 +137,18 @@ bool eager_boundary_segment(float* p, const float* a, const float* next, float* 
     }
     const float offset = -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
     e[j] = offset;
-    p[j] = y + offset;
+    p[j] = narrow<P>(y + offset);
   });
 }
+
+#define CO2_PARAM_TYPE_INSTANCES(P)                                                      \
+  template bool apply_prepared_segment<P>(P*, float*, const float*, size_t);             \
+  template bool eager_boundary_segment<P>(P*, const float*, const float*, float*, float*, \
+                                          float*, size_t, const EagerCoefficients&);
+CO2_PARAM_TYPE_INSTANCES(float)
+CO2_PARAM_TYPE_INSTANCES(Bf16)
+CO2_PARAM_TYPE_INSTANCES(Fp16)
+#undef CO2_PARAM_TYPE_INSTANCES
 
 bool all_finite(const float* x, size_t n) {
   return all_finite_in_lanes(n, [&](size_t j, float& probe) { probe += x[j] * 0.0f; });
