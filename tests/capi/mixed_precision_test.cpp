@@ -101,8 +101,12 @@ TEST(MixedPrecision, ConversionsRoundToNearestEven) {
     const float h = co2::widen(co2::Fp16{uint16_t(bits)});
     ASSERT_TRUE(same_value(round_to(b, kBf16), b)) << std::hex << bits;
     ASSERT_TRUE(same_value(round_to(h, kFp16), h)) << std::hex << bits;
-    if (!std::isnan(b)) ASSERT_EQ(co2::narrow<co2::Bf16>(b).bits, bits) << std::hex << bits;
-    if (!std::isnan(h)) ASSERT_EQ(co2::narrow<co2::Fp16>(h).bits, bits) << std::hex << bits;
+    if (!std::isnan(b)) {
+      ASSERT_EQ(co2::narrow<co2::Bf16>(b).bits, bits) << std::hex << bits;
+    }
+    if (!std::isnan(h)) {
+      ASSERT_EQ(co2::narrow<co2::Fp16>(h).bits, bits) << std::hex << bits;
+    }
   }
   // fp16 decoding of a few known values, against the format's definition.
   EXPECT_EQ(co2::widen(co2::Fp16{0x3c00}), 1.0f);
@@ -118,7 +122,7 @@ TEST(MixedPrecision, ConversionsRoundToNearestEven) {
 
 // ---- the engine against the reference ----
 
-enum class Algo { Co2Delayed, Co2Eager, Diloco, LocalSgd };
+enum class Algo { Co2Delayed, Co2Eager, Diloco, LocalSgd, Sync };
 
 struct TensorSpec {
   const Format* format;
@@ -140,6 +144,14 @@ float target(int rank, size_t tensor, size_t i) { return 1.0f + 0.17f * float(ra
 
 // One inner step, the same float computation on the engine's parameters and the reference's.
 float inner_step(float p, int rank, size_t tensor, size_t i) { return p - kInnerLr * (p - target(rank, tensor, i)); }
+
+// Under sync the engine never moves PARAMETER tensors (the gradients are averaged instead, not
+// modelled here), so they take the same steps on every rank, as with averaged gradients; the
+// anchor check compares them.
+int stepping_rank(Algo algo, co2_tensor_role_t role, int rank) {
+  return algo == Algo::Sync && role == CO2_ROLE_PARAMETER ? 0 : rank;
+}
+bool has_anchor(Algo algo) { return algo != Algo::LocalSgd && algo != Algo::Sync; }
 
 // The reference of one run: W ranks, float64 outer state, rounded parameters.
 struct Reference {
@@ -176,7 +188,7 @@ struct Reference {
       for (size_t t = 0; t < specs.size(); ++t)
         for (size_t i = 0; i < specs[t].count; ++i) {
           double& p = params[size_t(r)][t][i];
-          p = R(t, inner_step(float(p), r, t, i));
+          p = R(t, inner_step(float(p), stepping_rank(algo, specs[t].role, r), t, i));
         }
   }
 
@@ -196,7 +208,8 @@ struct Reference {
     for (size_t t = 0; t < specs.size(); ++t) {
       const size_t n = specs[t].count;
       std::vector<double> mean(n, 0.0);
-      if (algo == Algo::LocalSgd) {
+      if (algo == Algo::Sync && trained(t)) continue;  // only BUFFER tensors are averaged
+      if (algo == Algo::LocalSgd || algo == Algo::Sync) {
         for (int r = 0; r < world; ++r)
           for (size_t i = 0; i < n; ++i) mean[i] += params[size_t(r)][t][i] / world;
         for (int r = 0; r < world; ++r)
@@ -232,7 +245,7 @@ struct Reference {
   }
 
   void finalize() {
-    if (algo == Algo::LocalSgd) return boundary();
+    if (!has_anchor(algo)) return boundary();  // synchronize: one more average
     for (size_t t = 0; t < specs.size(); ++t) {
       if (have_pending) update(t, pending[t]);
       for (int r = 0; r < world; ++r)
@@ -246,6 +259,7 @@ co2_algorithm_t algorithm_of(Algo a) {
   switch (a) {
     case Algo::Diloco: return CO2_ALGO_DILOCO;
     case Algo::LocalSgd: return CO2_ALGO_LOCALSGD;
+    case Algo::Sync: return CO2_ALGO_SYNC;
     default: return CO2_ALGO_CO2;
   }
 }
@@ -255,6 +269,7 @@ const char* name_of(Algo a) {
     case Algo::Co2Delayed: return "co2 delayed";
     case Algo::Co2Eager: return "co2 eager";
     case Algo::Diloco: return "diloco";
+    case Algo::Sync: return "sync";
     default: return "localsgd";
   }
 }
@@ -292,7 +307,8 @@ void register_all(co2_engine_t e, std::vector<Params>& storage, const std::vecto
 void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo) {
   SCOPED_TRACE(std::string(name_of(algo)) + " W=" + std::to_string(world));
   Reference ref(specs, world, algo);
-  std::vector<std::vector<std::vector<float>>> seen(kRounds + 1);  // [boundary][rank] flattened params
+  // [0]: after commit, [round], [kRounds + 1]: after finalize; [..][rank]: flattened params.
+  std::vector<std::vector<std::vector<float>>> seen(kRounds + 2);
   std::vector<std::vector<float>> consensus(static_cast<size_t>(world));
   for (auto& s : seen) s.resize(size_t(world));
   run_ranks(world, [&](int rank, co2_comm_t comm) {
@@ -316,7 +332,7 @@ void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo
       for (int s = 0; s < kTau; ++s) {
         for (size_t t = 0; t < specs.size(); ++t)
           for (size_t i = 0; i < specs[t].count; ++i)
-            storage[t].set(i, inner_step(storage[t].get(i), rank, t, i));
+            storage[t].set(i, inner_step(storage[t].get(i), stepping_rank(algo, specs[t].role, rank), t, i));
         int boundary = 0;
         CO2_ASSERT_OK(co2_engine_step(e, nullptr, &boundary));
         ASSERT_EQ(boundary, s == kTau - 1);
@@ -327,18 +343,17 @@ void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo
     size_t n = 0;
     CO2_ASSERT_OK(co2_engine_num_elements(e, &n));
     consensus[size_t(rank)].resize(n);
-    if (algo != Algo::LocalSgd)
+    if (has_anchor(algo))
       CO2_ASSERT_OK(co2_engine_consensus(e, CO2_CONSENSUS_ANCHOR, consensus[size_t(rank)].data(), n));
-    std::vector<float> final_params;
+    std::vector<float>& final_params = seen[kRounds + 1][size_t(rank)];
     record(final_params);
-    if (algo != Algo::LocalSgd) {
+    if (has_anchor(algo)) {
       size_t j = 0;
       for (size_t t = 0; t < specs.size(); ++t)
         for (size_t i = 0; i < specs[t].count; ++i, ++j)
           ASSERT_EQ(final_params[j], float(round_to(consensus[size_t(rank)][j], *specs[t].format)))
               << "finalize leaves parameters = the rounded anchor, tensor " << t << " element " << i;
     }
-    seen[0][size_t(rank)].insert(seen[0][size_t(rank)].end(), final_params.begin(), final_params.end());
     CO2_EXPECT_OK(co2_engine_destroy(e));
   });
   if (::testing::Test::HasFailure()) return;
@@ -373,7 +388,8 @@ void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo
     for (int r = 0; r < world; ++r) compare(round, seen[size_t(round)][size_t(r)], r);
   }
   ref.finalize();
-  if (algo == Algo::LocalSgd) return;
+  for (int r = 0; r < world; ++r) compare(kRounds + 1, seen[kRounds + 1][size_t(r)], r);
+  if (!has_anchor(algo)) return;
   size_t j = 0;
   for (size_t t = 0; t < specs.size(); ++t)
     for (size_t i = 0; i < specs[t].count; ++i, ++j)
@@ -387,7 +403,7 @@ TEST(MixedPrecision, Bf16TrajectoryMatchesReference) {
                                          {&kBf16, 5, CO2_ROLE_BUFFER}};
   for (Algo algo : {Algo::Co2Delayed, Algo::Co2Eager})
     for (int world = 1; world <= 3; ++world) check_trajectory(specs, world, algo);
-  for (Algo algo : {Algo::Diloco, Algo::LocalSgd}) check_trajectory(specs, 2, algo);
+  for (Algo algo : {Algo::Diloco, Algo::LocalSgd, Algo::Sync}) check_trajectory(specs, 2, algo);
 }
 
 TEST(MixedPrecision, Fp16TrajectoryMatchesReference) {
