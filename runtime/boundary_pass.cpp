@@ -27,10 +27,6 @@ PassResult dispatch_nesterov(const PassFlags& f, P* p, float* a, float* m, float
                     : dispatch_clip<kUpdate, kMomentum, false, P>(f, p, a, m, c, n, k);
 }
 
-}  // namespace
-
-namespace {
-
 template <typename P>
 PassResult run_typed(const PassFlags& f, P* p, float* a, float* m, float* c, size_t n,
                      const OuterCoefficients& k) {
