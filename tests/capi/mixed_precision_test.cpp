@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -252,8 +253,24 @@ struct Reference {
         for (size_t i = 0; i < specs[t].count; ++i) params[size_t(r)][t][i] = R(t, anchor[t][i]);
     }
     have_pending = false;
+    for (int r = 0; r < world; ++r)  // every rank's own deltas are in what was applied
+      for (size_t t = 0; t < specs.size(); ++t) {
+        std::fill(offset[size_t(r)][t].begin(), offset[size_t(r)][t].end(), 0.0);
+        std::fill(own_momentum[size_t(r)][t].begin(), own_momentum[size_t(r)][t].end(), 0.0);
+      }
+  }
+
+  // co2_engine_synchronize one step into a round: a boundary now (an average for the
+  // anchor-less algorithms), then co2's average applied at once.
+  void synchronize_after_one_step() {
+    step();
+    boundary();
+    if (has_anchor(algo)) finalize();
   }
 };
+
+// The round after which the run synchronizes one step into the next round.
+constexpr int kSynchronizeAfter = 2;
 
 co2_algorithm_t algorithm_of(Algo a) {
   switch (a) {
@@ -307,8 +324,9 @@ void register_all(co2_engine_t e, std::vector<Params>& storage, const std::vecto
 void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo) {
   SCOPED_TRACE(std::string(name_of(algo)) + " W=" + std::to_string(world));
   Reference ref(specs, world, algo);
-  // [0]: after commit, [round], [kRounds + 1]: after finalize; [..][rank]: flattened params.
-  std::vector<std::vector<std::vector<float>>> seen(kRounds + 2);
+  // [0]: after commit, [round], [kRounds + 1]: after finalize, [kRounds + 2]: after the
+  // synchronize; [..][rank]: flattened params.
+  std::vector<std::vector<std::vector<float>>> seen(kRounds + 3);
   std::vector<std::vector<float>> consensus(static_cast<size_t>(world));
   for (auto& s : seen) s.resize(size_t(world));
   run_ranks(world, [&](int rank, co2_comm_t comm) {
@@ -328,16 +346,25 @@ void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo
         for (size_t i = 0; i < specs[t].count; ++i) out.push_back(storage[t].get(i));
     };
     record(seen[0][size_t(rank)]);
+    auto inner = [&] {
+      for (size_t t = 0; t < specs.size(); ++t)
+        for (size_t i = 0; i < specs[t].count; ++i)
+          storage[t].set(i, inner_step(storage[t].get(i), stepping_rank(algo, specs[t].role, rank), t, i));
+    };
     for (int round = 1; round <= kRounds; ++round) {
       for (int s = 0; s < kTau; ++s) {
-        for (size_t t = 0; t < specs.size(); ++t)
-          for (size_t i = 0; i < specs[t].count; ++i)
-            storage[t].set(i, inner_step(storage[t].get(i), stepping_rank(algo, specs[t].role, rank), t, i));
+        inner();
         int boundary = 0;
         CO2_ASSERT_OK(co2_engine_step(e, nullptr, &boundary));
         ASSERT_EQ(boundary, s == kTau - 1);
       }
       record(seen[size_t(round)][size_t(rank)]);
+      if (round == kSynchronizeAfter) {
+        inner();
+        CO2_ASSERT_OK(co2_engine_step(e, nullptr, nullptr));
+        CO2_ASSERT_OK(co2_engine_synchronize(e));
+        record(seen[kRounds + 2][size_t(rank)]);
+      }
     }
     CO2_ASSERT_OK(co2_engine_finalize(e));
     size_t n = 0;
@@ -386,6 +413,10 @@ void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo
     ref.step();
     ref.boundary();
     for (int r = 0; r < world; ++r) compare(round, seen[size_t(round)][size_t(r)], r);
+    if (round == kSynchronizeAfter) {
+      ref.synchronize_after_one_step();
+      for (int r = 0; r < world; ++r) compare(kRounds + 2, seen[kRounds + 2][size_t(r)], r);
+    }
   }
   ref.finalize();
   for (int r = 0; r < world; ++r) compare(kRounds + 1, seen[kRounds + 1][size_t(r)], r);
