@@ -55,6 +55,22 @@ def test_engine_takes_16_bit_parameters_and_gradients():
         assert gv.dtype == np.float16 and np.all(gv == 1.5)
 
 
+def test_float16_arrays_are_checked_like_float32_ones():
+    comm = co2.Communicator(0, 1, transport="local", group_name=unique_group())
+    with comm, co2.Engine(comm, "co2") as engine:
+        with pytest.raises(TypeError, match="not C-contiguous"):
+            engine.register("strided", np.zeros((4, 4), np.float16)[:, 1])
+        frozen = np.zeros(4, np.float16)
+        frozen.flags.writeable = False
+        with pytest.raises(TypeError, match="read-only"):
+            engine.register("frozen", frozen)
+        with pytest.raises(TypeError, match=FP64_ADVICE):
+            engine.register("wide", np.zeros(4))
+        with pytest.raises(TypeError, match=r"int32 is not a parameter dtype \(float32, "
+                                            r"bfloat16, float16\)"):
+            engine.register("int", np.zeros(4, np.int32))
+
+
 def test_fp64_model_is_refused_with_what_to_do():
     for flat in (True, False):
         model = small_model(torch.float64)
