@@ -3,8 +3,9 @@
 //
 //   build/bench/boundary_pass [--max-millions 64] [--repeats 5]
 //
-// The parameter dtype table runs the same passes with bf16 and fp16 parameters (fp32 outer
-// state): the parameters are read widened and written rounded, 4 bytes less per element.
+// The parameter dtype table runs the training thread's passes (fused, apply, eager) with fp32,
+// bf16 and fp16 parameters over the fp32 outer state: the parameters are read widened and
+// written rounded, 4 bytes less per element.
 //
 // The co2 pass (update + momentum + delta) reads p, a, m, c and writes a, m, c, p: 32 bytes per
 // element. memcpy of 16 bytes per element (the same bytes the pass reads) also moves 32 bytes
@@ -117,39 +118,48 @@ std::vector<P> params_as(const PassInputs& x, size_t n) {
   return out;
 }
 
-// Fused pass and the split pass's apply half with each parameter dtype, side by side.
+// The training thread's passes with each parameter dtype, side by side: the fused pass, the split
+// pass's apply half (co2, delayed) and the eager correction (co2's default on the host).
 void dtype_table(size_t max_millions, int repeats) {
-  std::printf("\nParameter dtypes (fp32 outer state): fused pass and apply half, ms (GB/s)\n");
-  std::printf("%10s %18s %18s %18s %18s %18s %18s\n", "N", "fused fp32", "fused bf16", "fused fp16", "apply fp32",
-              "apply bf16", "apply fp16");
+  std::printf("\nParameter dtypes (fp32 outer state): ms (GB/s) of the fused pass, the apply half, the eager "
+              "boundary\n");
+  std::printf("%10s %6s %16s %16s %16s\n", "N", "dtype", "fused", "apply", "eager");
   for (size_t millions = 1; millions <= max_millions; millions *= 4) {
     const size_t n = millions << 20;
     PassInputs x(n);
+    co2::FloatBuffer e(n), q(n), delta(n);
+    fill(e, 0.001f);
+    fill(q, 0.002f);
     auto bf16 = params_as<co2::Bf16>(x, n);
     auto fp16 = params_as<co2::Fp16>(x, n);
     const co2::PassFlags flags{true, true, false, false, true};
-    // Each pass rewrites p and a; the measurement is of memory traffic, so drifting values do
-    // not matter (they stay finite over a few repeats).
-    auto fused = [&](auto* p) {
-      return best_of(repeats, [&] { co2::run_boundary_pass(flags, p, x.a.data(), x.m.data(), x.c.data(), n, x.k); });
+    co2::EagerCoefficients eager;
+    eager.beta = 0.5f;
+    eager.scale = 0.35f;
+    eager.momentum = true;
+    // Each pass rewrites its outputs; the measurement is of memory traffic and arithmetic, so
+    // drifting values do not matter (they stay finite over a few repeats).
+    auto row = [&](const char* name, auto* p, int param_bytes) {
+      const double fused = best_of(repeats, [&] {
+        co2::run_boundary_pass(flags, p, x.a.data(), x.m.data(), x.c.data(), n, x.k);
+      });
+      const double apply = best_of(repeats, [&] { co2::apply_prepared_segment(p, x.a.data(), x.c.data(), n); });
+      const double eager_s = best_of(repeats, [&] {
+        co2::eager_boundary_segment(p, x.a.data(), x.c.data(), e.data(), q.data(), delta.data(), n, eager);
+      });
+      // Bytes per element: fused = p, a, m, c read and written; apply = p, a read and written,
+      // c read; eager = p, a, next, e, q read, p, delta, e, q written.
+      const double b = double(param_bytes);
+      char cells[3][32];
+      const double seconds[3] = {fused, apply, eager_s}, bytes[3] = {2 * b + 24, 2 * b + 12, 2 * b + 28};
+      for (int i = 0; i < 3; ++i)
+        std::snprintf(cells[i], sizeof cells[i], "%.2f (%.1f)", seconds[i] * 1e3, bytes[i] * double(n) / seconds[i] / 1e9);
+      std::printf("%9zuM %6s %16s %16s %16s\n", millions, name, cells[0], cells[1], cells[2]);
+      std::fflush(stdout);
     };
-    auto apply = [&](auto* p) {
-      return best_of(repeats, [&] { co2::apply_prepared_segment(p, x.a.data(), x.c.data(), n); });
-    };
-    const double f32 = fused(x.p.data()), fb = fused(bf16.data()), fh = fused(fp16.data());
-    const double a32 = apply(x.p.data()), ab = apply(bf16.data()), ah = apply(fp16.data());
-    // Bytes per element: fused = p read + written, a, m, c read + written; apply = p read +
-    // written, a read + written, c read.
-    auto cell = [&](double seconds, double bytes_per_element) {
-      static char text[4][32];
-      static int next = 0;
-      char* out = text[next++ % 4];
-      std::snprintf(out, 32, "%.2f (%.1f)", seconds * 1e3, bytes_per_element * double(n) / seconds / 1e9);
-      return out;
-    };
-    std::printf("%9zuM %18s %18s %18s", millions, cell(f32, 32), cell(fb, 28), cell(fh, 28));
-    std::printf(" %18s %18s %18s\n", cell(a32, 20), cell(ab, 16), cell(ah, 16));
-    std::fflush(stdout);
+    row("fp32", x.p.data(), 4);
+    row("bf16", bf16.data(), 2);
+    row("fp16", fp16.data(), 2);
   }
 }
 
