@@ -54,7 +54,6 @@ struct Params {
     if (f.dtype == CO2_DTYPE_FP32) single.assign(n, 0.0f);
     else half.assign(n, 0);
   }
-  size_t size() const { return format->dtype == CO2_DTYPE_FP32 ? single.size() : half.size(); }
   void* data() { return format->dtype == CO2_DTYPE_FP32 ? static_cast<void*>(single.data()) : half.data(); }
   float get(size_t i) const {
     switch (format->dtype) {
