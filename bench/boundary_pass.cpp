@@ -3,6 +3,10 @@
 //
 //   build/bench/boundary_pass [--max-millions 64] [--repeats 5]
 //
+// The parameter dtype table runs the training thread's passes (fused, apply, eager) with fp32,
+// bf16 and fp16 parameters over the fp32 outer state: the parameters are read widened and
+// written rounded, 4 bytes less per element.
+//
 // The co2 pass (update + momentum + delta) reads p, a, m, c and writes a, m, c, p: 32 bytes per
 // element. memcpy of 16 bytes per element (the same bytes the pass reads) also moves 32 bytes
 // per element (16 read + 16 written). Both run on one thread, back to back, in the same process.
@@ -106,6 +110,59 @@ void split_table(size_t max_millions, int repeats) {
   }
 }
 
+// The parameters of `x` converted to P (bf16, fp16, or fp32 itself).
+template <typename P>
+std::vector<P> params_as(const PassInputs& x, size_t n) {
+  std::vector<P> out(n);
+  co2::narrow_into(x.p.data(), out.data(), n);
+  return out;
+}
+
+// The training thread's passes with each parameter dtype, side by side: the fused pass, the split
+// pass's apply half (co2, delayed) and the eager correction (co2's default on the host).
+void dtype_table(size_t max_millions, int repeats) {
+  std::printf("\nParameter dtypes (fp32 outer state): ms (GB/s) of the fused pass, the apply half, the eager "
+              "boundary\n");
+  std::printf("%10s %6s %16s %16s %16s\n", "N", "dtype", "fused", "apply", "eager");
+  for (size_t millions = 1; millions <= max_millions; millions *= 4) {
+    const size_t n = millions << 20;
+    PassInputs x(n);
+    co2::FloatBuffer e(n), q(n), delta(n);
+    fill(e, 0.001f);
+    fill(q, 0.002f);
+    auto bf16 = params_as<co2::Bf16>(x, n);
+    auto fp16 = params_as<co2::Fp16>(x, n);
+    const co2::PassFlags flags{true, true, false, false, true};
+    co2::EagerCoefficients eager;
+    eager.beta = 0.5f;
+    eager.scale = 0.35f;
+    eager.momentum = true;
+    // Each pass rewrites its outputs; the measurement is of memory traffic and arithmetic, so
+    // drifting values do not matter (they stay finite over a few repeats).
+    auto row = [&](const char* name, auto* p, int param_bytes) {
+      const double fused = best_of(repeats, [&] {
+        co2::run_boundary_pass(flags, p, x.a.data(), x.m.data(), x.c.data(), n, x.k);
+      });
+      const double apply = best_of(repeats, [&] { co2::apply_prepared_segment(p, x.a.data(), x.c.data(), n); });
+      const double eager_s = best_of(repeats, [&] {
+        co2::eager_boundary_segment(p, x.a.data(), x.c.data(), e.data(), q.data(), delta.data(), n, eager);
+      });
+      // Bytes per element: fused = p, a, m, c read and written; apply = p, a read and written,
+      // c read; eager = p, a, next, e, q read, p, delta, e, q written.
+      const double b = double(param_bytes);
+      char cells[3][32];
+      const double seconds[3] = {fused, apply, eager_s}, bytes[3] = {2 * b + 24, 2 * b + 12, 2 * b + 28};
+      for (int i = 0; i < 3; ++i)
+        std::snprintf(cells[i], sizeof cells[i], "%.2f (%.1f)", seconds[i] * 1e3, bytes[i] * double(n) / seconds[i] / 1e9);
+      std::printf("%9zuM %6s %16s %16s %16s\n", millions, name, cells[0], cells[1], cells[2]);
+      std::fflush(stdout);
+    };
+    row("fp32", x.p.data(), 4);
+    row("bf16", bf16.data(), 2);
+    row("fp16", fp16.data(), 2);
+  }
+}
+
 int check(co2_status_t status, const char* what) {
   if (status != CO2_OK) {
     std::fprintf(stderr, "%s: %s (%s)\n", what, co2_status_string(status), co2_last_error_message());
@@ -158,6 +215,7 @@ int main(int argc, char** argv) {
   }
   pass_table(max_millions, repeats);
   split_table(max_millions, repeats);
+  dtype_table(max_millions, repeats);
   step_table();
   return 0;
 }

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "runtime/param_types.hpp"
+
 #if defined(__CUDACC__)
 #define CO2_HOST_DEVICE __host__ __device__
 #else
@@ -100,11 +102,11 @@ struct PassResult {
   bool result_finite = true;      // every new anchor was finite (only checked with update)
 };
 
-// One segment. p: the framework's params; a: anchor; m: momentum (may be null when
-// !momentum); c: the comm buffer (average in, delta out).
+// One segment. p: the framework's params (fp32, bf16 or fp16: read widened, written rounded);
+// a: anchor; m: momentum (may be null when !momentum); c: the comm buffer (average in, delta out).
 template <bool kUpdate, bool kMomentum, bool kNesterov, bool kValueClip, bool kWriteDelta,
-          bool kPrepare = false>
-PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, float* __restrict__ m,
+          bool kPrepare = false, typename P = float>
+PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float* __restrict__ m,
                                  float* __restrict__ c, size_t n, const OuterCoefficients& k) {
   double norm_lane[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   // Squares are summed in fp32 over chunks of kSquareChunk elements (16 per lane keeps the
@@ -138,17 +140,17 @@ PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, f
     }
     if (kPrepare) {
       if (p)
-        for (int l = 0; l < lanes; ++l) p[base + l] = anchor_new[l];
+        for (int l = 0; l < lanes; ++l) p[base + l] = narrow<P>(anchor_new[l]);
       return;
     }
     if (kWriteDelta) {
       for (int l = 0; l < lanes; ++l) {
-        const float delta = anchor_old[l] - p[base + l];
+        const float delta = anchor_old[l] - widen(p[base + l]);
         nan_probe[first_lane + l] += delta * 0.0f;  // stays 0 unless delta is NaN or infinite
         c[base + l] = delta;
       }
     }
-    for (int l = 0; l < lanes; ++l) p[base + l] = anchor_new[l];
+    for (int l = 0; l < lanes; ++l) p[base + l] = narrow<P>(anchor_new[l]);
   };
   auto fold_squares = [&] {
     for (int l = 0; l < kNormLanes; ++l) {
@@ -185,9 +187,19 @@ PassResult boundary_pass_segment(float* __restrict__ p, float* __restrict__ a, f
 
 namespace co2 {
 
-// Runtime dispatch to the instantiation of boundary_pass_segment that matches `flags`.
+// Runtime dispatch to the instantiation of boundary_pass_segment that matches `flags`, for each
+// parameter type.
 PassResult run_boundary_pass(const PassFlags& flags, float* p, float* a, float* m, float* c,
                              size_t n, const OuterCoefficients& k);
+PassResult run_boundary_pass(const PassFlags& flags, Bf16* p, float* a, float* m, float* c,
+                             size_t n, const OuterCoefficients& k);
+PassResult run_boundary_pass(const PassFlags& flags, Fp16* p, float* a, float* m, float* c,
+                             size_t n, const OuterCoefficients& k);
+// The prepare half without parameters (co2): no parameter type to choose.
+inline PassResult run_boundary_pass(const PassFlags& flags, std::nullptr_t, float* a, float* m, float* c,
+                                    size_t n, const OuterCoefficients& k) {
+  return run_boundary_pass(flags, static_cast<float*>(nullptr), a, m, c, n, k);
+}
 
 // sum over i of (beta*m[i] + lambda*c[i])^2 in the deterministic lane order; m may be null
 // (treated as zeros). The extra read pass norm clipping needs.
@@ -197,7 +209,8 @@ double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
 // The second half of the split pass, at the boundary: a <- a - p (the delta, written into the
 // anchor's buffer, which the engine then swaps with the comm buffer), p <- c (the prepared next
 // anchor). Returns whether every delta was finite.
-bool apply_prepared_segment(float* p, float* a, const float* c, size_t n);
+template <typename P>
+bool apply_prepared_segment(P* p, float* a, const float* c, size_t n);
 
 // The eager policy's rank-local correction (docs/algorithm.md, "The eager policy").
 struct EagerCoefficients {
@@ -212,7 +225,8 @@ struct EagerCoefficients {
 // applied). Per element: d = (a + e) - p into `delta` (which may be `a`: the split pass writes
 // the delta into the anchor's buffer); q <- beta*q + d (q may be null: then q = d);
 // e <- -scale * (nesterov ? beta*q + d : q); p <- next + e. Returns whether every d was finite.
-bool eager_boundary_segment(float* p, const float* a, const float* next, float* e, float* q,
+template <typename P>
+bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, float* q,
                             float* delta, size_t n, const EagerCoefficients& k);
 
 // True when no element is NaN or infinite.

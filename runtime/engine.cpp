@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "runtime/boundary_pass.hpp"
 #include "runtime/checksum.hpp"
@@ -42,11 +43,13 @@ Role parse_role(int role) {
 void validate_storage(const StorageDesc& storage) {
   switch (storage.dtype) {
     case int(ParamDType::F32):
-      break;
     case int(ParamDType::BF16):
     case int(ParamDType::F16):
-      fail(Status::Unsupported, "bf16/fp16 parameters are reserved in ABI v1 but not supported yet");
+      break;
     case 3:
+      fail(Status::Unsupported,
+           "fp64 parameters are not supported: train in float32 (model.float()) or in bf16/fp16 "
+           "parameters with the engine's fp32 outer state (model.bfloat16())");
     case 4:
     case 5:
       fail(Status::InvalidArgument, "dtype " + std::to_string(storage.dtype) +
@@ -58,6 +61,10 @@ void validate_storage(const StorageDesc& storage) {
     case int(DeviceKind::Host):
       break;
     case int(DeviceKind::Cuda):
+      // The device kernels read fp32 parameters only (docs/capi.md, "Parameter dtypes").
+      require(storage.dtype == int(ParamDType::F32), Status::Unsupported,
+              std::string(storage.dtype == int(ParamDType::BF16) ? "bf16" : "fp16") +
+                  " parameters are supported on host tensors only: CUDA tensors must be fp32 for now");
       require(device_path_built(), Status::Unsupported,
               "CUDA tensors need a build with the cuda option (this libco2 was built without CUDA)");
       break;
@@ -265,8 +272,10 @@ bool write_deltas(S& s) {
     if (seg.role == Role::Excluded) continue;
     const size_t off = seg.state_offset;
     const PassFlags flags{false, false, false, false, true};
-    const PassResult r = run_boundary_pass(flags, seg.data, s.anchor.data() + off, nullptr,
-                                           s.comm_buffer.data() + off, seg.count, OuterCoefficients{});
+    const PassResult r = with_params(seg, [&](auto* p) {
+      return run_boundary_pass(flags, p, s.anchor.data() + off, nullptr, s.comm_buffer.data() + off, seg.count,
+                               OuterCoefficients{});
+    });
     delta_finite = delta_finite && r.delta_finite;
   }
   return delta_finite;
@@ -305,8 +314,10 @@ bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* 
     if (seg.role == Role::Excluded) continue;
     const size_t off = seg.state_offset;
     float* m = momentum ? momentum + off : nullptr;
-    const PassResult r = run_boundary_pass(plan[index].flags, params_follow ? seg.data : nullptr, anchor + off, m,
-                                           comm + off, seg.count, plan[index].k);
+    const PassResult r = with_params(seg, [&](auto* p) {
+      return run_boundary_pass(plan[index].flags, params_follow ? p : nullptr, anchor + off, m, comm + off,
+                               seg.count, plan[index].k);
+    });
     finite = finite && r.result_finite;
     record_update(seg, r, plan[index].k, prepared.history[index], &prepared.summary);
   }
@@ -366,9 +377,10 @@ bool apply_prepared(S& s, bool write_delta, bool params_current = false) {
   if (write_delta) {
     for (const Segment& seg : s.segments)
       if (seg.role != Role::Excluded)
-        delta_finite = apply_prepared_segment(seg.data, s.anchor.data() + seg.state_offset,
-                                              s.comm_buffer.data() + seg.state_offset, seg.count) &&
-                       delta_finite;
+        delta_finite = with_params(seg, [&](auto* p) {
+                         return apply_prepared_segment(p, s.anchor.data() + seg.state_offset,
+                                                       s.comm_buffer.data() + seg.state_offset, seg.count);
+                       }) && delta_finite;
     std::swap(s.anchor, s.comm_buffer);
   } else {
     std::swap(s.anchor, s.comm_buffer);
@@ -406,16 +418,14 @@ bool eager_boundary(S& s, bool update) {
     // buffer (the two swap below); without one the anchor stays and the delta goes to comm.
     float* next = update ? comm : anchor;
     float* delta = update ? anchor : comm;
-    bool finite;
-    if (seg.role == Role::Parameter) {
-      finite = eager_boundary_segment(seg.data, anchor, next, s.eager_offset.data() + off,
+    const bool finite = with_params(seg, [&](auto* p) {
+      if (seg.role == Role::Parameter)
+        return eager_boundary_segment(p, anchor, next, s.eager_offset.data() + off,
                                       k.momentum ? s.eager_momentum.data() + off : nullptr, delta, seg.count, k);
-    } else if (update) {
-      finite = apply_prepared_segment(seg.data, anchor, comm, seg.count);
-    } else {
-      PassFlags flags{false, false, false, false, true};
-      finite = run_boundary_pass(flags, seg.data, anchor, nullptr, comm, seg.count, OuterCoefficients{}).delta_finite;
-    }
+      if (update) return apply_prepared_segment(p, anchor, comm, seg.count);
+      const PassFlags flags{false, false, false, false, true};
+      return run_boundary_pass(flags, p, anchor, nullptr, comm, seg.count, OuterCoefficients{}).delta_finite;
+    });
     delta_finite = delta_finite && finite;
   }
   if (update) {
@@ -432,15 +442,18 @@ bool eager_boundary(S& s, bool update) {
 }
 
 // Packs the PARAMETER and BUFFER parameters into `out` (state order).
+// Parameters of other dtypes are widened to fp32 (exact).
 void pack_parameters(const S& s, float* out) {
   for (const Segment& seg : s.segments)
-    if (seg.role != Role::Excluded) std::memcpy(out + seg.state_offset, seg.data, seg.count * sizeof(float));
+    if (seg.role != Role::Excluded)
+      with_params(seg, [&](auto* p) { widen_into(p, out + seg.state_offset, seg.count); });
 }
 
+// Rounds to the parameters' dtype (nearest even).
 void unpack_parameters(S& s, const float* in, bool buffers_only) {
   for (Segment& seg : s.segments) {
     if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
-    std::memcpy(seg.data, in + seg.state_offset, seg.count * sizeof(float));
+    with_params(seg, [&](auto* p) { narrow_into(in + seg.state_offset, p, seg.count); });
   }
 }
 
@@ -467,8 +480,20 @@ uint64_t consensus_checksum(const Engine::State& s) {
   if (s.has_anchor()) {
     hasher.update(s.anchor.data(), s.state_count);
   } else {
-    for (const Segment& seg : s.segments)
-      if (seg.role != Role::Excluded) hasher.update(seg.data, seg.count);
+    // Widening is exact and one-to-one, so the fp32 words identify the parameters of any dtype.
+    float chunk[1024];
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      if (seg.dtype == ParamDType::F32) {
+        hasher.update(static_cast<const float*>(seg.data), seg.count);
+        continue;
+      }
+      for (size_t i = 0; i < seg.count; i += 1024) {
+        const size_t n = std::min<size_t>(1024, seg.count - i);
+        with_params(seg, [&](auto* p) { widen_into(p + i, chunk, n); });
+        hasher.update(chunk, n);
+      }
+    }
   }
   return hasher.digest();
 }
@@ -505,11 +530,7 @@ void collect_pending_average(Engine::State& s) {
   s.ready_average_finite = finite;
 }
 
-void set_parameters_to_anchor(Engine::State& s) {
-  for (const Segment& seg : s.segments)
-    if (seg.role != Role::Excluded)
-      std::memcpy(seg.data, s.anchor.data() + seg.state_offset, seg.count * sizeof(float));
-}
+void set_parameters_to_anchor(Engine::State& s) { unpack_parameters(s, s.anchor.data(), false); }
 
 void set_parameters_to_round_start(Engine::State& s) {
   set_parameters_to_anchor(s);
@@ -518,7 +539,10 @@ void set_parameters_to_round_start(Engine::State& s) {
     if (seg.role != Role::Parameter) continue;
     const float* a = s.anchor.data() + seg.state_offset;
     const float* e = s.eager_offset.data() + seg.state_offset;
-    for (size_t i = 0; i < seg.count; ++i) seg.data[i] = a[i] + e[i];
+    with_params(seg, [&](auto* p) {
+      using P = std::remove_pointer_t<decltype(p)>;
+      for (size_t i = 0; i < seg.count; ++i) p[i] = narrow<P>(a[i] + e[i]);
+    });
   }
 }
 
@@ -549,7 +573,9 @@ bool diloco_boundary(S& s) {
     if (seg.role == Role::Excluded) continue;
     const float* a = s.anchor.data() + seg.state_offset;
     float* c = comm + seg.state_offset;
-    for (size_t i = 0; i < seg.count; ++i) c[i] = a[i] - seg.data[i];
+    with_params(seg, [&](auto* p) {
+      for (size_t i = 0; i < seg.count; ++i) c[i] = a[i] - widen(p[i]);
+    });
   }
   // Prepared like co2's update, so that a result that overflows is found before the anchor
   // takes it. The parameters take the next anchor in the same pass; a refused update resets
@@ -648,19 +674,20 @@ void Engine::register_tensor(const TensorDesc& t) {
   require(t.count <= (size_t(1) << 40), Status::InvalidArgument, "tensor '" + t.name + "' is implausibly large");
   validate_storage(t.storage);
   const Role role = parse_role(t.role);
-  const size_t bytes = t.count * sizeof(float);
+  const ParamDType dtype = ParamDType(t.storage.dtype);
+  const size_t bytes = t.count * element_bytes(dtype);
   PlacementRollback rollback(s);
   note_placement(s, t.storage);
   if (s.device) s.device->check_device_memory(t.data, bytes, "tensor '" + t.name + "'");
   for (const Segment& seg : s.segments) {
     require(seg.name != t.name, Status::DuplicateTensor, "a tensor named '" + t.name + "' is already registered");
-    require(!ranges_overlap(seg.data, seg.count * sizeof(float), t.data, bytes), Status::DuplicateTensor,
+    require(!ranges_overlap(seg.data, seg.bytes(), t.data, bytes), Status::DuplicateTensor,
             "tensor '" + t.name + "' overlaps the memory of '" + seg.name +
                 "' (tied weights: register the shared tensor once)");
   }
-  require(!s.flat || !ranges_overlap(s.flat, s.flat_count * sizeof(float), t.data, bytes),
+  require(!s.flat || !ranges_overlap(s.flat, s.flat_count * element_bytes(s.flat_dtype), t.data, bytes),
           Status::DuplicateTensor, "tensor '" + t.name + "' overlaps the engine's flat storage");
-  s.segments.push_back(Segment{t.name, static_cast<float*>(t.data), t.count, role, 0});
+  s.segments.push_back(Segment{t.name, t.data, t.count, role, 0, dtype});
   rollback.dismiss();
 }
 
@@ -672,13 +699,16 @@ void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
   validate_storage(storage);
   PlacementRollback rollback(s);
   note_placement(s, storage);
+  s.flat_dtype = ParamDType(storage.dtype);
   if (s.device) {
-    s.flat = static_cast<float*>(s.device->allocate_flat(s, count));
+    s.flat = s.device->allocate_flat(s, count);
     s.flat_count = count;
     rollback.dismiss();
     return s.flat;
   }
-  s.owned_flat = FloatBuffer(count);  // may throw: the rollback then unpins the host
+  // 16-bit elements: half as many fp32 words, rounded up.
+  const size_t words = (count * element_bytes(s.flat_dtype) + sizeof(float) - 1) / sizeof(float);
+  s.owned_flat = FloatBuffer(words);  // may throw: the rollback then unpins the host
   rollback.dismiss();
   s.flat = s.owned_flat.data();
   s.flat_count = count;
@@ -692,15 +722,18 @@ void Engine::adopt_flat(void* data, size_t count, const StorageDesc& storage) {
   require(data != nullptr, Status::InvalidArgument, "flat storage pointer is NULL");
   require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
   validate_storage(storage);
+  const ParamDType dtype = ParamDType(storage.dtype);
+  const size_t bytes = count * element_bytes(dtype);
   for (const Segment& seg : s.segments)
-    require(!ranges_overlap(seg.data, seg.count * sizeof(float), data, count * sizeof(float)),
-            Status::DuplicateTensor, "the adopted flat storage overlaps registered tensor '" + seg.name + "'");
+    require(!ranges_overlap(seg.data, seg.bytes(), data, bytes), Status::DuplicateTensor,
+            "the adopted flat storage overlaps registered tensor '" + seg.name + "'");
   PlacementRollback rollback(s);
   note_placement(s, storage);
-  if (s.device) s.device->check_device_memory(data, count * sizeof(float), "the adopted flat storage");
+  if (s.device) s.device->check_device_memory(data, bytes, "the adopted flat storage");
   rollback.dismiss();
-  s.flat = static_cast<float*>(data);
+  s.flat = data;
   s.flat_count = count;
+  s.flat_dtype = dtype;
 }
 
 void Engine::set_device_allocator(const DeviceAllocator& allocator) {
@@ -724,13 +757,14 @@ void Engine::add_segment(const SegmentDesc& d) {
           "segment '" + d.name + "' [" + std::to_string(d.offset) + ", +" + std::to_string(d.count) +
               ") lies outside the flat storage of " + std::to_string(s.flat_count) + " elements");
   const Role role = parse_role(d.role);
-  float* data = s.flat + d.offset;
+  const size_t element = element_bytes(s.flat_dtype);
+  void* data = static_cast<char*>(s.flat) + d.offset * element;
   for (const Segment& seg : s.segments) {
     require(seg.name != d.name, Status::DuplicateTensor, "a segment named '" + d.name + "' already exists");
-    require(!ranges_overlap(seg.data, seg.count * sizeof(float), data, d.count * sizeof(float)),
-            Status::DuplicateTensor, "segment '" + d.name + "' overlaps '" + seg.name + "'");
+    require(!ranges_overlap(seg.data, seg.bytes(), data, d.count * element), Status::DuplicateTensor,
+            "segment '" + d.name + "' overlaps '" + seg.name + "'");
   }
-  s.segments.push_back(Segment{d.name, data, d.count, role, 0});
+  s.segments.push_back(Segment{d.name, data, d.count, role, 0, s.flat_dtype});
 }
 
 void Engine::commit() {
@@ -749,7 +783,7 @@ void Engine::commit() {
     layout.update_string(seg.name);
     layout.update_u64(seg.count);
     layout.update_u64(uint64_t(seg.role));
-    layout.update_u64(uint64_t(ParamDType::F32));
+    layout.update_u64(uint64_t(seg.dtype));
     if (seg.role == Role::Excluded) continue;
     seg.state_offset = offset;
     offset += seg.count;
@@ -861,8 +895,9 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
   size_t offset = 0, i = 0;
   for (const Segment& seg : s.segments) {
     if (seg.role != Role::Parameter) continue;
+    // Gradients have their parameter's dtype: widened here, summed in fp32, rounded back below.
     if (grads[i])
-      std::memcpy(packed + offset, grads[i], seg.count * sizeof(float));
+      with_params(seg, [&](auto* p) { widen_into(static_cast<decltype(p)>(grads[i]), packed + offset, seg.count); });
     else
       std::memset(packed + offset, 0, seg.count * sizeof(float));
     offset += seg.count;
@@ -876,7 +911,8 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
   i = 0;
   for (const Segment& seg : s.segments) {
     if (seg.role != Role::Parameter) continue;
-    if (grads[i]) std::memcpy(grads[i], packed + offset, seg.count * sizeof(float));
+    if (grads[i])
+      with_params(seg, [&](auto* p) { narrow_into(packed + offset, static_cast<decltype(p)>(grads[i]), seg.count); });
     offset += seg.count;
     ++i;
   }

@@ -11,6 +11,7 @@
 #include "runtime/comm.hpp"
 #include "runtime/device/device_path.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/param_types.hpp"
 #include "runtime/tau_advisor.hpp"
 
 namespace co2 {
@@ -72,8 +73,9 @@ struct Engine::State {
   uint64_t layout_hash = 0;
   bool committed = false;
   FloatBuffer owned_flat;
-  float* flat = nullptr;
+  void* flat = nullptr;
   size_t flat_count = 0;
+  ParamDType flat_dtype = ParamDType::F32;  // the segments of the flat storage take it
 
   // Outer state (replicated, fp32).
   FloatBuffer anchor;
@@ -130,6 +132,20 @@ void collect_pending_average(Engine::State& s);  // waits; the average stays rea
 void set_parameters_to_anchor(Engine::State& s);
 // p <- anchor, plus the rank's eager offset on PARAMETER segments under the eager policy.
 void set_parameters_to_round_start(Engine::State& s);
+// f(p) with p the segment's parameters as a typed pointer (float*, Bf16* or Fp16*): the host
+// passes are templates over the parameter type (runtime/param_types.hpp).
+template <typename F>
+decltype(auto) with_params(const Segment& seg, F&& f) {
+  switch (seg.dtype) {
+    case ParamDType::BF16:
+      return f(static_cast<Bf16*>(seg.data));
+    case ParamDType::F16:
+      return f(static_cast<Fp16*>(seg.data));
+    case ParamDType::F32:
+    default:
+      return f(static_cast<float*>(seg.data));
+  }
+}
 // Waits for `request`, charging the time to boundary_wait_ns; throws the collective's error.
 void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request);
 

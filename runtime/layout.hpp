@@ -13,6 +13,8 @@ namespace co2 {
 enum class Role : int { Parameter = 0, Buffer = 1, Excluded = 2 };
 // Parameter dtypes (the outer state is always fp32). Values equal co2_dtype_t.
 enum class ParamDType : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+inline size_t element_bytes(ParamDType t) { return t == ParamDType::F32 ? 4 : 2; }
 enum class DeviceKind : int { Host = 0, Cuda = 1 };
 
 struct StorageDesc {
@@ -38,10 +40,12 @@ struct SegmentDesc {
 
 struct Segment {
   std::string name;
-  float* data = nullptr;  // the framework's parameters
+  void* data = nullptr;  // the framework's parameters, `dtype` elements
   size_t count = 0;
   Role role = Role::Parameter;
   size_t state_offset = 0;  // into anchor / momentum / comm buffer (PARAMETER and BUFFER only)
+  ParamDType dtype = ParamDType::F32;
+  size_t bytes() const { return count * element_bytes(dtype); }
 };
 
 }  // namespace co2

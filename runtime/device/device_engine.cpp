@@ -324,7 +324,7 @@ class CudaPath final : public DevicePath {
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
       counts.push_back(seg.count);
-      entries.push_back(kernels::SegmentEntry{seg.data, seg.state_offset, seg.count, 0,
+      entries.push_back(kernels::SegmentEntry{static_cast<float*>(seg.data), seg.state_offset, seg.count, 0,
                                               uint32_t(seg.role == Role::Parameter)});
     }
     const auto chunks = make_chunks(counts, kernels::kChunkElements);

@@ -98,6 +98,58 @@ TEST_P(BoundaryPassSizes, SplitPassIsBitIdenticalToTheFusedPass) {
   }
 }
 
+// 16-bit parameters: every pass equals the fp32 pass run on the widened parameters, with the
+// written parameters rounded (runtime/param_types.hpp), for every flag set and both halves.
+template <typename P>
+void check_typed_passes(size_t n) {
+  for (int variant = 0; variant < 16; ++variant) {
+    const bool momentum = variant & 1, nesterov = variant & 2, value_clip = variant & 4, prepare = variant & 8;
+    Arrays wide(n, 17), half_state(n, 17);
+    std::vector<P> half(n);
+    narrow_into(wide.p.data(), half.data(), n);
+    widen_into(half.data(), wide.p.data(), n);  // both start from the same representable values
+    OuterCoefficients k;
+    k.alpha = 0.7f;
+    k.beta = 0.9f;
+    k.lambda = 0.6f;
+    k.clip_value = 0.2f;
+    PassFlags flags{true, momentum, nesterov, value_clip, !prepare};
+    flags.prepare = prepare;
+    const PassResult rw = run_boundary_pass(flags, wide.p.data(), wide.a.data(), wide.m.data(), wide.c.data(), n, k);
+    const PassResult rh =
+        run_boundary_pass(flags, half.data(), half_state.a.data(), half_state.m.data(), half_state.c.data(), n, k);
+    ASSERT_EQ(half_state.a, wide.a) << "variant " << variant;
+    ASSERT_EQ(half_state.m, wide.m) << "variant " << variant;
+    ASSERT_EQ(half_state.c, wide.c) << "variant " << variant;
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(half[i].bits, narrow<P>(wide.p[i]).bits) << "variant " << variant << " " << i;
+    EXPECT_EQ(rh.step_sum_squares, rw.step_sum_squares);
+    EXPECT_EQ(rh.clamped, rw.clamped);
+    if (!prepare) {  // the apply half and the eager correction, from the prepared state
+      std::vector<float> a = wide.a, e(n, 0.01f), q(n, 0.02f), delta(n);
+      std::vector<float> a2 = a, e2 = e, q2 = q, delta2(n);
+      std::vector<float> p_wide(n);
+      widen_into(half.data(), p_wide.data(), n);
+      EagerCoefficients ek{0.5f, 0.35f, true, nesterov};
+      EXPECT_TRUE(eager_boundary_segment(p_wide.data(), a.data(), wide.c.data(), e.data(), q.data(), delta.data(), n, ek));
+      EXPECT_TRUE(eager_boundary_segment(half.data(), a2.data(), wide.c.data(), e2.data(), q2.data(), delta2.data(), n, ek));
+      ASSERT_EQ(delta2, delta);
+      ASSERT_EQ(e2, e);
+      ASSERT_EQ(q2, q);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(half[i].bits, narrow<P>(p_wide[i]).bits) << i;
+      widen_into(half.data(), p_wide.data(), n);
+      EXPECT_TRUE(apply_prepared_segment(p_wide.data(), a.data(), wide.c.data(), n));
+      EXPECT_TRUE(apply_prepared_segment(half.data(), a2.data(), wide.c.data(), n));
+      ASSERT_EQ(a2, a);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(half[i].bits, narrow<P>(p_wide[i]).bits) << i;
+    }
+  }
+}
+
+TEST_P(BoundaryPassSizes, Bf16AndFp16ParametersFollowTheFp32Pass) {
+  check_typed_passes<Bf16>(GetParam());
+  check_typed_passes<Fp16>(GetParam());
+}
+
 TEST(BoundaryPass, ApplyPreparedDetectsNonFiniteDelta) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     Arrays x(1001, 3);

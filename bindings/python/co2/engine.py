@@ -84,7 +84,8 @@ class Engine(OwnsHandle):
         self.algorithm = next((k for k, v in ALGORITHMS.items() if v == c_config.algorithm),
                               c_config.algorithm)
         self._keep = []          # memory handed to the engine: it must outlive it
-        self._trained = []       # element counts of PARAMETER tensors/segments, in order
+        self._trained = []       # (element count, co2 dtype) of PARAMETER tensors/segments
+        self._flat_dtype = None  # the adopted flat storage's co2 dtype
         self._elements = 0       # PARAMETER + BUFFER elements
         self._flat = None
         self._handle = None
@@ -99,46 +100,53 @@ class Engine(OwnsHandle):
     # --- layout -------------------------------------------------------------------------------
 
     def register(self, name, tensor, role="parameter"):
-        """Registers a tensor the framework keeps (numpy float32 array or torch tensor)."""
+        """Registers a tensor the framework keeps: a numpy float32 / float16 array or a torch
+        float32 / bfloat16 / float16 tensor (16-bit parameters keep an fp32 outer state)."""
         role = _enum(ROLES, role, "role")
-        if isinstance(tensor, np.ndarray):
+        what = f"register({name!r})"
+        dtype = _buffers.parameter_dtype(tensor, what)
+        if isinstance(tensor, np.ndarray) and dtype == capi.CO2_DTYPE_FP32:
             capi.engine_register_array(self.handle, name, tensor, role)
             count = tensor.size
-        elif _buffers.is_torch_tensor(tensor):
-            memory = _buffers.TensorMemory(tensor, f"register({name!r})")
+        elif isinstance(tensor, np.ndarray):
+            address, count = _buffers.numpy_address(tensor, what)
+            capi.engine_register_address(self.handle, name, address, count, dtype,
+                                         capi.CO2_DEVICE_HOST, 0, role)
+        else:
+            memory = _buffers.TensorMemory(tensor, what)
             capi.engine_register_address(self.handle, name, memory.address, memory.count,
                                          memory.dtype, memory.device, memory.device_index, role)
             count = memory.count
-        else:
-            raise TypeError(f"register({name!r}): expected a numpy array or a torch tensor, "
-                            f"got {type(tensor).__name__}")
-        self._record(role, count)
+        self._record(role, count, dtype)
         self._keep.append(tensor)
 
     def adopt_flat(self, storage):
-        """Adopts one flat storage (1-D float32 numpy array or torch tensor) the caller
-        allocated; declare its segments with add_segment."""
-        if isinstance(storage, np.ndarray):
+        """Adopts one flat storage (1-D numpy array or torch tensor of a parameter dtype) the
+        caller allocated; declare its segments with add_segment."""
+        dtype = _buffers.parameter_dtype(storage, "adopt_flat")
+        if isinstance(storage, np.ndarray) and dtype == capi.CO2_DTYPE_FP32:
             capi.engine_adopt_flat_array(self.handle, storage)
-        elif _buffers.is_torch_tensor(storage):
+        elif isinstance(storage, np.ndarray):
+            address, count = _buffers.numpy_address(storage, "adopt_flat")
+            capi.engine_adopt_flat_address(self.handle, address, count, dtype,
+                                           capi.CO2_DEVICE_HOST, 0)
+        else:
             memory = _buffers.TensorMemory(storage, "adopt_flat")
             capi.engine_adopt_flat_address(self.handle, memory.address, memory.count,
                                            memory.dtype, memory.device, memory.device_index)
-        else:
-            raise TypeError(f"adopt_flat: expected a numpy array or a torch tensor, got "
-                            f"{type(storage).__name__}")
         self._flat = storage
+        self._flat_dtype = dtype
         self._keep.append(storage)
 
     def add_segment(self, name, offset, count, role="parameter"):
         """Declares [offset, offset + count) elements of the flat storage as one tensor."""
         role = _enum(ROLES, role, "role")
         capi.engine_add_segment(self.handle, name, int(offset), int(count), role)
-        self._record(role, int(count))
+        self._record(role, int(count), self._flat_dtype)
 
-    def _record(self, role, count):
+    def _record(self, role, count, dtype):
         if role == capi.CO2_ROLE_PARAMETER:
-            self._trained.append(count)
+            self._trained.append((count, dtype))
         if role in (capi.CO2_ROLE_PARAMETER, capi.CO2_ROLE_BUFFER):
             self._elements += count
 
@@ -155,25 +163,29 @@ class Engine(OwnsHandle):
 
     def reduce_gradients(self, grads, stream=None):
         """Collective, blocking: averages gradients in place. grads[i] belongs to the i-th
-        PARAMETER tensor (registration order): a float32 numpy array or torch tensor of that
-        tensor's size, or None (contributes zeros, receives nothing). Pass them on every call."""
+        PARAMETER tensor (registration order): a numpy array or torch tensor of that tensor's
+        size and dtype (bf16/fp16 gradients are averaged in fp32 and rounded once), or None
+        (contributes zeros, receives nothing). Pass them on every call."""
         grads = list(grads)
         if len(grads) != len(self._trained):
             raise ValueError(f"reduce_gradients: expected {len(self._trained)} gradients (one "
                              f"per trained tensor), got {len(grads)}")
         items = []
-        for i, (grad, count) in enumerate(zip(grads, self._trained)):
+        for i, (grad, (count, dtype)) in enumerate(zip(grads, self._trained)):
             what = f"reduce_gradients (gradient {i})"
             if grad is None:
                 items.append(None)
                 continue
             _buffers.check_count(grad, count, what)
-            if isinstance(grad, np.ndarray):
-                items.append(grad)  # dtype, contiguity, writeability: checked in capi
+            if _buffers.parameter_dtype(grad, what) != dtype:
+                raise TypeError(f"{what}: expected {_buffers.dtype_name(dtype)} (the parameter's "
+                                f"dtype), got {grad.dtype}")
+            if isinstance(grad, np.ndarray) and dtype == capi.CO2_DTYPE_FP32:
+                items.append(grad)  # contiguity, writeability: checked in capi
+            elif isinstance(grad, np.ndarray):
+                items.append(_buffers.numpy_address(grad, what)[0])
             else:
                 memory = _buffers.TensorMemory(grad, what)
-                if memory.dtype != capi.CO2_DTYPE_FP32:
-                    raise TypeError(f"{what}: expected float32, got {grad.dtype}")
                 if stream is None:
                     stream = _buffers.current_stream(memory)
                 items.append(memory.address)

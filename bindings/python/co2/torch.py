@@ -113,11 +113,19 @@ class Distributed:
         tensors = self._params + self._buffers
         first = tensors[0][1]
         for name, t in tensors:
-            if t.dtype != torch.float32 or t.device != first.device or t.is_sparse:
-                raise TypeError(f"flat storage needs dense float32 tensors on one device; "
+            _buffers.parameter_dtype(t, repr(name))
+            if t.device != first.device or t.is_sparse:
+                raise TypeError(f"flat storage needs dense tensors on one device; "
                                 f"{name!r} is {t.dtype} on {t.device} (pass flat=False)")
+        # One flat per engine, so one dtype: float32, or bf16/fp16 parameters (the engine keeps
+        # its outer state in fp32 for them).
+        dtypes = sorted({str(t.dtype) for _, t in tensors})
+        if len(dtypes) > 1:
+            raise TypeError(f"flat storage holds one dtype but the module has {', '.join(dtypes)}: "
+                            f"cast it to one (model.bfloat16(), model.float()) or pass flat=False "
+                            f"(each tensor is registered with its own dtype)")
         total = sum(t.numel() for _, t in tensors)
-        self.flat = torch.empty(total, dtype=torch.float32, device=first.device)
+        self.flat = torch.empty(total, dtype=first.dtype, device=first.device)
         self.engine.adopt_flat(self.flat)
         offset = 0
         with torch.no_grad():
@@ -131,6 +139,7 @@ class Distributed:
                 offset += n
 
     def _register(self):
+        # Each tensor keeps its dtype (float32, bfloat16, float16; fp64 is refused with what to do).
         for name, p in self._params:
             self.engine.register(name, p.data, "parameter")
         for name, b in self._buffers:

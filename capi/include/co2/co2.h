@@ -90,8 +90,8 @@ co2_status_t co2_get_version(int *major, int *minor, int *patch);
 typedef int32_t co2_dtype_t;
 enum {
     CO2_DTYPE_FP32 = 0,
-    CO2_DTYPE_BF16 = 1,   /* reserved: parameters only, not yet supported */
-    CO2_DTYPE_FP16 = 2,   /* reserved: parameters only, not yet supported */
+    CO2_DTYPE_BF16 = 1,   /* parameters on the host (1.1), outer state fp32; not collectives */
+    CO2_DTYPE_FP16 = 2,   /* parameters on the host (1.1), outer state fp32; not collectives */
     CO2_DTYPE_FP64 = 3,   /* raw collectives only */
     CO2_DTYPE_INT32 = 4,  /* raw collectives only */
     CO2_DTYPE_INT64 = 5   /* raw collectives only */
@@ -336,7 +336,8 @@ typedef struct co2_tensor {
     const char *name;          /* unique, non-empty             */
     void *data;
     size_t count;              /* elements, >= 1                */
-    co2_dtype_t dtype;         /* parameter dtype: CO2_DTYPE_FP32 */
+    co2_dtype_t dtype;         /* CO2_DTYPE_FP32; BF16 / FP16 on the host (read widened to fp32,
+                                  written rounded to nearest even; docs/capi.md) */
     co2_device_kind_t device;  /* CO2_DEVICE_HOST               */
     int32_t device_index;
     co2_tensor_role_t role;    /* CO2_ROLE_PARAMETER            */
@@ -371,12 +372,14 @@ co2_status_t co2_engine_destroy(co2_engine_t engine);
 /* Layout, before co2_engine_commit. */
 co2_status_t co2_engine_register_tensor(co2_engine_t engine, const co2_tensor_t *tensor);
 
-/* Runtime-owned flat storage of `count` zero-initialised elements; *out_data is valid until the
- * engine is destroyed. At most one flat storage (owned or adopted) per engine. */
+/* Runtime-owned flat storage of `count` zero-initialised elements of `dtype` (segments take it);
+ * *out_data is valid until the engine is destroyed. At most one flat storage (owned or adopted)
+ * per engine. */
 co2_status_t co2_engine_alloc_flat(co2_engine_t engine, size_t count, co2_dtype_t dtype,
                                    co2_device_kind_t device, int32_t device_index,
                                    void **out_data);
-/* Adopts flat storage the framework allocated (it must outlive the engine). */
+/* Adopts flat storage of `count` elements of `dtype` the framework allocated (it must outlive
+ * the engine). */
 co2_status_t co2_engine_adopt_flat(co2_engine_t engine, void *data, size_t count,
                                    co2_dtype_t dtype, co2_device_kind_t device,
                                    int32_t device_index);
@@ -412,7 +415,8 @@ co2_status_t co2_engine_commit(co2_engine_t engine);
 co2_status_t co2_engine_step(co2_engine_t engine, void *stream, int *out_boundary);
 
 /* Averages gradients across ranks, in place, blocking. grads[i] is the gradient of the i-th
- * CO2_ROLE_PARAMETER tensor/segment in registration order, with that tensor's count and dtype.
+ * CO2_ROLE_PARAMETER tensor/segment in registration order, with that tensor's count and dtype
+ * (bf16/fp16 gradients are averaged in fp32 and rounded once).
  * Pass the pointers on every call (frameworks reallocate gradients). A NULL entry contributes
  * zeros and receives nothing. num_grads must equal the number of trained tensors. */
 co2_status_t co2_engine_reduce_gradients(co2_engine_t engine, void *const *grads,
