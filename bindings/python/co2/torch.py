@@ -6,7 +6,7 @@
     for x, y in my_shard_of_the_data:                                            # unchanged
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
-        optimizer.step()            # now also: sync averages gradients first; co2.step() after
+        optimizer.step()            # now also: co2's step (sync: grads averaged in backward)
     trainer.finalize()                                                           # added
 
 What distribute() does:
@@ -18,8 +18,12 @@ What distribute() does:
     engine share the memory and the engine runs one contiguous pass. flat=False registers the
     tensors as they are instead;
   - commits the layout: every rank starts from rank 0's weights;
-  - wraps optimizer.step so that it averages the gradients first under `sync` (the gradients
-    are read on every call: zero_grad(set_to_none=True) is fine), then runs the engine's step.
+  - under `sync`, averages the gradients during backward, as torch DDP does (bucketed,
+    overlapped with backward; co2/_grad_sync.py): after loss.backward() every p.grad holds the
+    rank average, so clip_grad_norm_ clips the average; `with trainer.no_sync():` accumulates
+    without averaging. bucket_mb (default 25) sizes the buckets; reduce_in_backward=False
+    averages in optimizer.step instead (the behaviour before 1.1);
+  - wraps optimizer.step so that it runs the engine's step after the optimizer's.
 
 Device tensors (CUDA) go to the GPU path with the current stream when co2 was built with it;
 otherwise the C API raises co2.UnsupportedError.
@@ -29,6 +33,7 @@ import types
 import torch
 
 from . import _buffers
+from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync
 from .communicator import Communicator
 from .engine import Engine
 
@@ -37,7 +42,7 @@ class Distributed:
     """The engine behind a module and its optimizer; see co2.torch.distribute."""
 
     def __init__(self, module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
-                 **engine_config):
+                 bucket_mb=DEFAULT_BUCKET_MB, reduce_in_backward=True, **engine_config):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
         self.module = module
@@ -61,6 +66,10 @@ class Distributed:
         self.engine.commit()
         self._stream_memory = _buffers.TensorMemory(self._params[0][1].data, "parameters")
         self._original_step = None
+        # sync: gradients averaged in backward hooks (after the layout: .data changes reset them)
+        self.grad_sync = None
+        if self.algorithm == "sync" and reduce_in_backward:
+            self.grad_sync = GradientSync(self._params, self.comm, bucket_mb)
         if optimizer is not None:
             self._hook(optimizer)
 
@@ -100,7 +109,9 @@ class Distributed:
         distributed = self
 
         def step(opt, *args, **kwargs):
-            if distributed.algorithm == "sync":
+            if distributed.grad_sync is not None:
+                distributed.grad_sync.before_step()
+            elif distributed.algorithm == "sync":
                 if args or kwargs.get("closure") is not None:
                     raise NotImplementedError("sync with a closure optimizer (LBFGS): call "
                                               "reduce_gradients() inside the closure and "
@@ -128,7 +139,12 @@ class Distributed:
 
     def reduce_gradients(self):
         """Averages the gradients across ranks (collective, blocking). Reads param.grad now:
-        frameworks reallocate gradients, and a None gradient contributes zeros."""
+        frameworks reallocate gradients, and a None gradient contributes zeros. Under sync with
+        reduce_in_backward (the default) backward has averaged them already: an error."""
+        if self.grad_sync is not None:
+            raise RuntimeError("reduce_gradients: under sync the gradients are averaged during "
+                               "backward already (distribute(reduce_in_backward=False) averages "
+                               "them here instead)")
         grads = []
         for name, p in self._params:
             g = p.grad
@@ -139,6 +155,14 @@ class Distributed:
                     p.grad = g = g.contiguous()
             grads.append(g)
         self.engine.reduce_gradients(grads, self._stream())
+
+    def no_sync(self):
+        """Context (sync): backward passes inside it leave each rank's gradients unaveraged,
+        accumulating in p.grad; the next backward outside it averages the sum, as DDP's."""
+        if self.grad_sync is None:
+            raise RuntimeError(f"no_sync() is for algorithm 'sync' with reduce_in_backward; "
+                               f"this trainer runs {self.algorithm!r}")
+        return self.grad_sync.no_sync()
 
     def step(self):
         """The engine's step (done by optimizer.step when an optimizer was given). True at a
@@ -192,6 +216,9 @@ class Distributed:
         if self.optimizer is not None and self._original_step is not None:
             self.optimizer.step = self._original_step
             self._original_step = None
+        if self.grad_sync is not None:
+            self.grad_sync.close()
+            self.grad_sync = None
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -207,10 +234,11 @@ class Distributed:
 
 
 def distribute(module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
-               **engine_config):
+               bucket_mb=DEFAULT_BUCKET_MB, reduce_in_backward=True, **engine_config):
     """Hands `module`'s parameters (and `optimizer`'s step) to a co2 engine; returns the
     Distributed object (finalize(), state_dict(), stats(), rank, world_size, close()).
     Engine keywords (tau, outer_lr, outer_momentum, nesterov, penalty, clip, ...) keep the C
     API's defaults when left out. Collective: every rank calls it with the same model."""
     return Distributed(module, optimizer, algorithm=algorithm, comm=comm, flat=flat,
+                       bucket_mb=bucket_mb, reduce_in_backward=reduce_in_backward,
                        **engine_config)
