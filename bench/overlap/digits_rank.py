@@ -42,7 +42,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-CO2_ALGOS = ("sync", "localsgd", "diloco", "co2")
+# sync-step: sync averaging in optimizer.step (reduce_in_backward=False, co2 before 1.1) beside
+# sync's default, the average in backward hooks (bucketed, overlapped with backward, like DDP).
+CO2_ALGOS = ("sync", "sync-step", "localsgd", "diloco", "co2")
 ALGOS = ("none", "ddp") + CO2_ALGOS
 EPOCHS_WITHOUT_END = 1 << 30  # batches() is lazy: as many epochs as the steps need
 _print_lock = threading.Lock()
@@ -108,11 +110,14 @@ class Group:
 
 
 class EngineClock:
-    """Time inside the co2 calls optimizer.step() makes (and which were boundaries)."""
+    """Time inside the co2 calls optimizer.step() makes (and which were boundaries), plus, for
+    sync, the wait for the gradient all-reduces at the end of backward."""
 
     def __init__(self, trainer):
         self.ns = 0
         self.boundaries = 0
+        self.grad_sync = trainer.grad_sync
+        self._grad_wait_start = 0
         step, reduce = trainer.step, trainer.reduce_gradients
 
         def timed_step():
@@ -133,6 +138,11 @@ class EngineClock:
     def reset(self):
         self.ns = 0
         self.boundaries = 0
+        self._grad_wait_start = self.grad_sync.wait_ns if self.grad_sync else 0
+
+    def total_ns(self):
+        grad_wait = self.grad_sync.wait_ns - self._grad_wait_start if self.grad_sync else 0
+        return self.ns + grad_wait
 
 
 def run(group, data, algo, tau, hidden, steps, warmup, seed=0):
@@ -150,10 +160,12 @@ def run(group, data, algo, tau, hidden, steps, warmup, seed=0):
     if algo in CO2_ALGOS:
         import co2.torch
         config = dict(digits.OUTER.get(algo, {}))
-        if algo != "sync":
+        if algo == "sync-step":
+            config["reduce_in_backward"] = False
+        elif algo != "sync":
             config["tau"] = tau
-        trainer = co2.torch.distribute(model, optimizer, algorithm=algo, comm=group.co2_comm(),
-                                       **config)
+        trainer = co2.torch.distribute(model, optimizer, algorithm=algo.split("-")[0],
+                                       comm=group.co2_comm(), **config)
         clock = EngineClock(trainer)
     params = mlp_params(hidden)
     group.barrier()
@@ -176,12 +188,15 @@ def run(group, data, algo, tau, hidden, steps, warmup, seed=0):
            "steps_per_s": measured / seconds if seconds > 0 else 0.0}
     if trainer is not None:
         s = trainer.stats()
+        engine_ns = clock.total_ns()
+        grad_reductions = trainer.grad_sync.backward_reductions if trainer.grad_sync else 0
         trainer.finalize()
         trainer.close()
         out.update(boundary_wait_ms=s["boundary_wait_ns"] / 1e6, collective_ms=s["collective_ns"] / 1e6,
                    allreduces=round(s["bytes_reduced"] / (4 * params)),
+                   grad_reductions=grad_reductions,
                    step_time_ms=s["step_time_ns"] / 1e6, allreduce_time_ms=s["allreduce_time_ns"] / 1e6,
-                   advised_tau=s["advised_tau"], engine_ms=clock.ns / 1e6, boundaries=clock.boundaries)
+                   advised_tau=s["advised_tau"], engine_ms=engine_ns / 1e6, boundaries=clock.boundaries)
     return out
 
 

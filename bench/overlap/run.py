@@ -109,7 +109,7 @@ def plan_steps(algo, tau, step_s, ar_s, seconds):
     if algo in ("none",):
         n = max(8, math.ceil(seconds / step_s))
         return n + 1, 1
-    if algo in ("sync", "ddp"):
+    if algo in ("sync", "sync-step", "ddp"):
         n = max(4, math.ceil(seconds / (step_s + ar_s)))
         return n + 2, 2
     round_s = max(tau * step_s, ar_s) if algo == "co2" else tau * step_s + ar_s
@@ -285,7 +285,8 @@ def run_digits_config(args, runner, transport, world, rate, want_ddp):
     # PyTorch steps on 2 shared cores drift by tens of percent within a minute, so compute-only
     # runs bracket every group of rows, and each row is divided by the faster of the two
     # compute-only runs around it (pairing in time, as the other tables do once per rate).
-    plan = [("none", 1), ("sync", 1)] + ([("ddp", 1)] if want_ddp else []) + [("none", 1)]
+    plan = [("none", 1), ("sync", 1), ("sync-step", 1)] + ([("ddp", 1)] if want_ddp else []) \
+        + [("none", 1)]
     for tau in args.taus:
         plan += [(algo, tau) for algo in ALGOS_TAU] + [("none", 1)]
     plan = [(a, t) + plan_steps(a, t, step_s, ar_s, args.digits_seconds) for a, t in plan]
@@ -545,10 +546,11 @@ def tables(results, args):
                                  f"{base['late_ms'] / base['steps']:.2f}; co2 {cells}")
             lines.append("")
             lines.append("    algorithm         " + "".join(f"  tau={t:<4}" for t in args.taus) + "   (steps/s over compute-only)")
-            for algo in ("sync", "ddp"):
+            for algo in ("sync", "sync-step", "ddp"):
                 r = get(algo)
                 if r:
-                    name = "sync (co2)" if algo == "sync" else f"DDP (gloo {r['transport']})"
+                    name = {"sync": "sync (co2)", "sync-step": "sync, avg in step"}.get(
+                        algo, f"DDP (gloo {r['transport']})")
                     lines.append(f"    {name:<20}{fmt_ratio(ratio_of(r, base))}   (every step)")
             for algo in ALGOS_TAU:
                 cells = []

@@ -25,6 +25,7 @@ touched gets the average on every rank, so the optimizers of all ranks update th
 Gradients are averaged in float32 whatever the parameter's dtype.
 """
 import contextlib
+import time
 
 import torch
 
@@ -39,7 +40,7 @@ _BYTES_PER_ELEMENT = 4         # buckets are float32
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "offsets", "numel", "buffer", "missing", "request",
+    __slots__ = ("index", "params", "offsets", "numel", "buffer", "flags", "missing", "request",
                  "ready")
 
     def __init__(self, index, params):
@@ -52,6 +53,7 @@ class _Bucket:
             offset += p.numel()
         self.numel = offset                # gradients; then one "had a gradient" flag each
         self.buffer = None
+        self.flags = [0.0] * len(params)   # written into the buffer's tail at launch
         self.missing = 0
         self.request = None
         self.ready = False
@@ -202,12 +204,12 @@ class GradientSync:
         with torch.no_grad():
             if grad is None:
                 bucket.buffer[offset:offset + n].zero_()
-                bucket.buffer[bucket.numel + slot] = 0.0
+                bucket.flags[slot] = 0.0
                 return
             if grad.is_sparse:
                 self._fail(f"sync: the sparse gradient of {name!r} is not supported")
             bucket.buffer[offset:offset + n].view_as(grad).copy_(grad)
-            bucket.buffer[bucket.numel + slot] = 1.0
+            bucket.flags[slot] = 1.0
 
     def _launch_ready(self):
         """Launches the ready buckets in bucket order: bucket i only after buckets < i."""
@@ -215,6 +217,7 @@ class GradientSync:
             bucket = self.buckets[self._next_launch]
             if not bucket.ready:
                 return
+            bucket.buffer[bucket.numel:].copy_(torch.tensor(bucket.flags))
             if bucket.buffer.is_cuda:
                 # The communicator's collectives run on its own stream: the copies above, on
                 # the current stream, must have finished.
@@ -265,5 +268,4 @@ class GradientSync:
 
 
 def _now_ns():
-    import time
     return time.perf_counter_ns()
