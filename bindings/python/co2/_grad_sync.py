@@ -144,6 +144,22 @@ class GradientSync:
                 "replaces the gradient hooks)")
         self._reduced_since_step = False
 
+    def shadow_backward(self):
+        """The collectives of one averaging backward with nothing from this rank (zeros, no
+        gradient flags): for a rank without a batch while the others train (a join), so that
+        the ranks' collectives still match. This rank's gradients are left alone; the others
+        get their sum divided by the world size."""
+        if self._in_backward:
+            raise RuntimeError("shadow_backward() inside a backward pass")
+        if self._broken is not None:
+            raise RuntimeError(self._broken)
+        for bucket in self.buckets:
+            if bucket.buffer is None:
+                bucket.buffer = self._new_buffer(bucket)
+            bucket.buffer.zero_()
+            bucket.request = self.comm.allreduce_async(bucket.buffer, "avg")
+        self._wait_all()
+
     def close(self):
         for handle in self._handles:
             handle.remove()
@@ -190,13 +206,16 @@ class GradientSync:
         self._next_launch = 0
         for bucket in self.buckets:
             if bucket.buffer is None:
-                p = bucket.params[0][2]
-                bucket.buffer = torch.empty(bucket.numel + len(bucket.params),
-                                            dtype=torch.float32, device=p.device)
+                bucket.buffer = self._new_buffer(bucket)
             bucket.missing = len(bucket.params)
             bucket.ready = False
             bucket.request = None
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+
+    @staticmethod
+    def _new_buffer(bucket):
+        return torch.empty(bucket.numel + len(bucket.params), dtype=torch.float32,
+                           device=bucket.params[0][2].device)
 
     def _contribute(self, bucket, slot, name, p):
         offset, n = bucket.offsets[slot], p.numel()
@@ -235,25 +254,28 @@ class GradientSync:
                             self._contribute(bucket, slot, name, p)
                     bucket.ready = True
             self._launch_ready()
-            start = _now_ns()
-            for bucket in self.buckets:
-                try:
-                    bucket.request.wait(timeout_ms=self.timeout_s * 1000.0)
-                except Co2TimeoutError:
-                    self._fail(
-                        f"sync: the gradient all-reduce of bucket {bucket.index} did not "
-                        f"complete within {self.timeout_s:g} s: another rank did not run the "
-                        f"same backward (fewer batches on one rank? no_sync() on one rank "
-                        f"only?); the ranks no longer agree")
-            self.wait_ns += _now_ns() - start
+            self._wait_all()
             with torch.no_grad():
                 for bucket in self.buckets:
                     self._write_back(bucket)
-                    bucket.request = None
         finally:
             self._in_backward = False
         self._reduced_since_step = True
         self.backward_reductions += 1
+
+    def _wait_all(self):
+        start = _now_ns()
+        for bucket in self.buckets:
+            try:
+                bucket.request.wait(timeout_ms=self.timeout_s * 1000.0)
+            except Co2TimeoutError:
+                self._fail(
+                    f"sync: the gradient all-reduce of bucket {bucket.index} did not complete "
+                    f"within {self.timeout_s:g} s: another rank did not run the same backward "
+                    f"(fewer batches on one rank? no_sync() on one rank only?); the ranks no "
+                    f"longer agree")
+            bucket.request = None
+        self.wait_ns += _now_ns() - start
 
     def _write_back(self, bucket):
         flags = bucket.buffer[bucket.numel:].tolist()

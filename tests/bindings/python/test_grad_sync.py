@@ -76,6 +76,37 @@ def test_errors_are_clear():
             optimizer.step()
 
 
+def test_a_rank_without_a_batch_shadows_the_collectives():
+    """Rank 1 has no batch (a join): shadow_backward() issues the same bucket all-reduces with
+    nothing in them; rank 0 gets its gradient / W, rank 1's gradients stay untouched."""
+    def check(comm):
+        net = checks.make_net()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        with co2.torch.distribute(net, optimizer, algorithm="sync", comm=comm,
+                                  bucket_mb=checks.SMALL_BUCKET_MB) as trainer:
+            own = checks.local_grads(net, 0, 0)
+            if comm.rank == 0:
+                x, y = checks.batch(0, 0)
+                F.cross_entropy(net(x), y).backward()
+                for name, p in net.named_parameters():
+                    want = None if own[name] is None else own[name] / comm.world_size
+                    if want is None:
+                        assert p.grad is None, name
+                    else:
+                        torch.testing.assert_close(p.grad, want, rtol=checks.RTOL,
+                                                   atol=checks.ATOL, msg=name)
+            else:
+                trainer.grad_sync.shadow_backward()
+                assert all(p.grad is None for p in net.parameters())
+            # the ranks' collectives still match: one more averaging backward on both
+            optimizer.zero_grad(set_to_none=True)
+            x, y = checks.batch(1, comm.rank)
+            F.cross_entropy(net(x), y).backward()
+            assert checks.identical_on_every_rank(comm, net.a.weight.grad)
+
+    on_threads(check, world=2)
+
+
 def test_averaging_in_step_is_still_available():
     """reduce_in_backward=False: the gradients are averaged in optimizer.step, as before 1.1."""
     def check(comm):
