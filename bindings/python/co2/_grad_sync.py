@@ -134,8 +134,8 @@ class GradientSync:
         if self._broken is not None:
             raise RuntimeError(self._broken)
         if self._in_backward:
-            self._fail("a backward pass ended without finishing its gradient average (an error "
-                       "inside backward?); the ranks' collectives no longer match")
+            self._fail("sync: a backward pass ended without finishing its gradient average (an "
+                       "error inside backward?); the ranks' collectives no longer match")
         if not self._reduced_since_step and self._any_gradient():
             raise RuntimeError(
                 "sync: optimizer.step() would apply gradients that were not averaged across "
@@ -187,9 +187,9 @@ class GradientSync:
                 self._start()
             if key in self._seen:
                 self._fail(f"sync: parameter {name!r} received its gradient twice in one "
-                           f"backward (reentrant activation checkpointing, or a backward "
-                           f"inside backward); averaging it twice would differ from DDP's "
-                           f"result: use non-reentrant checkpointing")
+                           f"backward (reentrant activation checkpointing runs a backward "
+                           f"inside backward): use torch.utils.checkpoint(..., "
+                           f"use_reentrant=False)")
             self._seen.add(key)
             bucket, slot = self._where[key]
             self._contribute(bucket, slot, name, param)

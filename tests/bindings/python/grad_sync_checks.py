@@ -264,7 +264,25 @@ def check_closure_optimizer(comm):
         assert identical_on_every_rank(comm, got)
 
 
+def check_activation_checkpointing(comm):
+    """Non-reentrant checkpointing recomputes the forward inside the same backward: every
+    parameter still reaches its hook once, and the gradients are the average."""
+    from torch.utils.checkpoint import checkpoint
+
+    net = make_net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with co2.torch.distribute(net, optimizer, algorithm="sync", comm=comm,
+                              bucket_mb=SMALL_BUCKET_MB):
+        per_rank = [local_grads(net, 0, r) for r in range(comm.world_size)]
+        optimizer.zero_grad(set_to_none=True)
+        x, y = batch(0, comm.rank)
+        F.cross_entropy(checkpoint(net, x, use_reentrant=False), y).backward()
+        assert_average(comm, net, per_rank)
+        optimizer.step()
+
+
 CHECKS = {
+    "activation_checkpointing": check_activation_checkpointing,
     "average_in_buckets": check_average_in_buckets,
     "clip_sees_the_average": check_clip_sees_the_average,
     "unused_parameters": check_unused_parameters,
