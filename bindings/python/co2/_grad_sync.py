@@ -6,8 +6,8 @@ DDP, and the all-reduce overlaps the rest of backward.
 
 Mechanism (torch >= 1.13; no register_post_accumulate_grad_hook there):
   - the trained parameters are split into buckets, in reverse registration order (backward
-    produces the last layers' gradients first), each at most `bucket_mb` MiB of float32; the
-    first bucket is smaller (FIRST_BUCKET_MB) so that communication starts early;
+    produces the last layers' gradients first), each closed once it holds `bucket_mb` MiB of
+    float32; the first is smaller (FIRST_BUCKET_MB) so that communication starts early;
   - a post-hook on each parameter's AccumulateGrad node copies p.grad into its bucket once
     autograd has written it; a bucket whose parameters are all in is all-reduced
     asynchronously (co2.Communicator.allreduce_async, op "avg"), but only after every bucket
@@ -60,19 +60,19 @@ class _Bucket:
 
 
 def plan_buckets(params, bucket_mb, first_bucket_mb=FIRST_BUCKET_MB):
-    """Lists of (name, Parameter) per bucket, in reverse order of `params`: at most bucket_mb
-    MiB each (the first at most min(first_bucket_mb, bucket_mb)); a larger parameter gets a
-    bucket of its own."""
-    limit = int(bucket_mb * (1 << 20)) // _BYTES_PER_ELEMENT
+    """Lists of (name, Parameter) per bucket, in reverse order of `params`. As DDP does, a
+    bucket is closed once it holds bucket_mb MiB or more (the first: min(first_bucket_mb,
+    bucket_mb)), so it exceeds the size by less than its last parameter, and a bias is not
+    left alone in a bucket of its own before its weight."""
+    limit = max(1, int(bucket_mb * (1 << 20)) // _BYTES_PER_ELEMENT)
     first = min(int(first_bucket_mb * (1 << 20)) // _BYTES_PER_ELEMENT, limit)
     buckets, current, size = [], [], 0
     for name, p in reversed(params):
-        cap = first if not buckets else limit
-        if current and size + p.numel() > cap:
-            buckets.append(current)
-            current, size = [], 0
         current.append((name, p))
         size += p.numel()
+        if size >= (first if not buckets else limit):
+            buckets.append(current)
+            current, size = [], 0
     if current:
         buckets.append(current)
     return buckets

@@ -47,14 +47,14 @@ def test_the_clip_check_fails_when_the_average_comes_after_the_clip():
 def test_buckets_follow_reverse_parameter_order_with_a_small_first_bucket():
     params = [(f"p{i}", torch.nn.Parameter(torch.zeros(n)))
               for i, n in enumerate([100_000, 300_000, 50_000, 200_000, 10])]
-    # 1 MiB = 262,144 floats first, then 2 MiB = 524,288 floats
-    plan = plan_buckets(params, bucket_mb=2, first_bucket_mb=1)
-    assert [[name for name, _ in b] for b in plan] == [["p4", "p3", "p2"], ["p1", "p0"]]
+    names = lambda plan: [[name for name, _ in b] for b in plan]    # noqa: E731
+    # a bucket closes once it reaches its size: 1 MiB = 262,144 floats first, then 2 MiB
+    assert names(plan_buckets(params, bucket_mb=2, first_bucket_mb=1)) == [
+        ["p4", "p3", "p2", "p1"], ["p0"]]
     # 0.5 MiB = 131,072 floats; the first bucket is capped at bucket_mb too
-    plan = plan_buckets(params, bucket_mb=0.5, first_bucket_mb=1)
-    assert [[name for name, _ in b] for b in plan] == [["p4"], ["p3"], ["p2"], ["p1"], ["p0"]]
-    plan = plan_buckets(params, bucket_mb=25)                        # DDP's: 1 MiB, then 25
-    assert [[name for name, _ in b] for b in plan] == [["p4", "p3", "p2"], ["p1", "p0"]]
+    assert names(plan_buckets(params, bucket_mb=0.5, first_bucket_mb=1)) == [
+        ["p4", "p3"], ["p2", "p1"], ["p0"]]
+    assert names(plan_buckets(params, bucket_mb=25)) == [["p4", "p3", "p2", "p1"], ["p0"]]
     assert plan_buckets(params[:1], bucket_mb=0.1) == [params[:1]]   # larger than a bucket
 
 
