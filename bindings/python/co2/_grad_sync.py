@@ -264,7 +264,7 @@ class GradientSync:
         self.backward_reductions += 1
 
     def _wait_all(self):
-        start = _now_ns()
+        start = time.perf_counter_ns()
         for bucket in self.buckets:
             try:
                 bucket.request.wait(timeout_ms=self.timeout_s * 1000.0)
@@ -275,7 +275,7 @@ class GradientSync:
                     f"(fewer batches on one rank? no_sync() on one rank only?); the ranks no "
                     f"longer agree")
             bucket.request = None
-        self.wait_ns += _now_ns() - start
+        self.wait_ns += time.perf_counter_ns() - start
 
     def _write_back(self, bucket):
         flags = bucket.buffer[bucket.numel:].tolist()
@@ -287,7 +287,3 @@ class GradientSync:
                 p.grad = average.to(p.dtype, copy=True)
             else:
                 p.grad.copy_(average)
-
-
-def _now_ns():
-    return time.perf_counter_ns()
