@@ -59,6 +59,13 @@ class _Bucket:
         self.ready = False
 
 
+def check_bucket_mb(bucket_mb):
+    """ValueError unless bucket_mb is a positive number (before distribute() builds anything)."""
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or \
+            not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be a number > 0 (MiB), got {bucket_mb!r}")
+
+
 def plan_buckets(params, bucket_mb, first_bucket_mb=FIRST_BUCKET_MB):
     """Lists of (name, Parameter) per bucket, in reverse order of `params`. As DDP does, a
     bucket is closed once it holds bucket_mb MiB or more (the first: min(first_bucket_mb,
@@ -84,8 +91,7 @@ class GradientSync:
 
     def __init__(self, params, comm, bucket_mb=DEFAULT_BUCKET_MB,
                  timeout_s=DEFAULT_WAIT_TIMEOUT_S):
-        if not bucket_mb > 0:
-            raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
+        check_bucket_mb(bucket_mb)
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.comm = comm

@@ -33,7 +33,7 @@ import types
 import torch
 
 from . import _buffers
-from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync
+from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync, check_bucket_mb
 from .communicator import Communicator
 from .engine import Engine
 
@@ -45,6 +45,7 @@ class Distributed:
                  bucket_mb=DEFAULT_BUCKET_MB, reduce_in_backward=True, **engine_config):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
+        check_bucket_mb(bucket_mb)
         self.module = module
         self.optimizer = optimizer
         self._own_comm = comm is None

@@ -62,8 +62,12 @@ def test_errors_are_clear():
     net = checks.make_net()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     with local_comm(0, 1, unique_group("gradsync")) as comm:
-        with pytest.raises(ValueError, match="bucket_mb"):
-            co2.torch.distribute(net, optimizer, algorithm="sync", comm=comm, bucket_mb=0)
+        before = net.a.weight.data_ptr()
+        for wrong in (0, -1.0, "25", None):
+            with pytest.raises(ValueError, match="bucket_mb"):
+                co2.torch.distribute(net, optimizer, algorithm="sync", comm=comm,
+                                     bucket_mb=wrong)
+        assert net.a.weight.data_ptr() == before        # refused before anything was built
         with co2.torch.distribute(checks.make_net(), None, algorithm="co2", comm=comm,
                                   tau=2) as trainer:
             with pytest.raises(RuntimeError, match="no_sync"):
