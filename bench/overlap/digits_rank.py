@@ -42,15 +42,30 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-CO2_ALGOS = ("sync", "localsgd", "diloco", "co2")
+# sync-step: sync averaging in optimizer.step (reduce_in_backward=False, co2 before 1.1) beside
+# sync's default, the average in backward hooks (bucketed, overlapped with backward, like DDP).
+CO2_ALGOS = ("sync", "sync-step", "localsgd", "diloco", "co2")
 ALGOS = ("none", "ddp") + CO2_ALGOS
 EPOCHS_WITHOUT_END = 1 << 30  # batches() is lazy: as many epochs as the steps need
 _print_lock = threading.Lock()
 
 
-def mlp_params(hidden):
-    """Parameters of the digits MLP 64 -> hidden -> hidden -> 10."""
-    return 64 * hidden + hidden + hidden * hidden + hidden + 10 * hidden + 10
+def mlp_params(hidden, depth=2):
+    """Parameters of the digits MLP 64 -> hidden (x depth) -> 10."""
+    return 64 * hidden + hidden + (depth - 1) * (hidden * hidden + hidden) + 10 * hidden + 10
+
+
+def make_model(seed, hidden, depth=2):
+    """The example's MLP (depth 2), or the same with `depth` hidden layers."""
+    import digits
+    if depth == 2:
+        return digits.make_model(seed, hidden=hidden)
+    with digits._init_lock:
+        torch.manual_seed(seed)
+        layers = [torch.nn.Linear(64, hidden), torch.nn.ReLU()]
+        for _ in range(depth - 1):
+            layers += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(hidden, 10))
 
 
 class Group:
@@ -108,11 +123,14 @@ class Group:
 
 
 class EngineClock:
-    """Time inside the co2 calls optimizer.step() makes (and which were boundaries)."""
+    """Time inside the co2 calls optimizer.step() makes (and which were boundaries), plus, for
+    sync, the wait for the gradient all-reduces at the end of backward."""
 
     def __init__(self, trainer):
         self.ns = 0
         self.boundaries = 0
+        self.grad_sync = trainer.grad_sync
+        self._grad_wait_start = 0
         step, reduce = trainer.step, trainer.reduce_gradients
 
         def timed_step():
@@ -133,13 +151,18 @@ class EngineClock:
     def reset(self):
         self.ns = 0
         self.boundaries = 0
+        self._grad_wait_start = self.grad_sync.wait_ns if self.grad_sync else 0
+
+    def total_ns(self):
+        grad_wait = self.grad_sync.wait_ns - self._grad_wait_start if self.grad_sync else 0
+        return self.ns + grad_wait
 
 
-def run(group, data, algo, tau, hidden, steps, warmup, seed=0):
+def run(group, data, algo, tau, hidden, steps, warmup, seed=0, depth=2, bucket_mb=None):
     """One measured run on this rank; returns its JSON-ready dict."""
     import digits
     x, y = digits.shard(data[0], data[1], group.rank, group.world)
-    model = digits.make_model(seed, hidden=hidden)
+    model = make_model(seed, hidden, depth)
     net = model
     trainer = clock = None
     if algo == "ddp":
@@ -150,12 +173,16 @@ def run(group, data, algo, tau, hidden, steps, warmup, seed=0):
     if algo in CO2_ALGOS:
         import co2.torch
         config = dict(digits.OUTER.get(algo, {}))
-        if algo != "sync":
+        if algo == "sync-step":
+            config["reduce_in_backward"] = False
+        elif algo == "sync" and bucket_mb is not None:
+            config["bucket_mb"] = bucket_mb
+        elif algo != "sync":
             config["tau"] = tau
-        trainer = co2.torch.distribute(model, optimizer, algorithm=algo, comm=group.co2_comm(),
-                                       **config)
+        trainer = co2.torch.distribute(model, optimizer, algorithm=algo.split("-")[0],
+                                       comm=group.co2_comm(), **config)
         clock = EngineClock(trainer)
-    params = mlp_params(hidden)
+    params = mlp_params(hidden, depth)
     group.barrier()
     stream = digits.batches(x, y, seed, group.rank, EPOCHS_WITHOUT_END)
     t_measure = time.perf_counter()
@@ -172,20 +199,23 @@ def run(group, data, algo, tau, hidden, steps, warmup, seed=0):
     measured = steps - warmup
     out = {"rank": group.rank, "world": group.world, "algo": algo,
            "tau": tau if algo in ("localsgd", "diloco", "co2") else 1, "params": params,
-           "hidden": hidden, "work": "digits", "steps": measured, "seconds": seconds,
+           "hidden": hidden, "depth": depth, "work": "digits", "steps": measured, "seconds": seconds,
            "steps_per_s": measured / seconds if seconds > 0 else 0.0}
     if trainer is not None:
         s = trainer.stats()
+        engine_ns = clock.total_ns()
+        grad_reductions = trainer.grad_sync.backward_reductions if trainer.grad_sync else 0
         trainer.finalize()
         trainer.close()
         out.update(boundary_wait_ms=s["boundary_wait_ns"] / 1e6, collective_ms=s["collective_ns"] / 1e6,
                    allreduces=round(s["bytes_reduced"] / (4 * params)),
+                   grad_reductions=grad_reductions,
                    step_time_ms=s["step_time_ns"] / 1e6, allreduce_time_ms=s["allreduce_time_ns"] / 1e6,
-                   advised_tau=s["advised_tau"], engine_ms=clock.ns / 1e6, boundaries=clock.boundaries)
+                   advised_tau=s["advised_tau"], engine_ms=engine_ns / 1e6, boundaries=clock.boundaries)
     return out
 
 
-def run_plan(group, plan, hidden):
+def run_plan(group, plan, hidden, depth=2, bucket_mb=None):
     import digits
     torch.set_num_threads(1)
     data = digits.load_digits()
@@ -196,21 +226,22 @@ def run_plan(group, plan, hidden):
         elif any(algo == "ddp" for algo, *_ in plan):
             group.init_gloo()
         for algo, tau, steps, warmup in plan:
-            line = json.dumps(run(group, data, algo, tau, hidden, steps, warmup))
+            line = json.dumps(run(group, data, algo, tau, hidden, steps, warmup, depth=depth,
+                                  bucket_mb=bucket_mb))
             with _print_lock:
                 print(line, flush=True)
     finally:
         group.close()
 
 
-def calibrate(widths, repeats=3, steps=20):
+def calibrate(widths, repeats=3, steps=20, depth=2):
     """Milliseconds per step of one rank alone, per hidden width (the best of `repeats`)."""
     import digits
     torch.set_num_threads(1)
     x, y = digits.load_digits()[:2]
     result = {}
     for hidden in widths:
-        model = digits.make_model(0, hidden=hidden)
+        model = make_model(0, hidden, depth)
         optimizer = torch.optim.SGD(model.parameters(), lr=digits.LR, momentum=digits.MOMENTUM)
         stream = digits.batches(x, y, 0, 0, EPOCHS_WITHOUT_END)
 
@@ -260,6 +291,10 @@ def main(argv=None):
     ap.add_argument("--mode", choices=("process", "threads"), default="process")
     ap.add_argument("--world", type=int, default=2, help="ranks, with --mode threads")
     ap.add_argument("--calibrate", help="hidden widths: print ms per step alone for each")
+    ap.add_argument("--depth", type=int, default=2,
+                    help="hidden layers (2: the example's MLP)")
+    ap.add_argument("--bucket-mb", type=float, default=None,
+                    help="sync's gradient bucket size in MiB (default: co2.torch's)")
     args = ap.parse_args(argv)
 
     try:
@@ -273,10 +308,10 @@ def main(argv=None):
             widths = [int(w) for w in args.calibrate.split(",")]
         except ValueError:
             ap.error("--calibrate takes hidden widths, e.g. 32,64,128")
-        print(json.dumps({"step_ms": calibrate(widths)}), flush=True)
+        print(json.dumps({"step_ms": calibrate(widths, depth=args.depth)}), flush=True)
         return 0
-    if args.hidden < 1 or args.timeout_s <= 0:
-        ap.error("--hidden must be >= 1 and --timeout-s > 0")
+    if args.hidden < 1 or args.timeout_s <= 0 or args.depth < 1:
+        ap.error("--hidden and --depth must be >= 1 and --timeout-s > 0")
     if args.plan:
         plan = parse_plan(args.plan, ap)
     else:
@@ -298,7 +333,8 @@ def main(argv=None):
 
         def rank_main(rank):
             try:
-                run_plan(Group(rank, args.world, "threads", args.timeout_s, name), plan, args.hidden)
+                run_plan(Group(rank, args.world, "threads", args.timeout_s, name), plan, args.hidden,
+                         args.depth, args.bucket_mb)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append((rank, exc))
 
@@ -318,7 +354,8 @@ def main(argv=None):
     if not 0 <= rank < world:
         ap.error(f"RANK={rank} is outside [0, WORLD_SIZE={world})")
     try:
-        run_plan(Group(rank, world, "process", args.timeout_s), plan, args.hidden)
+        run_plan(Group(rank, world, "process", args.timeout_s), plan, args.hidden, args.depth,
+                 args.bucket_mb)
     except Exception as exc:  # one line, not a traceback per rank
         print(f"digits_rank: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -79,9 +79,10 @@ def size_params(args, world, rate, transport):
     return int(max(1024, min(args.max_params, n)))
 
 
-def mlp_params(hidden):
-    """Parameters of the digits MLP 64 -> hidden -> hidden -> 10 (examples/python/digits.py)."""
-    return 64 * hidden + hidden + hidden * hidden + hidden + 10 * hidden + 10
+def mlp_params(hidden, depth=2):
+    """Parameters of the digits MLP 64 -> hidden (x depth) -> 10 (examples/python/digits.py
+    has depth 2)."""
+    return 64 * hidden + hidden + (depth - 1) * (hidden * hidden + hidden) + 10 * hidden + 10
 
 
 def size_digits(args, world, rate, transport):
@@ -94,8 +95,8 @@ def size_digits(args, world, rate, transport):
     bps = link_bytes_per_s(rate, transport)
     if rate == "none" or bps is None:
         h = widths[-1]
-        return h, ring_seconds(mlp_params(h), world, bps) * 1e3 / step_ms[h]
-    ratio = {h: ring_seconds(mlp_params(h), world, bps) * 1e3 / step_ms[h] for h in widths}
+        return h, ring_seconds(mlp_params(h, args.digits_depth), world, bps) * 1e3 / step_ms[h]
+    ratio = {h: ring_seconds(mlp_params(h, args.digits_depth), world, bps) * 1e3 / step_ms[h] for h in widths}
     for h in widths:
         if ratio[h] >= args.target_steps:
             return h, ratio[h]
@@ -109,7 +110,7 @@ def plan_steps(algo, tau, step_s, ar_s, seconds):
     if algo in ("none",):
         n = max(8, math.ceil(seconds / step_s))
         return n + 1, 1
-    if algo in ("sync", "ddp"):
+    if algo in ("sync", "sync-step", "ddp"):
         n = max(4, math.ceil(seconds / (step_s + ar_s)))
         return n + 2, 2
     round_s = max(tau * step_s, ar_s) if algo == "co2" else tau * step_s + ar_s
@@ -217,7 +218,9 @@ class Runner:
         returns the aggregated results, in plan order."""
         spec = ",".join(f"{a}:{t}:{n}:{w}" for a, t, n, w in plan)
         argv = [PYTHON, DIGITS, "--hidden", str(hidden), "--plan", spec,
-                "--timeout-s", str(int(self.args.timeout))]
+                "--timeout-s", str(int(self.args.timeout)), "--depth", str(self.args.digits_depth)]
+        if self.args.digits_bucket_mb is not None:
+            argv += ["--bucket-mb", str(self.args.digits_bucket_mb)]
         env = digits_env(self.args)
         timeout = self.args.timeout + 60 + sum(n * (step_s + ar_s) * 3 for _, _, n, _ in plan)
         if self.transport == "model":
@@ -258,7 +261,8 @@ def calibrate_digits(args):
     """ms per digits step of one rank alone, per hidden width; None where digits_rank.py cannot
     run (no Python binding in this build)."""
     widths = [w for w in DIGITS_WIDTHS if w <= args.digits_max_hidden] or [args.digits_max_hidden]
-    proc = subprocess.run([PYTHON, DIGITS, "--calibrate", ",".join(map(str, widths))],
+    proc = subprocess.run([PYTHON, DIGITS, "--calibrate", ",".join(map(str, widths)),
+                           "--depth", str(args.digits_depth)],
                           env=digits_env(args), capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         log(f"digits: skipped: digits_rank.py --calibrate exited {proc.returncode}: "
@@ -274,7 +278,7 @@ def calibrate_digits(args):
 def run_digits_config(args, runner, transport, world, rate, want_ddp):
     """The digits table at one (world, rate)."""
     hidden, ar_steps = size_digits(args, world, rate, transport)
-    params = mlp_params(hidden)
+    params = mlp_params(hidden, args.digits_depth)
     step_s = args.digits_step_ms[hidden] / 1e3
     ar_s = ring_seconds(params, world, link_bytes_per_s(rate, transport))
     log(f"W={world} rate={rate} work=digits: hidden {hidden}, N={params} "
@@ -285,7 +289,9 @@ def run_digits_config(args, runner, transport, world, rate, want_ddp):
     # PyTorch steps on 2 shared cores drift by tens of percent within a minute, so compute-only
     # runs bracket every group of rows, and each row is divided by the faster of the two
     # compute-only runs around it (pairing in time, as the other tables do once per rate).
-    plan = [("none", 1), ("sync", 1)] + ([("ddp", 1)] if want_ddp else []) + [("none", 1)]
+    # The every-step rows side by side, --digits-sync-repeats times (their ratios: the median).
+    plan = [("none", 1)] + ([("sync", 1), ("sync-step", 1)] + ([("ddp", 1)] if want_ddp else [])
+                            + [("none", 1)]) * args.digits_sync_repeats
     for tau in args.taus:
         plan += [(algo, tau) for algo in ALGOS_TAU] + [("none", 1)]
     plan = [(a, t) + plan_steps(a, t, step_s, ar_s, args.digits_seconds) for a, t in plan]
@@ -479,7 +485,11 @@ def common_args(args):
            "--target-steps", str(args.target_steps), "--max-params", str(args.max_params),
            "--timeout", str(args.timeout), "--taus", ",".join(map(str, args.taus)),
            "--burn-iters", str(args.burn_iters),
-           "--digits-max-hidden", str(args.digits_max_hidden)]
+           "--digits-max-hidden", str(args.digits_max_hidden),
+           "--digits-depth", str(args.digits_depth),
+           "--digits-sync-repeats", str(args.digits_sync_repeats)]
+    if args.digits_bucket_mb is not None:
+        out += ["--digits-bucket-mb", str(args.digits_bucket_mb)]
     if args.digits_step_ms:
         out += ["--digits-step-ms",
                 ",".join(f"{h}:{ms:.6f}" for h, ms in args.digits_step_ms.items())]
@@ -523,6 +533,8 @@ def tables(results, args):
             engine_step_ms = max((r.get("step_time_ms", 0) for r in rows if r["algo"] in ALGOS_TAU), default=0)
             advised = get("co2", args.taus[-1])
             width = f" (hidden {base['hidden']})" if "hidden" in base else ""
+            if base.get("depth", 2) != 2:
+                width = f" (hidden {base['hidden']} x {base['depth']} layers)"
             lines.append(f"rate {rate}, N = {base['params']:,} fp32 ({base['params'] * 4 / 1e6:.1f} MB){width}, "
                          f"co2 over {', '.join(transports) or '-'}; compute-only {reference_text(rows, base)}")
             if ar_ms:
@@ -545,11 +557,15 @@ def tables(results, args):
                                  f"{base['late_ms'] / base['steps']:.2f}; co2 {cells}")
             lines.append("")
             lines.append("    algorithm         " + "".join(f"  tau={t:<4}" for t in args.taus) + "   (steps/s over compute-only)")
-            for algo in ("sync", "ddp"):
-                r = get(algo)
-                if r:
-                    name = "sync (co2)" if algo == "sync" else f"DDP (gloo {r['transport']})"
-                    lines.append(f"    {name:<20}{fmt_ratio(ratio_of(r, base))}   (every step)")
+            for algo in ("sync", "sync-step", "ddp"):
+                runs = [r for r in rows if r["algo"] == algo]
+                if runs:
+                    name = {"sync": "sync (co2)", "sync-step": "sync, avg in step"}.get(
+                        algo, f"DDP (gloo {runs[0]['transport']})")
+                    ratios = sorted(ratio_of(r, base) for r in runs)
+                    note = "(every step)" if len(runs) == 1 else (
+                        f"(every step; median of {len(runs)}: {ratios[0]:.3f}-{ratios[-1]:.3f})")
+                    lines.append(f"    {name:<20}{fmt_ratio(ratios[len(ratios) // 2])}   {note}")
             for algo in ALGOS_TAU:
                 cells = []
                 for t in args.taus:
@@ -640,6 +656,14 @@ def parse_args(argv):
                     help="target length of one digits run (its steps jitter more than a timed wait)")
     ap.add_argument("--digits-max-hidden", type=int, default=512,
                     help="the widest MLP the digits table sizes to (keeps its runs short)")
+    ap.add_argument("--digits-depth", type=int, default=2,
+                    help="hidden layers of the digits MLP (2: the example's; deeper models give "
+                         "sync several gradient buckets to overlap with backward)")
+    ap.add_argument("--digits-bucket-mb", type=float, default=None,
+                    help="sync's gradient bucket size in MiB (default: co2.torch's, 25)")
+    ap.add_argument("--digits-sync-repeats", type=int, default=1,
+                    help="runs of the every-step rows (sync, sync-step, DDP) side by side; the "
+                         "table gives each one's median ratio")
     ap.add_argument("--digits-step-ms", help=argparse.SUPPRESS)  # the calibration, for --inner
     ap.add_argument("--ddp", dest="ddp", action="store_true", default=True)
     ap.add_argument("--no-ddp", dest="ddp", action="store_false")
@@ -661,6 +685,10 @@ def parse_args(argv):
     args.digits = args.digits or args.only_digits
     if args.digits_max_hidden < 1:
         ap.error("--digits-max-hidden must be >= 1")
+    if args.digits_sync_repeats < 1:
+        ap.error("--digits-sync-repeats must be >= 1")
+    if args.digits_depth < 1 or (args.digits_bucket_mb is not None and args.digits_bucket_mb <= 0):
+        ap.error("--digits-depth must be >= 1 and --digits-bucket-mb > 0")
     args.digits_step_ms = ({int(h): float(ms) for h, ms in
                             (kv.split(":") for kv in args.digits_step_ms.split(","))}
                            if args.digits_step_ms else None)

@@ -50,7 +50,7 @@ else
 import json, sys
 d, transport = json.load(open(sys.argv[1])), sys.argv[2]
 rows = [r for r in d["results"] if r["work"] == "digits"]
-want = {"none", "sync", "localsgd", "diloco", "co2"} | ({"ddp"} if transport != "model" else set())
+want = {"none", "sync", "sync-step", "localsgd", "diloco", "co2"} | ({"ddp"} if transport != "model" else set())
 missing = want - {r["algo"] for r in rows}
 assert not missing, f"missing digits rows in overlap.json: {missing}"
 for r in rows:
@@ -58,6 +58,10 @@ for r in rows:
     assert r["params"] == 64 * r["hidden"] + r["hidden"] + r["hidden"] ** 2 + r["hidden"] + 10 * r["hidden"] + 10, r
     if r["algo"] in ("localsgd", "diloco", "co2"):
         assert r["boundaries"] >= 1 and r["allreduces"] >= 1, f"no round completed: {r}"
+    if r["algo"] == "sync":      # averaged in backward, every step; sync-step in optimizer.step
+        assert r["grad_reductions"] >= r["steps"] and r["allreduces"] == 0, r
+    if r["algo"] == "sync-step":
+        assert r["grad_reductions"] == 0 and r["allreduces"] >= r["steps"], r
 print("digits rows: ok,", len(rows), "results")
 PY
 fi

@@ -4,8 +4,10 @@ Inside the context every rank reports, at the start of each round (its first tra
 or optimizer step after a round boundary), whether it still trains: a small all-reduce of one
 flag per rank (co2.torch's control collective, "join round"). A rank whose loop ended leaves the
 with-block and shadows: it reports 0 at the same point, and while others still train it calls
-the engine's step without changing its parameters (under sync: with zero gradients, so the
-average divides by the initial world size, as torch's Join does, and it applies the averaged
+the engine's step without changing its parameters (under sync: it takes part in the others'
+gradient averages with zeros, so the average divides by the initial world size, as torch's
+Join does — the bucket all-reduces of their backward (GradientSync.shadow_backward), or, with
+reduce_in_backward=False, the average in optimizer.step, after which it applies the averaged
 gradients with its optimizer; when all are done every rank takes the parameters of a rank that
 trained to the end), so its delta is zero from its next round on. When every rank reports 0, all
 leave together, at the same step count.
@@ -57,7 +59,12 @@ class Join:
                         self._adopt_parameters_of(self.last_active)
                     return False
                 self.shadow_steps += 1
-                if trainer.algorithm == "sync":
+                if trainer.grad_sync is not None:
+                    # The bucket all-reduces of the others' backward, with zeros from here;
+                    # this rank's parameters wait for _adopt_parameters_of at the end.
+                    trainer.grad_sync.shadow_backward()
+                    trainer._engine_step()
+                elif trainer.algorithm == "sync":
                     # Zero gradients into the average, then the optimizer's step with what
                     # arrives: the parameters stay those of the active ranks.
                     for _, p in trainer._params:

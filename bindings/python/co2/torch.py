@@ -8,7 +8,7 @@
     for x, y in my_shard_of_the_data:                                            # unchanged
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
-        optimizer.step()            # now also: sync averages gradients first; co2.step() after
+        optimizer.step()            # now also: co2's step (sync: grads averaged in backward)
     trainer.finalize()                                                           # added
 
 What distribute() does:
@@ -22,9 +22,13 @@ What distribute() does:
     tensors as they are instead;
   - commits the layout: every rank starts from rank 0's weights; other buffers are broadcast
     from rank 0 once and then left to each rank;
+  - under `sync`, averages the gradients during backward, as torch DDP does (bucketed,
+    overlapped with backward; co2/_grad_sync.py): after loss.backward() every p.grad holds the
+    rank average, so clip_grad_norm_ clips the average; `with trainer.no_sync():` accumulates
+    without averaging. bucket_mb (default 25) sizes the buckets; reduce_in_backward=False
+    averages in optimizer.step instead (the behaviour before 1.1);
   - wraps optimizer.step (of the optimizer given, attached, or found at the first training
-    forward) so that it averages the gradients first under `sync` (the gradients are read on
-    every call: zero_grad(set_to_none=True) is fine), then runs the engine's step.
+    forward) so that it runs the engine's step after the optimizer's.
 
 What it checks (each failure names its cause; bindings/python/README.md): an optimizer that
 steps without co2 (WiringError at the next training forward or collective), a model
@@ -43,6 +47,7 @@ import torch
 
 from . import _buffers, _control, _errors, _join, _portable, _roles, _wiring
 from ._control import UnequalStepsError
+from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync, check_bucket_mb
 from ._wiring import WiringError
 from .communicator import Communicator
 from .engine import Engine
@@ -54,13 +59,16 @@ class Distributed:
     """The engine behind a module and its optimizer; see co2.torch.distribute."""
 
     def __init__(self, module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
-                 buffers=None, **engine_config):
+                 buffers=None, bucket_mb=DEFAULT_BUCKET_MB, reduce_in_backward=True,
+                 **engine_config):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
+        check_bucket_mb(bucket_mb)
         self.module = module
         self.optimizer = None
         self.engine = None
         self.comm = None
+        self.grad_sync = None
         self._own_comm = comm is None
         self._params = [(name, p) for name, p in module.named_parameters()]
         if not self._params:
@@ -104,6 +112,10 @@ class Distributed:
                 trainer._before_forward()
 
         self._forward_hook = module.register_forward_pre_hook(before_forward)
+        # sync: gradients averaged in backward hooks (after the layout: .data changes reset them)
+        self.grad_sync = None
+        if self.algorithm == "sync" and reduce_in_backward:
+            self.grad_sync = GradientSync(self._params, self.comm, bucket_mb)
         if optimizer is not None:
             self.attach(optimizer)
 
@@ -153,7 +165,9 @@ class Distributed:
 
         def step(opt, *args, **kwargs):
             distributed._start_round()
-            if distributed.algorithm == "sync":
+            if distributed.grad_sync is not None:
+                distributed.grad_sync.before_step()
+            elif distributed.algorithm == "sync":
                 if args or kwargs.get("closure") is not None:
                     raise NotImplementedError("sync with a closure optimizer (LBFGS): call "
                                               "reduce_gradients() inside the closure and "
@@ -258,7 +272,12 @@ class Distributed:
 
     def reduce_gradients(self):
         """Averages the gradients across ranks (collective, blocking). Reads param.grad now:
-        frameworks reallocate gradients, and a None gradient contributes zeros."""
+        frameworks reallocate gradients, and a None gradient contributes zeros. Under sync with
+        reduce_in_backward (the default) backward has averaged them already: an error."""
+        if self.grad_sync is not None:
+            raise RuntimeError("reduce_gradients: under sync the gradients are averaged during "
+                               "backward already (distribute(reduce_in_backward=False) averages "
+                               "them here instead)")
         grads = []
         for name, p in self._params:
             g = p.grad
@@ -272,6 +291,14 @@ class Distributed:
             self.engine.reduce_gradients(grads, self._stream())
         except _errors.Error as exc:
             raise self._explained(exc, None) from None
+
+    def no_sync(self):
+        """Context (sync): backward passes inside it leave each rank's gradients unaveraged,
+        accumulating in p.grad; the next backward outside it averages the sum, as DDP's."""
+        if self.grad_sync is None:
+            raise RuntimeError(f"no_sync() is for algorithm 'sync' with reduce_in_backward; "
+                               f"this trainer runs {self.algorithm!r}")
+        return self.grad_sync.no_sync()
 
     def step(self):
         """The engine's step (done by optimizer.step when an optimizer is attached). True at a
@@ -479,6 +506,9 @@ class Distributed:
             if self._original_load is not None:
                 self.optimizer.load_state_dict = self._original_load
                 self._original_load = None
+        if self.grad_sync is not None:
+            self.grad_sync.close()
+            self.grad_sync = None
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -495,17 +525,20 @@ class Distributed:
 
 
 def distribute(module, optimizer=None, *, algorithm="co2", comm=None, flat=True, buffers=None,
-               **engine_config):
+               bucket_mb=DEFAULT_BUCKET_MB, reduce_in_backward=True, **engine_config):
     """Hands `module`'s parameters to a co2 engine and returns the Distributed object (attach(),
-    finalize(), join(), consensus_weights(), state_dict(), save_portable(), stats(), rank,
-    world_size, close()). The optimizer may be given here, attached later with
+    finalize(), join(), consensus_weights(), no_sync(), state_dict(), save_portable(), stats(),
+    rank, world_size, close()). The optimizer may be given here, attached later with
     trainer.attach(optimizer), or is found by itself at the first training forward.
     buffers: None (running statistics averaged, other buffers broadcast once from rank 0), a
     role ("average", "broadcast", "ignore") for all, or {name: role}.
+    sync: bucket_mb sizes the gradient buckets averaged during backward; reduce_in_backward=False
+    averages in optimizer.step instead.
     Engine keywords (tau, outer_lr, outer_momentum, nesterov, penalty, clip, eager, ...) keep
     the C API's defaults when left out. Collective: every rank calls it with the same model."""
     return Distributed(module, optimizer, algorithm=algorithm, comm=comm, flat=flat,
-                       buffers=buffers, **engine_config)
+                       buffers=buffers, bucket_mb=bucket_mb,
+                       reduce_in_backward=reduce_in_backward, **engine_config)
 
 
 def load_portable(path, map_location="cpu"):
