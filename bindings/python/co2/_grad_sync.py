@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from ._errors import Error as Co2Error
 from ._errors import TimeoutError as Co2TimeoutError
 
 DEFAULT_BUCKET_MB = 25.0       # torch DDP's bucket_cap_mb
@@ -90,11 +91,14 @@ class GradientSync:
     over `comm` during backward. Created by co2.torch.distribute(algorithm="sync")."""
 
     def __init__(self, params, comm, bucket_mb=DEFAULT_BUCKET_MB,
-                 timeout_s=DEFAULT_WAIT_TIMEOUT_S):
+                 timeout_s=DEFAULT_WAIT_TIMEOUT_S, explain=None):
+        """explain(error): the exception to raise for a failed bucket all-reduce (co2.torch
+        names the cause, e.g. unequal step counts); None raises the library's."""
         check_bucket_mb(bucket_mb)
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.comm = comm
+        self.explain = explain
         self.timeout_s = float(timeout_s)
         self.bucket_mb = float(bucket_mb)
         trained = [(name, p) for name, p in params if p.requires_grad]
@@ -280,6 +284,8 @@ class GradientSync:
                     f"within {self.timeout_s:g} s: another rank did not run the same backward "
                     f"(fewer batches on one rank? no_sync() on one rank only?); the ranks no "
                     f"longer agree")
+            except Co2Error as error:
+                raise (self.explain(error) if self.explain else error) from None
             bucket.request = None
         self.wait_ns += time.perf_counter_ns() - start
 

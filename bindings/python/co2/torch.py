@@ -101,6 +101,7 @@ class Distributed:
         self._join = None
         self._searched = False
         self._evaluating = False        # inside consensus_weights(): not a training forward
+        self._inside_step = False       # inside the wrapped optimizer.step (closure forwards)
         self._seen_version = _wiring.version(self._params)
         self._life = _wiring.Lifecycle(self.rank)
         self._exit_warning = _wiring.watch_exit(self, self._life)
@@ -115,7 +116,8 @@ class Distributed:
         # sync: gradients averaged in backward hooks (after the layout: .data changes reset them)
         self.grad_sync = None
         if self.algorithm == "sync" and reduce_in_backward:
-            self.grad_sync = GradientSync(self._params, self.comm, bucket_mb)
+            self.grad_sync = GradientSync(self._params, self.comm, bucket_mb,
+                                          explain=lambda error: self_ref()._explained(error, None))
         if optimizer is not None:
             self.attach(optimizer)
 
@@ -173,7 +175,12 @@ class Distributed:
                                               "reduce_gradients() inside the closure and "
                                               "distributed.step() after optimizer.step()")
                 distributed.reduce_gradients()
-            result = original(*args, **kwargs)
+            # A closure optimizer (LBFGS) runs forwards between its own updates: part of this step.
+            distributed._inside_step = True
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                distributed._inside_step = False
             distributed.step()
             return result
 
@@ -225,7 +232,7 @@ class Distributed:
         """Forward in training mode: the first time, find an optimizer created after
         distribute(); later, refuse parameters changed without an engine step."""
         if not (self.module.training and torch.is_grad_enabled()) or self.engine is None \
-                or self._evaluating:
+                or self._evaluating or self._inside_step:
             return
         if self.optimizer is None and not self._searched:
             self._searched = True
