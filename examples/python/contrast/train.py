@@ -11,7 +11,8 @@ processes, on the same initial weights and the same data shards. Evaluated by a 
 Roles (README.md says why): the query encoder (backbone + projection head) is the module handed
 to co2.torch.distribute: co2 averages it. The key encoder is an exponential moving average of the
 rank's own query encoder, and the queue of negatives holds the keys of the rank's own shard:
-both stay per rank, outside the engine. No BatchNorm.
+both stay per rank, outside the engine. BatchNorm normalises over shuffled groups of a batch;
+its running statistics are re-estimated after training (recompute_batchnorm).
 """
 import argparse
 import json
@@ -26,15 +27,15 @@ import torch.nn.functional as F
 
 ALGORITHMS = ("ddp", "sync", "co2")
 LOSSES = ("moco", "consistent")
-# Hyper-parameters (README.md "Settings"). Temperatures: MoCo v2's 0.2 for InfoNCE, and the
-# consistency temperature and weight from the Consistent Contrast paper's ImageNet setting.
+# Hyper-parameters (README.md "Settings"): MoCo v2's temperature 0.2 for InfoNCE, the
+# Consistent Contrast paper's 0.04 for the consistency term, whose weight was chosen here.
 BATCH = 32            # per rank
 QUEUE = 256           # negatives per rank (a rank's shard is 337 images)
 STEPS = 1000
 LR = 0.06
 MOMENTUM = 0.9
 WEIGHT_DECAY = 5e-4
-EMA = 0.99            # key encoder momentum (MoCo's 0.999 is for ~10^5 steps; this run has 10^2)
+EMA = 0.99            # key encoder momentum (MoCo's 0.999 is for ~10^5 steps; this run has 10^3)
 TEMPERATURE = 0.2
 CONSISTENCY_TEMPERATURE = 0.04
 CONSISTENCY_WEIGHT = 0.1   # README.md "Settings": α 1 collapses the encoder here
@@ -44,7 +45,7 @@ PROJECTION = 32
 CO2_CONFIG = {"tau": 12, "eager": True}   # α 1, β auto (0 for 4 ranks): the engine's defaults
 TEST_FRACTION = 0.25                      # 450 of 1797 images held out (as examples/python/digits.py)
 FEW_LABELS = 10                           # per class, for the few-label probe
-BN_GROUPS = 2                             # BatchNorm groups per rank and step (in_groups)
+BN_GROUPS = 2                             # BatchNorm groups per batch (Encoder.forward)
 
 
 # --- data -----------------------------------------------------------------------------------------
