@@ -3,7 +3,7 @@
 under torch DDP, co2 `sync` and `co2` (τ 12, eager), mean ± std over seeds, and wall time. One
 co2run launch (4 processes) per seed runs the six trainings; rank 0's lines are collected.
 
-    /usr/bin/python3 examples/python/contrast/table.py              # 3 seeds, ~25 min on 2 cores
+    /usr/bin/python3 examples/python/contrast/table.py              # 3 seeds, ~21 min on 2 loaded cores
     /usr/bin/python3 examples/python/contrast/table.py --seeds 1 --steps 100 --out /tmp/x   # smoke
 
 Writes --out/contrast.json (every run, the summary, the command) and prints the table.
@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 
 import train  # noqa: E402
 
-LAUNCH_TIMEOUT_S = 3600      # one seed's six trainings; on 2 loaded cores about 8 min
+LAUNCH_TIMEOUT_S = 3600      # one seed's six trainings; 7-12 min on 2 loaded cores
 
 
 def launch(args, seed, out):

@@ -64,8 +64,8 @@ def load_digits():
 
 
 def augment(x, generator):
-    """Two views differ by a random affine map (rotation ±15°, scale 0.85-1.15, shift ±1.5 px,
-    i.e. a random crop and small rotation at once), contrast 0.7-1.3 and Gaussian noise 0.1."""
+    """A random view of every image: an affine map (rotation ±15°, scale 0.85-1.15, shift
+    ±1.5 px: a random crop and a small rotation at once), contrast 0.7-1.3, Gaussian noise 0.1."""
     n = len(x)
 
     def uniform(low, high, *shape):
@@ -116,8 +116,8 @@ class Encoder(torch.nn.Module):
         """L2-normalised projections of x; with `order` (a permutation of x's rows), BatchNorm
         statistics come from BN_GROUPS groups of x[order] (rows returned in x's order). That is
         MoCo's shuffling BN on one rank: the query's groups are contiguous, the key's
-        interleaved, so a query and its positive key never share the batch statistics that could
-        tell them apart from the queue's negatives."""
+        interleaved (each mixes halves of both query groups), so a query and its positive key
+        are normalised with different statistics, which therefore cannot mark the pair."""
         if order is None:
             return F.normalize(self.head(self.backbone(x)), dim=1)
         out = torch.cat([self.forward(x[rows]) for rows in order.chunk(BN_GROUPS)])
