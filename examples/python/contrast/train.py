@@ -314,7 +314,14 @@ def parse(argv=None):
                         help="weight α of the consistency term")
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--json", help="rank 0 appends one JSON line per run here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.tau < 1 or args.log_every < 1:
+        parser.error("--steps, --tau and --log-every must be at least 1")
+    if args.temperature <= 0 or args.consistency_temperature <= 0 or args.alpha < 0:
+        parser.error("the temperatures must be positive and --alpha not negative")
+    if not 0 <= args.ema < 1:
+        parser.error("--ema must be in [0, 1)")
+    return args
 
 
 def main(argv=None):
