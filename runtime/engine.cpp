@@ -901,7 +901,7 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
 void Engine::finalize() {
   State& s = *state_;
   require_committed(s);
-  const RoundsSettled settled(s, /*write_trace=*/true);
+  const RoundsSettled settled(s, /*finalizing=*/true);
   const TraceSpan call(s.trace.get(), "finalize");
   s.advisor.pause();
   if (s.config.algorithm != Algorithm::Co2) return synchronize();
@@ -915,7 +915,7 @@ void Engine::finalize() {
 void Engine::synchronize() {
   State& s = *state_;
   require_committed(s);
-  const RoundsSettled settled(s, /*write_trace=*/false);
+  const RoundsSettled settled(s, /*finalizing=*/false);
   const TraceSpan call(s.trace.get(), "synchronize");
   s.advisor.pause();
   check_comm(s);

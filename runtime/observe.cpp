@@ -99,13 +99,22 @@ void submit_agreement(Engine::State& s) {
   s.observer.agreements.push_back(std::move(a));
 }
 
+std::string advice(const Observer& o) {
+  return "advised tau " + (o.agreed_tau ? std::to_string(o.agreed_tau) : std::string("-"));
+}
+
+// "rank 0 round 12 step 144: boundary wait 0.31 ms, all-reduce 12.10 ms, hidden 97.4% (run
+// 96.0%), round 40.20 ms, advised tau 3": the last collective waited for, and the run so far.
+// At info: from the first round that waited for one, then at most one line per
+// kRoundLogInterval; at debug: every round.
 void log_round(Engine::State& s, Clock::time_point now) {
   Observer& o = s.observer;
+  const EngineStats& st = s.stats;
   ++o.rounds_since_line;
   const bool debug = log::enabled(log::Level::Debug);
-  if (!debug && (!log::enabled(log::Level::Info) || (o.line_written && now - o.last_line < kRoundLogInterval)))
+  if (!debug && (!log::enabled(log::Level::Info) || st.last_collective_ns == 0 ||
+                 (o.line_written && now - o.last_line < kRoundLogInterval)))
     return;
-  const EngineStats& st = s.stats;
   std::string line = rank_prefix(s) + " round " + std::to_string(st.rounds) + " step " + std::to_string(st.steps) + ":";
   if (st.last_collective_ns > 0)
     line += " boundary wait " + ms(st.last_boundary_wait_ns) + ", all-reduce " + ms(st.last_collective_ns) +
@@ -114,12 +123,23 @@ void log_round(Engine::State& s, Clock::time_point now) {
   else
     line += " no all-reduce waited for yet";
   if (st.last_round_ns > 0) line += ", round " + ms(st.last_round_ns);
-  line += ", advised tau " + (o.agreed_tau ? std::to_string(o.agreed_tau) : std::string("-"));
-  if (o.rounds_since_line > 1) line += " (" + std::to_string(o.rounds_since_line) + " rounds since the last line)";
+  line += ", " + advice(o);
+  if (o.line_written && o.rounds_since_line > 1)
+    line += " (" + std::to_string(o.rounds_since_line) + " rounds since the last line)";
   log::write(debug ? log::Level::Debug : log::Level::Info, line);
   o.line_written = true;
   o.last_line = now;
   o.rounds_since_line = 0;
+}
+
+// At finalize, at info: the whole run in one line.
+void log_summary(Engine::State& s) {
+  if (!log::enabled(log::Level::Info)) return;
+  const EngineStats& st = s.stats;
+  log::info(rank_prefix(s) + " finalized after " + std::to_string(st.rounds) + " rounds, " +
+            std::to_string(st.steps) + " steps: waited " + ms(st.boundary_wait_ns) + " for " +
+            ms(st.collective_ns) + " of collectives, hidden " + percent(hidden(st.boundary_wait_ns, st.collective_ns)) +
+            ", " + advice(s.observer));
 }
 
 }  // namespace
@@ -190,9 +210,11 @@ void fill_observed_stats(const Engine::State& s, EngineStats& out) {
 
 RoundsSettled::~RoundsSettled() {
   settle_agreements(s_);
+  if (!finalizing_) return;
   try {
-    if (write_trace_ && s_.trace) s_.trace->write();
-  } catch (...) {  // out of memory while gathering the events: the destructor tries again
+    log_summary(s_);
+    if (s_.trace) s_.trace->write();
+  } catch (...) {  // out of memory while formatting or gathering the events: nothing to report
   }
 }
 

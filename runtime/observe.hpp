@@ -62,18 +62,18 @@ void finish_observing(Engine::State& s) noexcept;
 // The derived fields of `out` (hidden fractions, the agreed advice, this rank's own inputs).
 void fill_observed_stats(const Engine::State& s, EngineStats& out);
 
-// The finalize / synchronize end: agreements settled and, for finalize, the trace written,
-// however the call ends.
+// The finalize / synchronize end: agreements settled and, for finalize, the summary line (info)
+// and the trace written, however the call ends.
 class RoundsSettled {
  public:
-  RoundsSettled(Engine::State& s, bool write_trace) : s_(s), write_trace_(write_trace) {}
+  RoundsSettled(Engine::State& s, bool finalizing) : s_(s), finalizing_(finalizing) {}
   ~RoundsSettled();
   RoundsSettled(const RoundsSettled&) = delete;
   RoundsSettled& operator=(const RoundsSettled&) = delete;
 
  private:
   Engine::State& s_;
-  const bool write_trace_;
+  const bool finalizing_;
 };
 
 }  // namespace co2
