@@ -10,6 +10,8 @@
 #include "capi/handles.hpp"
 #include "co2/co2.h"
 #include "runtime/comm.hpp"
+#include "runtime/device/raw_memory.hpp"
+#include "runtime/device/selection.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/status.hpp"
 #include "runtime/group.hpp"
@@ -141,10 +143,17 @@ co2::ReduceOp reduce_op(co2_reduce_op_t op) {
 }
 
 // Count 0 is a collective without data (NCCL and MPI accept it): it still pairs across ranks,
-// and its buffer may be NULL.
-void require_host(co2_comm_t comm, const void* buffer, size_t count) {
+// and its buffer may be NULL. A CUDA buffer needs a collective-kind transport, whose stream then
+// waits for the caller's: the collective must not read the buffer before its producer wrote it.
+void prepare_raw_buffer(co2_comm_t comm, const void* buffer, size_t count, void* stream) {
   require_arg(comm != nullptr, "communicator is NULL");
   require_arg(buffer != nullptr || count == 0, "buffer is NULL");
+  if (count == 0) return;
+  void* collective_stream = comm->comm->collective_stream();
+  const bool cuda_buffer = co2::is_cuda_memory(buffer);
+  const std::string why = co2::device::raw_collective_refusal(cuda_buffer, collective_stream != nullptr);
+  co2::require(why.empty(), Status::InvalidArgument, why);
+  if (cuda_buffer) co2::stream_waits_for(collective_stream, stream);
 }
 
 // Forms the group `config` describes; `unique_id` is "" for co2_comm_create.
@@ -164,6 +173,8 @@ co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group
                "rank " + std::to_string(config.rank) + " is outside [0, " + std::to_string(config.world_size) + ")");
   require_arg(config.timeout_ms >= 1, "timeout_ms must be >= 1 (CO2_DEFAULT_TIMEOUT_MS is the default)");
   require_arg(config.chunk_bytes >= 8, "chunk_bytes must be >= 8");
+  require_arg(config.device_index >= CO2_DEVICE_INDEX_AUTO,
+              "device_index must be a CUDA device index or CO2_DEVICE_INDEX_AUTO (-1)");
   co2::GroupRequest request;
   request.transport = co2::TransportKind(config.transport);
   request.rank = config.rank;
@@ -173,6 +184,7 @@ co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group
   request.unique_id = unique_id;
   request.options.timeout = std::chrono::milliseconds(config.timeout_ms);
   request.options.chunk_bytes = size_t(config.chunk_bytes);
+  request.device_index = config.device_index;
   auto handle = std::make_unique<co2_comm>();
   handle->comm = co2::form_group(request);
   return handle.release();
@@ -319,9 +331,9 @@ CO2_EXPORT co2_status_t co2_comm_destroy(co2_comm_t comm) {
 // --- raw collectives ----------------------------------------------------------------------
 
 CO2_EXPORT co2_status_t co2_allreduce(co2_comm_t comm, void* buffer, size_t count, co2_dtype_t dtype,
-                                      co2_reduce_op_t op, void* /*stream*/, co2_request_t* out_request) {
+                                      co2_reduce_op_t op, void* stream, co2_request_t* out_request) {
   return guarded([&] {
-    require_host(comm, buffer, count);
+    prepare_raw_buffer(comm, buffer, count, stream);
     require_arg(out_request != nullptr, "out_request is NULL");
     const co2::DataType type = collective_dtype(dtype);
     const co2::ReduceOp reduce = reduce_op(op);
@@ -333,9 +345,9 @@ CO2_EXPORT co2_status_t co2_allreduce(co2_comm_t comm, void* buffer, size_t coun
 }
 
 CO2_EXPORT co2_status_t co2_broadcast(co2_comm_t comm, void* buffer, size_t count, co2_dtype_t dtype,
-                                      int32_t root, void* /*stream*/, co2_request_t* out_request) {
+                                      int32_t root, void* stream, co2_request_t* out_request) {
   return guarded([&] {
-    require_host(comm, buffer, count);
+    prepare_raw_buffer(comm, buffer, count, stream);
     require_arg(out_request != nullptr, "out_request is NULL");
     co2::require(root >= 0 && root < comm->comm->size(), Status::InvalidArgument,
                  "root " + std::to_string(root) + " is not a rank of this communicator");

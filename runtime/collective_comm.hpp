@@ -42,6 +42,7 @@ class CollectiveBackend {
   int size() const { return size_; }
   const CommOptions& options() const { return options_; }
   void* stream() const { return stream_; }
+  int device() const { return transport_->device(); }
 
   // Posts through `post` (under the transport lock) and tracks the handle. `on_result` runs on
   // the poller thread once the collective completed, before the request does.

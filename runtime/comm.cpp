@@ -392,6 +392,7 @@ const CommOptions& Communicator::options() const {
   return backend_ ? backend_->options() : engine_->options();
 }
 void* Communicator::collective_stream() const { return backend_ ? backend_->stream() : nullptr; }
+int Communicator::collective_device() const { return backend_ ? backend_->device() : -1; }
 
 namespace {
 transport::Element element_of(DataType dtype) { return transport::Element(int(dtype)); }

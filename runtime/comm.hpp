@@ -159,6 +159,8 @@ class Communicator {
   // The stream (cudaStream_t) a collective-kind transport runs every collective on; nullptr
   // over point-to-point, whose collectives take host memory only.
   void* collective_stream() const;
+  // The CUDA device of a collective-kind transport's collectives; -1 over point-to-point.
+  int collective_device() const;
 
  private:
   std::unique_ptr<CollectiveEngine> engine_;

@@ -773,11 +773,16 @@ void Engine::commit() {
   require(offset > 0, Status::InvalidState,
           "nothing to train: register at least one PARAMETER or BUFFER tensor before commit");
   s.state_count = offset;
+  // Host and CUDA ranks in one group would each run their own path to the same collective
+  // sequence and only find out at the first anchor check: the placement is part of the layout
+  // (mixed in for CUDA only, so that host checkpoints of 1.0 keep their layout hash).
+  if (s.device) layout.update_u64(uint64_t(DeviceKind::Cuda));
   s.layout_hash = layout.digest();
   if (!same_on_every_rank(s, s.layout_hash, Purpose::LayoutHash))
     fail(Status::LayoutMismatch,
-         "ranks registered different parameter layouts (names, counts, roles, dtypes or order "
-         "differ); every rank must register the same tensors in the same order");
+         "ranks registered different parameter layouts (names, counts, roles, dtypes, order, "
+         "or host against CUDA tensors differ); every rank must register the same tensors in the "
+         "same order, in the same kind of memory");
 
   s.history.assign(s.segments.size(), GapHistory{});
   s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.device);

@@ -184,17 +184,29 @@ std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, const std::s
 }
 
 std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::string& prefix, int rank, int world_size,
-                                                const CommOptions& options) {
+                                                int device_index, const CommOptions& options) {
 #ifdef CO2_HAVE_NCCL
-  require(transport::nccl::usable_devices() > 0, Status::Unsupported,
+  const int devices = transport::nccl::usable_devices();
+  require(devices > 0, Status::Unsupported,
           "the NCCL transport needs a usable CUDA device (cudaGetDeviceCount found none)");
-  auto transport = transport::nccl::connect(store, prefix + "nccl", rank, world_size,
-                                            /*device: the calling thread's current one*/ -1, options.timeout);
+  require(device_index < devices, Status::InvalidArgument,
+          "CUDA device " + std::to_string(device_index) + " does not exist (" + std::to_string(devices) +
+              " found); device_index defaults to the launcher's LOCAL_RANK: start at most one rank per GPU, "
+              "or set co2_comm_config_t.device_index");
+  auto transport = transport::nccl::connect(store, prefix + "nccl", rank, world_size, device_index, options.timeout);
   return std::make_shared<Communicator>(std::move(transport), options);
 #else
-  (void)store, (void)prefix, (void)rank, (void)world_size, (void)options;
+  (void)store, (void)prefix, (void)rank, (void)world_size, (void)device_index, (void)options;
   fail(Status::Unsupported, "this build has no NCCL transport (built without the cuda/nccl options)");
 #endif
+}
+
+// A launched process takes the GPU of its local rank, as torch users do with
+// torch.cuda.set_device(LOCAL_RANK): NCCL would otherwise use whatever device is current when
+// the communicator is made, which is device 0 on every rank before the framework sets it.
+int nccl_device(int configured, const store::LaunchEnvironment& launched) {
+  if (configured >= 0) return configured;
+  return launched.present ? launched.local_rank : -1;
 }
 
 // Where NCCL ranks that are threads of one process exchange the NCCL id.
@@ -295,7 +307,7 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         const std::string group = "co2/nccl/" + request.group_name + "/";
         const int64_t generation = threads_store()->add(group + "generation/" + std::to_string(request.rank), 1);
         return connect_over_nccl(*threads_store(), group + std::to_string(generation) + "/", request.rank,
-                                 request.world_size, request.options);
+                                 request.world_size, request.device_index, request.options);
       }
       store::TcpStoreOptions where;
       where.timeout = request.options.timeout;
@@ -329,7 +341,8 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       agree_on_the_group(*store, prefix, request.rank, request.world_size, request.options.timeout);
       auto comm = choice.kind == TransportKind::Ucx
                       ? connect_over_ucx(*store, prefix, request.rank, request.world_size, request.options)
-                      : connect_over_nccl(*store, prefix, request.rank, request.world_size, request.options);
+                      : connect_over_nccl(*store, prefix, request.rank, request.world_size,
+                                          nccl_device(request.device_index, launched), request.options);
       leave_together(*store, prefix, request.rank, request.world_size, server != nullptr, request.options.timeout);
       if (!request.unique_id.empty()) {
         std::lock_guard<std::mutex> lock(servers().mutex);

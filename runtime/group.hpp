@@ -36,6 +36,8 @@ struct GroupRequest {
   bool rank_is_default = true;
   std::string group_name;  // co2_comm_create: ranks with equal names form one group
   std::string unique_id;   // co2_comm_create_with_id: the id's text ("" otherwise)
+  // CUDA device of an NCCL transport; -1: the launcher's local rank, else the current device.
+  int device_index = -1;
   CommOptions options;
 };
 

@@ -28,6 +28,9 @@ class Collective {
   // collectives must not run concurrently.
   virtual void* stream() const = 0;
 
+  // The CUDA device the transport's collectives run on (-1: not bound to one).
+  virtual int device() const { return -1; }
+
   // Buffers may be device memory (used in place, stream-ordered) or host memory (staged through
   // device memory by the transport). In-place when send == recv.
   virtual Handle post_allreduce(const void* send, void* recv, size_t count, Element element,

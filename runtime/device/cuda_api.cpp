@@ -1,4 +1,5 @@
 #include "runtime/device/cuda_api.hpp"
+#include "runtime/device/raw_memory.hpp"
 
 #include <utility>
 
@@ -101,3 +102,23 @@ bool CudaEvent::done() const {
 }
 
 }  // namespace co2::device
+
+namespace co2 {
+
+bool is_cuda_memory(const void* p) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();  // an unregistered host pointer is not an error for the next call
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
+void stream_waits_for(void* waiter, void* producer) {
+  if (waiter == producer) return;
+  device::CudaEvent produced;
+  produced.record(static_cast<cudaStream_t>(producer));
+  produced.make_wait(static_cast<cudaStream_t>(waiter));
+}
+
+}  // namespace co2

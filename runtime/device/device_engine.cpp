@@ -2,14 +2,20 @@
 // kernels on the caller's stream, the comm buffer averaged either by a collective transport
 // (NCCL, in place on its stream) or staged through pinned host memory over the communicator
 // (UCX, local). The co2 boundary is runtime/device/selection.cpp's plan, executed op by op.
+#include <atomic>
+#include <chrono>
 #include <deque>
+#include <thread>
 #include <vector>
+
+#include "runtime/boundary_pass.hpp"
 
 #include "runtime/checksum.hpp"
 #include "runtime/device/cuda_api.hpp"
 #include "runtime/device/kernels.hpp"
 #include "runtime/device/selection.hpp"
 #include "runtime/engine_state.hpp"
+#include "runtime/log.hpp"
 
 namespace co2 {
 
@@ -59,6 +65,11 @@ class CudaPath final : public DevicePath {
   }
 
   void commit(S& s) override {
+    const int comm_device = s.comm->collective_device();
+    require(comm_device < 0 || comm_device == device_, Status::InvalidArgument,
+            "the tensors are on CUDA device " + std::to_string(device_) + " but the NCCL communicator on device " +
+                std::to_string(comm_device) + ": set co2_comm_config_t.device_index (default: LOCAL_RANK) to "
+                "the tensors' device, or move the model there (torch.cuda.set_device(LOCAL_RANK) before building it)");
     make_current();
     std::string why;
     averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr, &why);
@@ -71,11 +82,12 @@ class CudaPath final : public DevicePath {
     if (averaging_ == Averaging::StagedHost) staging_ = PinnedMemory(bytes);
     reports_ = PinnedMemory(kReportSlots * sizeof(kernels::Report));
     flag_host_ = PinnedMemory(sizeof(int));
+    average_flag_host_ = PinnedMemory(sizeof(int));
     refresh_tables();
 
-    // Rank 0's values become everyone's parameters and anchor. commit has no stream argument:
-    // the framework's initialisation must be finished, so the whole device is synchronised.
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (commit)");
+    // Rank 0's values become everyone's parameters and anchor, once the framework's
+    // initialisation is finished (commit has no stream argument: see wait_for_caller).
+    wait_for_caller(s, "commit");
     cudaStream_t st = own_stream_->get();
     pack(s, comm_.as<float>(), st, false);
     check(cudaStreamSynchronize(st), "cudaStreamSynchronize (commit)");
@@ -89,6 +101,7 @@ class CudaPath final : public DevicePath {
 
   bool boundary(S& s, void* stream) override {
     make_current();
+    caller_stream_ = stream;
     fold_reports(s, false);
     cudaStream_t caller = as_stream(stream);
     const bool warmup = s.stats.rounds <= s.config.warmup_sync_rounds;
@@ -114,6 +127,7 @@ class CudaPath final : public DevicePath {
 
   void reduce_gradients(S& s, void* const* grads, size_t, void* stream) override {
     make_current();
+    caller_stream_ = stream;
     cudaStream_t caller = as_stream(stream);
     float* packed;
     if (s.config.algorithm == Algorithm::Sync) {
@@ -151,8 +165,7 @@ class CudaPath final : public DevicePath {
 
   void synchronize(S& s) override {
     make_current();
-    // No stream argument: everything the framework enqueued must be finished.
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (synchronize)");
+    wait_for_caller(s, "synchronize");
     cudaStream_t caller = nullptr;
     const bool mid_round = s.steps_in_round > 0;
     s.steps_in_round = 0;
@@ -184,19 +197,19 @@ class CudaPath final : public DevicePath {
 
   void finalize(S& s) override {
     make_current();
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (finalize)");
+    wait_for_caller(s, "finalize");
     s.steps_in_round = 0;
     s.round_tau = s.config.tau;
     bool applied = apply_pending(s, nullptr);
     fold_reports(s, true);
     applied = take_nonfinite() && applied;
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (finalize)");
+    wait_for_caller(s, "finalize");  // the last pass ran on the caller's stream
     if (!applied) throw_nonfinite();
   }
 
   void consensus(S& s, ConsensusKind kind, float* out, size_t count) override {
     make_current();
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (consensus)");
+    wait_for_caller(s, "consensus");
     const size_t bytes = count * sizeof(float);
     switch (kind) {
       case ConsensusKind::Anchor:
@@ -268,10 +281,40 @@ class CudaPath final : public DevicePath {
     // NCCL communicator, which releases the comm stream).
     if (s.pending) s.pending->wait_status();
     for (auto& r : in_flight_) r->wait_status();
-    cudaDeviceSynchronize();
+    // Our streams only (another library's kernels are none of ours to wait for), bounded: a
+    // device that hangs leaks the state rather than the process.
+    for (void* stream : {caller_stream_, static_cast<void*>(comm_stream_), static_cast<void*>(own_stream_->get())}) {
+      try {
+        wait_for_stream(s, stream, "shutdown");
+      } catch (const Error& e) {
+        log::warn(std::string("engine shutdown: ") + e.what());
+        return;
+      }
+    }
   }
 
  private:
+  // Calls without a stream argument (commit, synchronize, finalize, consensus) order after the
+  // caller's stream of the last step or reduce_gradients — before the first one, the legacy
+  // default stream, which every blocking stream's earlier work precedes. Not
+  // cudaDeviceSynchronize: that also waits for other libraries' streams (a data loader's
+  // copies, another communicator's collectives), which no timeout of ours could end.
+  void wait_for_caller(S& s, const char* what) { wait_for_stream(s, caller_stream_, what); }
+
+  // Polls an event on `stream` up to the communicator's timeout (Status::Timeout after it).
+  void wait_for_stream(S& s, void* stream, const char* what) {
+    CudaEvent reached;
+    reached.record(as_stream(stream));
+    const auto timeout = s.comm->options().timeout;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!reached.done()) {
+      require(std::chrono::steady_clock::now() < deadline, Status::Timeout,
+              std::string(what) + ": the CUDA stream's work did not finish within " +
+                  std::to_string(timeout.count()) + " ms (the communicator's timeout): a kernel hangs");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
   // The engine's device for this thread (the caller may have switched): one cheap call.
   void make_current() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
 
@@ -429,7 +472,11 @@ class CudaPath final : public DevicePath {
     if (r.delta_nonfinite) ++s.stats.nonfinite_local;
     if (r.update_requested && !r.applied) {
       ++s.stats.nonfinite_rounds;
-      nonfinite_pending_ = true;
+      // A co2 boundary that read the average's flag has already reported it.
+      if (nonfinite_reported_early_ > 0)
+        --nonfinite_reported_early_;
+      else
+        nonfinite_pending_ = true;
     }
     if (!r.applied) return;
     ++s.stats.outer_updates;
@@ -458,6 +505,7 @@ class CudaPath final : public DevicePath {
     const kernels::Config config = config_of(s.prepared.settings, have_average, /*write_delta=*/true);
     s.prepared.settings = outer_settings_of(s);  // for the average submitted below
     const size_t count = s.state_count, bytes = count * sizeof(float);
+    bool average_finite = true;
     auto stream_of = [&](device::Stream st) { return st == device::Stream::Caller ? caller : comm_stream_; };
     for (const Op& op : co2_boundary_plan(averaging_, have_average)) {
       cudaStream_t st = stream_of(op.stream);
@@ -474,9 +522,17 @@ class CudaPath final : public DevicePath {
         case OpKind::HostWaitAverage: {
           auto request = std::move(s.pending);
           s.pending.reset();
-          wait_charged(s, request);
+          wait_charged(s, request);  // throws when the collective failed: nothing is applied
           break;
         }
+        case OpKind::HostReadFinite:
+          average_finite = averaging_ == Averaging::StagedHost ? !staged_average_nonfinite_.load()
+                                                               : *average_flag_host_.as<int>() == 0;
+          break;
+        case OpKind::CopyFlagOut:
+          check(cudaMemcpyAsync(average_flag_host_.as(), t_.average_nonfinite, sizeof(int), cudaMemcpyDeviceToHost, st),
+                "copy the average's finiteness flag out");
+          break;
         case OpKind::CopyAverageIn:
           check(cudaMemcpyAsync(comm_.as(), staging_.as(), bytes, cudaMemcpyHostToDevice, st), "stage average in");
           break;
@@ -501,14 +557,22 @@ class CudaPath final : public DevicePath {
                                         s.id(Purpose::OuterAverage));
           s.stats.bytes_reduced += bytes;
           break;
-        case OpKind::SubmitHostAverage:
-          s.pending = s.comm->allreduce(staging_.as(), count, DataType::F32, ReduceOp::Avg,
-                                        s.id(Purpose::OuterAverage));
+        case OpKind::SubmitHostAverage: {
+          // The progress thread scans the arrived average, off the training thread, so that
+          // the next boundary knows its finiteness without copying it to the device first.
+          const float* average = staging_.as<float>();
+          std::atomic<bool>* nonfinite = &staged_average_nonfinite_;
+          s.pending = s.comm->allreduce_then(
+              staging_.as(), count, DataType::F32, ReduceOp::Avg,
+              [average, count, nonfinite] { nonfinite->store(!all_finite(average, count)); },
+              s.id(Purpose::OuterAverage));
           s.stats.bytes_reduced += bytes;
           break;
+        }
       }
     }
-    return true;  // a non-finite average is reported when its report is folded
+    if (!average_finite) ++nonfinite_reported_early_;
+    return average_finite;  // the pass skipped the update on every rank (the flag is the same)
   }
 
   // co2 end: applies the average in flight (the host waits for it), parameters = anchor.
@@ -603,6 +667,10 @@ class CudaPath final : public DevicePath {
   DeviceMemory segments_, chunks_, chunk_squares_, chunk_clamped_, coefficients_, gap_, flags_, report_;
   uint32_t num_segments_ = 0, num_chunks_ = 0;
   PinnedMemory staging_, blocking_staging_, reports_, flag_host_;
+  PinnedMemory average_flag_host_;  // collective path: the arrived average's finiteness
+  std::atomic<bool> staged_average_nonfinite_{false};  // staged path: set by the progress thread
+  int nonfinite_reported_early_ = 0;
+  void* caller_stream_ = nullptr;  // of the last boundary or reduce_gradients; legacy default before  // co2 boundaries that reported before their report folded
   kernels::Tables t_;
   CudaEvent average_ready_, pass_done_, staged_out_, ordered_, averaged_;
   std::vector<std::unique_ptr<CudaEvent>> report_ready_;

@@ -45,13 +45,17 @@ std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average) {
   auto op = [&](OpKind k, Stream s, Event e = Event::AverageReady) { plan.push_back(Op{k, s, e}); };
   const bool staged = averaging == Averaging::StagedHost;
   if (have_average) {
+    op(OpKind::HostWaitAverage, Stream::Comm);
     if (staged) {
-      op(OpKind::HostWaitAverage, Stream::Comm);
+      op(OpKind::HostReadFinite, Stream::Comm);
       op(OpKind::CopyAverageIn, Stream::Comm);
       op(OpKind::FiniteCheck, Stream::Comm);
       op(OpKind::RecordEvent, Stream::Comm, Event::AverageReady);
+    } else {
+      // AverageReady was recorded on the comm stream at the previous boundary, after the flag.
+      op(OpKind::HostWaitEvent, Stream::Comm, Event::AverageReady);
+      op(OpKind::HostReadFinite, Stream::Comm);
     }
-    // Collective: AverageReady was recorded on the comm stream at the previous boundary.
     op(OpKind::StreamWaitEvent, Stream::Caller, Event::AverageReady);
   }
   op(OpKind::Coefficients, Stream::Caller);
@@ -68,6 +72,7 @@ std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average) {
   } else {
     op(OpKind::DeviceAllReduce, Stream::Comm);
     op(OpKind::FiniteCheck, Stream::Comm);
+    op(OpKind::CopyFlagOut, Stream::Comm);
     op(OpKind::RecordEvent, Stream::Comm, Event::AverageReady);
   }
   return plan;
@@ -81,6 +86,8 @@ const char* name_of(OpKind k) {
     case OpKind::StreamWaitEvent: return "StreamWaitEvent";
     case OpKind::HostWaitEvent: return "HostWaitEvent";
     case OpKind::HostWaitAverage: return "HostWaitAverage";
+    case OpKind::HostReadFinite: return "HostReadFinite";
+    case OpKind::CopyFlagOut: return "CopyFlagOut";
     case OpKind::CopyAverageIn: return "CopyAverageIn";
     case OpKind::CopyDeltaOut: return "CopyDeltaOut";
     case OpKind::FiniteCheck: return "FiniteCheck";
@@ -99,6 +106,8 @@ bool on_comm(OpKind k) {
          k == OpKind::FiniteCheck;
 }
 bool touches_comm_buffer(OpKind k) { return on_caller(k) || on_comm(k); }
+// Ops whose completion another stream or the host may wait for (position in their stream).
+bool counted(OpKind k) { return touches_comm_buffer(k) || k == OpKind::CopyFlagOut; }
 
 }  // namespace
 
@@ -110,9 +119,10 @@ std::string check_plan_sequence(const std::vector<std::vector<Op>>& plans) {
   uint64_t seen[2][2] = {{0, 0}, {0, 0}};  // seen[x][y]: stream x is ordered after y's ops < this
   uint64_t host_seen[2] = {0, 0};
   uint64_t last_buffer_access[2] = {0, 0};  // 1-based position of the last comm buffer access
-  uint64_t last_delta_out = 0;
+  uint64_t last_delta_out = 0, last_flag_out = 0;
   std::map<Event, std::pair<int, uint64_t>> recorded;
   for (size_t b = 0; b < plans.size(); ++b) {
+    bool average_waited = false, finite_read = false;
     for (size_t i = 0; i < plans[b].size(); ++i) {
       const Op& o = plans[b][i];
       const int x = int(o.stream), y = 1 - x;
@@ -139,11 +149,31 @@ std::string check_plan_sequence(const std::vector<std::vector<Op>>& plans) {
           if (last_delta_out == 0 || host_seen[int(Stream::Comm)] < last_delta_out)
             return where + "hands the pinned delta to the host before the copy out completed";
           break;
+        case OpKind::HostWaitAverage:
+          average_waited = true;
+          break;
+        case OpKind::HostReadFinite:
+          if (!average_waited) return where + "reads the finiteness before the collective completed";
+          if (last_flag_out > host_seen[int(Stream::Comm)])
+            return where + "reads the pinned flag before its copy out completed";
+          finite_read = true;
+          break;
+        case OpKind::CopyAverageIn:
+        case OpKind::Coefficients:
+        case OpKind::Pass:
+          // Applying (or staging in) an average: its collective must have succeeded, and its
+          // finiteness be known to the host, first.
+          if (average_waited != finite_read) return where + "applies an average whose finiteness the host does not know";
+          break;
         default:
           break;
       }
+      if (o.kind == OpKind::StreamWaitEvent && o.stream == Stream::Caller && o.event == Event::AverageReady &&
+          !average_waited)
+        return where + "lets the pass use an average whose collective the host has not seen succeed";
+      if (counted(o.kind)) ++position[x];
+      if (o.kind == OpKind::CopyFlagOut) last_flag_out = position[x];
       if (touches_comm_buffer(o.kind)) {
-        ++position[x];
         const uint64_t ordered = std::max(seen[x][y], host_seen[y]);
         if (last_buffer_access[y] > ordered)
           return where + "races with the other stream's access to the comm buffer";
@@ -174,5 +204,11 @@ std::vector<uint32_t> first_chunk_of_segments(const std::vector<Chunk>& chunks, 
 }
 
 int usable_device_count(int cuda_error, int count) { return cuda_error != 0 || count < 0 ? 0 : count; }
+
+std::string raw_collective_refusal(bool cuda_buffer, bool collective_transport) {
+  if (!cuda_buffer || collective_transport) return "";
+  return "the buffer is CUDA device memory, but this communicator's transport moves host memory: "
+         "create the communicator with CO2_TRANSPORT_NCCL for device buffers, or pass host memory";
+}
 
 }  // namespace co2::device

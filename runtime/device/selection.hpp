@@ -32,6 +32,11 @@ Averaging choose_averaging(Placement placement, bool collective_transport, std::
 // mixing host and device tensors in one engine is refused (*why says so).
 bool choose_placement(const std::vector<int>& device_kinds, Placement* out, std::string* why);
 
+// A raw collective (co2_allreduce, co2_broadcast) on `cuda_buffer` memory over a communicator
+// whose transport is (not) collective-kind: "" when it can run, otherwise why not. Point-to-point
+// transports move host memory on the CPU and would read device addresses there.
+std::string raw_collective_refusal(bool cuda_buffer, bool collective_transport);
+
 // The communicator transport co2_comm_create builds. Values are co2_transport_kind_t.
 enum class TransportChoice { Local, Ucx, Nccl, Unavailable };
 TransportChoice choose_transport(int requested, bool nccl_built, bool ucx_built);
@@ -48,10 +53,14 @@ enum class OpKind : uint8_t {
   RecordEvent,       // record `event` on `stream`
   StreamWaitEvent,   // `stream` waits for `event` (the host does not block)
   HostWaitEvent,     // the host blocks until `event` completed
-  HostWaitAverage,   // the host waits for the communicator's request (staged averaging)
+  HostWaitAverage,   // the host waits for the communicator's request; a failed collective
+                     // throws here, before anything of its average is applied
+  HostReadFinite,    // the host learns whether the arrived average is finite: staged, from the
+                     // progress thread's scan; collective, from the pinned flag (CopyFlagOut)
   CopyAverageIn,     // pinned average -> device comm buffer
   CopyDeltaOut,      // device comm buffer -> pinned host buffer
   FiniteCheck,       // device flag: is the arrived average finite
+  CopyFlagOut,       // that flag -> pinned host memory
   Coefficients,      // per segment: penalty, norm-clip scale (reads momentum and the average)
   Pass,              // the fused pass over every segment (reads/writes framework memory)
   Report,            // the boundary's report (norms, clamps, flags) -> pinned host memory
@@ -68,9 +77,14 @@ struct Op {
 // The ordered work of one co2 boundary; have_average: an all-reduce from the previous boundary
 // is in flight (its AverageReady was recorded then, so every wait here is on an event recorded
 // earlier). Kernels that touch framework memory run on the caller's stream; only the comm
-// buffer's copies and all-reduce run on the comm stream. The staged plan blocks the host once,
-// after the delta left the device (HostWaitEvent StagedOut), because the communicator's
-// submissions must stay in issue order on the training thread.
+// buffer's copies and all-reduce run on the comm stream. Before an average is applied the host
+// sees its collective succeed (HostWaitAverage: an aborted NCCL collective releases its stream
+// with a half-reduced buffer, which must never reach the anchor) and learns its finiteness
+// (HostReadFinite), so that NONFINITE is reported by the boundary that skipped the update. On the
+// collective path both waits are on the previous round's collective, which had τ steps of time:
+// they return at once unless the device is a whole round behind the host. The staged plan
+// also blocks the host once after the delta left the device (HostWaitEvent StagedOut), because
+// the communicator's submissions must stay in issue order on the training thread.
 std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average);
 
 // Checks the invariants above for a sequence of boundary plans run back to back (events start

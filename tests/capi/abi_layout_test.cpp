@@ -55,7 +55,7 @@ TEST(AbiLayout, ScalarTypedefs) {
 
 TEST(AbiLayout, CommConfig) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_comm_config_t), 48u);
+  EXPECT_EQ(sizeof(co2_comm_config_t), 56u);  // 48 in 1.0 (CO2_COMM_CONFIG_V1_SIZE)
   EXPECT_EQ(alignof(co2_comm_config_t), 8u);
   EXPECT_OFFSET(co2_comm_config_t, size, 0);
   EXPECT_OFFSET(co2_comm_config_t, version, 8);
@@ -66,6 +66,8 @@ TEST(AbiLayout, CommConfig) {
   EXPECT_OFFSET(co2_comm_config_t, timeout_ms, 32);
   EXPECT_OFFSET(co2_comm_config_t, reserved0, 36);
   EXPECT_OFFSET(co2_comm_config_t, chunk_bytes, 40);
+  EXPECT_OFFSET(co2_comm_config_t, device_index, 48);  // 1.1
+  EXPECT_OFFSET(co2_comm_config_t, reserved1, 52);
   EXPECT_FIELD_SIZE(co2_comm_config_t, size, 8);
   EXPECT_FIELD_SIZE(co2_comm_config_t, version, 4);
   EXPECT_FIELD_SIZE(co2_comm_config_t, timeout_ms, 4);

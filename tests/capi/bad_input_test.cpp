@@ -347,6 +347,10 @@ TEST(BadInputComm, RankAndWorldSizeOutOfRange) {
   c.chunk_bytes = 0;
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_comm_create(&c, &comm));
   c = local_config(g);
+  c.device_index = -2;
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_comm_create(&c, &comm));
+  EXPECT_NE(std::string(co2_last_error_message()).find("device_index"), std::string::npos);
+  c = local_config(g);
   c.group_name = "";
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_comm_create(&c, &comm));
   EXPECT_EQ(comm, kSentinelComm);

@@ -57,14 +57,12 @@ class NcclCollective final : public Collective {
 
   ~NcclCollective() override {
     cudaSetDevice(device_);
+    // Collectives still in flight at destruction may never be matched by the peers: abort.
+    const bool in_flight = !ops_.empty();
     for (auto& [handle, op] : ops_) release(op);
     std::lock_guard<std::mutex> lock(comm_mutex_);
     if (comm_) {
-      if (aborted_.load()) {
-        // already aborted: the communicator is gone
-      } else {
-        ncclCommAbort(comm_);  // destroy without a collective barrier: peers may be gone
-      }
+      if (in_flight || !healthy() || !finalize_and_destroy()) ncclCommAbort(comm_);  // peers may be gone
       comm_ = nullptr;
     }
     if (stream_) cudaStreamDestroy(stream_);
@@ -77,6 +75,7 @@ class NcclCollective final : public Collective {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void* stream() const override { return stream_; }
+  int device() const override { return device_; }
 
   Handle post_allreduce(const void* send, void* recv, size_t count, Element element, Reduction op) override {
     const size_t bytes = count * element_bytes(element);
@@ -96,7 +95,7 @@ class NcclCollective final : public Collective {
 
   Handle post_allgather(const void* send, void* recv, size_t count_per_rank, Element element) override {
     const size_t bytes = count_per_rank * element_bytes(element);
-    Op o = stage(send, recv, bytes, bytes * size_t(size_));
+    Op o = stage(send, recv, bytes, bytes * size_t(size_), /*send_offset=*/bytes * size_t(rank_));
     return enqueue(std::move(o), [&](const void* s, void* r) {
       return ncclAllGather(s, r, count_per_rank, nccl_type(element), comm_, stream_);
     });
@@ -154,19 +153,20 @@ class NcclCollective final : public Collective {
   }
 
  private:
-  // Host buffers of at most this many bytes are staged through buffers kept for reuse: every
-  // collective is preceded by a small all-gather of descriptors (runtime/collective_comm.hpp),
-  // and cudaMalloc / cudaFree (which synchronises the device) per small collective would
-  // stall the poller behind the training's kernels.
-  static constexpr size_t kPooledStageBytes = size_t(64) << 10;
+  // Host buffers are staged through device scratch and pinned memory kept for reuse, in
+  // power-of-two sizes: every collective is preceded by a small all-gather of descriptors
+  // (runtime/collective_comm.hpp), and cudaMalloc / cudaFree / cudaHostAlloc per collective
+  // synchronise the device, stalling the poller behind the training's kernels.
+  static constexpr size_t kSmallestStageBytes = size_t(64) << 10;
   struct Staging {
     void* device = nullptr;
     void* pinned = nullptr;
+    size_t bytes = 0;
   };
 
   struct Op {
     cudaEvent_t done = nullptr;
-    bool pooled = false;            // scratch and pinned_recv belong to pool_
+    Staging staging;                // taken from pool_, returned on release
     void* scratch = nullptr;        // device copy of host buffers
     void* pinned_recv = nullptr;    // host result lands here first
     void* host_recv = nullptr;      // ... and is copied here on completion
@@ -178,30 +178,27 @@ class NcclCollective final : public Collective {
 
   // Device buffers are used in place; host buffers go through device scratch (and pinned memory
   // for the result, so that nothing blocks the host).
-  Op stage(const void* send, void* recv, size_t send_bytes, size_t recv_bytes) {
+  // A staged send lands at `send_offset` of the scratch buffer: an all-gather reads its own
+  // block from there in place (NCCL's in-place all-gather has send == recv + rank * count; any
+  // other overlap of send and recv is undefined).
+  Op stage(const void* send, void* recv, size_t send_bytes, size_t recv_bytes, size_t send_offset = 0) {
     cudaSetDevice(device_);
     Op op;
     op.send = send;
     op.recv = recv;
     op.recv_bytes = recv_bytes;
     if (is_device_memory(recv) && is_device_memory(send)) return op;
-    op.pooled = recv_bytes <= kPooledStageBytes;
-    if (op.pooled && !pool_.empty()) {
-      op.scratch = pool_.back().device;
-      op.pinned_recv = pool_.back().pinned;
-      pool_.pop_back();
-    }
-    const size_t allocate = op.pooled ? kPooledStageBytes : recv_bytes;
-    if ((!op.scratch && cudaMalloc(&op.scratch, allocate) != cudaSuccess) ||
-        (!op.pinned_recv && cudaHostAlloc(&op.pinned_recv, allocate, cudaHostAllocDefault) != cudaSuccess)) {
-      cudaGetLastError();
+    if (!take_staging(recv_bytes, op.staging)) {
       set_error("out of device or pinned memory staging a host buffer for NCCL");
       op.failed = Outcome::Failed;
       return op;
     }
+    op.scratch = op.staging.device;
+    op.pinned_recv = op.staging.pinned;
     // An in-place allgather's send aliases its block of recv: copy only send's bytes.
-    cudaMemcpyAsync(op.scratch, send, send_bytes, cudaMemcpyHostToDevice, stream_);
-    op.send = op.scratch;
+    char* scratch = static_cast<char*>(op.scratch);
+    cudaMemcpyAsync(scratch + send_offset, send, send_bytes, cudaMemcpyHostToDevice, stream_);
+    op.send = scratch + send_offset;
     op.recv = op.scratch;
     op.host_recv = recv;
     return op;
@@ -250,13 +247,50 @@ class NcclCollective final : public Collective {
 
   void release(Op& op) {
     if (op.done) cudaEventDestroy(op.done);
-    if (op.pooled && op.scratch && op.pinned_recv) {
-      pool_.push_back({op.scratch, op.pinned_recv});
-    } else {
-      if (op.scratch) cudaFree(op.scratch);
-      if (op.pinned_recv) cudaFreeHost(op.pinned_recv);
-    }
+    if (op.staging.bytes) pool_.push_back(op.staging);
     op = Op{};
+  }
+
+  // The smallest idle staging pair that holds `bytes`, or a new one of the next power of two.
+  bool take_staging(size_t bytes, Staging& out) {
+    auto best = pool_.end();
+    for (auto it = pool_.begin(); it != pool_.end(); ++it)
+      if (it->bytes >= bytes && (best == pool_.end() || it->bytes < best->bytes)) best = it;
+    if (best != pool_.end()) {
+      out = *best;
+      pool_.erase(best);
+      return true;
+    }
+    Staging fresh;
+    fresh.bytes = kSmallestStageBytes;
+    while (fresh.bytes < bytes) fresh.bytes *= 2;
+    if (cudaMalloc(&fresh.device, fresh.bytes) != cudaSuccess ||
+        cudaHostAlloc(&fresh.pinned, fresh.bytes, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      if (fresh.device) cudaFree(fresh.device);
+      return false;
+    }
+    out = fresh;
+    return true;
+  }
+
+  bool healthy() const {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    return error_.empty() && !aborted_.load();
+  }
+
+  // A clean shutdown: NCCL flushes what is enqueued and releases its peers' resources in order
+  // (ncclCommAbort is for faults: it may leave a peer's finalize waiting). Bounded by the
+  // timeout; false when it did not finish, and the caller aborts instead.
+  bool finalize_and_destroy() {
+    ncclResult_t r = ncclCommFinalize(comm_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
+    }
+    if (r != ncclSuccess) return false;
+    return ncclCommDestroy(comm_) == ncclSuccess;
   }
 
   void set_error(const std::string& message) {
@@ -274,7 +308,7 @@ class NcclCollective final : public Collective {
   std::string error_;
   std::unordered_map<Handle, Op> ops_;
   Handle next_handle_ = 1;
-  std::vector<Staging> pool_;  // idle small staging buffers, see kPooledStageBytes
+  std::vector<Staging> pool_;  // idle staging pairs, see kSmallestStageBytes
 };
 
 }  // namespace

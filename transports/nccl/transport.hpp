@@ -1,7 +1,8 @@
 // The NCCL transport: a collective-kind transport (transports/collective.hpp) over one NCCL
 // communicator. The unique id travels through the rendezvous store; ncclCommInitRankConfig runs
 // non-blocking and is polled up to the timeout; every collective is enqueued on the transport's
-// stream; a fault (or abort) calls ncclCommAbort. NCCL refuses two ranks on one GPU.
+// stream; a clean shutdown finalizes and destroys the communicator, a fault (or abort) calls
+// ncclCommAbort. NCCL refuses two ranks on one GPU.
 #pragma once
 
 #include <chrono>

@@ -189,11 +189,21 @@ typedef struct co2_comm_config {
     uint32_t timeout_ms;            /* no-progress timeout, CO2_DEFAULT_TIMEOUT_MS      */
     uint32_t reserved0;
     uint64_t chunk_bytes;           /* collective chunk, CO2_DEFAULT_CHUNK_BYTES        */
+    /* --- added in 1.1 (a struct from an older header leaves these at their defaults) --- */
+    int32_t device_index;           /* CUDA device of the NCCL transport and of the
+                                       engines' device tensors: CO2_DEVICE_INDEX_AUTO   */
+    uint32_t reserved1;
 } co2_comm_config_t;
+
+/* device_index default: the launcher's local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
+ * SLURM_LOCALID) when one launched the process, otherwise the calling thread's current CUDA
+ * device. Host transports ignore it. An engine on an NCCL communicator refuses tensors on
+ * another device at commit. */
+#define CO2_DEVICE_INDEX_AUTO (-1)
 
 #define CO2_COMM_CONFIG_INIT                                                               \
     { sizeof(co2_comm_config_t), CO2_ABI_VERSION, CO2_TRANSPORT_AUTO, 0, 1, NULL,         \
-      CO2_DEFAULT_TIMEOUT_MS, 0, CO2_DEFAULT_CHUNK_BYTES }
+      CO2_DEFAULT_TIMEOUT_MS, 0, CO2_DEFAULT_CHUNK_BYTES, CO2_DEVICE_INDEX_AUTO, 0 }
 
 co2_status_t co2_comm_config_init(co2_comm_config_t *config);
 
@@ -238,8 +248,11 @@ co2_status_t co2_comm_destroy(co2_comm_t comm);
 /* ------------------------------------------------------------------------------------------ */
 
 /* In-place all-reduce of `count` elements of `buffer`; the buffer must stay valid and untouched
- * until the request completes. `stream` is ignored for host memory. The result is bit-identical
- * on every rank. */
+ * until the request completes. The result is bit-identical on every rank.
+ * CUDA device memory needs an NCCL communicator (a host transport returns
+ * CO2_ERR_INVALID_ARGUMENT for it); the collective then starts after the work enqueued on
+ * `stream` (the caller's cudaStream_t; NULL = the legacy default stream) so far. `stream` is
+ * ignored for host memory. */
 co2_status_t co2_allreduce(co2_comm_t comm, void *buffer, size_t count, co2_dtype_t dtype,
                            co2_reduce_op_t op, void *stream, co2_request_t *out_request);
 

@@ -42,6 +42,17 @@ TEST(Selection, TransportChoice) {
   EXPECT_EQ(choose_transport(7, true, true), TransportChoice::Unavailable);
 }
 
+// Under torchrun the default transport is UCX; a CUDA tensor handed to its raw all-reduce would
+// be read through device addresses on the CPU (a segfault before this check).
+TEST(Selection, RawCollectivesRefuseDeviceMemoryOnHostTransports) {
+  EXPECT_EQ(raw_collective_refusal(false, false), "");
+  EXPECT_EQ(raw_collective_refusal(false, true), "");
+  EXPECT_EQ(raw_collective_refusal(true, true), "");
+  const std::string why = raw_collective_refusal(true, false);
+  EXPECT_NE(why.find("CUDA device memory"), std::string::npos) << why;
+  EXPECT_NE(why.find("CO2_TRANSPORT_NCCL"), std::string::npos) << why;
+}
+
 TEST(Selection, NoDriverMeansNoDevice) {
   EXPECT_EQ(usable_device_count(35, 4), 0);  // cudaErrorInsufficientDriver
   EXPECT_EQ(usable_device_count(100, 0), 0);
@@ -62,13 +73,23 @@ std::vector<std::vector<Op>> rounds(Averaging a, int n) {
   return plans;
 }
 
-TEST(StreamPlan, CollectivePathNeverBlocksTheHost) {
-  for (bool have_average : {false, true}) {
-    const auto plan = co2_boundary_plan(Averaging::Collective, have_average);
-    EXPECT_EQ(count_kind(plan, OpKind::HostWaitEvent), 0u);
-    EXPECT_EQ(count_kind(plan, OpKind::HostWaitAverage), 0u);
+// The collective path blocks the host only on the previous round's collective and the flag
+// behind it (τ steps old): before an average is applied its collective has succeeded — an
+// aborted NCCL collective releases the stream with a half-reduced buffer — and its finiteness is
+// known, so NONFINITE comes from the boundary that skipped the update, not 1–4 boundaries later.
+TEST(StreamPlan, CollectivePathWaitsOnlyForThePreviousRoundsCollective) {
+  const auto first = co2_boundary_plan(Averaging::Collective, false);
+  EXPECT_EQ(count_kind(first, OpKind::HostWaitEvent), 0u);
+  EXPECT_EQ(count_kind(first, OpKind::HostWaitAverage), 0u);
+  const auto later = co2_boundary_plan(Averaging::Collective, true);
+  EXPECT_EQ(count_kind(later, OpKind::HostWaitAverage), 1u);
+  EXPECT_EQ(count_kind(later, OpKind::HostWaitEvent), 1u);
+  EXPECT_EQ(later[1], (Op{OpKind::HostWaitEvent, Stream::Comm, Event::AverageReady}));
+  EXPECT_EQ(count_kind(later, OpKind::HostReadFinite), 1u);
+  for (const auto& plan : {first, later}) {
     EXPECT_EQ(count_kind(plan, OpKind::Pass), 1u);
     EXPECT_EQ(count_kind(plan, OpKind::DeviceAllReduce), 1u);
+    EXPECT_EQ(count_kind(plan, OpKind::CopyFlagOut), 1u);
     EXPECT_EQ(count_kind(plan, OpKind::SubmitHostAverage), 0u);
   }
   EXPECT_EQ(check_plan_sequence(rounds(Averaging::Collective, 5)), "");
@@ -111,7 +132,7 @@ TEST(StreamPlan, CheckerCatchesAWaitOnAnUnrecordedEvent) {
 }
 
 TEST(StreamPlan, CheckerCatchesAMissingStreamWait) {
-  auto plans = rounds(Averaging::Collective, 3);
+  auto plans = rounds(Averaging::StagedHost, 3);
   auto& second = plans[1];
   for (size_t i = 0; i < second.size(); ++i)
     if (second[i].kind == OpKind::StreamWaitEvent && second[i].stream == Stream::Caller) {
@@ -132,6 +153,36 @@ TEST(StreamPlan, CheckerCatchesASubmitBeforeTheCopyCompleted) {
       }
   const std::string error = check_plan_sequence(plans);
   EXPECT_NE(error.find("before the copy out completed"), std::string::npos) << error;
+}
+
+// The plan of 1.0: the pass waited for the collective's event on the device only.
+TEST(StreamPlan, CheckerCatchesAnAverageAppliedBeforeItsCollectiveSucceeded) {
+  auto plans = rounds(Averaging::Collective, 2);
+  auto& second = plans[1];
+  second.erase(second.begin(), second.begin() + 3);  // HostWaitAverage, HostWaitEvent, HostReadFinite
+  ASSERT_EQ(second[0], (Op{OpKind::StreamWaitEvent, Stream::Caller, Event::AverageReady}));
+  const std::string error = check_plan_sequence(plans);
+  EXPECT_NE(error.find("has not seen succeed"), std::string::npos) << error;
+}
+
+TEST(StreamPlan, CheckerCatchesTheFlagReadBeforeItsCopyCompleted) {
+  auto plans = rounds(Averaging::Collective, 2);
+  auto& second = plans[1];
+  second.erase(second.begin() + 1);  // the host wait on AverageReady
+  const std::string error = check_plan_sequence(plans);
+  EXPECT_NE(error.find("before its copy out completed"), std::string::npos) << error;
+}
+
+TEST(StreamPlan, CheckerCatchesAPassBeforeTheFinitenessIsKnown) {
+  auto plans = rounds(Averaging::StagedHost, 2);
+  auto& second = plans[1];
+  for (size_t i = 0; i < second.size(); ++i)
+    if (second[i].kind == OpKind::HostReadFinite) {
+      second.erase(second.begin() + long(i));
+      break;
+    }
+  const std::string error = check_plan_sequence(plans);
+  EXPECT_NE(error.find("finiteness"), std::string::npos) << error;
 }
 
 TEST(StreamPlan, CheckerCatchesAPassOnTheCommStream) {

@@ -8,6 +8,7 @@ const CO2_VERSION_PATCH = Cint(0)
 const CO2_ABI_VERSION = Cint(1)
 const CO2_DEFAULT_TIMEOUT_MS = Cuint(300000)
 const CO2_DEFAULT_CHUNK_BYTES = Culong(1048576)
+const CO2_DEVICE_INDEX_AUTO = Cint(-1)
 const CO2_UNIQUE_ID_BYTES = Cint(128)
 const CO2_DEFAULT_TAU = Cuint(12)
 const CO2_DEFAULT_OUTER_LR = Cdouble(1.0)
@@ -144,6 +145,8 @@ mutable struct co2_comm_config_t
     timeout_ms::UInt32
     reserved0::UInt32
     chunk_bytes::UInt64
+    device_index::Int32
+    reserved1::UInt32
 end
 
 const _co2_comm_config_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -420,7 +423,7 @@ end
 
 # ---- defaults of the *_INIT macros (evaluated by clang, field by field) ----
 CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
-    Csize_t(48),
+    Csize_t(56),
     UInt32(1),
     co2_transport_kind_t(0),
     Int32(0),
@@ -429,6 +432,8 @@ CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     UInt32(300000),
     UInt32(0),
     UInt64(1048576),
+    Int32(-1),
+    UInt32(0),
 )
 CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
     Csize_t(96),
@@ -508,7 +513,7 @@ CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
 # ---- struct layouts as clang computed them for the generating target (bytes) ----
 const GENERATED_ON_WORD_SIZE = 64
 const LAYOUT = (
-    co2_comm_config_t = (size = 48, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40,)),
+    co2_comm_config_t = (size = 56, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40, device_index = 48, reserved1 = 52,)),
     co2_unique_id_t = (size = 128, align = 1, offsets = (internal = 0,)),
     co2_engine_config_t = (size = 96, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),

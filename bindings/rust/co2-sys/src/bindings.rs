@@ -3,6 +3,7 @@ pub const CO2_VERSION_MINOR: u32 = 1;
 pub const CO2_VERSION_PATCH: u32 = 0;
 pub const CO2_ABI_VERSION: u32 = 1;
 pub const CO2_DEFAULT_TIMEOUT_MS: u32 = 300000;
+pub const CO2_DEVICE_INDEX_AUTO: i32 = -1;
 pub const CO2_UNIQUE_ID_BYTES: u32 = 128;
 pub const CO2_DEFAULT_TAU: u32 = 12;
 pub const CO2_DEFAULT_OUTER_LR: f64 = 1.0;
@@ -140,12 +141,14 @@ pub struct co2_comm_config {
     pub timeout_ms: u32,
     pub reserved0: u32,
     pub chunk_bytes: u64,
+    pub device_index: i32,
+    pub reserved1: u32,
 }
 #[test]
 fn bindgen_test_layout_co2_comm_config() {
     assert_eq!(
         ::std::mem::size_of::<co2_comm_config>(),
-        48usize,
+        56usize,
         concat!("Size of: ", stringify!(co2_comm_config))
     );
     assert_eq!(
@@ -306,6 +309,40 @@ fn bindgen_test_layout_co2_comm_config() {
         );
     }
     test_field_chunk_bytes();
+    fn test_field_device_index() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_comm_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).device_index) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_comm_config),
+                "::",
+                stringify!(device_index)
+            )
+        );
+    }
+    test_field_device_index();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_comm_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            52usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_comm_config),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
 }
 pub type co2_comm_config_t = co2_comm_config;
 extern "C" {
