@@ -21,7 +21,7 @@ namespace co2 {
 class Trace {
  public:
   using Clock = std::chrono::steady_clock;
-  // Events kept when CO2_TRACE_MAX_EVENTS is unset: the newest this many (~50 bytes each).
+  // Events kept when CO2_TRACE_MAX_EVENTS is unset: the newest this many (48 bytes each).
   static constexpr size_t kDefaultMaxEvents = 200000;
 
   // Where the events of one rank are drawn (the "tid" of an event).
