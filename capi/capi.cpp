@@ -156,9 +156,8 @@ void prepare_raw_buffer(co2_comm_t comm, const void* buffer, size_t count, void*
   if (cuda_buffer) co2::stream_waits_for(collective_stream, stream);
 }
 
-// Forms the group `config` describes; `unique_id` is "" for co2_comm_create.
-co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group_name, const std::string& unique_id,
-                       bool rank_is_default) {
+// The group request `config` describes, validated.
+co2::GroupRequest group_request(const co2_comm_config_t& config) {
   switch (config.transport) {
     case CO2_TRANSPORT_AUTO:
     case CO2_TRANSPORT_LOCAL:
@@ -168,23 +167,30 @@ co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group
     default:
       co2::fail(Status::UnknownEnum, "unknown transport " + std::to_string(config.transport));
   }
-  require_arg(config.world_size >= 1, "world_size must be >= 1");
-  co2::require(config.rank >= 0 && config.rank < config.world_size, Status::InvalidArgument,
-               "rank " + std::to_string(config.rank) + " is outside [0, " + std::to_string(config.world_size) + ")");
   require_arg(config.timeout_ms >= 1, "timeout_ms must be >= 1 (CO2_DEFAULT_TIMEOUT_MS is the default)");
   require_arg(config.chunk_bytes >= 8, "chunk_bytes must be >= 8");
   require_arg(config.device_index >= CO2_DEVICE_INDEX_AUTO,
               "device_index must be a CUDA device index or CO2_DEVICE_INDEX_AUTO (-1)");
   co2::GroupRequest request;
   request.transport = co2::TransportKind(config.transport);
+  request.options.timeout = std::chrono::milliseconds(config.timeout_ms);
+  request.options.chunk_bytes = size_t(config.chunk_bytes);
+  request.device_index = config.device_index;
+  return request;
+}
+
+// Forms the group `config` describes; `unique_id` is "" for co2_comm_create.
+co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group_name, const std::string& unique_id,
+                       bool rank_is_default) {
+  co2::GroupRequest request = group_request(config);
+  require_arg(config.world_size >= 1, "world_size must be >= 1");
+  co2::require(config.rank >= 0 && config.rank < config.world_size, Status::InvalidArgument,
+               "rank " + std::to_string(config.rank) + " is outside [0, " + std::to_string(config.world_size) + ")");
   request.rank = config.rank;
   request.world_size = config.world_size;
   request.rank_is_default = rank_is_default;
   request.group_name = group_name;
   request.unique_id = unique_id;
-  request.options.timeout = std::chrono::milliseconds(config.timeout_ms);
-  request.options.chunk_bytes = size_t(config.chunk_bytes);
-  request.device_index = config.device_index;
   auto handle = std::make_unique<co2_comm>();
   handle->comm = co2::form_group(request);
   return handle.release();
@@ -300,6 +306,28 @@ CO2_EXPORT co2_status_t co2_comm_create_with_id(const co2_comm_config_t* config,
     c.rank = rank;
     c.world_size = world_size;
     *out_comm = create_comm(c, "", std::string(id->internal, length), false);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_comm_split(co2_comm_t parent, int32_t color, int32_t key, const co2_comm_config_t* config,
+                                       co2_comm_t* out_comm) {
+  return guarded([&] {
+    require_arg(parent != nullptr, "parent communicator is NULL");
+    require_arg(out_comm != nullptr, "out_comm is NULL");
+    require_arg(color >= CO2_SPLIT_NONE, "color must be >= 0, or CO2_SPLIT_NONE to join no group");
+    co2::GroupRequest request;
+    if (config)
+      request = group_request(read_config(config, default_comm_config(), "co2_comm_config_t"));
+    else
+      request.options = parent->comm->options();
+    auto comm = co2::split_group(*parent->comm, color, key, request);
+    if (!comm) {
+      *out_comm = nullptr;
+      return;
+    }
+    auto handle = std::make_unique<co2_comm>();
+    handle->comm = std::move(comm);
+    *out_comm = handle.release();
   });
 }
 

@@ -32,13 +32,14 @@ const char* purpose_name(Purpose purpose) {
     case Purpose::LayoutHash: return "layout-hash";
     case Purpose::InitialBroadcast: return "initial-broadcast";
     case Purpose::GradientAverage: return "gradient-average";
+    case Purpose::Split: return "split";
     case Purpose::AdvisorAgreement: return "advisor-agreement";
   }
   return "purpose?";
 }
 
 bool is_control_purpose(Purpose purpose) {
-  return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash ||
+  return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash || purpose == Purpose::Split ||
          purpose == Purpose::AdvisorAgreement;
 }
 

@@ -45,7 +45,8 @@ enum class Purpose : uint8_t {
   LayoutHash = 5,        // the all-gather of layout digests at commit
   InitialBroadcast = 6,  // rank 0's parameters at commit
   GradientAverage = 7,   // co2_engine_reduce_gradients (sync)
-  AdvisorAgreement = 8,  // the ranks' tau-advisor inputs, combined at a boundary
+  Split = 8,             // co2_comm_split's exchange of colors, keys and group ids
+  AdvisorAgreement = 9,  // the ranks' tau-advisor inputs, combined at a boundary
 };
 const char* purpose_name(Purpose purpose);
 

@@ -7,12 +7,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 #include "runtime/log.hpp"
 #include "runtime/store/tcp_store.hpp"
@@ -364,6 +367,56 @@ std::string make_unique_id() {
   std::lock_guard<std::mutex> lock(servers().mutex);
   servers().by_id[id] = std::move(server);
   return id;
+}
+
+namespace {
+
+void wait_on_parent(Communicator& parent, const std::shared_ptr<Request>& request) {
+  if (request->wait_status() != Status::Ok) {
+    const std::string message = parent.error_message();
+    fail(parent.error_status(), "co2_comm_split: " + (message.empty() ? std::string("the parent's collective failed") : message));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> split_group(Communicator& parent, int color, int key, GroupRequest request) {
+  const int size = parent.size(), me = parent.rank();
+  const CollectiveId split_id{0, Purpose::Split};
+  std::vector<int64_t> mine = {color, key}, all(2 * size_t(size));
+  wait_on_parent(parent, parent.allgather(mine.data(), all.data(), 2, DataType::I64, split_id));
+
+  // Members of this rank's color, in (key, parent rank) order; the first one makes the id.
+  std::vector<std::pair<int64_t, int>> members;
+  for (int r = 0; r < size; ++r)
+    if (color >= 0 && all[2 * size_t(r)] == color) members.push_back({all[2 * size_t(r) + 1], r});
+  std::sort(members.begin(), members.end());
+  int sub_rank = -1;
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].second == me) sub_rank = int(i);
+  const bool leader = sub_rank == 0;
+
+  constexpr size_t kIdBytes = 128;  // CO2_UNIQUE_ID_BYTES
+  std::vector<char> my_id(kIdBytes, 0), ids(kIdBytes * size_t(size), 0);
+  if (leader) {
+    const std::string id = make_unique_id();
+    require(id.size() < kIdBytes, Status::InvalidArgument,
+            "co2_comm_split: the group id does not fit (set a shorter CO2_MASTER_ADDR)");
+    std::copy(id.begin(), id.end(), my_id.begin());
+  }
+  wait_on_parent(parent, parent.allgather(my_id.data(), ids.data(), kIdBytes / 8, DataType::I64, split_id));
+  if (color < 0) return nullptr;
+
+  const char* leader_id = ids.data() + kIdBytes * size_t(members.front().second);
+  request.unique_id = std::string(leader_id, strnlen(leader_id, kIdBytes));
+  request.rank = sub_rank;
+  request.world_size = int(members.size());
+  request.rank_is_default = false;
+  if (request.transport == TransportKind::Auto && parent.collective_stream() != nullptr) {
+    request.transport = TransportKind::Nccl;
+    if (request.device_index < 0) request.device_index = parent.collective_device();
+  }
+  return form_group(request);
 }
 
 }  // namespace co2

@@ -44,6 +44,13 @@ struct GroupRequest {
 // Forms the group (blocking up to options.timeout) and returns its communicator.
 std::shared_ptr<Communicator> form_group(const GroupRequest& request);
 
+// Collective over `parent`: the ranks with equal `color` (>= 0) form a communicator, ranked by
+// (key, parent rank); color < 0 joins none (nullptr). `request` gives the transport (Auto: the
+// parent's kind; NCCL stays NCCL on the parent's device) and options; its rank, world size and
+// group fields are filled in here. Each group's first rank makes an id (make_unique_id) that
+// travels through two all-gathers on the parent.
+std::shared_ptr<Communicator> split_group(Communicator& parent, int color, int key, GroupRequest request);
+
 // NCCL-style id: starts a rendezvous store server in this process (kept until a group formed
 // from the id has met here, or until the process exits) and returns text naming it. Fits in
 // CO2_UNIQUE_ID_BYTES - 1 bytes.

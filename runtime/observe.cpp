@@ -32,6 +32,7 @@ const char* wait_name(Purpose purpose) {
     case Purpose::LayoutHash: return "wait layout-hash";
     case Purpose::InitialBroadcast: return "wait initial-broadcast";
     case Purpose::GradientAverage: return "wait gradient-average";
+    case Purpose::Split: return "wait split";
     case Purpose::AdvisorAgreement: return "wait advisor-agreement";
   }
   return "wait";

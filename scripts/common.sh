@@ -46,17 +46,44 @@ ensure_packages() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+# Debian packages whose presence meson's configure probes for optional parts (LibTorch example,
+# Python binding, Rust, tests). Meson caches a probe's answer ("torch/torch.h: NO (cached)")
+# even across --reconfigure, so a build directory configured before one of them was installed
+# (demo.sh before test.sh) would silently keep leaving that part out.
+OPTIONAL_PACKAGES=(libtorch-dev swig python3-dev python3-numpy python3-torch libgtest-dev
+                   libgmock-dev libucx-dev bindgen libclang-dev python3-clang zlib1g-dev)
+PACKAGES_STAMP=co2-optional-packages.txt
+
+# The installed versions of OPTIONAL_PACKAGES, one line each (empty where not installed).
+optional_packages_state() {
+  command -v dpkg-query >/dev/null 2>&1 || return 0
+  local p
+  for p in "${OPTIONAL_PACKAGES[@]}"; do
+    printf '%s %s\n' "$p" "$(dpkg-query -W -f='${Status} ${Version}' "$p" 2>/dev/null |
+                              sed -n 's/^install ok installed //p')"
+  done
+}
+
 # configure TESTS(true|false) [meson options...]: sets up $BUILD_DIR with these options. If it
 # exists already, only turns tests on when TESTS is true (demo.sh sets up without tests; it never
-# turns them off in a directory that test.sh configured).
+# turns them off in a directory that test.sh configured), and sets it up afresh (meson setup
+# --wipe: same options, probes re-run) when OPTIONAL_PACKAGES changed since its configure.
 configure() {
   local tests=$1
   shift
   cd "$CO2_ROOT"
+  local state
+  state=$(optional_packages_state)
   if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     log "meson setup $BUILD_DIR -Dtests=$tests $*"
-    meson setup "$BUILD_DIR" -Dtests="$tests" "$@"
+    meson setup "$BUILD_DIR" -Dtests="$tests" "$@" || return 1
+    printf '%s\n' "$state" > "$BUILD_DIR/$PACKAGES_STAMP"
     return
+  fi
+  if [ "$state" != "$(cat "$BUILD_DIR/$PACKAGES_STAMP" 2>/dev/null)" ]; then
+    log "optional packages changed since $BUILD_DIR was configured: meson setup --wipe $BUILD_DIR"
+    meson setup --wipe "$BUILD_DIR" "$@" || return 1
+    printf '%s\n' "$state" > "$BUILD_DIR/$PACKAGES_STAMP"
   fi
   local current
   current=$(/usr/bin/python3 -c '

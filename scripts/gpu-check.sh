@@ -6,8 +6,9 @@
 # benchmark and exits 0.
 #
 #   bash scripts/gpu-check.sh --prepare   on the build machine: copies GoogleTest (headers,
-#                                         static libs, relocatable .pc files) into .gpu-deps/
-#                                         for a GPU machine that has no libgtest-dev
+#                                         static libs, relocatable .pc files), meson (its
+#                                         Python package) and ninja into .gpu-deps/ for a GPU
+#                                         machine that has only the driver, CUDA and NCCL
 #   bash scripts/gpu-check.sh [--quick]   the check; BUILD_DIR_GPU (default build-gpu), CO2_JOBS
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -23,6 +24,9 @@ if [ "${1:-}" = --prepare ]; then
     sed -e 's|^libdir=.*|libdir=${pcfiledir}/../lib|' -e 's|^includedir=.*|includedir=${pcfiledir}/../include|' \
       "/usr/lib/x86_64-linux-gnu/pkgconfig/$pc.pc" > "$deps/pkgconfig/$pc.pc" || exit 1
   done
+  mkdir -p "$deps/python" "$deps/bin" || exit 1
+  cp -r "$(/usr/bin/python3 -c 'import mesonbuild, os; print(os.path.dirname(mesonbuild.__file__))')" "$deps/python/" || exit 1
+  cp "$(command -v ninja)" "$deps/bin/" || exit 1
   log "prepared $deps ($(du -sh "$deps" | cut -f1)); carry it: run(carry: ['.gpu-deps'])"
   exit 0
 fi
@@ -38,6 +42,9 @@ fi
 command -v nvcc >/dev/null 2>&1 || { log "error: nvcc not found (expected in /usr/local/cuda/bin)"; exit 1; }
 nvcc --version | tail -n 2
 
+# meson and ninja from .gpu-deps when the machine has none of its own.
+[ -d "$deps/bin" ] && ! command -v ninja >/dev/null 2>&1 && export PATH="$PATH:$deps/bin"
+[ -d "$deps/python" ] && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$deps/python"
 MESON=(meson)
 command -v meson >/dev/null 2>&1 || MESON=(python3 -m mesonbuild.mesonmain)
 "${MESON[@]}" --version >/dev/null 2>&1 || { log "error: meson is not installed"; exit 1; }

@@ -267,6 +267,7 @@ static int co2_address(PyObject *input, void **out, const char *what) {
 %immutable co2_comm_config::version;
 %ignore co2_comm_config::group_name;
 %ignore co2_comm_config::reserved0;
+%ignore co2_comm_config::reserved1;
 %immutable co2_engine_config::size;
 %immutable co2_engine_config::version;
 %ignore co2_engine_config::reserved0;

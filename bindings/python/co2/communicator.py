@@ -89,31 +89,49 @@ class Communicator(OwnsHandle):
     group_name: ranks of the local transport with equal names form one group.
     unique_id: bytes from co2.unique_id() on one rank, NCCL style; the group it names.
     timeout_ms, chunk_bytes: None keeps the C API's defaults.
+    device_index: the CUDA device of an NCCL communicator (None: the launcher's LOCAL_RANK,
+        else the current device).
     """
 
     def __init__(self, rank=None, world_size=None, *, transport="auto", group_name=None,
-                 unique_id=None, timeout_ms=None, chunk_bytes=None):
+                 unique_id=None, timeout_ms=None, chunk_bytes=None, device_index=None):
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither (then the "
                              "environment's RANK/WORLD_SIZE are used)")
         if rank is None:
             rank, world_size = _launch.rank_and_world() or (0, 1)
-        config = capi.comm_config()
-        config.transport = _enum(TRANSPORTS, transport, "transport")
+        config = _config(transport, timeout_ms, chunk_bytes, device_index)
         config.rank = int(rank)
         config.world_size = int(world_size)
-        if timeout_ms is not None:
-            config.timeout_ms = int(timeout_ms)
-        if chunk_bytes is not None:
-            config.chunk_bytes = int(chunk_bytes)
         self._handle = None
         if unique_id is None:
-            self._handle = capi.comm_create(config, group_name)
+            self._adopt(capi.comm_create(config, group_name))
         else:
-            self._handle = capi.comm_create_with_id(config, group_name, unique_id, int(rank),
-                                                    int(world_size))
-        self.rank = capi.comm_rank(self._handle)
-        self.world_size = capi.comm_size(self._handle)
+            self._adopt(capi.comm_create_with_id(config, group_name, unique_id, int(rank),
+                                                 int(world_size)))
+
+    def _adopt(self, handle):
+        self._handle = handle
+        self.rank = capi.comm_rank(handle)
+        self.world_size = capi.comm_size(handle)
+        return self
+
+    def split(self, color, key=None, **options):
+        """Collective over this group: the ranks passing the same `color` (an int >= 0) form a
+        new Communicator, ranked by (`key`, this rank); color None joins no group and returns
+        None. key None: this rank. The new groups use this one's kind of transport unless
+        `transport=` says otherwise (options: transport, timeout_ms, chunk_bytes,
+        device_index; left out: this group's timeout and chunk size).
+        E.g. nodes = comm.split(node, local_rank); lanes = comm.split(local_rank, node)."""
+        color = capi.CO2_SPLIT_NONE if color is None else int(color)
+        if color < 0 and color != capi.CO2_SPLIT_NONE:
+            raise ValueError(f"color must be >= 0 or None, got {color}")
+        key = self.rank if key is None else int(key)
+        config = _config(**options) if options else None
+        handle = capi.comm_split(self.handle, color, key, config)
+        if handle is None:
+            return None
+        return Communicator.__new__(Communicator)._adopt(handle)
 
     @classmethod
     def from_env(cls, **kwargs):
@@ -182,6 +200,19 @@ class Communicator(OwnsHandle):
     def __repr__(self):
         state = "closed" if self._handle is None else f"rank {self.rank} of {self.world_size}"
         return f"<co2.Communicator {state}>"
+
+
+def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=None):
+    """A co2_comm_config_t from keyword options; None keeps the C API's default."""
+    config = capi.comm_config()
+    config.transport = _enum(TRANSPORTS, transport, "transport")
+    if timeout_ms is not None:
+        config.timeout_ms = int(timeout_ms)
+    if chunk_bytes is not None:
+        config.chunk_bytes = int(chunk_bytes)
+    if device_index is not None:
+        config.device_index = int(device_index)
+    return config
 
 
 def _not_a_buffer(buffer, what):

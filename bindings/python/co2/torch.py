@@ -1,8 +1,10 @@
 """co2.torch: data-parallel training of a torch.nn.Module with co2, about three changed lines.
 
     import co2.torch
-    model = Net(); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = co2.torch.distribute(model, optimizer, algorithm="co2", tau=12)   # added
+    model = Net()
+    trainer = co2.torch.distribute(model, algorithm="co2", tau=12)               # added
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer.attach(optimizer)       # or distribute(model, optimizer); found by itself otherwise
     for x, y in my_shard_of_the_data:                                            # unchanged
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
@@ -12,57 +14,98 @@
 What distribute() does:
   - creates the communicator from the launcher's environment (co2run, torchrun, mpirun, srun;
     a group of one otherwise) unless you pass `comm`;
-  - moves the module's float32 parameters and float32 buffers (BatchNorm statistics) into one
-    flat tensor that it allocates and co2 adopts: each parameter becomes a view into it
+  - moves the module's float32 parameters and its running statistics (BatchNorm's
+    running_mean / running_var; see _roles.py and `buffers=`) into one flat tensor that it
+    allocates and co2 adopts: each parameter becomes a view into it
     (`param.data = flat[offset:offset+n].view(shape)`), so the optimizer, the module and the
     engine share the memory and the engine runs one contiguous pass. flat=False registers the
     tensors as they are instead;
-  - commits the layout: every rank starts from rank 0's weights;
-  - wraps optimizer.step so that it averages the gradients first under `sync` (the gradients
-    are read on every call: zero_grad(set_to_none=True) is fine), then runs the engine's step.
+  - commits the layout: every rank starts from rank 0's weights; other buffers are broadcast
+    from rank 0 once and then left to each rank;
+  - wraps optimizer.step (of the optimizer given, attached, or found at the first training
+    forward) so that it averages the gradients first under `sync` (the gradients are read on
+    every call: zero_grad(set_to_none=True) is fine), then runs the engine's step.
+
+What it checks (each failure names its cause; bindings/python/README.md): an optimizer that
+steps without co2 (WiringError at the next training forward or collective), a model
+distributed twice, training that ends without finalize() (a warning), collective operations
+called on some ranks only and unequal step counts (the control all-reduce of _control.py).
 
 Device tensors (CUDA) go to the GPU path with the current stream when co2 was built with it;
 otherwise the C API raises co2.UnsupportedError.
 """
+import contextlib
 import types
+import warnings
+import weakref
 
 import torch
 
-from . import _buffers
+from . import _buffers, _control, _errors, _join, _portable, _roles, _wiring
+from ._control import UnequalStepsError
+from ._wiring import WiringError
 from .communicator import Communicator
 from .engine import Engine
+
+__all__ = ["distribute", "Distributed", "load_portable", "WiringError", "UnequalStepsError"]
 
 
 class Distributed:
     """The engine behind a module and its optimizer; see co2.torch.distribute."""
 
     def __init__(self, module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
-                 **engine_config):
+                 buffers=None, **engine_config):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
         self.module = module
-        self.optimizer = optimizer
-        self._own_comm = comm is None
-        self.comm = Communicator.from_env() if comm is None else comm
+        self.optimizer = None
         self.engine = None
-        self.engine = Engine(self.comm, algorithm, **engine_config)
-        self.algorithm = self.engine.algorithm
+        self.comm = None
+        self._own_comm = comm is None
         self._params = [(name, p) for name, p in module.named_parameters()]
         if not self._params:
             raise ValueError("the module has no parameters")
-        # float32 buffers (BatchNorm statistics) are averaged; others (counters) stay per rank.
-        self._buffers = [(name, b) for name, b in module.named_buffers()
-                         if b is not None and b.dtype == torch.float32]
-        self.flat = None
-        if flat:
-            self._adopt_flat()
-        else:
-            self._register()
-        self.engine.commit()
+        # Running statistics are averaged, other buffers broadcast once (_roles.py).
+        self.buffer_roles = _roles.assign(module, buffers)
+        self._buffers = [(name, b) for name, b, role in self.buffer_roles
+                         if role == _roles.AVERAGE]
+        _wiring.claim(module, self)
+        try:
+            self.comm = Communicator.from_env() if comm is None else comm
+            self.engine = Engine(self.comm, algorithm, **engine_config)
+            self.algorithm = self.engine.algorithm
+            self.flat = None
+            if flat:
+                self._adopt_flat()
+            else:
+                self._register()
+            self.engine.commit()
+            _roles.broadcast_once(self.comm, self.buffer_roles)
+        except BaseException:
+            self.close()
+            raise
+        # (name, tensor, "parameter" | "buffer") in the engine's element order.
+        self._segments = [(n, t, "parameter") for n, t in self._params] + \
+                         [(n, t, "buffer") for n, t in self._buffers]
         self._stream_memory = _buffers.TensorMemory(self._params[0][1].data, "parameters")
         self._original_step = None
+        self._original_load = None
+        self._join = None
+        self._searched = False
+        self._evaluating = False        # inside consensus_weights(): not a training forward
+        self._seen_version = _wiring.version(self._params)
+        self._life = _wiring.Lifecycle(self.rank)
+        self._exit_warning = _wiring.watch_exit(self, self._life)
+        self_ref = weakref.ref(self)      # the module must not keep its Distributed alive
+
+        def before_forward(_module, _inputs):
+            trainer = self_ref()
+            if trainer is not None:
+                trainer._before_forward()
+
+        self._forward_hook = module.register_forward_pre_hook(before_forward)
         if optimizer is not None:
-            self._hook(optimizer)
+            self.attach(optimizer)
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -100,6 +143,7 @@ class Distributed:
         distributed = self
 
         def step(opt, *args, **kwargs):
+            distributed._start_round()
             if distributed.algorithm == "sync":
                 if args or kwargs.get("closure") is not None:
                     raise NotImplementedError("sync with a closure optimizer (LBFGS): call "
@@ -110,8 +154,85 @@ class Distributed:
             distributed.step()
             return result
 
+        # An LR scheduler made before distribute() wrapped step with its step counter and
+        # checks for that marker: keep it (the counter still runs inside `original`).
+        if getattr(original, "_with_counter", False):
+            step._with_counter = True
         self._original_step = original
         optimizer.step = types.MethodType(step, optimizer)
+
+    def attach(self, optimizer, *, _stepped=False):
+        """Hands `optimizer` (over this module's parameters) to co2: its step() then also runs
+        the engine's step (and under sync averages the gradients first). For an optimizer
+        created after distribute(); call it before the first optimizer.step()."""
+        if self.optimizer is optimizer:
+            return self
+        if self.optimizer is not None:
+            raise WiringError("an optimizer is already attached: co2.torch drives one "
+                              "optimizer per model (put several parameter groups into one)")
+        _wiring.check_optimizer(optimizer, self._params)
+        if optimizer.state and not _stepped and self.engine.stats()["steps"] == 0:
+            warnings.warn("the optimizer holds state from earlier steps but co2's engine "
+                          "starts afresh (anchor = these weights, no outer momentum, no average "
+                          "in flight): a torch-style resume of model + optimizer continues "
+                          "differently from the run it saved; resume with "
+                          "trainer.load_state_dict() (exact) or trainer.load_portable()",
+                          RuntimeWarning, stacklevel=3)
+        self.optimizer = optimizer
+        self._hook(optimizer)
+        original_load = optimizer.load_state_dict
+
+        def load_state_dict(opt, state_dict):
+            warnings.warn("optimizer.load_state_dict() after distribute() restores only the "
+                          "inner optimizer, not co2's engine state (anchor, outer momentum, "
+                          "average in flight, step count): the run continues differently from "
+                          "the one saved; use trainer.load_state_dict() or "
+                          "trainer.load_portable()", RuntimeWarning, stacklevel=2)
+            return original_load(state_dict)
+
+        self._original_load = original_load
+        optimizer.load_state_dict = types.MethodType(load_state_dict, optimizer)
+        return self
+
+    def _load_optimizer(self, state):
+        load = self._original_load or self.optimizer.load_state_dict
+        load(state)
+
+    def _before_forward(self):
+        """Forward in training mode: the first time, find an optimizer created after
+        distribute(); later, refuse parameters changed without an engine step."""
+        if not (self.module.training and torch.is_grad_enabled()) or self.engine is None \
+                or self._evaluating:
+            return
+        if self.optimizer is None and not self._searched:
+            self._searched = True
+            found = _wiring.optimizers_over(self._params)
+            if len(found) == 1:
+                self.attach(found[0])
+        if _wiring.version(self._params) != self._seen_version:
+            self._changed_outside()
+        self._start_round()
+
+    def _changed_outside(self):
+        """The parameters changed in place since the engine last saw them."""
+        found = _wiring.optimizers_over(self._params) if self.optimizer is None else []
+        if len(found) == 1 and self.algorithm != "sync":
+            # Created after the first forward: its first step ran without the engine's, which
+            # the engine takes now (the same order as the wrapped step: optimizer, engine).
+            self.attach(found[0], _stepped=True)
+            self.step()
+            return
+        raise WiringError(self._unwired_message(self.rank))
+
+    def _unwired_message(self, rank):
+        if self.optimizer is None:
+            return (f"rank {rank}: the parameters changed but co2's engine was never stepped: "
+                    f"the optimizer was never attached: call trainer.attach(optimizer) (or "
+                    f"distribute(model, optimizer)) before the first optimizer.step()")
+        return (f"rank {rank}: the parameters changed in place outside co2 after its last step "
+                f"(model.load_state_dict() after distribute()?): load weights before "
+                f"distribute(), or restore with trainer.load_state_dict() / "
+                f"trainer.load_portable()")
 
     # --- training -------------------------------------------------------------------------------
 
@@ -138,21 +259,139 @@ class Distributed:
                 if not g.is_contiguous():
                     p.grad = g = g.contiguous()
             grads.append(g)
-        self.engine.reduce_gradients(grads, self._stream())
+        try:
+            self.engine.reduce_gradients(grads, self._stream())
+        except _errors.Error as exc:
+            raise self._explained(exc, None) from None
 
     def step(self):
-        """The engine's step (done by optimizer.step when an optimizer was given). True at a
+        """The engine's step (done by optimizer.step when an optimizer is attached). True at a
         round boundary."""
-        return self.engine.step(self._stream())
+        self._start_round()
+        return self._engine_step()
+
+    def _engine_step(self):
+        try:
+            boundary = self.engine.step(self._stream())
+        except _errors.Error as exc:
+            raise self._explained(exc, None) from None
+        self._seen_version = _wiring.version(self._params)
+        self._life.steps_unsaved += 1
+        if self._join is not None:
+            self._join.after_step(boundary)
+        return boundary
+
+    def _start_round(self):
+        if self._join is not None:
+            self._join.report_if_due(active=True)
+
+    # --- collectives ----------------------------------------------------------------------------
+
+    def _steps(self):
+        return self.engine.stats()["steps"]
+
+    def _agree(self, operation, flag):
+        """The control collective before `operation` (see _control.py)."""
+        try:
+            return _control.agree(self.comm, operation, self._steps(), flag)
+        except _errors.Error as exc:
+            raise self._explained(exc, operation) from None
+
+    def _collective(self, operation, run):
+        """Checks that every rank is wired and at the same step, then runs `run`."""
+        changed = _wiring.version(self._params) != self._seen_version
+        steps, flags = self._agree(operation, changed)
+        unwired = [r for r in range(self.world_size) if flags[r]]
+        if unwired:
+            mine = self._unwired_message(self.rank) if changed else \
+                f"rank(s) {unwired}: the parameters changed without co2's engine step"
+            raise WiringError(f"{operation}: {mine}")
+        unequal = _control.unequal_steps_error(steps)
+        if unequal is not None:
+            raise unequal
+        try:
+            result = run()
+        except _errors.Error as exc:
+            raise self._explained(exc, operation) from None
+        self._seen_version = _wiring.version(self._params)
+        return result
+
+    def _explained(self, error, operation):
+        """The library's error, in the training loop's terms where co2.torch knows more."""
+        if isinstance(error, _errors.NonFiniteError):
+            return self._nonfinite(error)
+        steps = self._steps() if self.engine is not None else 0
+        clearer = _control.translate(error, self.world_size, self.rank, steps, operation)
+        return clearer if clearer is not None else error
+
+    def _nonfinite(self, error):
+        for name, tensor, role in self._segments:
+            if not bool(torch.isfinite(tensor).all()):
+                where = f"{role} {name!r} holds NaN or Inf on rank {self.rank}"
+                break
+        else:
+            where = (f"no parameter or averaged buffer is NaN/Inf on rank {self.rank} now "
+                     f"(a rank's parameters diverged during the round; the engine reset them "
+                     f"to the anchor)")
+        clearer = type(error)(f"{where}. [library: {error}]", error.status, error.function,
+                              error.status_string, error.detail)
+        clearer.__cause__ = error
+        return clearer
 
     def synchronize(self):
-        """Collective: every rank ends with the identical model (e.g. before evaluation)."""
-        self.engine.synchronize()
+        """Collective: every rank ends with the identical model (changes the trajectory: for
+        evaluation use consensus_weights())."""
+        self._collective("synchronize()", self.engine.synchronize)
 
     def finalize(self):
         """Collective. End of training: applies the average in flight; every rank then holds
-        the same model."""
-        self.engine.finalize()
+        the same model. Fails with UnequalStepsError when the ranks took different numbers of
+        steps (use join()), with WiringError when an optimizer stepped without co2."""
+        self._collective("finalize()", self.engine.finalize)
+        self._life.steps_unsaved = 0
+
+    def join(self):
+        """Context for uneven inputs: `with trainer.join(): for batch in my_batches: ...`.
+        A rank whose batches ran out shadows the others' rounds with zero updates until every
+        rank is done (a one-flag all-reduce per round inside the context). See _join.py."""
+        return _join.Join(self)
+
+    @property
+    def consensus_kind(self):
+        """consensus_weights()'s default: "anchor", or "local_average" for localsgd, which
+        keeps no anchor."""
+        return "local_average" if self.algorithm == "localsgd" else "anchor"
+
+    @contextlib.contextmanager
+    def consensus_weights(self, kind=None):
+        """Puts the consensus model into the module for the with-block (evaluation) and restores
+        this rank's parameters after, bitwise: the training trajectory does not change.
+        kind "anchor" (the model the ranks agreed on at the last boundary; no communication;
+        the default) or "local_average" (the average of the ranks' current parameters;
+        collective: every rank enters the block at the same step; localsgd's default)."""
+        kind = self.consensus_kind if kind is None else kind
+        local = [t.detach().clone() for _, t, _ in self._segments]
+        consensus = torch.empty(sum(t.numel() for t in local), dtype=torch.float32,
+                                device=local[0].device)
+        try:
+            self.engine.consensus(kind, out=consensus)
+        except _errors.Error as exc:
+            raise self._explained(exc, f"consensus_weights({kind!r})") from None
+        offset = 0
+        with torch.no_grad():
+            for _, tensor, _ in self._segments:
+                n = tensor.numel()
+                tensor.copy_(consensus[offset:offset + n].view_as(tensor))
+                offset += n
+        self._evaluating = True
+        try:
+            yield self.module
+        finally:
+            self._evaluating = False
+            with torch.no_grad():
+                for (_, tensor, _), saved in zip(self._segments, local):
+                    tensor.copy_(saved)
+            self._seen_version = _wiring.version(self._params)
 
     def stats(self):
         return self.engine.stats()
@@ -160,20 +399,30 @@ class Distributed:
     # --- checkpoint -----------------------------------------------------------------------------
 
     def state_dict(self):
-        """Collective. Everything needed to continue this rank exactly: the shared engine state
-        (bytes), this rank's parameters and buffers as they are mid-round, and the optimizer's
-        state. Put it into your own dict (with the data position) and torch.save it per rank."""
-        state = {"engine": self.engine.save(),
-                 "rank": self.rank, "world_size": self.world_size,
-                 "algorithm": self.algorithm,
-                 "module": {k: v.detach().clone() for k, v in self.module.state_dict().items()}}
-        if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
+        """Collective: call it on every rank. Everything needed to continue this rank exactly:
+        the shared engine state (bytes), this rank's parameters and buffers as they are
+        mid-round, and the optimizer's state. Put it into your own dict (with the data
+        position) and torch.save it per rank. For one file that loads at any world size (or in
+        plain torch) use save_portable()."""
+        def build():
+            return {"engine": self.engine.save(),
+                    "rank": self.rank, "world_size": self.world_size,
+                    "algorithm": self.algorithm,
+                    "module": {k: v.detach().clone()
+                               for k, v in self.module.state_dict().items()},
+                    "optimizer": (self.optimizer.state_dict()
+                                  if self.optimizer is not None else None)}
+        state = self._collective("state_dict()", build)
+        self._life.steps_unsaved = 0
         return state
 
     def load_state_dict(self, state):
         """Not collective. Restores what state_dict() returned (after distribute() on a fresh
         process: same model, optimizer and engine configuration)."""
+        if not isinstance(state, dict) or "engine" not in state:
+            raise ValueError("load_state_dict() takes what trainer.state_dict() returned (with "
+                             "the engine state); a model's own state_dict does not restore "
+                             "co2's anchor and outer momentum")
         if state.get("algorithm") != self.algorithm:
             raise ValueError(f"checkpoint of algorithm {state.get('algorithm')!r}, engine runs "
                              f"{self.algorithm!r}")
@@ -181,36 +430,77 @@ class Distributed:
         with torch.no_grad():                        # then this rank's mid-round values,
             for key, value in self.module.state_dict().items():   # in place (views stay)
                 value.copy_(state["module"][key])
-        if self.optimizer is not None and "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self._load_optimizer(state["optimizer"])
+        self._seen_version = _wiring.version(self._params)
+
+    def save_portable(self, path):
+        """Collective: call it on every rank; rank 0 writes `path`: one file with the consensus
+        model (a plain state_dict), rank 0's optimizer state and the shared engine state, which
+        load_portable() restores at any world size. See _portable.py."""
+        self._collective("save_portable()", lambda: _portable.save(self, path))
+        self._life.steps_unsaved = 0
+
+    def load_portable(self, path):
+        """Not collective: every rank reads the file save_portable() wrote, at any world size.
+        Every rank restarts from the consensus model."""
+        state = _portable.load(self, path)
+        self._seen_version = _wiring.version(self._params)
+        return state
 
     # --- lifetime -------------------------------------------------------------------------------
 
-    def close(self):
+    def close(self, _warn=True):
         """Destroys the engine (and the communicator if distribute() created it) and gives the
-        optimizer its own step back. The parameters stay views of self.flat, which torch owns."""
-        if self.optimizer is not None and self._original_step is not None:
-            self.optimizer.step = self._original_step
-            self._original_step = None
+        optimizer its own step back. The parameters stay views of self.flat, which torch owns.
+        Warns when steps ran since the last finalize() or checkpoint."""
+        life = getattr(self, "_life", None)
+        if life is not None:
+            if _warn and self.engine is not None:
+                _wiring.warn_unfinalized(life, "close()")
+            life.done = True
+            self._exit_warning.detach()
+        if getattr(self, "_forward_hook", None) is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+        if self.optimizer is not None:
+            if self._original_step is not None:
+                self.optimizer.step = self._original_step
+                self._original_step = None
+            if self._original_load is not None:
+                self.optimizer.load_state_dict = self._original_load
+                self._original_load = None
         if self.engine is not None:
             self.engine.close()
             self.engine = None
         if self._own_comm and self.comm is not None:
             self.comm.close()
             self.comm = None
+        _wiring.release(self.module, self)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        self.close(_warn=exc_type is None)
 
 
-def distribute(module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
+def distribute(module, optimizer=None, *, algorithm="co2", comm=None, flat=True, buffers=None,
                **engine_config):
-    """Hands `module`'s parameters (and `optimizer`'s step) to a co2 engine; returns the
-    Distributed object (finalize(), state_dict(), stats(), rank, world_size, close()).
-    Engine keywords (tau, outer_lr, outer_momentum, nesterov, penalty, clip, ...) keep the C
-    API's defaults when left out. Collective: every rank calls it with the same model."""
+    """Hands `module`'s parameters to a co2 engine and returns the Distributed object (attach(),
+    finalize(), join(), consensus_weights(), state_dict(), save_portable(), stats(), rank,
+    world_size, close()). The optimizer may be given here, attached later with
+    trainer.attach(optimizer), or is found by itself at the first training forward.
+    buffers: None (running statistics averaged, other buffers broadcast once from rank 0), a
+    role ("average", "broadcast", "ignore") for all, or {name: role}.
+    Engine keywords (tau, outer_lr, outer_momentum, nesterov, penalty, clip, eager, ...) keep
+    the C API's defaults when left out. Collective: every rank calls it with the same model."""
     return Distributed(module, optimizer, algorithm=algorithm, comm=comm, flat=flat,
-                       **engine_config)
+                       buffers=buffers, **engine_config)
+
+
+def load_portable(path, map_location="cpu"):
+    """Reads a portable checkpoint without co2's engine: a dict whose "model" is a plain
+    state_dict of the consensus model (model.load_state_dict(ckpt["model"])) and "optimizer"
+    rank 0's optimizer state."""
+    return _portable.read(path, map_location)

@@ -233,6 +233,20 @@ co2_status_t co2_comm_create(const co2_comm_config_t *config, co2_comm_t *out_co
 co2_status_t co2_comm_create_with_id(const co2_comm_config_t *config, const co2_unique_id_t *id,
                                      int32_t rank, int32_t world_size, co2_comm_t *out_comm);
 
+/* Collective over `parent` (added in 1.1): every rank of `parent` calls it; the ranks that pass
+ * the same `color` form a new communicator, ranked by (`key`, parent rank); a rank that passes
+ * CO2_SPLIT_NONE joins none and gets *out_comm = NULL. The new groups are formed through ids
+ * that the parent exchanges (no launcher port is needed) and use the parent's kind of
+ * transport (an NCCL parent's groups are NCCL, on the parent's device), unless `config` says
+ * otherwise. `config` (may be NULL: the parent's timeout and chunk size) gives the transport,
+ * timeout, chunk size and device of the new communicators; its rank, world_size and
+ * group_name are ignored. The parent stays usable. Hierarchies are built this way: e.g. the
+ * ranks of one node (color = node, key = local rank) and the ranks with one local rank across
+ * nodes (color = local rank, key = node). */
+#define CO2_SPLIT_NONE (-1)
+co2_status_t co2_comm_split(co2_comm_t parent, int32_t color, int32_t key, const co2_comm_config_t *config,
+                            co2_comm_t *out_comm);
+
 co2_status_t co2_comm_rank(co2_comm_t comm, int32_t *out_rank);
 co2_status_t co2_comm_size(co2_comm_t comm, int32_t *out_size);
 

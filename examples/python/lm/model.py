@@ -2,9 +2,9 @@
 blocks of causal multi-head self-attention and a GELU MLP, dropout, and an output layer tied to
 the token embedding (logits = h @ E^T).
 
-The causal mask is a bool tensor made in forward (torch.triu), not a registered buffer: co2.torch
-averages the module's float32 buffers, and a mask has no business in that average (nor in the
-checkpoint).
+The causal mask is a bool tensor made in forward (torch.triu), not a registered buffer: a mask has
+no business in the checkpoint (co2.torch would not average it either: it averages only running
+statistics and broadcasts other buffers once, bindings/python/README.md "Buffers").
 """
 import dataclasses
 import math

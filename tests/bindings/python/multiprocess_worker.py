@@ -3,6 +3,8 @@
 
     multiprocess_worker.py train ALGORITHM OUT_DIR
     multiprocess_worker.py checkpoint ALGORITHM PHASE OUT_DIR    (PHASE: full, first, second)
+    multiprocess_worker.py rank0_saves OUT_DIR     (the DDP habit: only rank 0 calls state_dict)
+    multiprocess_worker.py uneven join|nojoin OUT_DIR     (the last rank is 5 batches short)
 """
 import json
 import os
@@ -17,6 +19,8 @@ import digits
 from test_torch import tiny_model, train_steps
 
 TOTAL_STEPS, CUT = 17, 7          # tau 3: step 7 is mid-round
+# A misused collective fails within this instead of the default 300 s.
+MISUSE_TIMEOUT_MS = 20000
 
 
 def train(algorithm, out):
@@ -54,10 +58,62 @@ def checkpoint(algorithm, phase, out):
     comm.close()
 
 
+def rank0_saves(out):
+    """Writes what each rank's co2.torch raised into error{rank}.txt."""
+    comm = co2.Communicator.from_env(timeout_ms=MISUSE_TIMEOUT_MS)
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = co2.torch.distribute(model, optimizer, comm=comm, tau=3)
+    message = ""
+    try:
+        train_steps(model, optimizer, comm.rank, 0, 2)
+        if comm.rank == 0:
+            torch.save(trainer.state_dict(), os.path.join(out, "rank0.pt"))
+        train_steps(model, optimizer, comm.rank, 2, 8)
+        trainer.finalize()
+    except co2.Error as exc:
+        message = str(exc)
+    with open(os.path.join(out, f"error{comm.rank}.txt"), "w") as f:
+        f.write(message)
+    trainer.close(_warn=False)
+    comm.close()
+
+
+def uneven(mode, out):
+    """The last rank has 5 batches fewer. Writes params{rank}.npy and steps (join) or what
+    co2.torch raised (nojoin) into result{rank}.json."""
+    comm = co2.Communicator.from_env(timeout_ms=MISUSE_TIMEOUT_MS)
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = co2.torch.distribute(model, optimizer, comm=comm, tau=3)
+    batches = 12 - (5 if comm.rank == comm.world_size - 1 else 0)
+    result = {}
+    try:
+        if mode == "join":
+            with trainer.join():
+                train_steps(model, optimizer, comm.rank, 0, batches)
+        else:
+            train_steps(model, optimizer, comm.rank, 0, batches)
+        trainer.finalize()
+        result["steps"] = trainer.stats()["steps"]
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+        np.save(os.path.join(out, f"params{comm.rank}.npy"), flat)
+    except (co2.Error, co2.torch.UnequalStepsError) as exc:
+        result["error"] = str(exc)
+    with open(os.path.join(out, f"result{comm.rank}.json"), "w") as f:
+        json.dump(result, f)
+    trainer.close(_warn=False)
+    comm.close()
+
+
 def main(argv):
     torch.set_num_threads(1)
     if argv[0] == "train":
         train(argv[1], argv[2])
+    elif argv[0] == "uneven":
+        uneven(argv[1], argv[2])
+    elif argv[0] == "rank0_saves":
+        rank0_saves(argv[1])
     elif argv[0] == "checkpoint":
         checkpoint(argv[1], argv[2], argv[3])
     else:

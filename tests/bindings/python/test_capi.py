@@ -297,6 +297,27 @@ def test_unique_id_names_a_group():
         co2.Communicator(0, 1, transport="local", unique_id="text")
 
 
+def test_split_forms_nodes_and_lanes():
+    def rank_main(rank):
+        with co2.Communicator(rank, 4, transport="local", unique_id=uid) as world:
+            node, local = divmod(rank, 2)
+            with world.split(node, local) as nodes, world.split(local, key=node) as lanes:
+                none = world.split(None)
+                return (nodes.rank, nodes.world_size, lanes.rank, lanes.world_size, none,
+                        nodes.allreduce(np.array([rank], np.int64))[0],
+                        lanes.allreduce(np.array([rank], np.int64))[0])
+
+    uid = co2.unique_id()
+    results = run_ranks(4, rank_main)
+    for rank, (node_rank, nodes, lane_rank, lanes, none, node_sum, lane_sum) in enumerate(results):
+        node, local = divmod(rank, 2)
+        assert (node_rank, nodes, lane_rank, lanes, none) == (local, 2, node, 2, None)
+        assert node_sum == (1 if node == 0 else 5) and lane_sum == (2 if local == 0 else 4)
+    with co2.Communicator(0, 1, transport="local", unique_id=co2.unique_id()) as alone:
+        with pytest.raises(ValueError, match="color"):
+            alone.split(-3)
+
+
 # --- checkpoints ---------------------------------------------------------------------------------------
 
 def _trained_engines(group, world, steps=5):

@@ -128,3 +128,34 @@ def test_checkpoint_restart_of_the_processes(algorithm, tmp_path):
         want = np.load(tmp_path / f"full{rank}.npy")
         got = np.load(tmp_path / f"second{rank}.npy")
         np.testing.assert_array_equal(got, want, err_msg=f"rank {rank}")
+
+
+def test_state_dict_on_rank_0_only_says_it_is_collective(tmp_path):
+    """The DDP habit `if rank == 0: torch.save(trainer.state_dict())`: every rank fails with
+    the reason instead of a bare CollectiveMismatchError or a timeout."""
+    world = 2
+    run_world(world, ["rank0_saves", str(tmp_path)], "state_dict on rank 0 only")
+    for rank in range(world):
+        message = (tmp_path / f"error{rank}.txt").read_text()
+        assert "state_dict() is collective: call it on every rank" in message, \
+            f"rank {rank}: {message!r}"
+
+
+def test_uneven_batches_with_and_without_join(tmp_path):
+    """One process 5 batches short: inside trainer.join() both finish with one model; without
+    it both fail with the cause instead of a bare mismatch or a hang."""
+    world = 2
+    (tmp_path / "join").mkdir()
+    (tmp_path / "nojoin").mkdir()
+    run_world(world, ["uneven", "join", str(tmp_path / "join")], "uneven batches, join")
+    results = [json.loads((tmp_path / "join" / f"result{r}.json").read_text())
+               for r in range(world)]
+    assert all("error" not in r for r in results), results
+    assert results[0]["steps"] == results[1]["steps"] >= 12
+    np.testing.assert_array_equal(np.load(tmp_path / "join" / "params0.npy"),
+                                  np.load(tmp_path / "join" / "params1.npy"))
+    run_world(world, ["uneven", "nojoin", str(tmp_path / "nojoin")], "uneven batches")
+    for rank in range(world):
+        error = json.loads((tmp_path / "nojoin" / f"result{rank}.json").read_text()).get("error")
+        assert error and "unequal step counts" in error and "trainer.join()" in error, \
+            f"rank {rank}: {error!r}"

@@ -92,6 +92,7 @@ def test_parameters_become_views_and_schedulers_still_work():
             scheduler.step()
         assert trainer.stats()["steps"] == 6 and trainer.stats()["rounds"] == 2
         assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * 0.5 ** 3)
+        trainer.finalize()
     # close() gives the optimizer its own step back; the views stay valid (torch owns flat)
     optimizer.step()
     assert float(next(model.parameters()).sum()) == float(next(model.parameters()).sum())

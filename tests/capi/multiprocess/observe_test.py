@@ -24,7 +24,7 @@ RUN_LIMIT_S = 120
 pytestmark = pytest.mark.skipif(not (WORKER and CO2RUN), reason="OBSERVE_WORKER / CO2RUN not set")
 
 PURPOSES = {"user", "outer-average", "parameter-average", "consensus", "anchor-check", "layout-hash",
-            "initial-broadcast", "gradient-average", "advisor-agreement"}
+            "initial-broadcast", "gradient-average", "split", "advisor-agreement"}
 ROUND_LINE = re.compile(
     r"co2 (?:info|debug): rank (\d+) round (\d+) step (\d+): boundary wait ([\d.]+) ms, all-reduce ([\d.]+) ms, "
     r"hidden ([\d.]+)% \(run ([\d.]+)%\), round ([\d.]+) ms, advised tau (\d+|-)")

@@ -161,10 +161,35 @@ mutable struct Communicator
             pout = Base.unsafe_convert(Ptr{co2_comm_t}, out)
             check(blocking(() -> co2_comm_create(pconfig, pout)))
         end
-        comm = new(out[])
+        return Communicator(out[])
+    end
+
+    # A handle the library made (co2_comm_create, co2_comm_split); owned from here on.
+    function Communicator(handle::co2_comm_t)
+        comm = new(handle)
         finalizer(close, comm)
         return comm
     end
+end
+
+"""
+    split(c::Communicator, color, key=rank(c)) -> Union{Communicator,Nothing}
+
+Collective over `c`: the ranks passing the same `color` (an integer >= 0) form a new
+communicator, ranked by (`key`, rank in `c`); `color === nothing` joins none and returns
+`nothing`. The new groups use `c`'s kind of transport, timeout and chunk size. E.g. the ranks of
+a node, `split(world, node, local_rank)`, and one local rank across nodes,
+`split(world, local_rank, node)`.
+"""
+function Base.split(c::Communicator, color::Union{Integer,Nothing}, key::Integer=rank(c))
+    out = Ref{co2_comm_t}(C_NULL)
+    raw_color = color === nothing ? CO2_SPLIT_NONE : Int32(color)
+    GC.@preserve c out begin
+        pout = Base.unsafe_convert(Ptr{co2_comm_t}, out)
+        handle = Base.unsafe_convert(co2_comm_t, c)
+        check(blocking(() -> co2_comm_split(handle, raw_color, Int32(key), C_NULL, pout)))
+    end
+    return out[] == C_NULL ? nothing : Communicator(out[])
 end
 
 Base.unsafe_convert(::Type{co2_comm_t}, c::Communicator) =

@@ -10,6 +10,7 @@ const CO2_DEFAULT_TIMEOUT_MS = Cuint(300000)
 const CO2_DEFAULT_CHUNK_BYTES = Culong(1048576)
 const CO2_DEVICE_INDEX_AUTO = Cint(-1)
 const CO2_UNIQUE_ID_BYTES = Cint(128)
+const CO2_SPLIT_NONE = Cint(-1)
 const CO2_DEFAULT_TAU = Cuint(12)
 const CO2_DEFAULT_OUTER_LR = Cdouble(1.0)
 const CO2_OUTER_MOMENTUM_AUTO = Cdouble(-1.0)
@@ -171,6 +172,11 @@ end
 const _co2_comm_create_with_id_ptr = Ref{Ptr{Cvoid}}(C_NULL)
 function co2_comm_create_with_id(config, id, rank, world_size, out_comm)
     ccall(_co2_comm_create_with_id_ptr[], co2_status_t, (Ptr{co2_comm_config_t}, Ptr{co2_unique_id_t}, Int32, Int32, Ptr{co2_comm_t}), config, id, rank, world_size, out_comm)
+end
+
+const _co2_comm_split_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_comm_split(parent, color, key, config, out_comm)
+    ccall(_co2_comm_split_ptr[], co2_status_t, (co2_comm_t, Int32, Int32, Ptr{co2_comm_config_t}, Ptr{co2_comm_t}), parent, color, key, config, out_comm)
 end
 
 const _co2_comm_rank_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -531,6 +537,7 @@ const FUNCTION_NAMES = (
     :co2_get_unique_id,
     :co2_comm_create,
     :co2_comm_create_with_id,
+    :co2_comm_split,
     :co2_comm_rank,
     :co2_comm_size,
     :co2_comm_abort,
@@ -574,6 +581,7 @@ function bind_symbols!(handle::Ptr{Cvoid})
     _co2_get_unique_id_ptr[] = Libdl.dlsym(handle, :co2_get_unique_id)
     _co2_comm_create_ptr[] = Libdl.dlsym(handle, :co2_comm_create)
     _co2_comm_create_with_id_ptr[] = Libdl.dlsym(handle, :co2_comm_create_with_id)
+    _co2_comm_split_ptr[] = Libdl.dlsym(handle, :co2_comm_split)
     _co2_comm_rank_ptr[] = Libdl.dlsym(handle, :co2_comm_rank)
     _co2_comm_size_ptr[] = Libdl.dlsym(handle, :co2_comm_size)
     _co2_comm_abort_ptr[] = Libdl.dlsym(handle, :co2_comm_abort)

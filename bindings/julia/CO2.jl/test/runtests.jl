@@ -98,6 +98,25 @@ end
     close(comm)
 end
 
+@testset "split into nodes and lanes" begin
+    if Threads.nthreads() >= 4
+        results = run_ranks(4, groupname("split")) do rank, comm
+            node, localrank = divrem(rank, 2)
+            nodes = split(comm, node, localrank)
+            lanes = split(comm, localrank, node)
+            @test split(comm, nothing) === nothing
+            sums = (allreduce!(nodes, Int64[rank]; op=:sum)[1], allreduce!(lanes, Int64[rank]; op=:sum)[1])
+            ranks = (CO2.rank(nodes), CO2.rank(lanes))
+            close(nodes)
+            close(lanes)
+            (ranks, sums)
+        end
+        @test results == [((0, 0), (1, 2)), ((1, 0), (1, 4)), ((0, 1), (5, 2)), ((1, 1), (5, 4))]
+    else
+        @info "split skipped: run julia with --threads=4 or more"
+    end
+end
+
 @testset "several in-process ranks agree" begin
     if Threads.nthreads() >= 3
         results = run_ranks(3, groupname("ranks")) do rank, comm

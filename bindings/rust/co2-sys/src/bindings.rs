@@ -5,6 +5,7 @@ pub const CO2_ABI_VERSION: u32 = 1;
 pub const CO2_DEFAULT_TIMEOUT_MS: u32 = 300000;
 pub const CO2_DEVICE_INDEX_AUTO: i32 = -1;
 pub const CO2_UNIQUE_ID_BYTES: u32 = 128;
+pub const CO2_SPLIT_NONE: i32 = -1;
 pub const CO2_DEFAULT_TAU: u32 = 12;
 pub const CO2_DEFAULT_OUTER_LR: f64 = 1.0;
 pub const CO2_OUTER_MOMENTUM_AUTO: f64 = -1.0;
@@ -399,6 +400,15 @@ extern "C" {
         id: *const co2_unique_id_t,
         rank: i32,
         world_size: i32,
+        out_comm: *mut co2_comm_t,
+    ) -> co2_status_t;
+}
+extern "C" {
+    pub fn co2_comm_split(
+        parent: co2_comm_t,
+        color: i32,
+        key: i32,
+        config: *const co2_comm_config_t,
         out_comm: *mut co2_comm_t,
     ) -> co2_status_t;
 }

@@ -62,6 +62,12 @@ impl CommConfig {
         self.raw.chunk_bytes = chunk_bytes;
         self
     }
+    /// CUDA device of an NCCL communicator; `None` (the default): the launcher's local rank,
+    /// else the calling thread's current device.
+    pub fn device_index(mut self, device_index: Option<i32>) -> Self {
+        self.raw.device_index = device_index.unwrap_or(sys::CO2_DEVICE_INDEX_AUTO);
+        self
+    }
 
     pub fn get_transport(&self) -> Option<Transport> {
         Transport::from_raw(self.raw.transport)
@@ -80,6 +86,9 @@ impl CommConfig {
     }
     pub fn get_chunk_bytes(&self) -> u64 {
         self.raw.chunk_bytes
+    }
+    pub fn get_device_index(&self) -> Option<i32> {
+        (self.raw.device_index >= 0).then_some(self.raw.device_index)
     }
 
     /// The C struct plus the C string its `group_name` points into (keep both alive together).
@@ -189,6 +198,23 @@ impl Communicator {
         // SAFETY: all pointers are valid for the duration of the call.
         check(unsafe { sys::co2_comm_create_with_id(&raw_config, &id.0, rank, world_size, &mut comm) })?;
         Ok(Communicator::from_created(comm))
+    }
+
+    /// Collective over this group: the ranks passing the same `color` form a new communicator,
+    /// ranked by (`key`, this rank); `color` `None` joins none and returns `Ok(None)`. The new
+    /// groups use this one's kind of transport and its timeout and chunk size, unless `config`
+    /// gives them (its rank, world size and group name are ignored).
+    pub fn split(&self, color: Option<u32>, key: i32, config: Option<&CommConfig>) -> Result<Option<Communicator>> {
+        let color = match color {
+            Some(c) => i32::try_from(c).map_err(|_| Error::new(Status::InvalidArgument, "color does not fit an i32"))?,
+            None => sys::CO2_SPLIT_NONE,
+        };
+        let raw_config = config.map(|c| c.to_raw()).transpose()?;
+        let config_ptr = raw_config.as_ref().map_or(ptr::null(), |(raw, _name)| raw as *const _);
+        let mut comm: sys::co2_comm_t = ptr::null_mut();
+        // SAFETY: valid handle; the config (and the name it points to) live until the call returns.
+        check(unsafe { sys::co2_comm_split(self.as_raw(), color, key, config_ptr, &mut comm) })?;
+        Ok(NonNull::new(comm).map(|raw| Communicator { raw }))
     }
 
     fn from_created(comm: sys::co2_comm_t) -> Communicator {

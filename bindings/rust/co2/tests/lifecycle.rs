@@ -136,6 +136,21 @@ fn unique_id_groups() {
 }
 
 #[test]
+fn split_forms_nodes_and_lanes() {
+    let results = run_ranks(4, &group_name("split"), |rank, world| {
+        let (node, local) = (rank / 2, rank % 2);
+        let nodes = world.split(Some(node as u32), local, None).unwrap().unwrap();
+        let lanes = world.split(Some(local as u32), node, None).unwrap().unwrap();
+        assert!(world.split(None, 0, None).unwrap().is_none());
+        let (mut in_node, mut in_lane) = ([rank as i64], [rank as i64]);
+        nodes.allreduce(&mut in_node, ReduceOp::Sum).unwrap();
+        lanes.allreduce(&mut in_lane, ReduceOp::Sum).unwrap();
+        (nodes.rank().unwrap(), lanes.rank().unwrap(), in_node[0], in_lane[0])
+    });
+    assert_eq!(results, vec![(0, 0, 1, 2), (1, 0, 1, 4), (0, 1, 5, 2), (1, 1, 5, 4)]);
+}
+
+#[test]
 fn abort_from_another_thread_unblocks_a_collective() {
     // Only rank 0 of a 2-rank group issues the all-reduce, so it blocks; a watchdog thread
     // aborts it through an AbortHandle (the Communicator itself is not Sync). Rank 1 is
