@@ -623,6 +623,12 @@ CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_sta
     out.step_time_ns = s.step_time_ns;
     out.allreduce_time_ns = s.allreduce_time_ns;
     out.advised_tau = s.advised_tau;
+    out.last_collective_ns = s.last_collective_ns;
+    out.last_round_ns = s.last_round_ns;
+    out.hidden_fraction = s.hidden_fraction;
+    out.last_hidden_fraction = s.last_hidden_fraction;
+    out.rank_step_time_ns = s.rank_step_time_ns;
+    out.rank_allreduce_time_ns = s.rank_allreduce_time_ns;
     out.size = writable;  // a caller with an older header receives its own layout, no more
     std::memcpy(out_stats, &out, writable);
   });

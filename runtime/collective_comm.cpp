@@ -80,7 +80,9 @@ std::shared_ptr<Request> CollectiveBackend::submit(collectives::Descriptor descr
   }
   entry.on_result = std::move(on_result);
   std::lock_guard<std::mutex> lock(mutex_);
-  entry.request = std::make_shared<Request>(descriptor.sequence, Clock::now());
+  entry.request = std::make_shared<Request>(descriptor.sequence, Clock::now(), descriptor.purpose,
+                                            descriptor.count * dtype_size(descriptor.dtype),
+                                            descriptor.control_lane());
   entry.posted = entry.request->submitted_at();
   auto request = entry.request;
   if (error_ != Status::Ok) {  // failed while posting: the handles are dead with the transport

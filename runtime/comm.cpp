@@ -33,12 +33,14 @@ const char* purpose_name(Purpose purpose) {
     case Purpose::InitialBroadcast: return "initial-broadcast";
     case Purpose::GradientAverage: return "gradient-average";
     case Purpose::Split: return "split";
+    case Purpose::AdvisorAgreement: return "advisor-agreement";
   }
   return "purpose?";
 }
 
 bool is_control_purpose(Purpose purpose) {
-  return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash || purpose == Purpose::Split;
+  return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash || purpose == Purpose::Split ||
+         purpose == Purpose::AdvisorAgreement;
 }
 
 uint64_t PurposeSequences::peek(CollectiveId id) const {
@@ -216,7 +218,9 @@ std::shared_ptr<Request> CollectiveEngine::submit(collectives::Descriptor descri
     // Built before the sequence numbers are consumed: a rejected submission leaves no gap.
     auto collective = make(*transport_, descriptor, tuning_);
     purpose_sequences_.consume(id);
-    request = std::make_shared<Request>(next_sequence_++, Clock::now());
+    request = std::make_shared<Request>(next_sequence_++, Clock::now(), descriptor.purpose,
+                                        descriptor.count * dtype_size(descriptor.dtype),
+                                        descriptor.control_lane());
     incoming_.push_back({request, std::move(collective), std::move(on_result)});
   }
   wake_.notify_all();

@@ -46,6 +46,7 @@ enum class Purpose : uint8_t {
   InitialBroadcast = 6,  // rank 0's parameters at commit
   GradientAverage = 7,   // co2_engine_reduce_gradients (sync)
   Split = 8,             // co2_comm_split's exchange of colors, keys and group ids
+  AdvisorAgreement = 9,  // the ranks' tau-advisor inputs, combined at a boundary
 };
 const char* purpose_name(Purpose purpose);
 
@@ -75,15 +76,24 @@ class Request {
   Clock::time_point submitted_at() const { return submitted_at_; }
   Clock::time_point completed_at() const;  // valid once finished
   uint64_t sequence() const { return sequence_; }
+  // What the collective was, for statistics, logs and the trace.
+  Purpose purpose() const { return purpose_; }
+  uint64_t bytes() const { return bytes_; }  // payload per rank
+  bool control_lane() const { return control_lane_; }
 
   // --- used by the communicator ---
-  Request(uint64_t sequence, Clock::time_point submitted_at)
-      : sequence_(sequence), submitted_at_(submitted_at) {}
+  Request(uint64_t sequence, Clock::time_point submitted_at, Purpose purpose = Purpose::User,
+          uint64_t bytes = 0, bool control_lane = false)
+      : sequence_(sequence), submitted_at_(submitted_at), purpose_(purpose), bytes_(bytes),
+        control_lane_(control_lane) {}
   void complete(Status status, const std::string& message);
 
  private:
   const uint64_t sequence_;
   const Clock::time_point submitted_at_;
+  const Purpose purpose_;
+  const uint64_t bytes_;
+  const bool control_lane_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};

@@ -13,6 +13,7 @@
 #include "runtime/device/selection.hpp"
 #include "runtime/engine_state.hpp"
 #include "runtime/log.hpp"
+#include "runtime/observe.hpp"
 
 namespace co2 {
 
@@ -267,6 +268,7 @@ void commit_update(S& s, Clip clip, const UpdateSummary* sum) {
 // co2 without an update to apply: comm_buffer <- a - p, p <- a. Returns whether every delta
 // was finite.
 bool write_deltas(S& s) {
+  const TraceSpan pass(s.trace.get(), "delta pass");
   bool delta_finite = true;
   for (const Segment& seg : s.segments) {
     if (seg.role == Role::Excluded) continue;
@@ -355,8 +357,11 @@ void submit_average_async(S& s) {
   std::atomic<bool>* finite = &s.pending_result_finite;
   const std::vector<Segment>* segments = &s.segments;  // fixed after commit
   PreparedUpdate* prepared = &s.prepared;
+  Trace* trace = s.trace.get();  // outlives the collective: the engine waits for it
   s.pending = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg, [=] {
+    const Clock::time_point start = trace ? Clock::now() : Clock::time_point{};
     finite->store(all_finite(data, count) && prepare_update(*segments, anchor, momentum, data, *prepared));
+    if (trace) trace->span(Trace::Lane::BulkLane, "prepare pass", start, Clock::now());
   }, s.id(Purpose::OuterAverage));
   s.stats.bytes_reduced += count * sizeof(float);
 }
@@ -373,6 +378,7 @@ void adopt_prepared(S& s) {
 // parameters follow it (params_current: they already did, in the prepare pass). write_delta:
 // comm_buffer receives this round's deltas a - p instead. Returns whether every delta was finite.
 bool apply_prepared(S& s, bool write_delta, bool params_current = false) {
+  const TraceSpan pass(s.trace.get(), "apply pass");
   bool delta_finite = true;
   if (write_delta) {
     for (const Segment& seg : s.segments)
@@ -402,6 +408,7 @@ void clear_eager_state(S& s) {
 // finite average, whose update collect_average prepared, is applied. Returns whether every delta
 // was finite.
 bool eager_boundary(S& s, bool update) {
+  const TraceSpan pass(s.trace.get(), "eager pass");
   const OuterSettings o = outer_settings_of(s);
   EagerCoefficients k;
   k.beta = float(o.beta);
@@ -463,7 +470,8 @@ void unpack_parameters(S& s, const float* in, bool buffers_only) {
 void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
   const auto start = Clock::now();
   const Status status = request->wait_status();
-  const uint64_t waited = elapsed_ns(start, Clock::now());
+  const auto end = Clock::now();
+  const uint64_t waited = elapsed_ns(start, end);
   s.stats.boundary_wait_ns += waited;
   s.stats.last_boundary_wait_ns = waited;
   if (status != Status::Ok) {
@@ -473,6 +481,7 @@ void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
   const uint64_t collective = elapsed_ns(request->submitted_at(), request->completed_at());
   s.stats.collective_ns += collective;
   s.advisor.allreduce_completed(collective);
+  observe_collective(s, *request, start, end);
 }
 
 uint64_t consensus_checksum(const Engine::State& s) {
@@ -506,6 +515,7 @@ bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose) {
   std::memcpy(&mine, &value, sizeof mine);
   auto request = s.comm->allgather(&mine, all.data(), 1, DataType::I64, s.id(purpose));
   if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+  observe_control_collective(s, *request);
   return std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; });
 }
 
@@ -658,11 +668,13 @@ Engine::Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config)
   s.round_tau = config.tau;
   s.stats.world_size = s.comm->size();
   s.stats.resolved_outer_momentum = s.beta;
+  s.trace = Trace::from_environment(s.comm->rank(), s.owner);
 }
 
 Engine::~Engine() {
   if (state_ && state_->device) state_->device->drain(*state_);
   if (state_ && state_->pending) state_->pending->wait_status();
+  if (state_) finish_observing(*state_);
 }
 
 void Engine::register_tensor(const TensorDesc& t) {
@@ -841,7 +853,9 @@ void Engine::commit() {
 bool Engine::step(void* stream) {
   State& s = *state_;
   require_committed(s);
-  s.advisor.caller_entered(Clock::now());
+  const Clock::time_point entered = Clock::now();
+  if (s.trace) trace_caller_step(s, entered);
+  s.advisor.caller_entered(entered);
   s.advisor.step_ended();
   const AdvisorExitGuard left{s.advisor};
   ++s.stats.steps;
@@ -849,11 +863,14 @@ bool Engine::step(void* stream) {
   s.steps_in_round = 0;
   s.round_tau = s.config.tau;  // a tau change takes effect here
   ++s.stats.rounds;
+  const TraceSpan boundary(s.trace.get(), "boundary", "round", s.stats.rounds);
   check_comm(s);
   bool applied;
   const bool warmup = s.stats.rounds <= s.config.warmup_sync_rounds;
   if (s.device) {
-    if (!s.device->boundary(s, stream)) throw_nonfinite();
+    applied = s.device->boundary(s, stream);
+    observe_round(s);  // on every rank, applied or not: the agreements stay paired
+    if (!applied) throw_nonfinite();
     return true;
   }
   switch (s.config.algorithm) {
@@ -871,6 +888,7 @@ bool Engine::step(void* stream) {
       applied = sync_boundary(s);
       break;
   }
+  observe_round(s);
   if (!applied) throw_nonfinite();
   return true;
 }
@@ -883,8 +901,11 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
           "num_grads is " + std::to_string(num_grads) + " but " + std::to_string(s.num_trained) +
               " PARAMETER tensors are registered");
   check_comm(s);
-  s.advisor.caller_entered(Clock::now());
+  const Clock::time_point entered = Clock::now();
+  if (s.trace) trace_caller_step(s, entered);
+  s.advisor.caller_entered(entered);
   const AdvisorExitGuard left{s.advisor};
+  const TraceSpan call(s.trace.get(), "reduce-gradients");
   if (s.device) return s.device->reduce_gradients(s, grads, num_grads, stream);
   FloatBuffer* buffer = &s.comm_buffer;
   if (s.config.algorithm != Algorithm::Sync) {  // comm_buffer may hold an average in flight
@@ -921,6 +942,8 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
 void Engine::finalize() {
   State& s = *state_;
   require_committed(s);
+  const RoundsSettled settled(s, /*finalizing=*/true);
+  const TraceSpan call(s.trace.get(), "finalize");
   s.advisor.pause();
   if (s.config.algorithm != Algorithm::Co2) return synchronize();
   check_comm(s);
@@ -933,6 +956,8 @@ void Engine::finalize() {
 void Engine::synchronize() {
   State& s = *state_;
   require_committed(s);
+  const RoundsSettled settled(s, /*finalizing=*/false);
+  const TraceSpan call(s.trace.get(), "synchronize");
   s.advisor.pause();
   check_comm(s);
   if (s.device) return s.device->synchronize(s);
@@ -1057,9 +1082,7 @@ double Engine::get_param(Param key) const {
 EngineStats Engine::stats() const {
   if (state_->device && state_->committed) state_->device->fold_reports(*state_, /*wait=*/false);
   EngineStats out = state_->stats;
-  out.step_time_ns = state_->advisor.step_ns();
-  out.allreduce_time_ns = state_->advisor.allreduce_ns();
-  out.advised_tau = state_->advisor.advised_tau();
+  fill_observed_stats(*state_, out);
   return out;
 }
 

@@ -79,6 +79,13 @@ struct EngineStats {
   uint64_t step_time_ns = 0;
   uint64_t allreduce_time_ns = 0;
   uint32_t advised_tau = 0;
+  // Observability (runtime/observe.hpp, docs/observability.md).
+  uint64_t last_collective_ns = 0;
+  uint64_t last_round_ns = 0;
+  double hidden_fraction = 0.0;
+  double last_hidden_fraction = 0.0;
+  uint64_t rank_step_time_ns = 0;
+  uint64_t rank_allreduce_time_ns = 0;
 };
 
 using WriteFn = std::function<bool(const void* data, size_t length)>;

@@ -11,8 +11,10 @@
 #include "runtime/comm.hpp"
 #include "runtime/device/device_path.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/observe.hpp"
 #include "runtime/param_types.hpp"
 #include "runtime/tau_advisor.hpp"
+#include "runtime/trace.hpp"
 
 namespace co2 {
 
@@ -99,6 +101,8 @@ struct Engine::State {
 
   EngineStats stats;
   TauAdvisor advisor;  // step and all-reduce times -> the smallest tau that hides the all-reduce
+  Observer observer;   // the advice agreed across ranks, the round log line
+  std::unique_ptr<Trace> trace;  // CO2_TRACE only: every hook tests this pointer first
 
   // CUDA tensors (runtime/device/): the device path owns the outer state then, and the host
   // buffers above stay empty. placement: co2_device_kind_t of the tensors, -1 before the first.

@@ -58,11 +58,20 @@ class TauAdvisor {
   }
   // 0 until both are measured. Computed from the rounded values the statistics report, so a
   // caller can check advised * step_ns >= allreduce_ns > (advised - 1) * step_ns.
-  uint32_t advised_tau() const {
-    const uint64_t step = step_ns(), reduce = allreduce_ns();
-    if (step == 0 || allreduce_ns_ < 0) return 0;
-    const uint64_t tau = (reduce + step - 1) / step;
+  uint32_t advised_tau() const { return measured() ? advise(step_ns(), allreduce_ns()) : 0; }
+  bool measured() const { return step_ns() > 0 && allreduce_ns_ >= 0; }
+  // The smallest tau with tau * step >= allreduce, in [1, 1e9]; 0 when step is 0.
+  static uint32_t advise(uint64_t step, uint64_t allreduce) {
+    if (step == 0) return 0;
+    const uint64_t tau = allreduce / step + (allreduce % step != 0);
     return tau < 1 ? 1u : tau > 1000000000u ? 1000000000u : uint32_t(tau);
+  }
+  // When the caller left the engine, if it has not been paused since: the start of the step in
+  // progress (for the trace).
+  bool outside_since(Clock::time_point* since) const {
+    if (!outside_since_valid_) return false;
+    *since = outside_since_;
+    return true;
   }
 
  private:

@@ -270,6 +270,8 @@ class CudaPath final : public DevicePath {
       s.stats.collective_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                             in_flight_.front()->completed_at() - in_flight_.front()->submitted_at())
                                             .count());
+      const Clock::time_point now = Clock::now();
+      observe_collective(s, *in_flight_.front(), now, now);  // the host did not wait for it
       in_flight_.pop_front();
     }
   }

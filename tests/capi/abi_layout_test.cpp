@@ -135,7 +135,7 @@ TEST(AbiLayout, Segment) {
 
 TEST(AbiLayout, EngineStats) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_stats_t), 160u);
+  EXPECT_EQ(sizeof(co2_engine_stats_t), 208u);
   EXPECT_EQ(alignof(co2_engine_stats_t), 8u);
   EXPECT_OFFSET(co2_engine_stats_t, size, 0);
   EXPECT_OFFSET(co2_engine_stats_t, version, 8);
@@ -159,6 +159,13 @@ TEST(AbiLayout, EngineStats) {
   EXPECT_OFFSET(co2_engine_stats_t, allreduce_time_ns, 144);
   EXPECT_OFFSET(co2_engine_stats_t, advised_tau, 152);
   EXPECT_OFFSET(co2_engine_stats_t, reserved0, 156);
+  // 1.1: observability
+  EXPECT_OFFSET(co2_engine_stats_t, last_collective_ns, 160);
+  EXPECT_OFFSET(co2_engine_stats_t, last_round_ns, 168);
+  EXPECT_OFFSET(co2_engine_stats_t, hidden_fraction, 176);
+  EXPECT_OFFSET(co2_engine_stats_t, last_hidden_fraction, 184);
+  EXPECT_OFFSET(co2_engine_stats_t, rank_step_time_ns, 192);
+  EXPECT_OFFSET(co2_engine_stats_t, rank_allreduce_time_ns, 200);
 }
 
 TEST(AbiLayout, Allocator) {

@@ -32,7 +32,10 @@ _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduce
                  "nonfinite_rounds", "nonfinite_local", "anchor_checks",
                  "resolved_outer_momentum", "last_penalty_min", "last_penalty_max",
                  "last_clip_scale_min", "last_clip_fraction", "step_time_ns",
-                 "allreduce_time_ns", "advised_tau")
+                 "allreduce_time_ns", "advised_tau",
+                 # 1.1: observability (docs/observability.md)
+                 "last_collective_ns", "last_round_ns", "hidden_fraction",
+                 "last_hidden_fraction", "rank_step_time_ns", "rank_allreduce_time_ns")
 
 
 def engine_defaults():
@@ -238,7 +241,9 @@ class Engine(OwnsHandle):
 
     def stats(self):
         """Statistics as a dict: steps, rounds, outer_updates, bytes_reduced, collective_ns,
-        boundary_wait_ns (time the training thread waited for the network), ..."""
+        boundary_wait_ns (time the training thread waited for the network), hidden_fraction
+        (1 - boundary_wait_ns / collective_ns), last_hidden_fraction, advised_tau (the same
+        on every rank), ... (docs/capi.md, co2_engine_get_stats)."""
         raw = capi.engine_get_stats(self.handle)
         return {field: getattr(raw, field) for field in _STATS_FIELDS}
 

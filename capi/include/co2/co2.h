@@ -465,17 +465,31 @@ typedef struct co2_engine_stats {
     double last_clip_fraction;     /* value clip: fraction of momentum elements clamped;
                                       norm clip: fraction of segments scaled                   */
     /* The tau advisor (smoothed means; 0 until measured). A caller whose library predates
-     * these fields passes a smaller size and does not receive them. */
-    uint64_t step_time_ns;         /* one training step: the caller's time between engine calls */
-    uint64_t allreduce_time_ns;    /* one all-reduce, submit to completion                      */
+     * these fields passes a smaller size and does not receive them. Since 1.1 agreed by the
+     * ranks (the same on every rank), see rank_step_time_ns below for this rank's own. */
+    uint64_t step_time_ns;         /* one training step: the caller's time between engine calls,
+                                      of the slowest rank                                        */
+    uint64_t allreduce_time_ns;    /* one all-reduce, submit to completion, the shortest of the
+                                      ranks' (on the others it includes waiting for the slowest) */
     uint32_t advised_tau;          /* smallest tau with tau * step_time_ns >= allreduce_time_ns:
                                       the co2 all-reduce then finishes within the next round    */
     uint32_t reserved0;
+    /* Added in 1.1 -- observability: the overlap read without arithmetic. The collectives
+     * counted are those the training thread waited for (plus, on the device path, those the
+     * NCCL stream completed); 0 until the first one completed. */
+    uint64_t last_collective_ns;   /* submit to completion of the last one (co2: the all-reduce
+                                      of the round before the last boundary)                     */
+    uint64_t last_round_ns;        /* wall time between the last two boundaries                  */
+    double hidden_fraction;        /* 1 - boundary_wait_ns / collective_ns, in [0, 1]: the share
+                                      of collective time the training thread did not wait        */
+    double last_hidden_fraction;   /* 1 - last_boundary_wait_ns / last_collective_ns, in [0, 1]  */
+    uint64_t rank_step_time_ns;    /* this rank's own step time (what the ranks combine)         */
+    uint64_t rank_allreduce_time_ns; /* this rank's own all-reduce time                          */
 } co2_engine_stats_t;
 
 #define CO2_ENGINE_STATS_INIT                                                              \
     { sizeof(co2_engine_stats_t), CO2_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0,     \
-      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0 }
+      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0 }
 
 /* *stats = CO2_ENGINE_STATS_INIT, for languages that cannot use the macro. */
 co2_status_t co2_engine_stats_init(co2_engine_stats_t *stats);

@@ -403,3 +403,7 @@ def test_stats_is_a_dict():
         assert stats["steps"] == 4 and stats["rounds"] == 2 and stats["world_size"] == 1
         assert {"boundary_wait_ns", "collective_ns", "bytes_reduced",
                 "resolved_outer_momentum", "advised_tau"} <= stats.keys()
+        # 1.1: the overlap read directly, and this rank's own advisor inputs
+        assert {"last_collective_ns", "last_round_ns", "hidden_fraction", "last_hidden_fraction",
+                "rank_step_time_ns", "rank_allreduce_time_ns"} <= stats.keys()
+        assert 0.0 <= stats["hidden_fraction"] <= 1.0 and stats["last_round_ns"] > 0

@@ -390,6 +390,12 @@ mutable struct co2_engine_stats_t
     allreduce_time_ns::UInt64
     advised_tau::UInt32
     reserved0::UInt32
+    last_collective_ns::UInt64
+    last_round_ns::UInt64
+    hidden_fraction::Cdouble
+    last_hidden_fraction::Cdouble
+    rank_step_time_ns::UInt64
+    rank_allreduce_time_ns::UInt64
 end
 
 const _co2_engine_stats_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -480,7 +486,7 @@ CO2_ALLOCATOR_INIT() = co2_allocator_t(
     Ptr{Cvoid}(C_NULL),
 )
 CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
-    Csize_t(160),
+    Csize_t(208),
     UInt32(1),
     Int32(0),
     UInt64(0),
@@ -502,6 +508,12 @@ CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
     UInt64(0),
     UInt32(0),
     UInt32(0),
+    UInt64(0),
+    UInt64(0),
+    Cdouble(0.0),
+    Cdouble(0.0),
+    UInt64(0),
+    UInt64(0),
 )
 
 # ---- struct layouts as clang computed them for the generating target (bytes) ----
@@ -513,7 +525,7 @@ const LAYOUT = (
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),
     co2_segment_t = (size = 40, align = 8, offsets = (size = 0, name = 8, offset = 16, count = 24, role = 32, reserved0 = 36,)),
     co2_allocator_t = (size = 32, align = 8, offsets = (size = 0, user = 8, allocate = 16, release = 24,)),
-    co2_engine_stats_t = (size = 160, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156,)),
+    co2_engine_stats_t = (size = 208, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156, last_collective_ns = 160, last_round_ns = 168, hidden_fraction = 176, last_hidden_fraction = 184, rank_step_time_ns = 192, rank_allreduce_time_ns = 200,)),
 )
 
 # ---- symbol binding: CO2.jl's __init__ calls this with the dlopen'ed libco2 ----

@@ -1321,12 +1321,18 @@ pub struct co2_engine_stats {
     pub allreduce_time_ns: u64,
     pub advised_tau: u32,
     pub reserved0: u32,
+    pub last_collective_ns: u64,
+    pub last_round_ns: u64,
+    pub hidden_fraction: f64,
+    pub last_hidden_fraction: f64,
+    pub rank_step_time_ns: u64,
+    pub rank_allreduce_time_ns: u64,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_stats() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_stats>(),
-        160usize,
+        208usize,
         concat!("Size of: ", stringify!(co2_engine_stats))
     );
     assert_eq!(
@@ -1708,6 +1714,108 @@ fn bindgen_test_layout_co2_engine_stats() {
         );
     }
     test_field_reserved0();
+    fn test_field_last_collective_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).last_collective_ns) as usize - ptr as usize
+            },
+            160usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(last_collective_ns)
+            )
+        );
+    }
+    test_field_last_collective_ns();
+    fn test_field_last_round_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).last_round_ns) as usize - ptr as usize
+            },
+            168usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(last_round_ns)
+            )
+        );
+    }
+    test_field_last_round_ns();
+    fn test_field_hidden_fraction() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).hidden_fraction) as usize - ptr as usize
+            },
+            176usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(hidden_fraction)
+            )
+        );
+    }
+    test_field_hidden_fraction();
+    fn test_field_last_hidden_fraction() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).last_hidden_fraction) as usize - ptr as usize
+            },
+            184usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(last_hidden_fraction)
+            )
+        );
+    }
+    test_field_last_hidden_fraction();
+    fn test_field_rank_step_time_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rank_step_time_ns) as usize - ptr as usize
+            },
+            192usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(rank_step_time_ns)
+            )
+        );
+    }
+    test_field_rank_step_time_ns();
+    fn test_field_rank_allreduce_time_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rank_allreduce_time_ns) as usize - ptr as usize
+            },
+            200usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(rank_allreduce_time_ns)
+            )
+        );
+    }
+    test_field_rank_allreduce_time_ns();
 }
 pub type co2_engine_stats_t = co2_engine_stats;
 extern "C" {

@@ -31,7 +31,20 @@ pub struct Stats {
     /// One all-reduce, submit to completion.
     pub allreduce_time_ns: u64,
     /// Smallest tau with tau * step_time_ns >= allreduce_time_ns; 0 until measured.
+    /// The ranks agree on it (and on the two times): the same on every rank.
     pub advised_tau: u32,
+    /// Submit to completion of the last collective the training thread waited for.
+    pub last_collective_ns: u64,
+    /// Wall time between the last two boundaries.
+    pub last_round_ns: u64,
+    /// 1 - boundary_wait_ns / collective_ns, in [0, 1]: the share of collective time hidden.
+    pub hidden_fraction: f64,
+    /// 1 - last_boundary_wait_ns / last_collective_ns, in [0, 1].
+    pub last_hidden_fraction: f64,
+    /// This rank's own step time (the ranks combine these into step_time_ns).
+    pub rank_step_time_ns: u64,
+    /// This rank's own all-reduce time.
+    pub rank_allreduce_time_ns: u64,
 }
 
 impl From<&sys::co2_engine_stats_t> for Stats {
@@ -56,6 +69,12 @@ impl From<&sys::co2_engine_stats_t> for Stats {
             step_time_ns: s.step_time_ns,
             allreduce_time_ns: s.allreduce_time_ns,
             advised_tau: s.advised_tau,
+            last_collective_ns: s.last_collective_ns,
+            last_round_ns: s.last_round_ns,
+            hidden_fraction: s.hidden_fraction,
+            last_hidden_fraction: s.last_hidden_fraction,
+            rank_step_time_ns: s.rank_step_time_ns,
+            rank_allreduce_time_ns: s.rank_allreduce_time_ns,
         }
     }
 }
