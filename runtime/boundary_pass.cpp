@@ -97,7 +97,7 @@ bool update_result_finite_typed(const float* a, const float* m, const float* c, 
   return all_finite_in_lanes(n, [&](size_t j, float& probe) {
     // The expressions of boundary_pass_segment, so that the verdict is the pass's own.
     const float m_new = clip_momentum<kValueClip>(momentum_candidate(m[j], c[j], k), k, &clamped);
-    const float anchor_new = a[j] - k.alpha * outer_step<kNesterov>(m_new, c[j], k);
+    const float anchor_new = k.anchor_weight * a[j] - k.alpha * outer_step<kNesterov>(m_new, c[j], k);
     probe += m_new * 0.0f + anchor_new * 0.0f;
   });
 }
@@ -116,13 +116,13 @@ double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
 
 template <typename P>
 bool apply_prepared_segment(P* __restrict__ p, float* __restrict__ a, const float* __restrict__ c,
-                            size_t n) {
+                            size_t n, float anchor_weight) {
   float probe[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   return finite_in_blocks(n, probe, [&](size_t base, int first_lane, auto lane_count) {
     constexpr int lanes = decltype(lane_count)::value;
     float delta[lanes];
     // The fused pass's expression: bit-identical deltas.
-    for (int l = 0; l < lanes; ++l) delta[l] = a[base + l] - widen(p[base + l]);
+    for (int l = 0; l < lanes; ++l) delta[l] = anchor_weight * a[base + l] - widen(p[base + l]);
     for (int l = 0; l < lanes; ++l) probe[first_lane + l] += delta[l] * 0.0f;
     for (int l = 0; l < lanes; ++l) a[base + l] = delta[l];
     for (int l = 0; l < lanes; ++l) p[base + l] = narrow<P>(c[base + l]);
@@ -162,7 +162,7 @@ bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, f
 }
 
 #define CO2_PARAM_TYPE_INSTANCES(P)                                                      \
-  template bool apply_prepared_segment<P>(P*, float*, const float*, size_t);             \
+  template bool apply_prepared_segment<P>(P*, float*, const float*, size_t, float);      \
   template bool eager_boundary_segment<P>(P*, const float*, const float*, float*, float*, \
                                           float*, size_t, const EagerCoefficients&);
 CO2_PARAM_TYPE_INSTANCES(float)

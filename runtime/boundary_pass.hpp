@@ -26,6 +26,10 @@ struct OuterCoefficients {
   float lambda = 1.0f;      // staleness penalty of this segment
   float norm_scale = 1.0f;  // norm clipping factor min(1, phi/||u||), 1 when not clipping
   float clip_value = 0.0f;  // phi of value clipping
+  // What deltas and the update start from: anchor_weight * a. 1 for PARAMETER segments; 0 for
+  // co2's BUFFER segments, which send their values (d = -p) and take the average of the values
+  // (a <- -(-p)bar): a statistic measured from a stale anchor overshoots (docs/algorithm.md).
+  float anchor_weight = 1.0f;
 };
 
 // u = beta*m + lambda*c: the unclipped new momentum.
@@ -121,8 +125,9 @@ PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float
   // into vector instructions.
   auto block = [&](size_t base, int first_lane, auto lane_count) {
     constexpr int lanes = decltype(lane_count)::value;
-    float anchor_old[kNormLanes], anchor_new[kNormLanes], step[kNormLanes];
+    float anchor_old[kNormLanes], anchor_new[kNormLanes], step[kNormLanes], base_value[kNormLanes];
     for (int l = 0; l < lanes; ++l) anchor_new[l] = anchor_old[l] = a[base + l];
+    for (int l = 0; l < lanes; ++l) base_value[l] = k.anchor_weight * anchor_old[l];  // exact for 1
     if (kUpdate) {
       for (int l = 0; l < lanes; ++l) {
         const float average = c[base + l];
@@ -131,7 +136,7 @@ PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float
             clip_momentum<kValueClip>(momentum_candidate(m_old, average, k), k, &clamped_lane[first_lane + l]);
         step[l] = outer_step<kNesterov>(m_new, average, k);
         if (kMomentum) m[base + l] = m_new;
-        anchor_new[l] = anchor_old[l] - k.alpha * step[l];
+        anchor_new[l] = base_value[l] - k.alpha * step[l];
       }
       for (int l = 0; l < lanes; ++l) square_lane[first_lane + l] += step[l] * step[l];
       // Finite inputs can still overflow (a - alpha*s beyond FLT_MAX): the result is checked too.
@@ -145,7 +150,7 @@ PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float
     }
     if (kWriteDelta) {
       for (int l = 0; l < lanes; ++l) {
-        const float delta = anchor_old[l] - widen(p[base + l]);
+        const float delta = base_value[l] - widen(p[base + l]);
         nan_probe[first_lane + l] += delta * 0.0f;  // stays 0 unless delta is NaN or infinite
         c[base + l] = delta;
       }
@@ -206,11 +211,11 @@ inline PassResult run_boundary_pass(const PassFlags& flags, std::nullptr_t, floa
 double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
                                       const OuterCoefficients& k);
 
-// The second half of the split pass, at the boundary: a <- a - p (the delta, written into the
-// anchor's buffer, which the engine then swaps with the comm buffer), p <- c (the prepared next
-// anchor). Returns whether every delta was finite.
+// The second half of the split pass, at the boundary: a <- w*a - p (the delta, written into the
+// anchor's buffer, which the engine then swaps with the comm buffer; w = anchor_weight), p <- c
+// (the prepared next anchor). Returns whether every delta was finite.
 template <typename P>
-bool apply_prepared_segment(P* p, float* a, const float* c, size_t n);
+bool apply_prepared_segment(P* p, float* a, const float* c, size_t n, float anchor_weight = 1.0f);
 
 // The eager policy's rank-local correction (docs/algorithm.md, "The eager policy").
 struct EagerCoefficients {

@@ -333,6 +333,14 @@ void Engine::load(const ReadFn& read) {
   require(std::memcmp(trailer, kTrailer, sizeof trailer) == 0, Status::CheckpointCorrupt,
           "checkpoint trailer missing: the blob is truncated or corrupted");
 
+  // A co2 average that was not prepared comes from a 1.0 blob (1.1 saves it prepared, unless it
+  // was refused as non-finite): its BUFFER part is a delta from the anchor, where 1.1 sends
+  // values (OuterCoefficients::anchor_weight). As values it applies what 1.0 would have.
+  if ((h.flags & kHasAverage) && !prepared && config.algorithm == Algorithm::Co2 && !anchor.empty())
+    for (const Segment& seg : s.segments)
+      if (seg.role == Role::Buffer)
+        for (size_t i = seg.state_offset; i < seg.state_offset + seg.count; ++i) average.data()[i] -= anchor.data()[i];
+
   // Commit. An all-reduce still in flight writes into the old comm buffer: finish it first.
   if (s.pending) s.pending->wait_status();
   s.pending.reset();

@@ -216,12 +216,25 @@ double segment_lambda(const OuterSettings& o, GapHistory& h) {
   return 1.0;
 }
 
+// 0 for a BUFFER segment whose values travel instead of its delta (co2), else 1.
+float buffer_anchor_weight(bool buffer_values, const Segment& seg) {
+  return buffer_values && seg.role == Role::Buffer ? 0.0f : 1.0f;
+}
+
+// The coefficients of a pass that only writes deltas (no update).
+OuterCoefficients delta_coefficients(const S& s, const Segment& seg) {
+  OuterCoefficients k;
+  k.anchor_weight = buffer_anchor_weight(s.config.algorithm == Algorithm::Co2, seg);
+  return k;
+}
+
 // Flags and coefficients of one segment's outer update. PARAMETER segments take the settings and
 // advance their gap history; BUFFER segments are only averaged: alpha = 1, beta = 0,
 // lambda = 1, no clip. m and c (the average) feed norm clipping.
 void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
                          const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
   flags->update = true;
+  k->anchor_weight = buffer_anchor_weight(o.buffer_values, seg);
   if (seg.role != Role::Parameter) return;
   const double lambda = segment_lambda(o, h);
   sum->penalty_min = std::min(sum->penalty_min, lambda);
@@ -276,7 +289,7 @@ bool write_deltas(S& s) {
     const PassFlags flags{false, false, false, false, true};
     const PassResult r = with_params(seg, [&](auto* p) {
       return run_boundary_pass(flags, p, s.anchor.data() + off, nullptr, s.comm_buffer.data() + off, seg.count,
-                               OuterCoefficients{});
+                               delta_coefficients(s, seg));
     });
     delta_finite = delta_finite && r.delta_finite;
   }
@@ -337,6 +350,7 @@ OuterSettings outer_settings_of(const Engine::State& s) {
   o.clip_threshold = s.config.clip_threshold;
   o.penalty = s.config.penalty;
   o.penalty_constant = s.config.penalty_constant;
+  o.buffer_values = s.config.algorithm == Algorithm::Co2;
   return o;
 }
 
@@ -385,7 +399,8 @@ bool apply_prepared(S& s, bool write_delta, bool params_current = false) {
       if (seg.role != Role::Excluded)
         delta_finite = with_params(seg, [&](auto* p) {
                          return apply_prepared_segment(p, s.anchor.data() + seg.state_offset,
-                                                       s.comm_buffer.data() + seg.state_offset, seg.count);
+                                                       s.comm_buffer.data() + seg.state_offset, seg.count,
+                                                       delta_coefficients(s, seg).anchor_weight);
                        }) && delta_finite;
     std::swap(s.anchor, s.comm_buffer);
   } else {
@@ -429,9 +444,10 @@ bool eager_boundary(S& s, bool update) {
       if (seg.role == Role::Parameter)
         return eager_boundary_segment(p, anchor, next, s.eager_offset.data() + off,
                                       k.momentum ? s.eager_momentum.data() + off : nullptr, delta, seg.count, k);
-      if (update) return apply_prepared_segment(p, anchor, comm, seg.count);
+      const OuterCoefficients k_buffer = delta_coefficients(s, seg);
+      if (update) return apply_prepared_segment(p, anchor, comm, seg.count, k_buffer.anchor_weight);
       const PassFlags flags{false, false, false, false, true};
-      return run_boundary_pass(flags, p, anchor, nullptr, comm, seg.count, OuterCoefficients{}).delta_finite;
+      return run_boundary_pass(flags, p, anchor, nullptr, comm, seg.count, k_buffer).delta_finite;
     });
     delta_finite = delta_finite && finite;
   }
@@ -577,14 +593,16 @@ bool co2_boundary(S& s) {
 }
 
 bool diloco_boundary(S& s) {
-  // c = a - p, averaged with a blocking all-reduce.
+  // c = a - p (a co2 engine's warm-up: -p for BUFFER segments), averaged with a blocking
+  // all-reduce.
   float* comm = s.comm_buffer.data();
   for (const Segment& seg : s.segments) {
     if (seg.role == Role::Excluded) continue;
     const float* a = s.anchor.data() + seg.state_offset;
     float* c = comm + seg.state_offset;
+    const float w = delta_coefficients(s, seg).anchor_weight;
     with_params(seg, [&](auto* p) {
-      for (size_t i = 0; i < seg.count; ++i) c[i] = a[i] - widen(p[i]);
+      for (size_t i = 0; i < seg.count; ++i) c[i] = w * a[i] - widen(p[i]);
     });
   }
   // Prepared like co2's update, so that a result that overflows is found before the anchor

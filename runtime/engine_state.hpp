@@ -35,6 +35,7 @@ struct OuterSettings {
   double clip_threshold = 1.0;
   Penalty penalty = Penalty::None;
   double penalty_constant = 1.0;
+  bool buffer_values = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
 };
 
 // What an outer update reports to the statistics.

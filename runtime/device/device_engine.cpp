@@ -75,6 +75,7 @@ class CudaPath final : public DevicePath {
     averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr, &why);
     comm_stream_ = averaging_ == Averaging::Collective ? as_stream(s.comm->collective_stream()) : own_stream_->get();
     build_tables(s);
+    buffer_values_ = s.config.algorithm == Algorithm::Co2;
     const size_t bytes = s.state_count * sizeof(float);
     comm_ = alloc(s, bytes);
     if (s.has_anchor()) anchor_ = alloc(s, bytes);
@@ -379,6 +380,7 @@ class CudaPath final : public DevicePath {
     c.momentum = !momentum_.empty();
     c.update_requested = update_requested;
     c.write_delta = write_delta;
+    c.buffer_values = buffer_values_;  // by algorithm: also before the first prepared settings
     return c;
   }
 
@@ -670,7 +672,8 @@ class CudaPath final : public DevicePath {
   PinnedMemory average_flag_host_;  // collective path: the arrived average's finiteness
   std::atomic<bool> staged_average_nonfinite_{false};  // staged path: set by the progress thread
   int nonfinite_reported_early_ = 0;
-  void* caller_stream_ = nullptr;  // of the last boundary or reduce_gradients; legacy default before  // co2 boundaries that reported before their report folded
+  void* caller_stream_ = nullptr;
+  bool buffer_values_ = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)  // of the last boundary or reduce_gradients; legacy default before  // co2 boundaries that reported before their report folded
   kernels::Tables t_;
   CudaEvent average_ready_, pass_done_, staged_out_, ordered_, averaged_;
   std::vector<std::unique_ptr<CudaEvent>> report_ready_;

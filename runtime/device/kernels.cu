@@ -135,18 +135,20 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
       if (!in[b]) continue;
       const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
       const float anchor_old = av[b];
+      // OuterCoefficients::anchor_weight, as on the host.
+      const float base_value = (c.buffer_values && !seg.is_parameter ? 0.0f : 1.0f) * anchor_old;
       float anchor_new = anchor_old;
       if (update) {
         const float average = cv[b];
         const float m_new = clip_momentum<kValueClip>(momentum_candidate(mv[b], average, k), k, clamped);
         const float step = nesterov ? outer_step<true>(m_new, average, k) : outer_step<false>(m_new, average, k);
         if (momentum) m[i] = m_new;
-        anchor_new = anchor_old - k.alpha * step;
+        anchor_new = base_value - k.alpha * step;
         a[i] = anchor_new;
         *step_squares += double(step) * double(step);
       }
       if (c.write_delta) {
-        const float delta = anchor_old - pv[b];
+        const float delta = base_value - pv[b];
         *probe += delta * 0.0f;
         cb[i] = delta;
       }

@@ -56,6 +56,7 @@ struct Config {
   bool momentum = false;       // the momentum buffer exists (beta > 0 or Nesterov)
   bool update_requested = false;  // an average is in the comm buffer (applied if it is finite)
   bool write_delta = false;    // c <- a - p (co2, and diloco's first pass)
+  bool buffer_values = false;  // co2: BUFFER segments send -p and take the average of the values
 };
 
 // Device pointers of the engine's device state.

@@ -192,11 +192,16 @@ struct Reference {
         }
   }
 
-  // a <- a - alpha * s of the average `avg` (BUFFER tensors: a <- a - avg).
+  // co2's BUFFER tensors carry their values (the deltas and the update start from 0).
+  double anchor_weight(size_t t) const {
+    return !trained(t) && (algo == Algo::Co2Delayed || algo == Algo::Co2Eager) ? 0.0 : 1.0;
+  }
+
+  // a <- a - alpha * s of the average `avg` (BUFFER tensors: a <- w*a - avg).
   void update(size_t t, const std::vector<double>& avg) {
     for (size_t i = 0; i < avg.size(); ++i) {
       if (!trained(t)) {
-        anchor[t][i] -= avg[i];
+        anchor[t][i] = anchor_weight(t) * anchor[t][i] - avg[i];
         continue;
       }
       momentum[t][i] = kBeta * momentum[t][i] + avg[i];
@@ -220,7 +225,7 @@ struct Reference {
       std::vector<std::vector<double>> delta(static_cast<size_t>(world), std::vector<double>(n));
       for (int r = 0; r < world; ++r)
         for (size_t i = 0; i < n; ++i) {
-          const double start = anchor[t][i] + (eager ? offset[size_t(r)][t][i] : 0.0);
+          const double start = anchor_weight(t) * anchor[t][i] + (eager ? offset[size_t(r)][t][i] : 0.0);
           delta[size_t(r)][i] = start - params[size_t(r)][t][i];
           mean[i] += delta[size_t(r)][i] / world;
         }

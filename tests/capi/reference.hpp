@@ -13,7 +13,8 @@
 //  - localsgd: p_i <- (1/W) Σ p_i every τ steps.
 //  - sync: step only counts; every τ steps BUFFER segments are averaged; gradients are averaged
 //    by reduce_gradients (average_gradients below).
-//  - BUFFER segments: α = 1, β = 0, Λ = 1, no clip: a_b <- a_b - Δ̄_b; no part in norms.
+//  - BUFFER segments: α = 1, β = 0, Λ = 1, no clip: a_b <- a_b - Δ̄_b; no part in norms. Under
+//    co2 they carry values: d_b = -p_b and a_b <- -Δ̄_b (the stale average of the values).
 //  - penalties none / constant / gap; clip none / value / norm.
 //  - non-finite rules: co2 skips a non-finite arriving average (a, m, history unchanged) and
 //    still sets the next pending average and p <- a; a non-finite local delta is counted per
@@ -104,6 +105,11 @@ class Reference {
       n_ += s.count;
     }
     beta_ = cfg_.beta < 0 ? auto_beta(world_size) : cfg_.beta;
+    // co2's BUFFER segments carry their values: deltas and updates start from 0, not the anchor.
+    anchor_weight_.assign(n_, 1.0);
+    for (size_t l = 0; l < segs_.size(); ++l)
+      if (segs_[l].buffer && cfg_.algo == Algo::Co2)
+        std::fill(anchor_weight_.begin() + long(offsets_[l]), anchor_weight_.begin() + long(offsets_[l] + segs_[l].count), 0.0);
     tau_current_ = tau_next_ = cfg_.tau;
     // Commit: rank 0's PARAMETER and BUFFER values into every rank's p and the anchor.
     p_.assign(world_size, rank0_init);
@@ -219,7 +225,7 @@ class Reference {
   std::vector<std::vector<double>> deltas() const {
     std::vector<std::vector<double>> d(world_, std::vector<double>(n_));
     for (int r = 0; r < world_; ++r)
-      for (size_t i = 0; i < n_; ++i) d[r][i] = (a_[i] + e_[r][i]) - p_[r][i];
+      for (size_t i = 0; i < n_; ++i) d[r][i] = (anchor_weight_[i] * a_[i] + e_[r][i]) - p_[r][i];
     return d;
   }
   void clear_eager() {
@@ -353,8 +359,9 @@ class Reference {
     for (size_t l = 0; l < segs_.size(); ++l) {
       const size_t o = offsets_[l], n = segs_[l].count;
       if (segs_[l].buffer) {
-        // α = 1, β = 0, Λ = 1, no clip: a_b <- a_b - Δ̄_b.
-        for (size_t i = 0; i < n; ++i) a_[o + i] = a_[o + i] - avg[o + i];
+        // α = 1, β = 0, Λ = 1, no clip: a_b <- a_b - Δ̄_b; co2: a_b <- 0 - (-p)‾ = p̄ (the values
+        // travelled, one round stale).
+        for (size_t i = 0; i < n; ++i) a_[o + i] = anchor_weight_[o + i] * a_[o + i] - avg[o + i];
         continue;
       }
       // Λ_l.
@@ -437,6 +444,7 @@ class Reference {
 
   std::vector<std::vector<double>> p_;
   std::vector<double> a_, m_, pending_;
+  std::vector<double> anchor_weight_;  // per element: 0 for co2 BUFFER elements, else 1
   std::vector<std::vector<double>> e_, q_;  // eager: per rank offset and own-delta momentum
   bool pending_valid_ = false;
   std::vector<double> gap_prev_, gap_sum_;
