@@ -135,15 +135,6 @@ enum {
     CO2_CLIP_NORM = 2    /* per segment, m <- m * min(1, phi / ||m||)               */
 };
 
-/* How the outer all-reduce of co2 and diloco travels (added in 1.1; docs/capi.md, "Wire
- * formats"). Accumulation is always fp32 and the result is bit-identical on every rank. */
-typedef int32_t co2_wire_format_t;
-enum {
-    CO2_WIRE_FP32 = 0, /* 4 bytes per value, exact                                          */
-    CO2_WIRE_BF16 = 1, /* 2 bytes per value, round to nearest even                          */
-    CO2_WIRE_INT8 = 2  /* 1 byte per value + one fp32 scale per 128 values (max|x| / 127)  */
-};
-
 typedef int32_t co2_tensor_role_t;
 enum {
     CO2_ROLE_PARAMETER = 0, /* trained: takes part in the outer update                       */
@@ -167,6 +158,15 @@ typedef int32_t co2_consensus_t;
 enum {
     CO2_CONSENSUS_ANCHOR = 0,       /* the current anchor (no communication)       */
     CO2_CONSENSUS_LOCAL_AVERAGE = 1 /* the average of the ranks' current parameters (collective) */
+};
+
+/* How the outer all-reduce of co2 and diloco travels (added in 1.1; docs/capi.md, "Wire
+ * formats"). Accumulation is always fp32 and the result is bit-identical on every rank. */
+typedef int32_t co2_wire_format_t;
+enum {
+    CO2_WIRE_FP32 = 0, /* 4 bytes per value, exact                                          */
+    CO2_WIRE_BF16 = 1, /* 2 bytes per value, round to nearest even                          */
+    CO2_WIRE_INT8 = 2  /* 1 byte per value + one fp32 scale per 128 values (max|x| / 127)  */
 };
 
 /* ------------------------------------------------------------------------------------------ */

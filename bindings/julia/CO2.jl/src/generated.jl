@@ -16,6 +16,7 @@ const CO2_DEFAULT_CLIP_THRESHOLD = Cdouble(1.0)
 const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL = Cuint(100)
 const CO2_EAGER_AUTO = Cint(-1)
 const CO2_DEFAULT_EAGER = Cint(-1)
+const CO2_DEFAULT_ERROR_FEEDBACK = Cint(1)
 
 const co2_status_t = Int32
 
@@ -124,6 +125,12 @@ const co2_consensus_t = Int32
 
 const CO2_CONSENSUS_ANCHOR = Cint(0)
 const CO2_CONSENSUS_LOCAL_AVERAGE = Cint(1)
+
+const co2_wire_format_t = Int32
+
+const CO2_WIRE_FP32 = Cint(0)
+const CO2_WIRE_BF16 = Cint(1)
+const CO2_WIRE_INT8 = Cint(2)
 
 mutable struct co2_comm end  # opaque handle target
 const co2_comm_t = Ptr{co2_comm}
@@ -234,6 +241,8 @@ mutable struct co2_engine_config_t
     reserved0::Int32
     eager::Int32
     reserved1::Int32
+    wire_format::co2_wire_format_t
+    error_feedback::Int32
 end
 
 const _co2_engine_config_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -381,6 +390,8 @@ mutable struct co2_engine_stats_t
     allreduce_time_ns::UInt64
     advised_tau::UInt32
     reserved0::UInt32
+    wire_bytes_last_round::UInt64
+    wire_bytes_total::UInt64
 end
 
 const _co2_engine_stats_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -425,7 +436,7 @@ CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     UInt64(1048576),
 )
 CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
-    Csize_t(96),
+    Csize_t(104),
     UInt32(1),
     co2_algorithm_t(0),
     UInt32(12),
@@ -443,6 +454,8 @@ CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
     Int32(0),
     Int32(-1),
     Int32(0),
+    co2_wire_format_t(0),
+    Int32(1),
 )
 CO2_TENSOR_INIT() = co2_tensor_t(
     Csize_t(48),
@@ -469,7 +482,7 @@ CO2_ALLOCATOR_INIT() = co2_allocator_t(
     Ptr{Cvoid}(C_NULL),
 )
 CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
-    Csize_t(160),
+    Csize_t(176),
     UInt32(1),
     Int32(0),
     UInt64(0),
@@ -491,6 +504,8 @@ CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
     UInt64(0),
     UInt32(0),
     UInt32(0),
+    UInt64(0),
+    UInt64(0),
 )
 
 # ---- struct layouts as clang computed them for the generating target (bytes) ----
@@ -498,11 +513,11 @@ const GENERATED_ON_WORD_SIZE = 64
 const LAYOUT = (
     co2_comm_config_t = (size = 48, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40,)),
     co2_unique_id_t = (size = 128, align = 1, offsets = (internal = 0,)),
-    co2_engine_config_t = (size = 96, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92,)),
+    co2_engine_config_t = (size = 104, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92, wire_format = 96, error_feedback = 100,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),
     co2_segment_t = (size = 40, align = 8, offsets = (size = 0, name = 8, offset = 16, count = 24, role = 32, reserved0 = 36,)),
     co2_allocator_t = (size = 32, align = 8, offsets = (size = 0, user = 8, allocate = 16, release = 24,)),
-    co2_engine_stats_t = (size = 160, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156,)),
+    co2_engine_stats_t = (size = 176, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156, wire_bytes_last_round = 160, wire_bytes_total = 168,)),
 )
 
 # ---- symbol binding: CO2.jl's __init__ calls this with the dlopen'ed libco2 ----

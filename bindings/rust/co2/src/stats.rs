@@ -32,6 +32,10 @@ pub struct Stats {
     pub allreduce_time_ns: u64,
     /// Smallest tau with tau * step_time_ns >= allreduce_time_ns; 0 until measured.
     pub advised_tau: u32,
+    /// Compressed outer all-reduce: bytes this rank sent for the last outer all-reduce ...
+    pub wire_bytes_last_round: u64,
+    /// ... and for all of them (`bytes_reduced` is the fp32 payload).
+    pub wire_bytes_total: u64,
 }
 
 impl From<&sys::co2_engine_stats_t> for Stats {
@@ -56,6 +60,8 @@ impl From<&sys::co2_engine_stats_t> for Stats {
             step_time_ns: s.step_time_ns,
             allreduce_time_ns: s.allreduce_time_ns,
             advised_tau: s.advised_tau,
+            wire_bytes_last_round: s.wire_bytes_last_round,
+            wire_bytes_total: s.wire_bytes_total,
         }
     }
 }
