@@ -49,21 +49,25 @@ void encode_int8(const float* in, size_t count, std::byte* out) {
   std::byte* codes = out + n_groups * sizeof(float);
   for (size_t g = 0; g < n_groups; ++g) {
     const size_t begin = g * kInt8Group, end = std::min(count, begin + kInt8Group);
-    float absmax = 0.0f;
-    bool finite = true;
+    // Branch-free passes (they vectorise): x * 0 is 0 for finite x and NaN for NaN or Inf.
+    float absmax = 0.0f, probe = 0.0f;
     for (size_t i = begin; i < end; ++i) {
-      finite = finite && std::isfinite(in[i]);
       absmax = std::max(absmax, std::fabs(in[i]));
+      probe += in[i] * 0.0f;
     }
+    const bool finite = probe == 0.0f;
     float scale = finite ? absmax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-    // A scale that underflows to zero (absmax below 127 * FLT_TRUE_MIN) sends the group as zeros.
-    const bool zero = !(scale > 0.0f);
-    if (zero && finite) scale = 0.0f;
+    float inverse = finite && absmax > 0.0f ? 127.0f / absmax : 0.0f;
+    // A group so small that its scale or inverse leaves the float range (absmax below about
+    // 1e-36) travels as zeros; error feedback keeps it.
+    if (finite && !(scale > 0.0f && inverse <= std::numeric_limits<float>::max())) scale = inverse = 0.0f;
     std::memcpy(out + g * sizeof(float), &scale, sizeof scale);
     for (size_t i = begin; i < end; ++i) {
-      int q = 0;
-      if (!zero) q = int(std::clamp(std::nearbyint(in[i] / scale), -127.0f, 127.0f));
-      codes[i] = std::byte(uint8_t(int8_t(q)));
+      // Any rounding is correct (error feedback keeps what it drops); half away from zero is
+      // the cheapest. |x| * 127 / absmax <= 127 up to one rounding: the clamp keeps it a byte.
+      const float r = in[i] * inverse;
+      const int q = int(r + (r >= 0.0f ? 0.5f : -0.5f));
+      codes[i] = std::byte(uint8_t(int8_t(std::clamp(q, -127, 127))));
     }
   }
 }

@@ -1000,6 +1000,11 @@ TEST(CompressedAllReduce, CodecRoundTripsAndBoundaries) {
   for (size_t i = 0; i < 128; ++i) ASSERT_EQ(out[i], 0.0f) << i;  // an all-zero group
   EXPECT_EQ(out[200], 2.0f);                                      // the largest is exact
   EXPECT_TRUE(std::isnan(out[260]));  // the non-finite group
+  // A group too small for a finite inverse scale travels as zeros (not NaN).
+  std::vector<float> tiny(5, 1e-40f);
+  co2::wire_encode(WireFormat::Int8, tiny.data(), tiny.size(), int8.data());
+  co2::wire_decode(WireFormat::Int8, int8.data(), tiny.size(), out.data(), false);
+  for (size_t i = 0; i < tiny.size(); ++i) EXPECT_EQ(out[i], 0.0f) << i;
   EXPECT_THROW(co2::wire_format_of(3), co2::Error);
 }
 
