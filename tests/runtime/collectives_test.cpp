@@ -916,9 +916,10 @@ TEST_P(CompressedAllReduce, BitIdenticalAndWithinTheFormatsErrorOfTheFloat64Aver
     // What the encodings dropped accounts for the whole difference: the error-feedback invariant.
     ASSERT_NEAR(sum - residual_sum, ranks * result, 1e-5 * largest * ranks) << "element " << i;
   }
-  if (ranks == 1)  // alone: the format's round trip, dropping exactly the residual
+  if (ranks == 1) {  // alone: the format's round trip, dropping exactly the residual
     for (size_t i = 0; i < count; ++i)
       ASSERT_EQ(buffers[0][i] + residuals[0][i], inputs[0][i]) << "element " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -966,9 +967,10 @@ TEST(CompressedAllReduce, ErrorFeedbackKeepsTheAccumulatedAverageOnTheFloat64Ref
           const double error = std::fabs(accumulated[i] - rounds * exact[i]);
           drift[feedback] += error;
           // With feedback: bounded by (about) one round's error, whatever the number of rounds.
-          if (feedback)
+          if (feedback) {
             ASSERT_LE(error, 2.0 * format_tolerance(format) * largest * ranks)
                 << wire_format_name(format) << " W=" << ranks << " element " << i;
+          }
         }
       }
       EXPECT_LT(drift[1] * 5.0, drift[0]) << co2::wire_format_name(format) << " W=" << ranks;
