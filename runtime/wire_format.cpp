@@ -29,19 +29,44 @@ namespace {
 
 size_t groups(size_t count) { return count / kInt8Group + (count % kInt8Group != 0); }
 
-uint16_t bf16_of(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if (std::isnan(value)) return uint16_t((bits >> 16) | 0x40);  // stays a (quiet) NaN
-  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return uint16_t((bits + rounding) >> 16);
+// Chunks through a local array: the loops over it vectorise, and the byte buffers (whose blocks
+// need not be aligned) are touched only by memcpy.
+constexpr size_t kChunk = 256;
+
+// Round to nearest even; a NaN stays a (quiet) NaN. Branch-free, so that it vectorises.
+uint16_t bf16_of_bits(uint32_t bits) {
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  return uint16_t(nan ? (bits >> 16) | 0x40u : rounded);
 }
 
-float float_of_bf16(uint16_t half) {
-  const uint32_t bits = uint32_t(half) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
+void encode_bf16(const float* in, size_t count, std::byte* out) {
+  uint32_t bits[kChunk];
+  uint16_t halves[kChunk];
+  for (size_t begin = 0; begin < count; begin += kChunk) {
+    const size_t n = std::min(kChunk, count - begin);
+    std::memcpy(bits, in + begin, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) halves[i] = bf16_of_bits(bits[i]);
+    std::memcpy(out + begin * sizeof(uint16_t), halves, n * sizeof(uint16_t));
+  }
+}
+
+void decode_bf16(const std::byte* in, size_t count, float* out, bool accumulate) {
+  uint16_t halves[kChunk];
+  uint32_t bits[kChunk];
+  float values[kChunk];
+  for (size_t begin = 0; begin < count; begin += kChunk) {
+    const size_t n = std::min(kChunk, count - begin);
+    std::memcpy(halves, in + begin * sizeof(uint16_t), n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; ++i) bits[i] = uint32_t(halves[i]) << 16;
+    std::memcpy(values, bits, n * sizeof(float));
+    float* o = out + begin;
+    if (accumulate) {
+      for (size_t i = 0; i < n; ++i) o[i] = values[i] + o[i];
+    } else {
+      std::memcpy(o, values, n * sizeof(float));
+    }
+  }
 }
 
 void encode_int8(const float* in, size_t count, std::byte* out) {
@@ -49,26 +74,35 @@ void encode_int8(const float* in, size_t count, std::byte* out) {
   std::byte* codes = out + n_groups * sizeof(float);
   for (size_t g = 0; g < n_groups; ++g) {
     const size_t begin = g * kInt8Group, end = std::min(count, begin + kInt8Group);
-    // Branch-free passes (they vectorise): x * 0 is 0 for finite x and NaN for NaN or Inf.
-    float absmax = 0.0f, probe = 0.0f;
-    for (size_t i = begin; i < end; ++i) {
-      absmax = std::max(absmax, std::fabs(in[i]));
-      probe += in[i] * 0.0f;
-    }
-    const bool finite = probe == 0.0f;
+    // The largest magnitude through the bits: for non-negative floats their order is the
+    // integers' (an integer max vectorises, a float one does not without -ffast-math), and any
+    // NaN or Inf is at least 0x7f800000.
+    uint32_t bits[kInt8Group];
+    std::memcpy(bits, in + begin, (end - begin) * sizeof(float));
+    uint32_t largest = 0;
+    for (size_t i = 0; i < end - begin; ++i) largest = std::max(largest, bits[i] & 0x7fffffffu);
+    const bool finite = largest < 0x7f800000u;
+    float absmax;
+    std::memcpy(&absmax, &largest, sizeof absmax);
     float scale = finite ? absmax / 127.0f : std::numeric_limits<float>::quiet_NaN();
     float inverse = finite && absmax > 0.0f ? 127.0f / absmax : 0.0f;
     // A group so small that its scale or inverse leaves the float range (absmax below about
     // 1e-36) travels as zeros; error feedback keeps it.
     if (finite && !(scale > 0.0f && inverse <= std::numeric_limits<float>::max())) scale = inverse = 0.0f;
     std::memcpy(out + g * sizeof(float), &scale, sizeof scale);
+    if (inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
+      std::memset(codes + begin, 0, end - begin);
+      continue;
+    }
+    int8_t q[kInt8Group];
     for (size_t i = begin; i < end; ++i) {
       // Any rounding is correct (error feedback keeps what it drops); half away from zero is
       // the cheapest. |x| * 127 / absmax <= 127 up to one rounding: the clamp keeps it a byte.
       const float r = in[i] * inverse;
-      const int q = int(r + (r >= 0.0f ? 0.5f : -0.5f));
-      codes[i] = std::byte(uint8_t(int8_t(std::clamp(q, -127, 127))));
+      const int rounded = int(r + (r >= 0.0f ? 0.5f : -0.5f));
+      q[i - begin] = int8_t(std::clamp(rounded, -127, 127));
     }
+    std::memcpy(codes + begin, q, end - begin);
   }
 }
 
@@ -79,9 +113,13 @@ void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate)
     float scale;
     std::memcpy(&scale, in + g * sizeof(float), sizeof scale);
     const size_t begin = g * kInt8Group, end = std::min(count, begin + kInt8Group);
-    for (size_t i = begin; i < end; ++i) {
-      const float value = float(int8_t(uint8_t(codes[i]))) * scale;
-      out[i] = accumulate ? value + out[i] : value;
+    int8_t q[kInt8Group];
+    std::memcpy(q, codes + begin, end - begin);
+    float* o = out + begin;
+    if (accumulate) {
+      for (size_t i = 0; i < end - begin; ++i) o[i] = float(q[i]) * scale + o[i];
+    } else {
+      for (size_t i = 0; i < end - begin; ++i) o[i] = float(q[i]) * scale;
     }
   }
 }
@@ -112,11 +150,7 @@ void wire_encode(WireFormat format, const float* in, size_t count, std::byte* ou
       if (count) std::memcpy(out, in, count * sizeof(float));
       return;
     case WireFormat::BF16:
-      for (size_t i = 0; i < count; ++i) {
-        const uint16_t half = bf16_of(in[i]);
-        std::memcpy(out + i * sizeof half, &half, sizeof half);
-      }
-      return;
+      return encode_bf16(in, count, out);
     case WireFormat::Int8:
       return encode_int8(in, count, out);
   }
@@ -125,20 +159,18 @@ void wire_encode(WireFormat format, const float* in, size_t count, std::byte* ou
 void wire_decode(WireFormat format, const std::byte* in, size_t count, float* out, bool accumulate) {
   switch (format) {
     case WireFormat::F32:
+      if (!accumulate) {
+        if (count) std::memcpy(out, in, count * sizeof(float));
+        return;
+      }
       for (size_t i = 0; i < count; ++i) {
         float value;
         std::memcpy(&value, in + i * sizeof value, sizeof value);
-        out[i] = accumulate ? value + out[i] : value;
+        out[i] = value + out[i];
       }
       return;
     case WireFormat::BF16:
-      for (size_t i = 0; i < count; ++i) {
-        uint16_t half;
-        std::memcpy(&half, in + i * sizeof half, sizeof half);
-        const float value = float_of_bf16(half);
-        out[i] = accumulate ? value + out[i] : value;
-      }
-      return;
+      return decode_bf16(in, count, out, accumulate);
     case WireFormat::Int8:
       return decode_int8(in, count, out, accumulate);
   }
