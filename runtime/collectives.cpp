@@ -326,7 +326,6 @@ class CompressedAllReduceSchedule final : public RingSchedule {
     if (ranks_ > 1) return;
     std::vector<std::byte> message(wire_bytes(wire_, count_));
     encode(0, count_, message.data(), /*owner=*/true);
-    wire_decode(wire_, message.data(), count_, buffer_, /*accumulate=*/false);
   }
 
   StepTransfers transfers(size_t chunk, int step, std::byte* scratch) override {
@@ -354,10 +353,7 @@ class CompressedAllReduceSchedule final : public RingSchedule {
       return;
     }
     wire_decode(wire_, message, got.count, values, /*accumulate=*/true);  // partial + own
-    const bool owner = step == ranks_ - 2;
-    encode(got.offset, got.count, message, owner);
-    // The owner takes the decoded result too, so that it holds what every other rank will.
-    if (owner) wire_decode(wire_, message, got.count, values, /*accumulate=*/false);
+    encode(got.offset, got.count, message, /*owner=*/step == ranks_ - 2);
   }
 
  private:
@@ -368,17 +364,15 @@ class CompressedAllReduceSchedule final : public RingSchedule {
     return scratch + size_t(parity % 2) * encoded_bytes_;
   }
 
-  // Encodes buffer[offset, offset + count) into `out`; the owner first completes the reduction
-  // (Avg: divides the sum once). Records what the encoding dropped, in units of the sum.
+  // Encodes buffer[offset, offset + count) into `out` and records what the encoding dropped,
+  // in units of the sum. The owner first completes the reduction (Avg: divides the sum once) and
+  // then takes the decoded result, so that it holds what every other rank will.
   void encode(size_t offset, size_t count, std::byte* out, bool owner) {
     float* values = buffer_ + offset;
     if (owner && average_) divide_typed(values, count, ranks_);
-    wire_encode(wire_, values, count, out);
-    if (!residual_ || count == 0) return;
-    float* dropped = residual_ + offset;
-    wire_decode(wire_, out, count, dropped, /*accumulate=*/false);
     const float scale = owner && average_ ? float(ranks_) : 1.0f;
-    for (size_t i = 0; i < count; ++i) dropped[i] = (values[i] - dropped[i]) * scale;
+    wire_encode(wire_, values, count, out, residual_ ? residual_ + offset : nullptr, scale,
+                owner ? values : nullptr);
   }
 
   const int rank_;

@@ -40,14 +40,32 @@ uint16_t bf16_of_bits(uint32_t bits) {
   return uint16_t(nan ? (bits >> 16) | 0x40u : rounded);
 }
 
-void encode_bf16(const float* in, size_t count, std::byte* out) {
+// What the encoding of x as `sent` dropped, and what every rank will decode (see wire_encode).
+struct Drops {
+  float* dropped;
+  float scale;
+  float* decoded;
+  void record(size_t i, float x, float sent) const {
+    if (dropped) dropped[i] = (x - sent) * scale;
+    if (decoded) decoded[i] = sent;
+  }
+  bool any() const { return dropped || decoded; }
+};
+
+void encode_bf16(const float* in, size_t count, std::byte* out, const Drops& drops) {
   uint32_t bits[kChunk];
   uint16_t halves[kChunk];
+  float values[kChunk], sent[kChunk];
   for (size_t begin = 0; begin < count; begin += kChunk) {
     const size_t n = std::min(kChunk, count - begin);
     std::memcpy(bits, in + begin, n * sizeof(float));
     for (size_t i = 0; i < n; ++i) halves[i] = bf16_of_bits(bits[i]);
     std::memcpy(out + begin * sizeof(uint16_t), halves, n * sizeof(uint16_t));
+    if (!drops.any()) continue;
+    std::memcpy(values, bits, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) bits[i] = uint32_t(halves[i]) << 16;
+    std::memcpy(sent, bits, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) drops.record(begin + i, values[i], sent[i]);
   }
 }
 
@@ -69,7 +87,7 @@ void decode_bf16(const std::byte* in, size_t count, float* out, bool accumulate)
   }
 }
 
-void encode_int8(const float* in, size_t count, std::byte* out) {
+void encode_int8(const float* in, size_t count, std::byte* out, const Drops& drops) {
   const size_t n_groups = groups(count);
   std::byte* codes = out + n_groups * sizeof(float);
   for (size_t g = 0; g < n_groups; ++g) {
@@ -92,6 +110,7 @@ void encode_int8(const float* in, size_t count, std::byte* out) {
     std::memcpy(out + g * sizeof(float), &scale, sizeof scale);
     if (inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
       std::memset(codes + begin, 0, end - begin);
+      for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], 0.0f * scale);
       continue;
     }
     int8_t q[kInt8Group];
@@ -103,6 +122,7 @@ void encode_int8(const float* in, size_t count, std::byte* out) {
       q[i - begin] = int8_t(std::clamp(rounded, -127, 127));
     }
     std::memcpy(codes + begin, q, end - begin);
+    for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], float(q[i - begin]) * scale);
   }
 }
 
@@ -144,15 +164,18 @@ size_t wire_element_bytes(WireFormat format) {
   return 4;
 }
 
-void wire_encode(WireFormat format, const float* in, size_t count, std::byte* out) {
+void wire_encode(WireFormat format, const float* in, size_t count, std::byte* out, float* dropped,
+                 float dropped_scale, float* decoded) {
+  const Drops drops{dropped, dropped_scale, decoded};
   switch (format) {
     case WireFormat::F32:
       if (count) std::memcpy(out, in, count * sizeof(float));
+      for (size_t i = 0; drops.any() && i < count; ++i) drops.record(i, in[i], in[i]);
       return;
     case WireFormat::BF16:
-      return encode_bf16(in, count, out);
+      return encode_bf16(in, count, out, drops);
     case WireFormat::Int8:
-      return encode_int8(in, count, out);
+      return encode_int8(in, count, out, drops);
   }
 }
 

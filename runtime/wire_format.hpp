@@ -31,8 +31,11 @@ size_t wire_bytes(WireFormat format, size_t count);
 // Bytes per value, rounded down (the message size a chunk budget is divided by).
 size_t wire_element_bytes(WireFormat format);
 
-// out <- the wire form of in[0..count).
-void wire_encode(WireFormat format, const float* in, size_t count, std::byte* out);
+// out <- the wire form of in[0..count). In the same pass, where not null: dropped[i] <-
+// (in[i] - decoded value i) * dropped_scale, decoded[i] <- decoded value i (bit for bit what
+// wire_decode of `out` gives; `decoded` may be `in`).
+void wire_encode(WireFormat format, const float* in, size_t count, std::byte* out,
+                 float* dropped = nullptr, float dropped_scale = 1.0f, float* decoded = nullptr);
 // out[i] <- decoded value i (accumulate: out[i] <- decoded + out[i], in that operand order).
 void wire_decode(WireFormat format, const std::byte* in, size_t count, float* out, bool accumulate);
 

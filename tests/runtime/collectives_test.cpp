@@ -1008,6 +1008,23 @@ TEST(CompressedAllReduce, CodecRoundTripsAndBoundaries) {
   co2::wire_decode(WireFormat::Int8, int8.data(), tiny.size(), out.data(), false);
   for (size_t i = 0; i < tiny.size(); ++i) EXPECT_EQ(out[i], 0.0f) << i;
   EXPECT_THROW(co2::wire_format_of(3), co2::Error);
+
+  // The fused outputs of wire_encode are exactly what decoding the message gives.
+  std::vector<float> mixed = compressed_inputs(1, 1000, 3)[0];
+  mixed[5] = std::numeric_limits<float>::quiet_NaN();
+  for (WireFormat format : {WireFormat::F32, WireFormat::BF16, WireFormat::Int8}) {
+    std::vector<std::byte> message(co2::wire_bytes(format, mixed.size()));
+    std::vector<float> dropped(mixed.size()), fused(mixed.size()), plain(mixed.size());
+    co2::wire_encode(format, mixed.data(), mixed.size(), message.data(), dropped.data(), 3.0f, fused.data());
+    co2::wire_decode(format, message.data(), mixed.size(), plain.data(), false);
+    EXPECT_EQ(std::memcmp(fused.data(), plain.data(), plain.size() * sizeof(float)), 0)
+        << co2::wire_format_name(format);
+    for (size_t i = 0; i < mixed.size(); ++i) {
+      if (std::isnan(mixed[i])) continue;
+      if (format == WireFormat::Int8 && i / co2::kInt8Group == 0) continue;  // the NaN group
+      ASSERT_EQ(dropped[i], (mixed[i] - plain[i]) * 3.0f) << co2::wire_format_name(format) << " " << i;
+    }
+  }
 }
 
 TEST(CompressedAllReduce, RejectsWhatItCannotCompressAndMismatchedFormats) {
