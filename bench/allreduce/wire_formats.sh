@@ -4,13 +4,13 @@
 # per rank, tc tbf on every veth: bench/overlap/netns.sh). Prints one table per link: seconds per
 # all-reduce, GB/s of payload (in the format) and of fp32 equivalent, and the speed-up over fp32.
 #   bash bench/allreduce/wire_formats.sh [--rate 1gbit] [--min-mib 4] [--max-mib 64] [--ranks "2 4"]
-#                                        [--loopback-only]
+#                                        [--loopback-only | --capped-only]
 # Needs root for the namespaces (the capped part is skipped with a message otherwise).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 
-rate=1gbit min_mib=4 max_mib=64 ranks_list="2 4" loopback_only=0 phase=""
+rate=1gbit min_mib=4 max_mib=64 ranks_list="2 4" loopback_only=0 capped_only=0 phase=""
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) rate=$2; shift 2 ;;
@@ -18,8 +18,9 @@ while [ $# -gt 0 ]; do
     --max-mib) max_mib=$2; shift 2 ;;
     --ranks) ranks_list=$2; shift 2 ;;
     --loopback-only) loopback_only=1; shift ;;
+    --capped-only) capped_only=1; shift ;;
     --capped-phase) phase=capped; shift ;;  # internal: runs inside netns.sh
-    *) echo "usage: $0 [--rate RATE] [--min-mib N] [--max-mib N] [--ranks \"2 4\"] [--loopback-only]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--rate RATE] [--min-mib N] [--max-mib N] [--ranks \"2 4\"] [--loopback-only|--capped-only]" >&2; exit 2 ;;
   esac
 done
 
@@ -95,7 +96,7 @@ if [ "$phase" = capped ]; then
 fi
 
 echo "co2 outer all-reduce per wire format, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-table loopback
+[ "$capped_only" = 1 ] || table loopback
 if [ "$loopback_only" = 1 ]; then exit 0; fi
 netns=$root/bench/overlap/netns.sh
 if ! bash "$netns" check; then

@@ -332,9 +332,16 @@ def main(argv):
                     help="bench/overlap/wire_formats.py output (overlap efficiency)")
     ap.add_argument("--workers", type=int, default=2, help="workers on the ring (bandwidth table)")
     ap.add_argument("--eta-default", type=float, default=0.9)
+    ap.add_argument("--link-bound", action="store_true",
+                    help="every format at fp32's measured link efficiency: what compression buys "
+                         "where encoding is not the bottleneck (it is on the 2 shared cores here)")
     args = ap.parse_args(argv)
     if args.bandwidth_table:
         eta_by_wire = wire_efficiency(args.allreduce_wire)
+        if args.link_bound and "fp32" in eta_by_wire:
+            eta_by_wire = {w: eta_by_wire["fp32"] for w in WIRE_BYTES}
+        if "fp32" in eta_by_wire:
+            args.eta_default = eta_by_wire["fp32"]  # DDP's link efficiency too
         overlap_eff = 1.0
         if os.path.exists(args.overlap_wire):
             with open(args.overlap_wire) as f:
