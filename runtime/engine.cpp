@@ -172,13 +172,14 @@ void check_comm(const S& s) {
 
 // The outer average's wire (co2, diloco): compressed as configured; with error feedback the
 // deltas in `data` first take what the previous outer all-reduce's encodings dropped, and the
-// residual buffer then receives this one's drops.
+// residual buffer then receives this one's drops. A non-finite residual (the round after a
+// NaN or Inf delta) is not fed back: it would make every later average non-finite too.
 WireCompression outer_wire(S& s, float* data) {
   WireCompression wire;
   wire.format = s.config.wire_format;
   if (s.error_feedback()) {
     const float* dropped = s.residual.data();
-    for (size_t i = 0; i < s.state_count; ++i) data[i] += dropped[i];
+    for (size_t i = 0; i < s.state_count; ++i) data[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
     wire.residual = s.residual.data();
   }
   s.stats.wire_bytes_last_round = s.outer_wire_bytes;

@@ -104,6 +104,36 @@ TEST(WireFormat, ErrorFeedbackChangesTheTrajectory) {
   EXPECT_FALSE(bitwise_equal(with.anchors[0], without.anchors[0]));
 }
 
+TEST(WireFormat, ANonFiniteRoundIsNotFedBack) {
+  // A NaN delta makes one average non-finite (nothing applied, on every rank); what its encoding
+  // "dropped" is NaN too and must not be added to the next delta, or every later round would be
+  // refused as well.
+  for (co2_wire_format_t wire : {CO2_WIRE_BF16, CO2_WIRE_INT8}) {
+    std::vector<std::vector<co2_status_t>> statuses(2);
+    run_ranks(2, [&](int rank, co2_comm_t comm) {
+      co2_engine_config_t c = config_of(CO2_ALGO_DILOCO, wire, 1);
+      c.tau = 1;
+      std::vector<float> w(300, 1.0f);
+      EngineGuard engine;
+      CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine.engine));
+      co2_tensor_t t = CO2_TENSOR_INIT;
+      t.name = "w";
+      t.data = w.data();
+      t.count = w.size();
+      CO2_ASSERT_OK(co2_engine_register_tensor(engine.engine, &t));
+      CO2_ASSERT_OK(co2_engine_commit(engine.engine));
+      for (int step = 0; step < 4; ++step) {
+        for (float& v : w) v -= 0.01f * float(rank + 1);
+        if (step == 1 && rank == 0) w[7] = std::nanf("");
+        statuses[size_t(rank)].push_back(co2_engine_step(engine.engine, nullptr, nullptr));
+      }
+    });
+    for (const auto& per_rank : statuses)
+      EXPECT_EQ(per_rank, (std::vector<co2_status_t>{CO2_OK, CO2_ERR_NONFINITE, CO2_OK, CO2_OK}))
+          << name_of(wire);
+  }
+}
+
 TEST(WireFormat, StatisticsCountTheBytesOnTheWire) {
   const int world = 2, rounds = 4;
   const Trained fp32 = train(config_of(CO2_ALGO_CO2, CO2_WIRE_FP32, 1), world, rounds);
