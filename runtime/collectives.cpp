@@ -228,9 +228,8 @@ Block segment_block(size_t count, size_t segment_elements, int ranks, size_t chu
   return {first, last - first};
 }
 
-// The blocks rank `rank` sends and receives in step `step` of an all-reduce: steps 0..W-2 are
-// the reduce-scatter (after them rank r owns block r+1 of every segment), W-1..2W-3 the
-// all-gather.
+// The block rank `rank` sends in step `step` of an all-reduce (AllReduceSchedule's ring); it
+// receives the block before it.
 int allreduce_send_block(int rank, int ranks, int step) {
   return step < ranks - 1 ? ring_index(rank - step, ranks)
                           : ring_index(rank + 1 - (step - (ranks - 1)), ranks);
