@@ -46,6 +46,8 @@ static_assert(CO2_ALGO_CO2 == int(co2::Algorithm::Co2) && CO2_ALGO_SYNC == int(c
               "algorithm values must agree");
 static_assert(CO2_PARAM_ANCHOR_CHECK_INTERVAL == int(co2::Param::AnchorCheckInterval), "param keys must agree");
 static_assert(CO2_ROLE_EXCLUDED == int(co2::Role::Excluded), "roles must agree");
+static_assert(CO2_WIRE_FP32 == int(co2::WireFormat::F32) && CO2_WIRE_BF16 == int(co2::WireFormat::BF16) &&
+                  CO2_WIRE_INT8 == int(co2::WireFormat::Int8), "wire formats must agree");
 static_assert(CO2_TRANSPORT_AUTO == int(co2::TransportKind::Auto) && CO2_TRANSPORT_LOCAL == int(co2::TransportKind::Local) &&
                   CO2_TRANSPORT_UCX == int(co2::TransportKind::Ucx) && CO2_TRANSPORT_NCCL == int(co2::TransportKind::Nccl),
               "transport kinds must agree");
@@ -466,6 +468,9 @@ CO2_EXPORT co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_conf
     e.inner_lr = c.inner_lr;
     require_arg(c.eager >= CO2_EAGER_AUTO && c.eager <= 1, "eager must be 0, 1 or CO2_EAGER_AUTO (-1)");
     e.eager = co2::Eager(c.eager);
+    e.wire_format = co2::wire_format_of(c.wire_format);
+    require_arg(c.error_feedback == 0 || c.error_feedback == 1, "error_feedback must be 0 or 1");
+    e.error_feedback = c.error_feedback != 0;
     auto handle = std::make_unique<co2_engine>();
     handle->engine = std::make_unique<co2::Engine>(comm->comm, e);
     *out_engine = handle.release();
@@ -629,6 +634,8 @@ CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_sta
     out.last_hidden_fraction = s.last_hidden_fraction;
     out.rank_step_time_ns = s.rank_step_time_ns;
     out.rank_allreduce_time_ns = s.rank_allreduce_time_ns;
+    out.wire_bytes_last_round = s.wire_bytes_last_round;
+    out.wire_bytes_total = s.wire_bytes_total;
     out.size = writable;  // a caller with an older header receives its own layout, no more
     std::memcpy(out_stats, &out, writable);
   });

@@ -20,6 +20,13 @@
 // (inside its CRC) by u32 rank, the rank whose per-rank eager state the blob carries, and each
 // PARAMETER segment ends with f32 eager_offset[count] and, if flags.momentum,
 // f32 eager_momentum[count]. That state is restored only by the same rank at the same W.
+//
+// Version 4 is written by engines with error feedback (a compressed outer all-reduce,
+// flags.error_feedback): the header is followed by u32 rank (as in version 3, also when the
+// blob has no eager state), and every PARAMETER/BUFFER segment ends, after any eager state, with
+// f32 residual[count]: what that rank's encodings dropped from the last outer all-reduce.
+// Restored, like the eager state, only by the same rank at the same W into an engine with error
+// feedback; anywhere else it is read and dropped.
 #include <cstring>
 #include <string>
 
@@ -40,6 +47,7 @@ constexpr char kTrailer[8] = {'C', 'O', '2', 'E', 'N', 'D', '!', '!'};
 constexpr uint32_t kFormatVersion = 1;
 constexpr uint32_t kPreparedFormatVersion = 2;
 constexpr uint32_t kEagerFormatVersion = 3;
+constexpr uint32_t kErrorFeedbackFormatVersion = 4;
 
 constexpr uint32_t kBetaAuto = 1u << 0;
 constexpr uint32_t kNesterov = 1u << 1;
@@ -48,8 +56,9 @@ constexpr uint32_t kHasAverage = 1u << 3;
 constexpr uint32_t kHasAnchor = 1u << 4;
 constexpr uint32_t kPrepared = 1u << 5;  // version 2
 constexpr uint32_t kEager = 1u << 6;     // version 3
+constexpr uint32_t kErrorFeedback = 1u << 7;  // version 4
 constexpr uint32_t kKnownFlags = kBetaAuto | kNesterov | kHasMomentum | kHasAverage | kHasAnchor | kPrepared |
-                                   kEager;
+                                   kEager | kErrorFeedback;
 
 // Counts bytes and CRC; forwards to the user's callback when there is one. Without one it only
 // counts and never reads `data`: state_size runs while the progress thread may be writing the
@@ -131,7 +140,8 @@ Header header_of(const Engine::State& s, bool with_average, bool prepared) {
   h.algorithm = uint32_t(s.config.algorithm);
   h.flags = (s.beta_auto ? kBetaAuto : 0) | (s.config.nesterov ? kNesterov : 0) |
             (!s.momentum.empty() ? kHasMomentum : 0) | (with_average ? kHasAverage : 0) |
-            (s.has_anchor() ? kHasAnchor : 0) | (prepared ? kPrepared : 0) | (s.eager() ? kEager : 0);
+            (s.has_anchor() ? kHasAnchor : 0) | (prepared ? kPrepared : 0) | (s.eager() ? kEager : 0) |
+            (s.error_feedback() ? kErrorFeedback : 0);
   h.tau = s.config.tau;
   h.round_tau = s.round_tau;
   h.steps_in_round = s.steps_in_round;
@@ -154,12 +164,15 @@ Header header_of(const Engine::State& s, bool with_average, bool prepared) {
 
 void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& out) {
   out.bytes(kMagic, sizeof kMagic);
-  out.value(s.eager() ? kEagerFormatVersion : prepared ? kPreparedFormatVersion : kFormatVersion);
+  out.value(s.error_feedback() ? kErrorFeedbackFormatVersion
+             : s.eager()        ? kEagerFormatVersion
+             : prepared         ? kPreparedFormatVersion
+                                : kFormatVersion);
   Header h = header_of(s, with_average, prepared);
   const std::vector<GapHistory>& history = prepared ? s.prepared.history : s.history;
   auto put = [&](auto v) { out.value(v); };
   visit_header(put, h);
-  if (h.flags & kEager) out.value(uint32_t(s.comm->rank()));
+  if (h.flags & (kEager | kErrorFeedback)) out.value(uint32_t(s.comm->rank()));
   out.value(out.crc());
   for (size_t i = 0; i < s.segments.size(); ++i) {
     const Segment& seg = s.segments[i];
@@ -179,6 +192,7 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
       out.bytes(s.eager_offset.data() + seg.state_offset, bytes);
       if (h.flags & kHasMomentum) out.bytes(s.eager_momentum.data() + seg.state_offset, bytes);
     }
+    if (h.flags & kErrorFeedback) out.bytes(s.residual.data() + seg.state_offset, bytes);
   }
   out.value(out.crc());
   out.bytes(kTrailer, sizeof kTrailer);
@@ -223,14 +237,16 @@ void Engine::load(const ReadFn& read) {
           "not a co2 checkpoint (bad magic)");
   const auto version = in.value<uint32_t>();
   require(version != 0, Status::CheckpointCorrupt, "checkpoint format version is 0: the blob is corrupted");
-  require(version >= kFormatVersion && version <= kEagerFormatVersion, Status::CheckpointMismatch,
+  require(version >= kFormatVersion && version <= kErrorFeedbackFormatVersion, Status::CheckpointMismatch,
           "checkpoint format version " + std::to_string(version) + " is not supported (this library reads " +
-              std::to_string(kFormatVersion) + " to " + std::to_string(kEagerFormatVersion) + ")");
+              std::to_string(kFormatVersion) + " to " + std::to_string(kErrorFeedbackFormatVersion) + ")");
   Header h;
   auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
   visit_header(get, h);
-  const bool eager_blob = version == kEagerFormatVersion;
-  const uint32_t eager_rank = eager_blob ? in.value<uint32_t>() : 0;
+  // Per-rank state (version 3: eager; version 4: error feedback, possibly eager too).
+  const bool eager_blob = version >= kEagerFormatVersion && (h.flags & kEager) != 0;
+  const bool residual_blob = version >= kErrorFeedbackFormatVersion && (h.flags & kErrorFeedback) != 0;
+  const uint32_t eager_rank = eager_blob || residual_blob ? in.value<uint32_t>() : 0;
   const uint32_t header_crc = in.crc();
   require(in.value<uint32_t>() == header_crc, Status::CheckpointCorrupt, "checkpoint header CRC mismatch");
   require(h.layout_hash == s.layout_hash && h.num_segments == stateful_segments(s), Status::CheckpointMismatch,
@@ -274,12 +290,26 @@ void Engine::load(const ReadFn& read) {
   require(!(h.flags & kHasAverage) || h.algorithm == uint32_t(Algorithm::Co2), Status::CheckpointCorrupt,
           "checkpoint flags are inconsistent: only co2 saves an average in flight");
   require(h.world_size >= 1, Status::CheckpointCorrupt, "checkpoint world size is 0");
-  require(eager_blob == ((h.flags & kEager) != 0) && (!eager_blob || h.algorithm == uint32_t(Algorithm::Co2)),
+  require(eager_blob == ((h.flags & kEager) != 0) && (!eager_blob || h.algorithm == uint32_t(Algorithm::Co2)) &&
+              (version != kEagerFormatVersion || eager_blob),
           Status::CheckpointCorrupt, "checkpoint flags are inconsistent (eager state without the eager policy)");
+  require(residual_blob == ((h.flags & kErrorFeedback) != 0) && (!residual_blob || (h.flags & kHasAnchor)) &&
+              (version != kErrorFeedbackFormatVersion || residual_blob),
+          Status::CheckpointCorrupt,
+          "checkpoint flags are inconsistent (error-feedback state without a compressed outer all-reduce)");
   // The eager state is one rank's own: another rank, or the same rank at another W, starts its
   // next round from the anchor instead (as after finalize).
-  const bool restore_eager = eager_blob && eager_rank == uint32_t(s.comm->rank()) &&
-                             h.world_size == uint32_t(s.comm->size());
+  const bool same_rank = eager_rank == uint32_t(s.comm->rank()) && h.world_size == uint32_t(s.comm->size());
+  const bool restore_eager = eager_blob && same_rank;
+  // The residual is one rank's drop from the sum: elsewhere it is lost (a one-round rounding
+  // error in the anchor, as without error feedback), and an engine without error feedback has
+  // no use for it.
+  const bool restore_residual = residual_blob && same_rank && s.error_feedback();
+  if (residual_blob && !restore_residual)
+    log::info("checkpoint: the error-feedback residual of rank " + std::to_string(eager_rank) + " of " +
+              std::to_string(h.world_size) + " is not restored on rank " + std::to_string(s.comm->rank()) +
+              " of " + std::to_string(s.comm->size()) +
+              (s.error_feedback() ? "" : " (this engine has no error feedback)"));
   if (eager_blob && !restore_eager)
     log::info("checkpoint: the eager offsets of rank " + std::to_string(eager_rank) + " of " +
               std::to_string(h.world_size) + " are not restored on rank " + std::to_string(s.comm->rank()) +
@@ -291,6 +321,7 @@ void Engine::load(const ReadFn& read) {
   FloatBuffer average(s.state_count);
   FloatBuffer eager_offset(eager_blob ? s.state_count : 0);
   FloatBuffer eager_momentum(eager_blob && (h.flags & kHasMomentum) ? s.state_count : 0);
+  FloatBuffer residual(s.error_feedback() ? s.state_count : 0);
   std::vector<float> skipped;  // another rank's eager state: read for the CRC, then dropped
   std::vector<GapHistory> history(s.segments.size());
   for (size_t i = 0; i < s.segments.size(); ++i) {
@@ -324,6 +355,12 @@ void Engine::load(const ReadFn& read) {
         }
       }
     }
+    if (restore_residual) {
+      in.bytes(residual.data() + seg.state_offset, bytes);
+    } else if (residual_blob) {
+      skipped.resize(seg.count);
+      in.bytes(skipped.data(), bytes);
+    }
   }
   const uint32_t body_crc = in.crc();
   require(in.value<uint32_t>() == body_crc, Status::CheckpointCorrupt,
@@ -354,6 +391,7 @@ void Engine::load(const ReadFn& read) {
   s.comm_buffer = std::move(average);
   s.eager_offset = std::move(eager_offset);
   s.eager_momentum = std::move(eager_momentum);
+  s.residual = std::move(residual);
   if (s.eager() && s.momentum_needed() && s.eager_momentum.empty()) s.eager_momentum = FloatBuffer(s.state_count);
   s.average_ready = (h.flags & kHasAverage) != 0;
   s.ready_average_finite = s.average_ready ? all_finite(s.comm_buffer.data(), s.state_count) : true;

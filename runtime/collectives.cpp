@@ -44,6 +44,7 @@ DescriptorWire encode(const Descriptor& descriptor) {
   put_le(wire, 28, descriptor.owner, 4);
   put_le(wire, 32, descriptor.purpose_sequence, 8);
   put_le(wire, 40, uint64_t(descriptor.purpose), 1);
+  put_le(wire, 41, uint64_t(descriptor.wire), 1);  // 0 (fp32) where older builds left zeros
   return wire;
 }
 
@@ -60,6 +61,7 @@ std::optional<Descriptor> decode(const DescriptorWire& wire) {
   descriptor.owner = uint32_t(get_le(wire, 28, 4));
   descriptor.purpose_sequence = get_le(wire, 32, 8);
   descriptor.purpose = Purpose(get_le(wire, 40, 1));
+  descriptor.wire = WireFormat(get_le(wire, 41, 1));
   return descriptor;
 }
 
@@ -211,6 +213,28 @@ size_t chunk_elements(const Tuning& tuning, size_t element_bytes, size_t total_e
 
 size_t ceil_div(size_t value, size_t divisor) { return value / divisor + (value % divisor != 0); }
 
+struct Block {
+  size_t offset;
+  size_t count;
+};
+
+// Block `index` of segment `chunk` of an all-reduce. Blocks of a segment differ by at most one
+// element; some are empty when the segment has fewer elements than there are ranks.
+Block segment_block(size_t count, size_t segment_elements, int ranks, size_t chunk, int index) {
+  const size_t begin = chunk * segment_elements;
+  const size_t length = std::min(segment_elements, count - begin);
+  const size_t first = begin + size_t(index) * length / size_t(ranks);
+  const size_t last = begin + (size_t(index) + 1) * length / size_t(ranks);
+  return {first, last - first};
+}
+
+// The block rank `rank` sends in step `step` of an all-reduce (AllReduceSchedule's ring); it
+// receives the block before it.
+int allreduce_send_block(int rank, int ranks, int step) {
+  return step < ranks - 1 ? ring_index(rank - step, ranks)
+                          : ring_index(rank + 1 - (step - (ranks - 1)), ranks);
+}
+
 // Segment c of the buffer holds W blocks of at most chunk_elements each. Steps 0..W-2 are the
 // reduce-scatter (after them rank r owns block r+1 of every segment), W-1..2W-3 the all-gather.
 class AllReduceSchedule final : public RingSchedule {
@@ -236,8 +260,7 @@ class AllReduceSchedule final : public RingSchedule {
     io.tag_step = uint32_t(step);
     io.has_send = io.has_recv = true;
     const bool reducing = step < ranks_ - 1;
-    const int send_block = reducing ? ring_index(rank_ - step, ranks_)
-                                    : ring_index(rank_ + 1 - (step - (ranks_ - 1)), ranks_);
+    const int send_block = allreduce_send_block(rank_, ranks_, step);
     const int recv_block = ring_index(send_block - 1, ranks_);
     const Block sent = block(chunk, send_block);
     const Block received = block(chunk, recv_block);
@@ -258,19 +281,8 @@ class AllReduceSchedule final : public RingSchedule {
   }
 
  private:
-  struct Block {
-    size_t offset;
-    size_t count;
-  };
-
-  // Blocks of a segment differ by at most one element; some are empty when the segment has
-  // fewer elements than there are ranks.
   Block block(size_t chunk, int index) const {
-    const size_t begin = chunk * segment_elements_;
-    const size_t length = std::min(segment_elements_, count_ - begin);
-    const size_t first = begin + size_t(index) * length / size_t(ranks_);
-    const size_t last = begin + (size_t(index) + 1) * length / size_t(ranks_);
-    return {first, last - first};
+    return segment_block(count_, segment_elements_, ranks_, chunk, index);
   }
 
   const int rank_;
@@ -282,6 +294,96 @@ class AllReduceSchedule final : public RingSchedule {
   std::byte* const buffer_;
   const size_t block_elements_;
   const size_t segment_elements_;
+};
+
+// The compressed all-reduce (make_allreduce with a wire format): the ring and blocks of
+// AllReduceSchedule, every message encoded. A slot's scratch holds two encoded blocks; step s
+// sends the one at parity s % 2 and receives into the other, which the step's end decodes and
+// (reduce-scatter) re-encodes in place: the next step sends exactly the bytes that were
+// written, and the all-gather forwards the bytes it received unchanged.
+class CompressedAllReduceSchedule final : public RingSchedule {
+ public:
+  CompressedAllReduceSchedule(int rank, int ranks, const Descriptor& descriptor, void* buffer,
+                              float* residual, const Tuning& tuning)
+      : rank_(rank),
+        ranks_(ranks),
+        average_(descriptor.op == ReduceOp::Avg),
+        wire_(descriptor.wire),
+        count_(descriptor.count),
+        buffer_(static_cast<float*>(buffer)),
+        residual_(residual),
+        block_elements_(chunk_elements(tuning, wire_element_bytes(wire_),
+                                       ceil_div(count_, size_t(ranks)))),
+        segment_elements_(block_elements_ * size_t(ranks)),
+        encoded_bytes_(wire_bytes(wire_, block_elements_)) {}
+
+  size_t chunk_count() const override { return ceil_div(count_, segment_elements_); }
+  int steps_per_chunk() const override { return 2 * (ranks_ - 1); }
+  size_t scratch_bytes() const override { return 2 * encoded_bytes_; }
+
+  void start() override {
+    if (ranks_ > 1) return;
+    std::vector<std::byte> message(wire_bytes(wire_, count_));
+    encode(0, count_, message.data(), /*owner=*/true);
+  }
+
+  StepTransfers transfers(size_t chunk, int step, std::byte* scratch) override {
+    StepTransfers io;
+    io.tag_step = uint32_t(step);
+    io.has_send = io.has_recv = true;
+    const int send_block = allreduce_send_block(rank_, ranks_, step);
+    const Block sent = block(chunk, send_block);
+    const Block received = block(chunk, ring_index(send_block - 1, ranks_));
+    std::byte* outgoing = half(scratch, step);
+    if (step == 0) encode(sent.offset, sent.count, outgoing, /*owner=*/false);  // own values
+    io.send = outgoing;
+    io.send_bytes = wire_bytes(wire_, sent.count);
+    io.recv = half(scratch, step + 1);
+    io.recv_bytes = wire_bytes(wire_, received.count);
+    return io;
+  }
+
+  void finish_step(size_t chunk, int step, std::byte* scratch) override {
+    const Block got = block(chunk, ring_index(allreduce_send_block(rank_, ranks_, step) - 1, ranks_));
+    std::byte* message = half(scratch, step + 1);
+    float* values = buffer_ + got.offset;
+    if (step >= ranks_ - 1) {  // all-gather: the owner's bytes, forwarded next step as they are
+      wire_decode(wire_, message, got.count, values, /*accumulate=*/false);
+      return;
+    }
+    wire_decode(wire_, message, got.count, values, /*accumulate=*/true);  // partial + own
+    encode(got.offset, got.count, message, /*owner=*/step == ranks_ - 2);
+  }
+
+ private:
+  Block block(size_t chunk, int index) const {
+    return segment_block(count_, segment_elements_, ranks_, chunk, index);
+  }
+  std::byte* half(std::byte* scratch, int parity) const {
+    return scratch + size_t(parity % 2) * encoded_bytes_;
+  }
+
+  // Encodes buffer[offset, offset + count) into `out` and records what the encoding dropped,
+  // in units of the sum. The owner first completes the reduction (Avg: divides the sum once) and
+  // then takes the decoded result, so that it holds what every other rank will.
+  void encode(size_t offset, size_t count, std::byte* out, bool owner) {
+    float* values = buffer_ + offset;
+    if (owner && average_) divide_typed(values, count, ranks_);
+    const float scale = owner && average_ ? float(ranks_) : 1.0f;
+    wire_encode(wire_, values, count, out, residual_ ? residual_ + offset : nullptr, scale,
+                owner ? values : nullptr);
+  }
+
+  const int rank_;
+  const int ranks_;
+  const bool average_;
+  const WireFormat wire_;
+  const size_t count_;
+  float* const buffer_;
+  float* const residual_;
+  const size_t block_elements_;
+  const size_t segment_elements_;
+  const size_t encoded_bytes_;
 };
 
 // A chain from the root: step 0 receives chunk c from the predecessor, step 1 forwards it.
@@ -619,7 +721,7 @@ void check_common(const PointToPoint& transport, const Descriptor& descriptor,
 bool Descriptor::operator==(const Descriptor& other) const {
   return sequence == other.sequence && owner == other.owner && purpose == other.purpose &&
          purpose_sequence == other.purpose_sequence && kind == other.kind && op == other.op &&
-         dtype == other.dtype && count == other.count && root == other.root;
+         dtype == other.dtype && count == other.count && root == other.root && wire == other.wire;
 }
 
 bool Descriptor::control_lane() const {
@@ -634,6 +736,7 @@ std::string Descriptor::to_string() const {
                      ": " + kind_name(kind) + "(";
   if (kind == Kind::AllReduce) text += op_name(op) + ", ";
   text += dtype_name(dtype) + ", count " + std::to_string(count);
+  if (wire != WireFormat::F32) text += std::string(", wire ") + wire_format_name(wire);
   if (kind == Kind::Broadcast) text += ", root " + std::to_string(root);
   return text + ")";
 }
@@ -684,12 +787,39 @@ void Collective::mark_failed(Status status, std::string message) {
 }
 
 std::unique_ptr<Collective> make_allreduce(PointToPoint& transport, const Descriptor& descriptor,
-                                           void* buffer, const Tuning& tuning) {
+                                           void* buffer, const Tuning& tuning, float* residual) {
   const Descriptor agreed = normalised(descriptor, Kind::AllReduce);
   check_common(transport, agreed, 1);
-  auto schedule = std::make_unique<AllReduceSchedule>(transport.rank(), transport.size(), agreed,
-                                                      buffer, tuning);
+  if (agreed.wire == WireFormat::F32) {
+    require(residual == nullptr, Status::InvalidArgument,
+            agreed.to_string() + ": an fp32 all-reduce drops nothing, it takes no residual");
+    auto schedule = std::make_unique<AllReduceSchedule>(transport.rank(), transport.size(), agreed,
+                                                        buffer, tuning);
+    return std::make_unique<RingCollective>(transport, agreed, std::move(schedule), tuning);
+  }
+  wire_format_of(int(agreed.wire));
+  require(agreed.dtype == DataType::F32 &&
+              (agreed.op == ReduceOp::Sum || agreed.op == ReduceOp::Avg),
+          Status::InvalidArgument,
+          agreed.to_string() + ": a compressed all-reduce takes f32 data and sum or avg");
+  auto schedule = std::make_unique<CompressedAllReduceSchedule>(
+      transport.rank(), transport.size(), agreed, buffer, residual, tuning);
   return std::make_unique<RingCollective>(transport, agreed, std::move(schedule), tuning);
+}
+
+uint64_t allreduce_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
+                              const Tuning& tuning) {
+  if (ranks <= 1 || count == 0) return 0;
+  const size_t block_elements =
+      chunk_elements(tuning, wire_element_bytes(format), ceil_div(count, size_t(ranks)));
+  const size_t segment_elements = block_elements * size_t(ranks);
+  uint64_t bytes = 0;
+  for (size_t chunk = 0; chunk < ceil_div(count, segment_elements); ++chunk)
+    for (int step = 0; step < 2 * (ranks - 1); ++step) {
+      const int index = allreduce_send_block(rank, ranks, step);
+      bytes += wire_bytes(format, segment_block(count, segment_elements, ranks, chunk, index).count);
+    }
+  return bytes;
 }
 
 std::unique_ptr<Collective> make_broadcast(PointToPoint& transport, const Descriptor& descriptor,

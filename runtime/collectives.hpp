@@ -24,6 +24,7 @@
 
 #include "runtime/comm.hpp"
 #include "runtime/status.hpp"
+#include "runtime/wire_format.hpp"
 #include "transports/transport.hpp"
 
 namespace co2::collectives {
@@ -43,6 +44,7 @@ struct Descriptor {
   DataType dtype = DataType::F32;
   uint64_t count = 0;             // elements of the buffer; per rank for all-gather
   int32_t root = 0;               // broadcast only
+  WireFormat wire = WireFormat::F32;  // all-reduce only: how blocks travel (compressed below)
 
   bool operator==(const Descriptor& other) const;
   bool operator!=(const Descriptor& other) const { return !(*this == other); }
@@ -118,9 +120,25 @@ class Collective {
 
 // The transport must outlive the collective; buffers must stay valid until it finished, or
 // failed and released its transfers. `descriptor.kind` must match the factory.
+//
+// With descriptor.wire other than F32 (f32 data, Sum or Avg) the all-reduce is compressed: the
+// same ring, but every message is a block encoded in that format. A rank decodes the partial sum
+// it receives, adds its own fp32 values (partial + own, as uncompressed), and encodes the new
+// partial sum for its successor; the block's owner divides (Avg), encodes the result once, and
+// that message is forwarded unchanged around the ring while every rank, the owner included,
+// decodes it into `buffer`: the result is bit-identical on every rank. Each rank encodes every
+// element exactly once per all-reduce. If `residual` is not null it receives, per element, what
+// this rank's encoding dropped, in units of the sum (the owner's drop from the average times W):
+// sum_r input_r - sum_r residual_r = W * result (Avg) or result (Sum), up to fp32 rounding.
+// A single rank runs the format's round trip alone (result = decode(encode(input))).
 std::unique_ptr<Collective> make_allreduce(transport::PointToPoint& transport,
                                            const Descriptor& descriptor, void* buffer,
-                                           const Tuning& tuning);
+                                           const Tuning& tuning, float* residual = nullptr);
+
+// Bytes rank `rank` of `ranks` sends in an all-reduce of `count` f32 elements in `format`
+// (payload only, without the descriptor).
+uint64_t allreduce_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
+                              const Tuning& tuning);
 std::unique_ptr<Collective> make_broadcast(transport::PointToPoint& transport,
                                            const Descriptor& descriptor, void* buffer,
                                            const Tuning& tuning);

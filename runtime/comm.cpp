@@ -420,20 +420,26 @@ collectives::Descriptor descriptor_of(CollectiveId id, collectives::Kind kind, D
 std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count, DataType dtype,
                                                       ReduceOp op,
                                                       std::function<void()> on_result,
-                                                      CollectiveId id) {
+                                                      CollectiveId id, const WireCompression& wire) {
   dtype_size(dtype);
   require_valid_op(op);
   require_buffer(buffer, count, "allreduce buffer");
   collectives::Descriptor descriptor = descriptor_of(id, collectives::Kind::AllReduce, dtype, count);
   descriptor.op = op;
+  descriptor.wire = wire_format_of(int(wire.format));
+  require(!backend_ || wire.format == WireFormat::F32, Status::Unsupported,
+          std::string("a ") + wire_format_name(wire.format) +
+              " wire format needs a point-to-point transport (ucx, local); collective-kind "
+              "transports (nccl) reduce in fp32 only");
   if (backend_)
     return backend_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allreduce(buffer, buffer, count, element_of(dtype), transport::Reduction(int(op)));
     }, std::move(on_result));
-  return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
-                                              const collectives::Descriptor& agreed,
-                                              const collectives::Tuning& tuning) {
-    return collectives::make_allreduce(transport, agreed, buffer, tuning);
+  float* residual = wire.residual;
+  return engine_->submit(descriptor, [buffer, residual](transport::PointToPoint& transport,
+                                                        const collectives::Descriptor& agreed,
+                                                        const collectives::Tuning& tuning) {
+    return collectives::make_allreduce(transport, agreed, buffer, tuning, residual);
   }, std::move(on_result));
 }
 

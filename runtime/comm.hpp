@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "runtime/status.hpp"
+#include "runtime/wire_format.hpp"
 #include "transports/collective.hpp"
 #include "transports/transport.hpp"
 
@@ -109,6 +110,14 @@ struct CommOptions {
   size_t chunk_bytes = size_t(1) << 20;
 };
 
+// How an f32 all-reduce travels (runtime/collectives.hpp, make_allreduce): `format` other than
+// F32 compresses every message; `residual` (optional, `count` floats, valid until the request
+// finished) receives what this rank's encodings dropped. Point-to-point transports only.
+struct WireCompression {
+  WireFormat format = WireFormat::F32;
+  float* residual = nullptr;
+};
+
 class CollectiveEngine;  // defined in comm.cpp: the progress thread and the active collectives
 class CollectiveBackend;  // runtime/collective_comm.hpp: collective-kind transports (NCCL)
 
@@ -138,7 +147,8 @@ class Communicator {
   // before the request completes: the engine checks the average for NaN/Inf there, off the
   // training thread. (Added by the engine; on_result must not throw.)
   std::shared_ptr<Request> allreduce_then(void* buffer, size_t count, DataType dtype, ReduceOp op,
-                                          std::function<void()> on_result, CollectiveId id = {});
+                                          std::function<void()> on_result, CollectiveId id = {},
+                                          const WireCompression& wire = {});
   std::shared_ptr<Request> broadcast(void* buffer, size_t count, DataType dtype, int root,
                                      CollectiveId id = {});
   // Each rank contributes `count_per_rank` elements from `send`; `recv` receives

@@ -9,6 +9,7 @@
 
 #include "runtime/boundary_pass.hpp"
 #include "runtime/checksum.hpp"
+#include "runtime/collectives.hpp"
 #include "runtime/device/device_path.hpp"
 #include "runtime/device/selection.hpp"
 #include "runtime/engine_state.hpp"
@@ -115,6 +116,14 @@ bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
+// The compressed outer all-reduce runs on host buffers over point-to-point transports only.
+void check_wire_placement(const Engine::State& s, const StorageDesc& storage) {
+  require(storage.device != int(DeviceKind::Cuda) || s.config.wire_format == WireFormat::F32,
+          Status::Unsupported,
+          std::string("wire_format ") + wire_format_name(s.config.wire_format) +
+              " is implemented for host tensors only: an engine on CUDA tensors needs CO2_WIRE_FP32");
+}
+
 }  // namespace
 
 void validate(const EngineConfig& c) {
@@ -137,6 +146,12 @@ void validate(const EngineConfig& c) {
   require(is_finite_in(c.clip_threshold, 1e-30, 1e30), Status::InvalidArgument,
           "clip_threshold must be > 0");
   require(is_finite_in(c.inner_lr, 0.0, 1e30), Status::InvalidArgument, "inner_lr must be >= 0");
+  wire_format_of(int(c.wire_format));
+  require(c.wire_format == WireFormat::F32 || c.algorithm == Algorithm::Co2 || c.algorithm == Algorithm::Diloco,
+          Status::InvalidArgument,
+          std::string("wire_format ") + wire_format_name(c.wire_format) +
+              " compresses the outer all-reduce of co2 and diloco; sync and localsgd average in fp32 "
+              "(use CO2_WIRE_FP32)");
 }
 
 double default_outer_momentum(int outer_participants) {
@@ -163,13 +178,31 @@ void check_comm(const S& s) {
 }
 
 
+// The outer average's wire (co2, diloco): compressed as configured; with error feedback the
+// deltas in `data` first take what the previous outer all-reduce's encodings dropped, and the
+// residual buffer then receives this one's drops. A non-finite residual (the round after a
+// NaN or Inf delta) is not fed back: it would make every later average non-finite too.
+WireCompression outer_wire(S& s, float* data) {
+  WireCompression wire;
+  wire.format = s.config.wire_format;
+  if (s.error_feedback()) {
+    const float* dropped = s.residual.data();
+    for (size_t i = 0; i < s.state_count; ++i) data[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
+    wire.residual = s.residual.data();
+  }
+  s.stats.wire_bytes_last_round = s.outer_wire_bytes;
+  s.stats.wire_bytes_total += s.outer_wire_bytes;
+  return wire;
+}
+
 // A blocking all-reduce (average) of `count` floats that reports whether the result is finite.
 bool average_blocking(S& s, float* data, size_t count, Purpose purpose) {
   auto finite = std::make_shared<std::atomic<bool>>(true);
+  const WireCompression wire = purpose == Purpose::OuterAverage ? outer_wire(s, data) : WireCompression{};
   auto request = s.comm->allreduce_then(
       data, count, DataType::F32, ReduceOp::Avg,
       [finite, data, count] { finite->store(all_finite(data, count)); },
-      s.id(purpose));
+      s.id(purpose), wire);
   s.stats.bytes_reduced += count * sizeof(float);
   wait_charged(s, request);
   return finite->load();
@@ -372,11 +405,12 @@ void submit_average_async(S& s) {
   const std::vector<Segment>* segments = &s.segments;  // fixed after commit
   PreparedUpdate* prepared = &s.prepared;
   Trace* trace = s.trace.get();  // outlives the collective: the engine waits for it
+  const WireCompression wire = outer_wire(s, data);
   s.pending = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg, [=] {
     const Clock::time_point start = trace ? Clock::now() : Clock::time_point{};
     finite->store(all_finite(data, count) && prepare_update(*segments, anchor, momentum, data, *prepared));
     if (trace) trace->span(Trace::Lane::BulkLane, "prepare pass", start, Clock::now());
-  }, s.id(Purpose::OuterAverage));
+  }, s.id(Purpose::OuterAverage), wire);
   s.stats.bytes_reduced += count * sizeof(float);
 }
 
@@ -702,6 +736,7 @@ void Engine::register_tensor(const TensorDesc& t) {
   require(t.data != nullptr, Status::InvalidArgument, "tensor '" + t.name + "' has a NULL data pointer");
   require(t.count >= 1, Status::InvalidArgument, "tensor '" + t.name + "' has count 0");
   require(t.count <= (size_t(1) << 40), Status::InvalidArgument, "tensor '" + t.name + "' is implausibly large");
+  check_wire_placement(s, t.storage);
   validate_storage(t.storage);
   const Role role = parse_role(t.role);
   const ParamDType dtype = ParamDType(t.storage.dtype);
@@ -726,6 +761,7 @@ void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
   require(!s.committed, Status::InvalidState, "the layout is committed");
   require(!s.flat, Status::InvalidState, "this engine already has flat storage (one per engine)");
   require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
+  check_wire_placement(s, storage);
   validate_storage(storage);
   PlacementRollback rollback(s);
   note_placement(s, storage);
@@ -751,6 +787,7 @@ void Engine::adopt_flat(void* data, size_t count, const StorageDesc& storage) {
   require(!s.flat, Status::InvalidState, "this engine already has flat storage (one per engine)");
   require(data != nullptr, Status::InvalidArgument, "flat storage pointer is NULL");
   require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
+  check_wire_placement(s, storage);
   validate_storage(storage);
   const ParamDType dtype = ParamDType(storage.dtype);
   const size_t bytes = count * element_bytes(dtype);
@@ -837,6 +874,11 @@ void Engine::commit() {
          "same order, in the same kind of memory");
 
   s.history.assign(s.segments.size(), GapHistory{});
+  // As a ring all-reduce sends it (a collective-kind transport's own algorithm may differ).
+  collectives::Tuning tuning;
+  tuning.chunk_bytes = s.comm->options().chunk_bytes;
+  s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
+                                                         s.config.wire_format, tuning);
   s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.device);
   if (s.device) {
     require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,
@@ -857,6 +899,7 @@ void Engine::commit() {
     s.eager_offset = FloatBuffer(s.state_count);
     if (s.momentum_needed()) s.eager_momentum = FloatBuffer(s.state_count);
   }
+  if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
   // Rank 0's values become everyone's parameters and anchor.
   pack_parameters(s, s.comm_buffer.data());
   auto request = s.comm->broadcast(s.comm_buffer.data(), s.state_count, DataType::F32, 0,

@@ -49,6 +49,11 @@ struct EngineConfig {
   // co2 only: each rank starts its round from the anchor plus a rank-local correction that puts
   // its own fresh delta in place of its stale share (docs/algorithm.md, "The eager policy").
   Eager eager = Eager::Auto;
+  // Compressed outer all-reduce (co2, diloco; docs/algorithm.md, "Compressed outer all-reduce"):
+  // how the deltas travel, and whether each rank adds what its encodings dropped to its next
+  // round's delta (error feedback).
+  WireFormat wire_format = WireFormat::F32;
+  bool error_feedback = true;
 };
 
 // Throws InvalidArgument / UnknownEnum with a message naming the bad field.
@@ -86,6 +91,9 @@ struct EngineStats {
   double last_hidden_fraction = 0.0;
   uint64_t rank_step_time_ns = 0;
   uint64_t rank_allreduce_time_ns = 0;
+  // Compressed outer all-reduce: bytes this rank sent for the outer all-reduce.
+  uint64_t wire_bytes_last_round = 0;
+  uint64_t wire_bytes_total = 0;
 };
 
 using WriteFn = std::function<bool(const void* data, size_t length)>;

@@ -90,6 +90,11 @@ struct Engine::State {
   // with the outer momentum). Both are zero except on PARAMETER segments.
   FloatBuffer eager_offset;
   FloatBuffer eager_momentum;
+  // Error feedback of the compressed outer all-reduce, per rank, never averaged: what this
+  // rank's encodings dropped from the last outer all-reduce (in units of the sum), added to the
+  // next round's delta. Allocated at commit when error_feedback() holds.
+  FloatBuffer residual;
+  uint64_t outer_wire_bytes = 0;  // bytes this rank sends per outer all-reduce (fixed at commit)
 
   // Round state.
   uint32_t round_tau = 12;  // tau of the round in progress
@@ -118,6 +123,9 @@ struct Engine::State {
   bool momentum_needed() const { return beta > 0.0 || config.nesterov; }
   bool eager_resolved = false;  // config.eager decided at commit (Auto by placement) or load
   bool eager() const { return eager_resolved && config.algorithm == Algorithm::Co2; }
+  bool error_feedback() const {
+    return has_anchor() && config.wire_format != WireFormat::F32 && config.error_feedback;
+  }
 };
 
 // Shared by engine.cpp, checkpoint.cpp and the device path.

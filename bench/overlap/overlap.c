@@ -49,6 +49,8 @@ struct options {
     int64_t warmup_steps;
     double bandwidth; /* threads mode: bytes/s per link, 0 = unlimited */
     uint32_t timeout_ms;
+    int wire_format; /* co2_wire_format_t of the outer all-reduce */
+    int error_feedback;
 };
 
 struct rank_result {
@@ -68,7 +70,7 @@ static void usage(void) {
             "               [--step-us US] [--work wait|burn] [--burn-iters K]\n"
             "               [--steps S] [--warmup-steps S0]\n"
             "               [--mode threads|process] [--world W] [--bandwidth BYTES_PER_S]\n"
-            "               [--timeout-ms MS]\n"
+            "               [--timeout-ms MS] [--wire-format fp32|bf16|int8] [--no-error-feedback]\n"
             "       overlap --calibrate-burn US\n");
 }
 
@@ -169,6 +171,8 @@ static int train(const struct options *o, co2_comm_t comm, int rank, struct rank
         void *flat = NULL;
         cfg.algorithm = o->algo;
         cfg.tau = o->algo == CO2_ALGO_SYNC ? 1 : o->tau;
+        cfg.wire_format = o->wire_format;
+        cfg.error_feedback = o->error_feedback;
         if (!check(co2_engine_create(comm, &cfg, &engine), "co2_engine_create", rank)) goto done;
         if (!check(co2_engine_alloc_flat(engine, o->params, CO2_DTYPE_FP32, CO2_DEVICE_HOST, 0, &flat),
                    "co2_engine_alloc_flat", rank))
@@ -248,14 +252,15 @@ static void print_result(const struct options *o, int rank, int world, const str
            "\"seconds\": %.6f, \"steps_per_s\": %.4f, \"boundary_wait_ms\": %.3f, "
            "\"collective_ms\": %.3f, \"allreduces\": %.0f, \"step_time_ms\": %.4f, "
            "\"allreduce_time_ms\": %.4f, \"advised_tau\": %u, \"engine_ms\": %.3f, "
-           "\"boundaries\": %lld, \"late_ms\": %.3f}\n",
+           "\"boundaries\": %lld, \"late_ms\": %.3f, \"wire_bytes_per_round\": %llu}\n",
            rank, world, o->algo_name, o->algo == CO2_ALGO_SYNC ? 1u : o->tau, o->params,
            o->work == WORK_WAIT ? "wait" : "burn", (long long)o->step_us,
            (unsigned long long)o->burn_iters, (long long)r->measured_steps, r->seconds,
            r->seconds > 0 ? (double)r->measured_steps / r->seconds : 0.0,
            (double)s->boundary_wait_ns / 1e6, (double)s->collective_ns / 1e6, allreduces,
            (double)s->step_time_ns / 1e6, (double)s->allreduce_time_ns / 1e6, s->advised_tau,
-           r->engine_seconds * 1e3, (long long)r->boundaries, r->late_seconds * 1e3);
+           r->engine_seconds * 1e3, (long long)r->boundaries, r->late_seconds * 1e3,
+           (unsigned long long)s->wire_bytes_last_round);
     fflush(stdout);
 }
 
@@ -378,6 +383,8 @@ int main(int argc, char **argv) {
     o.steps = 120;
     o.warmup_steps = -1;
     o.timeout_ms = 120000;
+    o.wire_format = CO2_WIRE_FP32;
+    o.error_feedback = 1;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -408,6 +415,12 @@ int main(int argc, char **argv) {
             o.world = (int)n;
         } else if (strcmp(a, "--bandwidth") == 0 && v && parse_i64(v, 0, INT64_MAX, &n)) {
             o.bandwidth = (double)n;
+        } else if (strcmp(a, "--wire-format") == 0 && v &&
+                   (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0 || strcmp(v, "int8") == 0)) {
+            o.wire_format = strcmp(v, "fp32") == 0 ? CO2_WIRE_FP32 : strcmp(v, "bf16") == 0 ? CO2_WIRE_BF16 : CO2_WIRE_INT8;
+        } else if (strcmp(a, "--no-error-feedback") == 0) {
+            o.error_feedback = 0;
+            continue; /* takes no value */
         } else if (strcmp(a, "--timeout-ms") == 0 && v && parse_i64(v, 1, 3600000, &n)) {
             o.timeout_ms = (uint32_t)n;
         } else {

@@ -183,7 +183,7 @@ class Runner:
             raise RuntimeError(f"{failed or 'a rank failed'}: {detail}")
         return [json.loads(line) for _, out, _ in outputs for line in out.splitlines() if line.startswith("{")]
 
-    def overlap_run(self, algo, tau, params, work, burn_iters):
+    def overlap_run(self, algo, tau, params, work, burn_iters, extra=()):
         step_s = self.args.step_ms / 1e3
         ar_s = ring_seconds(params, self.world, link_bytes_per_s(self.rate, self.transport))
         steps, warmup = plan_steps(algo, tau, step_s, ar_s, self.args.seconds)
@@ -193,6 +193,7 @@ class Runner:
                 "--timeout-ms", str(int(self.args.timeout * 1000))]
         if work == "burn":
             argv += ["--burn-iters", str(burn_iters)]
+        argv += list(extra)  # e.g. --wire-format (bench/overlap/wire_formats.py)
         timeout = self.args.timeout + steps * (step_s + ar_s) * 3
         if self.transport == "model" or algo == "none":
             bps = link_bytes_per_s(self.rate, "model")

@@ -69,6 +69,18 @@ def tuning_configurations(tau):
     return configs
 
 
+def wire_configurations(tau):
+    """The compressed outer all-reduce (docs/benchmarks.md, "Wire formats"): co2+eager at `tau`
+    with each wire format, with and without error feedback; fp32 is the reference."""
+    configs = [(f"co2+eager t{tau} fp32", "co2", {"tau": tau, "eager": True})]
+    for wire in ("bf16", "int8"):
+        for feedback in (True, False):
+            configs.append((f"co2+eager t{tau} {wire}" + ("" if feedback else " no-ef"), "co2",
+                            {"tau": tau, "eager": True, "wire_format": wire,
+                             "error_feedback": feedback}))
+    return configs
+
+
 def configurations(taus, quick=False):
     """[(name, algorithm, engine config)] in run order."""
     configs = [("ddp", "ddp", {}), ("sync", "sync", {})]
@@ -163,7 +175,7 @@ def run_all(args, configs, prefix=None, rate="none"):
 
 # --- tables -----------------------------------------------------------------------------------
 
-def summarize(runs, names):
+def summarize(runs, names, base_name="ddp"):
     table = {}
     for name in names:
         mine = [r for r in runs if r["name"] == name]
@@ -175,15 +187,15 @@ def summarize(runs, names):
         table[name] = {"runs": len(done), "loss_mean": statistics.mean(losses),
                        "loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
                        "wall_mean_s": statistics.mean(r["wall_s"] for r in done)}
-    base = table.get("ddp", {}).get("loss_mean")
+    base = table.get(base_name, {}).get("loss_mean")
     for row in table.values():
         if base and "loss_mean" in row:
-            row["ratio_to_ddp"] = row["loss_mean"] / base
+            row["ratio_to_ddp"] = row["loss_mean"] / base  # to base_name's
     return table
 
 
-def print_table(table, out=sys.stdout):
-    print(f"{'configuration':<26} {'runs':>4} {'validation loss':>18} {'/ DDP':>7} {'wall s':>8}",
+def print_table(table, out=sys.stdout, base_label="DDP"):
+    print(f"{'configuration':<26} {'runs':>4} {'validation loss':>18} {'/ ' + base_label:>7} {'wall s':>8}",
           file=out)
     for name, row in table.items():
         if "unavailable" in row:
@@ -388,6 +400,9 @@ def parse_args(argv):
     ap.add_argument("--tune", action="store_true",
                     help="compare the candidates for the C defaults (TUNE) at the first tau; "
                          "use seeds the reported table does not (--first-seed 100)")
+    ap.add_argument("--wire-formats", action="store_true",
+                    help="co2+eager at the first of --taus with each wire format (fp32, bf16, "
+                         "int8), with and without error feedback, against fp32")
     ap.add_argument("--only", help="comma-separated configuration names (as in the table)")
     ap.add_argument("--links", help="e.g. 100mbit,1gbit: the time-to-quality mode (root)")
     ap.add_argument("--target", type=float, help="target validation loss (default: DDP's final)")
@@ -430,6 +445,7 @@ def main(argv):
     if args.rank:
         return rank_main(args)
     configs = (tuning_configurations(args.taus[0]) if args.tune
+               else wire_configurations(args.taus[0]) if args.wire_formats
                else configurations(args.taus, args.quick))
     if args.only:
         wanted = set(args.only.split(","))
@@ -451,21 +467,23 @@ def main(argv):
         return links_main(args, configs, names)
     started = time.monotonic()
     runs = run_all(args, configs)
-    table = summarize(runs, names)
+    base = names[0] if args.wire_formats else "ddp"
+    table = summarize(runs, names, base)
     import model
     size = model.SIZES[args.size]
     print(f"# LM quality, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.size} "
           f"({size.parameters():,} parameters, batch {args.batch or size.batch} x "
           f"{size.context} bytes per rank), W={args.world}, {args.steps} steps, seeds "
           f"{args.seed_list}; {time.monotonic() - started:.0f} s")
-    print_table(table)
+    print_table(table, base_label="fp32" if args.wire_formats else "DDP")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "quality_tune.json" if args.tune else "quality.json"), "w") as f:
+    stem = "quality_tune" if args.tune else "quality_wire" if args.wire_formats else "quality"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"command": " ".join(sys.argv), "steps": args.steps, "size": args.size,
                    "world": args.world, "seeds": args.seed_list, "summary": table,
                    "runs": runs}, f, indent=1)
     if not args.no_plot:
-        plot(runs, names, os.path.join(args.out, "quality_tune.png" if args.tune else "quality.png"), ["step", "seconds"],
+        plot(runs, names, os.path.join(args.out, stem + ".png"), ["step", "seconds"],
              f"{args.size} LM, W={args.world}, {args.steps} steps")
     return 0 if all("unavailable" in r or math.isfinite(r["final_loss"]) for r in runs) else 1
 

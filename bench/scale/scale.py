@@ -184,6 +184,94 @@ def match_ddp(args, eta, overlap_eff, target):
     return (hi, *scalability_tcp(args, eta, overlap_eff, hi)[1:])
 
 
+# Kale et al., "Eager Updates For Overlapped Communication and Computation in DiLoCo" (arXiv
+# 2502.12996), Table 5: bandwidth between workers for 95 % compute utilization, 1B model.
+KALE_TABLE5_1B_GBIT = {"DDP": 222.0, "streaming DiLoCo, eager overlap, FP4": 0.2}
+
+WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 128.0}
+
+
+def wire_efficiency(path, rate_bits=1e9):
+    """Per format: payload / line rate of the engine's outer all-reduce on the capped link
+    (bench/allreduce/wire_formats.sh's table, W = 2, its largest size): the measured time against
+    2 (W-1)/W * bytes in the format / rate. Encoding and decoding time is part of it."""
+    eta = {}
+    if not path or not os.path.exists(path):
+        return eta
+    capped = False
+    best = {}
+    for line in open(path):
+        if line.startswith("=="):
+            capped = "capped" in line
+            continue
+        f = line.split()
+        if not capped or len(f) < 8 or not f[0].isdigit() or f[2] not in WIRE_BYTES:
+            continue
+        world, fp32_bytes, wire, ms = int(f[0]), int(f[1]), f[2], float(f[3])
+        if world != 2:
+            continue
+        ideal = 2 * (world - 1) / world * fp32_bytes / 4 * WIRE_BYTES[wire] / (rate_bits / 8)
+        if wire not in best or fp32_bytes > best[wire][0]:
+            best[wire] = (fp32_bytes, ideal / (ms / 1e3))
+    return {w: e for w, (_, e) in best.items()}
+
+
+def bandwidth_for_utilization(step_of_bandwidth, t_c, target=0.95):
+    """The smallest per-worker link (bit/s) at which t_c / step >= target (bisection on a log
+    scale); None if not reachable below 10 Tbit/s."""
+    lo, hi = 1e3, 1e13
+    if t_c / step_of_bandwidth(hi) < target:
+        return None
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if t_c / step_of_bandwidth(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def bandwidth_table(args, overlap_eff, eta_by_wire, out=sys.stdout):
+    """Per-worker bandwidth for 95 % compute utilization: DDP (bf16 gradients, bucketed, overlapped
+    with backward) and co2 (outer all-reduce behind tau steps) with each wire format, for 1B and
+    7B models; `args.workers` workers on a ring, each behind one link."""
+    n = args.workers
+    print(f"\n## bandwidth for 95 % compute utilization ({n} workers on a ring, one link each, "
+          f"alpha {args.alpha_tcp * 1e6:.0f} us; overlap efficiency {overlap_eff:.3f})\n", file=out)
+    print("    link efficiency per format (measured, engine's outer all-reduce, 1 Gbit/s): " +
+          ", ".join(f"{w} {eta_by_wire.get(w, args.eta_default):.3f}" for w in WIRE_BYTES) +
+          ("" if eta_by_wire else " (defaults: no measurement found)"), file=out)
+    rows = [("DDP (bf16 gradients)", "ddp", 1, 2.0, "fp32")]
+    for tau in (12, 48):
+        rows += [(f"co2 tau={tau} {w}", "co2", tau, b, w) for w, b in WIRE_BYTES.items()]
+    models = (1e9, 7e9)
+    result = {}
+    header = "    configuration              " + "  ".join(f"{p / 1e9:.0f}B Gbit/s".rjust(12) for p in models)
+    print(header + "   Kale et al. Table 5 (1B)", file=out)
+    for label, algo, tau, wire_bytes, wire in rows:
+        eta = eta_by_wire.get(wire, args.eta_default) if algo == "co2" else args.eta_default
+        cells = []
+        for params in models:
+            t_c = 6 * params * args.tokens / (args.peak_tflops * 1e12 * args.mfu)
+            t_pass = params * 32 / (args.hbm_gbs * 1e9) if algo == "co2" else 0.0
+            size = params * wire_bytes
+
+            def step(bits, algo=algo, tau=tau, size=size, t_c=t_c, t_pass=t_pass, eta=eta):
+                bytes_per_s = eta * bits / 8
+                t_ar = 2 * (n - 1) * args.alpha_tcp + 2 * (n - 1) / n * size / bytes_per_s
+                bucket = 2 * (n - 1) / n * args.bucket_mb * 1e6 / bytes_per_s
+                return step_seconds(algo, tau, t_c, t_ar, t_pass, bucket, overlap_eff)
+            need = bandwidth_for_utilization(step, t_c)
+            cells.append(need)
+            result.setdefault(label, {})[f"{params / 1e9:.0f}B"] = need
+        kale = {"ddp": KALE_TABLE5_1B_GBIT["DDP"]}.get(algo)
+        text = "  ".join((f"{c / 1e9:12.3f}" if c else f"{'unreachable':>12}") for c in cells)
+        print(f"    {label:<26} {text}   {kale if kale else ''}", file=out)
+    print(f"    (Kale et al., eager-overlapped FP4 streaming DiLoCo, 1B: "
+          f"{KALE_TABLE5_1B_GBIT['streaming DiLoCo, eager overlap, FP4']} Gbit/s)", file=out)
+    return result
+
+
 def plot(pred, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -236,7 +324,38 @@ def main(argv):
     ap.add_argument("--eta-rdma", type=float, default=0.9)
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket (its default)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--bandwidth-table", action="store_true",
+                    help="only the bandwidth needed for 95 %% compute utilization per wire format")
+    ap.add_argument("--allreduce-wire", default=os.path.join(ROOT, "bench", "results", "allreduce_wire.txt"),
+                    help="bench/allreduce/wire_formats.sh output (link efficiency per format)")
+    ap.add_argument("--overlap-wire", default=os.path.join(ROOT, "bench", "results", "overlap_wire.json"),
+                    help="bench/overlap/wire_formats.py output (overlap efficiency)")
+    ap.add_argument("--workers", type=int, default=2, help="workers on the ring (bandwidth table)")
+    ap.add_argument("--eta-default", type=float, default=0.9)
+    ap.add_argument("--link-bound", action="store_true",
+                    help="every format at fp32's measured link efficiency: what compression buys "
+                         "where encoding is not the bottleneck (it is on the 2 shared cores here)")
     args = ap.parse_args(argv)
+    if args.bandwidth_table:
+        eta_by_wire = wire_efficiency(args.allreduce_wire)
+        if args.link_bound and "fp32" in eta_by_wire:
+            eta_by_wire = {w: eta_by_wire["fp32"] for w in WIRE_BYTES}
+        if "fp32" in eta_by_wire:
+            args.eta_default = eta_by_wire["fp32"]  # DDP's link efficiency too
+        overlap_eff = 1.0
+        if os.path.exists(args.overlap_wire):
+            with open(args.overlap_wire) as f:
+                rows = json.load(f)["rows"]
+            # Where the all-reduce fits in tau steps with margin, as calibrate() judges hiding.
+            hidden = sorted(r["ratio"] for r in rows
+                            if r["allreduce_time_ms"] < 0.8 * r["tau"] * r["step_time_ms"])
+            if hidden:
+                overlap_eff = min(1.0, hidden[len(hidden) // 2])
+        print(f"# bandwidth table; link efficiency from {args.allreduce_wire}, overlap efficiency "
+              f"from {args.overlap_wire}; T_c = 6 P x {args.tokens:.0f} tokens / "
+              f"({args.peak_tflops:.0f} TFLOP/s x MFU {args.mfu})")
+        bandwidth_table(args, overlap_eff, eta_by_wire)
+        return 0
 
     eta, overlap_eff, validation = 0.9, 1.0, []
     source = "defaults (no measurements found)"

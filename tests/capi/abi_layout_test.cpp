@@ -83,7 +83,7 @@ TEST(AbiLayout, UniqueId) {
 
 TEST(AbiLayout, EngineConfig) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_config_t), 96u);
+  EXPECT_EQ(sizeof(co2_engine_config_t), 104u);
   EXPECT_EQ(alignof(co2_engine_config_t), 8u);
   EXPECT_OFFSET(co2_engine_config_t, size, 0);
   EXPECT_OFFSET(co2_engine_config_t, version, 8);
@@ -103,6 +103,8 @@ TEST(AbiLayout, EngineConfig) {
   EXPECT_OFFSET(co2_engine_config_t, reserved0, 84);
   EXPECT_OFFSET(co2_engine_config_t, eager, 88);
   EXPECT_OFFSET(co2_engine_config_t, reserved1, 92);
+  EXPECT_OFFSET(co2_engine_config_t, wire_format, 96);  // 1.1: compressed outer all-reduce
+  EXPECT_OFFSET(co2_engine_config_t, error_feedback, 100);
   EXPECT_FIELD_SIZE(co2_engine_config_t, outer_lr, 8);
   EXPECT_FIELD_SIZE(co2_engine_config_t, tau, 4);
 }
@@ -135,7 +137,7 @@ TEST(AbiLayout, Segment) {
 
 TEST(AbiLayout, EngineStats) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_stats_t), 208u);
+  EXPECT_EQ(sizeof(co2_engine_stats_t), 224u);
   EXPECT_EQ(alignof(co2_engine_stats_t), 8u);
   EXPECT_OFFSET(co2_engine_stats_t, size, 0);
   EXPECT_OFFSET(co2_engine_stats_t, version, 8);
@@ -166,6 +168,8 @@ TEST(AbiLayout, EngineStats) {
   EXPECT_OFFSET(co2_engine_stats_t, last_hidden_fraction, 184);
   EXPECT_OFFSET(co2_engine_stats_t, rank_step_time_ns, 192);
   EXPECT_OFFSET(co2_engine_stats_t, rank_allreduce_time_ns, 200);
+  EXPECT_OFFSET(co2_engine_stats_t, wire_bytes_last_round, 208);  // 1.1: compressed outer all-reduce
+  EXPECT_OFFSET(co2_engine_stats_t, wire_bytes_total, 216);
 }
 
 TEST(AbiLayout, Allocator) {

@@ -205,6 +205,8 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
   // Under eager each rank's blob also carries its own offsets: it loads its own blob (at the
   // same W) and starts from anchor + offset, as the uninterrupted run does.
   const bool eager = c.cfg.eager != 0;
+  // Error feedback is per rank too: each blob carries its rank's residual.
+  const bool per_rank = eager || (c.cfg.wire_format != CO2_WIRE_FP32 && c.cfg.error_feedback);
   {
     std::unique_ptr<ScopedEnv> env;
     if (c.slow_link) env = std::make_unique<ScopedEnv>("CO2_LOCAL_TEST_LATENCY_US", "20000");
@@ -238,7 +240,7 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
     EXPECT_EQ(blobs[r].size(), sizes[r]) << "rank " << r << ": state_size vs bytes written";
     // Shared state only: every rank writes the same canonical bytes (eager: plus its own
     // offsets, so the blobs differ, but have the same size).
-    if (eager) {
+    if (per_rank) {
       EXPECT_EQ(blobs[r].size(), blobs[0].size()) << "rank " << r;
     } else {
       EXPECT_TRUE(blobs[r] == blobs[0]) << "rank " << r << "'s blob differs from rank 0's";
@@ -254,15 +256,15 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
     Trainer tr(c.layout, data2, rank);
     tr.start(comm, c.cfg);
     if (HasFatalFailure()) return;
-    const bool own_blob = eager && W2 == c.world;
+    const bool own_blob = per_rank && W2 == c.world;
     CO2_ASSERT_OK(load_blob(tr.eg.engine, blobs[own_blob ? rank : 0]));
     // Load sets p <- a (the restored anchor), plus the rank's own offset under eager.
     after_load[rank] = tr.anchor();
     EXPECT_TRUE(bitwise_equal(after_load[rank], saved_anchor[0])) << "rank " << rank;
-    if (own_blob && !mid_round) {
+    if (eager && own_blob && !mid_round) {
       EXPECT_TRUE(bitwise_equal(tr.model.gather_state(), saved_params[rank])) << "rank " << rank;
       if (c.world > 1) EXPECT_FALSE(bitwise_equal(saved_params[rank], saved_anchor[rank])) << "offset is zero";
-    } else if (!own_blob) {
+    } else if (!(eager && own_blob)) {
       EXPECT_TRUE(bitwise_equal(tr.model.gather_state(), after_load[rank])) << "rank " << rank;
     }
     const co2_engine_stats_t st = get_stats(tr.eg.engine);
@@ -469,6 +471,59 @@ std::vector<RestartCase> restart_cases() {
     RestartCase c{"co2_eager_world_2_to_3", base_config(CO2_ALGO_CO2, 3)};
     c.cfg.eager = 1;
     c.cfg.outer_momentum = 0.5;
+    c.world = 2;
+    c.world_after = 3;
+    c.save_step = 9;
+    c.total = 18;
+    v.push_back(c);
+  }
+  // The compressed outer all-reduce: each rank's error-feedback residual restored by its rank.
+  {
+    RestartCase c{"co2_bf16_error_feedback_momentum", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.wire_format = CO2_WIRE_BF16;
+    c.cfg.outer_momentum = 0.6;
+    c.world = 3;
+    c.save_step = 9;
+    c.total = 18;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_int8_error_feedback_in_flight", base_config(CO2_ALGO_CO2, 2)};
+    c.cfg.wire_format = CO2_WIRE_INT8;
+    c.world = 3;
+    c.save_step = 6;
+    c.total = 14;
+    c.slow_link = true;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_int8_error_feedback_eager", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.wire_format = CO2_WIRE_INT8;
+    c.cfg.eager = 1;
+    c.cfg.outer_momentum = 0.5;
+    c.save_step = 9;
+    c.total = 18;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"diloco_int8_error_feedback_mid_round", base_config(CO2_ALGO_DILOCO, 4)};
+    c.cfg.wire_format = CO2_WIRE_INT8;
+    c.cfg.outer_momentum = 0.5;
+    c.save_step = 10;
+    c.total = 20;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_int8_without_error_feedback", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.wire_format = CO2_WIRE_INT8;
+    c.cfg.error_feedback = 0;  // nothing per rank: every blob is the same
+    c.save_step = 6;
+    c.total = 12;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_bf16_error_feedback_world_2_to_3", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.wire_format = CO2_WIRE_BF16;
     c.world = 2;
     c.world_after = 3;
     c.save_step = 9;

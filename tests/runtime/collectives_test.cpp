@@ -844,3 +844,220 @@ TEST(Collectives, StagedReceivesGiveTheSameResults) {
   for (auto& buffer : buffers)
     for (float value : buffer) ASSERT_EQ(value, 6.0f);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Compressed all-reduce (wire formats) against a float64 reference: quantize -> reduce ->
+// dequantize, with and without error feedback.
+
+using co2::WireFormat;
+
+// What one element of a format may lose per encoding, relative to the largest magnitude in
+// its group (int8) or to itself (bf16).
+double format_tolerance(WireFormat format) {
+  return format == WireFormat::BF16 ? std::ldexp(1.0, -8) : 1.0 / 127.0;
+}
+
+// Inputs of rank r: values spanning several magnitudes, so that groups differ in scale.
+std::vector<std::vector<float>> compressed_inputs(int ranks, size_t count, uint32_t seed) {
+  std::mt19937 random(seed);
+  std::uniform_real_distribution<float> distribution(-1.0f, 1.0f);
+  std::vector<std::vector<float>> inputs(size_t(ranks), std::vector<float>(count, 0.0f));
+  for (auto& input : inputs)
+    for (size_t i = 0; i < count; ++i)
+      input[i] = distribution(random) * std::pow(10.0f, float((i / 300) % 4) - 2.0f);
+  return inputs;
+}
+
+// One compressed average of `buffers` in place; residuals (may be empty) receive the drops.
+void compressed_average(std::vector<std::vector<float>>& buffers,
+                        std::vector<std::vector<float>>* residuals, WireFormat format,
+                        const Tuning& tuning) {
+  const int ranks = int(buffers.size());
+  const size_t count = buffers[0].size();
+  Group group = join_all(ranks);
+  const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+    Descriptor descriptor = allreduce_descriptor(0, count, DataType::F32, ReduceOp::Avg);
+    descriptor.wire = format;
+    return one(co2::collectives::make_allreduce(
+        transport, descriptor, buffers[size_t(rank)].data(), tuning,
+        residuals ? (*residuals)[size_t(rank)].data() : nullptr));
+  });
+  expect_all_ok(results);
+}
+
+using CompressedCase = std::tuple<int, size_t, WireFormat>;
+class CompressedAllReduce : public ::testing::TestWithParam<CompressedCase> {};
+
+TEST_P(CompressedAllReduce, BitIdenticalAndWithinTheFormatsErrorOfTheFloat64Average) {
+  const auto [ranks, count, format] = GetParam();
+  Tuning tuning;
+  tuning.chunk_bytes = 1000;  // segments whose blocks do not align with int8 groups
+  const auto inputs = compressed_inputs(ranks, count, 7);
+  auto buffers = inputs;
+  std::vector<std::vector<float>> residuals(size_t(ranks), std::vector<float>(count, 1e30f));
+  compressed_average(buffers, &residuals, format, tuning);
+  for (int rank = 1; rank < ranks; ++rank)
+    ASSERT_EQ(std::memcmp(buffers[size_t(rank)].data(), buffers[0].data(), count * sizeof(float)), 0)
+        << "rank " << rank << " differs from rank 0";
+  // Each element is encoded W times on its way (W-1 partial sums and the average), each time
+  // losing at most the format's tolerance of its group's largest partial sum.
+  double largest = 0.0;
+  for (const auto& input : inputs)
+    for (float v : input) largest = std::max(largest, double(std::fabs(v)));
+  for (size_t i = 0; i < count; ++i) {
+    double sum = 0.0, residual_sum = 0.0;
+    for (int rank = 0; rank < ranks; ++rank) {
+      sum += inputs[size_t(rank)][i];
+      residual_sum += residuals[size_t(rank)][i];
+    }
+    const double result = buffers[0][i];
+    ASSERT_LE(std::fabs(result - sum / ranks), format_tolerance(format) * largest * ranks)
+        << "element " << i;
+    // What the encodings dropped accounts for the whole difference: the error-feedback invariant.
+    ASSERT_NEAR(sum - residual_sum, ranks * result, 1e-5 * largest * ranks) << "element " << i;
+  }
+  if (ranks == 1) {  // alone: the format's round trip, dropping exactly the residual
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(buffers[0][i] + residuals[0][i], inputs[0][i]) << "element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FormatsRanksSizes, CompressedAllReduce,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::Values(size_t(1), size_t(7), size_t(1000), size_t(20011)),
+                       ::testing::Values(WireFormat::BF16, WireFormat::Int8)),
+    [](const ::testing::TestParamInfo<CompressedCase>& info) {
+      return "W" + std::to_string(std::get<0>(info.param)) + "_n" +
+             std::to_string(std::get<1>(info.param)) + "_" +
+             co2::wire_format_name(std::get<2>(info.param));
+    });
+
+TEST(CompressedAllReduce, ErrorFeedbackKeepsTheAccumulatedAverageOnTheFloat64Reference) {
+  // Rounds of the same inputs, as an engine's deltas: with error feedback (the residual added to
+  // the next round's input) the sum of the averages stays within one round's error of
+  // rounds x the exact average; without it the same rounding repeats and grows with the rounds.
+  const int rounds = 30;
+  const size_t count = 3001;
+  Tuning tuning;
+  tuning.chunk_bytes = 2048;
+  for (WireFormat format : {WireFormat::BF16, WireFormat::Int8})
+    for (int ranks : {1, 3, 4}) {
+      const auto inputs = compressed_inputs(ranks, count, 11);
+      std::vector<double> exact(count, 0.0);
+      double largest = 0.0;
+      for (const auto& input : inputs)
+        for (size_t i = 0; i < count; ++i) {
+          exact[i] += double(input[i]) / ranks;
+          largest = std::max(largest, double(std::fabs(input[i])));
+        }
+      double drift[2] = {0.0, 0.0};  // summed |accumulated - rounds * exact|: without, with EF
+      for (int feedback = 0; feedback < 2; ++feedback) {
+        std::vector<std::vector<float>> residuals(size_t(ranks), std::vector<float>(count, 0.0f));
+        std::vector<double> accumulated(count, 0.0);
+        for (int round = 0; round < rounds; ++round) {
+          auto buffers = inputs;
+          if (feedback)
+            for (int rank = 0; rank < ranks; ++rank)
+              for (size_t i = 0; i < count; ++i) buffers[size_t(rank)][i] += residuals[size_t(rank)][i];
+          compressed_average(buffers, feedback ? &residuals : nullptr, format, tuning);
+          for (size_t i = 0; i < count; ++i) accumulated[i] += buffers[0][i];
+        }
+        for (size_t i = 0; i < count; ++i) {
+          const double error = std::fabs(accumulated[i] - rounds * exact[i]);
+          drift[feedback] += error;
+          // With feedback: bounded by (about) one round's error, whatever the number of rounds.
+          if (feedback) {
+            ASSERT_LE(error, 2.0 * format_tolerance(format) * largest * ranks)
+                << wire_format_name(format) << " W=" << ranks << " element " << i;
+          }
+        }
+      }
+      EXPECT_LT(drift[1] * 5.0, drift[0]) << co2::wire_format_name(format) << " W=" << ranks;
+    }
+}
+
+TEST(CompressedAllReduce, CodecRoundTripsAndBoundaries) {
+  // bf16 rounds to nearest even; int8 keeps zero groups zero and makes non-finite groups NaN.
+  const std::vector<float> values = {1.0f, 1.00390625f, 1.01171875f, -3.5f, 0.0f, 1e-30f};
+  std::vector<std::byte> bytes(co2::wire_bytes(WireFormat::BF16, values.size()));
+  co2::wire_encode(WireFormat::BF16, values.data(), values.size(), bytes.data());
+  std::vector<float> decoded(values.size());
+  co2::wire_decode(WireFormat::BF16, bytes.data(), values.size(), decoded.data(), false);
+  EXPECT_EQ(decoded[0], 1.0f);
+  EXPECT_EQ(decoded[1], 1.0f);          // tie -> even
+  EXPECT_EQ(decoded[2], 1.015625f);     // tie -> even (upwards)
+  EXPECT_EQ(decoded[3], -3.5f);
+  EXPECT_EQ(decoded[4], 0.0f);
+  EXPECT_NEAR(decoded[5], 1e-30f, 1e-32f);
+
+  std::vector<float> group(300, 0.0f);
+  group[200] = 2.0f;
+  group[280] = std::numeric_limits<float>::infinity();
+  std::vector<std::byte> int8(co2::wire_bytes(WireFormat::Int8, group.size()));
+  EXPECT_EQ(int8.size(), 300u + 3u * 4u);
+  co2::wire_encode(WireFormat::Int8, group.data(), group.size(), int8.data());
+  std::vector<float> out(group.size(), -1.0f);
+  co2::wire_decode(WireFormat::Int8, int8.data(), group.size(), out.data(), false);
+  for (size_t i = 0; i < 128; ++i) ASSERT_EQ(out[i], 0.0f) << i;  // an all-zero group
+  EXPECT_EQ(out[200], 2.0f);                                      // the largest is exact
+  EXPECT_TRUE(std::isnan(out[260]));  // the non-finite group
+  // A group too small for a finite inverse scale travels as zeros (not NaN).
+  std::vector<float> tiny(5, 1e-40f);
+  co2::wire_encode(WireFormat::Int8, tiny.data(), tiny.size(), int8.data());
+  co2::wire_decode(WireFormat::Int8, int8.data(), tiny.size(), out.data(), false);
+  for (size_t i = 0; i < tiny.size(); ++i) EXPECT_EQ(out[i], 0.0f) << i;
+  EXPECT_THROW(co2::wire_format_of(3), co2::Error);
+
+  // The fused outputs of wire_encode are exactly what decoding the message gives.
+  std::vector<float> mixed = compressed_inputs(1, 1000, 3)[0];
+  mixed[5] = std::numeric_limits<float>::quiet_NaN();
+  for (WireFormat format : {WireFormat::F32, WireFormat::BF16, WireFormat::Int8}) {
+    std::vector<std::byte> message(co2::wire_bytes(format, mixed.size()));
+    std::vector<float> dropped(mixed.size()), fused(mixed.size()), plain(mixed.size());
+    co2::wire_encode(format, mixed.data(), mixed.size(), message.data(), dropped.data(), 3.0f, fused.data());
+    co2::wire_decode(format, message.data(), mixed.size(), plain.data(), false);
+    EXPECT_EQ(std::memcmp(fused.data(), plain.data(), plain.size() * sizeof(float)), 0)
+        << co2::wire_format_name(format);
+    for (size_t i = 0; i < mixed.size(); ++i) {
+      if (std::isnan(mixed[i])) continue;
+      if (format == WireFormat::Int8 && i / co2::kInt8Group == 0) continue;  // the NaN group
+      ASSERT_EQ(dropped[i], (mixed[i] - plain[i]) * 3.0f) << co2::wire_format_name(format) << " " << i;
+    }
+  }
+}
+
+TEST(CompressedAllReduce, RejectsWhatItCannotCompressAndMismatchedFormats) {
+  Group group = join_all(2);
+  std::vector<float> buffer(10);
+  Descriptor descriptor = allreduce_descriptor(0, 10, DataType::F64, ReduceOp::Avg);
+  descriptor.wire = WireFormat::BF16;
+  EXPECT_THROW(co2::collectives::make_allreduce(*group[0], descriptor, buffer.data(), Tuning{}),
+               co2::Error);
+  descriptor = allreduce_descriptor(0, 10, DataType::F32, ReduceOp::Max);
+  descriptor.wire = WireFormat::Int8;
+  EXPECT_THROW(co2::collectives::make_allreduce(*group[0], descriptor, buffer.data(), Tuning{}),
+               co2::Error);
+  // Ranks that chose different formats get CollectiveMismatch, not garbage.
+  std::vector<std::vector<float>> buffers(2, std::vector<float>(100, 1.0f));
+  const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+    Descriptor d = allreduce_descriptor(0, 100, DataType::F32, ReduceOp::Avg);
+    d.wire = rank == 0 ? WireFormat::BF16 : WireFormat::Int8;
+    return one(co2::collectives::make_allreduce(transport, d, buffers[size_t(rank)].data(), Tuning{}));
+  });
+  for (const auto& result : results) EXPECT_EQ(result.status, Status::CollectiveMismatch);
+  EXPECT_NE(results[0].message.find("wire"), std::string::npos) << results[0].message;
+}
+
+TEST(CompressedAllReduce, WireBytesCountWhatIsSent) {
+  Tuning tuning;
+  tuning.chunk_bytes = 4096;
+  // fp32 ring: 2 (W-1)/W of the payload; bf16 half of it; int8 a quarter plus the scales.
+  const uint64_t f32 = co2::collectives::allreduce_wire_bytes(0, 4, 100000, WireFormat::F32, tuning);
+  EXPECT_EQ(f32, 2u * 3u * 25000u * 4u);
+  EXPECT_EQ(co2::collectives::allreduce_wire_bytes(0, 4, 100000, WireFormat::BF16, tuning), f32 / 2);
+  const uint64_t int8 = co2::collectives::allreduce_wire_bytes(0, 4, 100000, WireFormat::Int8, tuning);
+  EXPECT_GT(int8, f32 / 4);
+  EXPECT_LT(int8, f32 / 4 * 1.05);
+  EXPECT_EQ(co2::collectives::allreduce_wire_bytes(0, 1, 100000, WireFormat::Int8, tuning), 0u);
+}

@@ -11,6 +11,7 @@ ALGORITHMS = {"co2": capi.CO2_ALGO_CO2, "sync": capi.CO2_ALGO_SYNC,
 PENALTIES = {"none": capi.CO2_PENALTY_NONE, "constant": capi.CO2_PENALTY_CONSTANT,
              "gap": capi.CO2_PENALTY_GAP}
 CLIPS = {"none": capi.CO2_CLIP_NONE, "value": capi.CO2_CLIP_VALUE, "norm": capi.CO2_CLIP_NORM}
+WIRE_FORMATS = {"fp32": capi.CO2_WIRE_FP32, "bf16": capi.CO2_WIRE_BF16, "int8": capi.CO2_WIRE_INT8}
 ROLES = {"parameter": capi.CO2_ROLE_PARAMETER, "buffer": capi.CO2_ROLE_BUFFER,
          "excluded": capi.CO2_ROLE_EXCLUDED}
 PARAMS = {"outer_lr": capi.CO2_PARAM_OUTER_LR, "outer_momentum": capi.CO2_PARAM_OUTER_MOMENTUM,
@@ -26,7 +27,9 @@ DTYPES = {"float32": capi.CO2_DTYPE_FP32, "fp32": capi.CO2_DTYPE_FP32}
 _CONFIG_KEYS = {"algorithm": ALGORITHMS, "tau": None, "warmup_sync_rounds": None,
                 "outer_lr": None, "outer_momentum": None, "nesterov": None, "penalty": PENALTIES,
                 "penalty_constant": None, "clip": CLIPS, "anchor_check_interval": None,
-                "clip_threshold": None, "inner_lr": None, "state_dtype": DTYPES, "eager": None}
+                "clip_threshold": None, "inner_lr": None, "state_dtype": DTYPES, "eager": None,
+                # compressed outer all-reduce (docs/capi.md, "Wire formats")
+                "wire_format": WIRE_FORMATS, "error_feedback": None}
 _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduced",
                  "collective_ns", "boundary_wait_ns", "last_boundary_wait_ns",
                  "nonfinite_rounds", "nonfinite_local", "anchor_checks",
@@ -35,7 +38,9 @@ _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduce
                  "allreduce_time_ns", "advised_tau",
                  # 1.1: observability (docs/observability.md)
                  "last_collective_ns", "last_round_ns", "hidden_fraction",
-                 "last_hidden_fraction", "rank_step_time_ns", "rank_allreduce_time_ns")
+                 "last_hidden_fraction", "rank_step_time_ns", "rank_allreduce_time_ns",
+                 # compressed outer all-reduce
+                 "wire_bytes_last_round", "wire_bytes_total")
 
 
 def engine_defaults():
@@ -50,7 +55,9 @@ class Engine(OwnsHandle):
     "auto" (by world size), no penalty, no clipping, anchor check every 100 rounds, eager
     "auto" (co2 only: each rank starts its round from the anchor plus its own fresh delta's
     share, docs/algorithm.md "The eager policy"; "auto" is eager on host tensors and the
-    delayed update on CUDA tensors; True / False force it).
+    delayed update on CUDA tensors; True / False force it), wire_format "fp32" (the outer
+    all-reduce of co2 and diloco can travel as "bf16" or "int8", accumulated in fp32) with
+    error_feedback True (each rank adds what its encodings dropped to its next delta).
 
     Lifecycle: register tensors (register) or adopt one flat storage and declare its segments
     (adopt_flat, add_segment); commit() (collective: every rank gets rank 0's values); then per
@@ -77,7 +84,7 @@ class Engine(OwnsHandle):
                 if value != "auto":
                     raise ValueError("eager is True, False or 'auto'")
                 value = capi.CO2_EAGER_AUTO
-            elif key in ("nesterov", "eager"):
+            elif key in ("nesterov", "eager", "error_feedback"):
                 value = int(bool(value))
             try:
                 setattr(c_config, key, value)

@@ -160,6 +160,15 @@ enum {
     CO2_CONSENSUS_LOCAL_AVERAGE = 1 /* the average of the ranks' current parameters (collective) */
 };
 
+/* How the outer all-reduce of co2 and diloco travels (added in 1.1; docs/capi.md, "Wire
+ * formats"). Accumulation is always fp32 and the result is bit-identical on every rank. */
+typedef int32_t co2_wire_format_t;
+enum {
+    CO2_WIRE_FP32 = 0, /* 4 bytes per value, exact                                          */
+    CO2_WIRE_BF16 = 1, /* 2 bytes per value, round to nearest even                          */
+    CO2_WIRE_INT8 = 2  /* 1 byte per value + one fp32 scale per 128 values (max|x| / 127)  */
+};
+
 /* ------------------------------------------------------------------------------------------ */
 /* Handles                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
@@ -295,6 +304,7 @@ co2_status_t co2_request_free(co2_request_t request);
 #define CO2_DEFAULT_ANCHOR_CHECK_INTERVAL 100u
 #define CO2_EAGER_AUTO (-1) /* eager where implemented (host tensors), else delayed */
 #define CO2_DEFAULT_EAGER CO2_EAGER_AUTO
+#define CO2_DEFAULT_ERROR_FEEDBACK 1
 
 typedef struct co2_engine_config {
     size_t size;                 /* sizeof(co2_engine_config_t)                          */
@@ -320,13 +330,17 @@ typedef struct co2_engine_config {
                                     eager on host tensors, delayed on CUDA tensors (not
                                     implemented there yet); CO2_DEFAULT_EAGER (auto) */
     int32_t reserved1;
+    /* --- added in 1.1: compressed outer all-reduce (co2 and diloco on host tensors) --- */
+    co2_wire_format_t wire_format; /* CO2_WIRE_FP32; others need a point-to-point transport  */
+    int32_t error_feedback;        /* 1: each rank adds what its encodings dropped to its next
+                                      delta (checkpointed); 0: drop it. CO2_DEFAULT_ERROR_FEEDBACK */
 } co2_engine_config_t;
 
 #define CO2_ENGINE_CONFIG_INIT                                                             \
     { sizeof(co2_engine_config_t), CO2_ABI_VERSION, CO2_ALGO_CO2, CO2_DEFAULT_TAU, 0,     \
       CO2_DEFAULT_OUTER_LR, CO2_OUTER_MOMENTUM_AUTO, 0, CO2_PENALTY_NONE, 1.0,            \
       CO2_CLIP_NONE, CO2_DEFAULT_ANCHOR_CHECK_INTERVAL, CO2_DEFAULT_CLIP_THRESHOLD, 0.0,  \
-      CO2_DTYPE_FP32, 0, CO2_DEFAULT_EAGER, 0 }
+      CO2_DTYPE_FP32, 0, CO2_DEFAULT_EAGER, 0, CO2_WIRE_FP32, CO2_DEFAULT_ERROR_FEEDBACK }
 
 co2_status_t co2_engine_config_init(co2_engine_config_t *config);
 
@@ -485,11 +499,14 @@ typedef struct co2_engine_stats {
     double last_hidden_fraction;   /* 1 - last_boundary_wait_ns / last_collective_ns, in [0, 1]  */
     uint64_t rank_step_time_ns;    /* this rank's own step time (what the ranks combine)         */
     uint64_t rank_allreduce_time_ns; /* this rank's own all-reduce time                          */
+    /* --- added in 1.1: compressed outer all-reduce --- */
+    uint64_t wire_bytes_last_round; /* bytes this rank sent for the last outer all-reduce       */
+    uint64_t wire_bytes_total;      /* ... and for all of them (the fp32 payload: bytes_reduced) */
 } co2_engine_stats_t;
 
 #define CO2_ENGINE_STATS_INIT                                                              \
     { sizeof(co2_engine_stats_t), CO2_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0,     \
-      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0 }
+      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0 }
 
 /* *stats = CO2_ENGINE_STATS_INIT, for languages that cannot use the macro. */
 co2_status_t co2_engine_stats_init(co2_engine_stats_t *stats);

@@ -90,6 +90,39 @@ def test_eager_policy_reaches_the_engine():
     np.testing.assert_allclose(w1, -alpha / world * 2.0)
 
 
+def test_wire_format_reaches_the_engine():
+    """wire_format="bf16": the anchor is the bf16 round trip of the average, the same on every
+    rank; the statistics count half the fp32 bytes; bad values raise."""
+    group, world, n = unique_group(), 2, 1000
+    defaults = co2.engine_defaults()
+    assert defaults["wire_format"] == capi.CO2_WIRE_FP32
+    assert defaults["error_feedback"] == capi.CO2_DEFAULT_ERROR_FEEDBACK == 1
+
+    def rank_main(rank):
+        w = np.zeros(n, np.float32)
+        with local_comm(rank, world, group) as comm, co2.Engine(
+                comm, algorithm="diloco", tau=1, outer_lr=1.0, outer_momentum=0.0,
+                wire_format="bf16", error_feedback=True) as engine:
+            engine.register("w", w)
+            engine.commit()
+            w -= np.float32(0.3) * (rank + 1)
+            assert engine.step()
+            return engine.consensus("anchor"), engine.stats()
+
+    (a0, s0), (a1, s1) = run_ranks(world, rank_main)
+    np.testing.assert_array_equal(a0, a1)
+    exact = -np.float32(0.3) * np.float32(1.5)
+    assert a0[0] != exact                                   # compressed ...
+    np.testing.assert_allclose(a0, exact, rtol=2 ** -8)     # ... to bf16 precision
+    assert s0["wire_bytes_last_round"] * 2 == s0["bytes_reduced"]
+    assert s0["wire_bytes_total"] == s0["wire_bytes_last_round"]
+    with local_comm(0, 1, unique_group()) as comm:
+        with pytest.raises(ValueError, match="unknown wire_format"):
+            co2.Engine(comm, wire_format="fp4")
+        with pytest.raises(co2.InvalidArgumentError, match="co2 and diloco"):
+            co2.Engine(comm, algorithm="sync", wire_format="int8")
+
+
 def test_closed_handles_refuse_use():
     comm = co2.Communicator(0, 1, transport="local", group_name=unique_group())
     engine = co2.Engine(comm)

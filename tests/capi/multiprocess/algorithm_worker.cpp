@@ -48,6 +48,8 @@ struct AlgorithmCase {
   co2_clip_t clip;
   int nesterov;
   double outer_momentum;
+  co2_wire_format_t wire_format = CO2_WIRE_FP32;
+  int error_feedback = CO2_DEFAULT_ERROR_FEEDBACK;
 };
 
 const std::vector<AlgorithmCase>& algorithm_cases() {
@@ -58,6 +60,13 @@ const std::vector<AlgorithmCase>& algorithm_cases() {
       {"diloco_nesterov", CO2_ALGO_DILOCO, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 1, 0.9},
       {"localsgd", CO2_ALGO_LOCALSGD, Storage::AllocFlat, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.0},
       {"sync", CO2_ALGO_SYNC, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.0},
+      // Compressed outer all-reduce: the anchors stay bit-identical across ranks and transports.
+      {"co2_bf16_ef", CO2_ALGO_CO2, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.5,
+       CO2_WIRE_BF16, 1},
+      {"co2_int8_ef_gap_norm", CO2_ALGO_CO2, Storage::AllocFlat, CO2_PENALTY_GAP, CO2_CLIP_NORM, 1, 0.5,
+       CO2_WIRE_INT8, 1},
+      {"diloco_int8_no_ef", CO2_ALGO_DILOCO, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.9,
+       CO2_WIRE_INT8, 0},
   };
   return cases;
 }
@@ -84,6 +93,8 @@ void run_algorithm(co2_comm_t comm, int rank, int world, const AlgorithmCase& c,
   config.nesterov = c.nesterov;
   config.outer_momentum = c.outer_momentum;
   config.outer_lr = c.algorithm == CO2_ALGO_DILOCO ? 0.7 : 1.0;
+  config.wire_format = c.wire_format;
+  config.error_feedback = c.error_feedback;
   co2test::EngineGuard engine;
   CHECK(co2_engine_create(comm, &config, &engine.engine));
   CHECK(model.register_with(engine.engine));

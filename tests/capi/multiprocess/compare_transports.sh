@@ -29,6 +29,14 @@ for expected in "$work/local"/*.bin; do
   fi
   compared=$((compared + 1))
 done
+# Every rank holds the same consensus (anchor, or the average), whatever the wire format.
+for first in "$work"/{local,ucx}/*.consensus.rank0.bin; do
+  for other in "${first%.rank0.bin}".rank*.bin; do
+    if ! cmp -s "$first" "$other"; then
+      echo "RANKS DIFFER: $other vs $(basename "$first")"; differ=$((differ + 1))
+    fi
+  done
+done
 extra=$(comm -13 <(ls "$work/local") <(ls "$work/ucx") | wc -l)
 echo "$compared result files compared over $world processes: $differ differ, $extra unexpected"
 [ "$compared" -gt 0 ] && [ "$differ" -eq 0 ] && [ "$extra" -eq 0 ]

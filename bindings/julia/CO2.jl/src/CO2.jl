@@ -107,6 +107,7 @@ const _ALGORITHMS = Dict(:co2 => CO2_ALGO_CO2, :sync => CO2_ALGO_SYNC,
 const _PENALTIES = Dict(:none => CO2_PENALTY_NONE, :constant => CO2_PENALTY_CONSTANT,
                         :gap => CO2_PENALTY_GAP)
 const _CLIPS = Dict(:none => CO2_CLIP_NONE, :value => CO2_CLIP_VALUE, :norm => CO2_CLIP_NORM)
+const _WIRE_FORMATS = Dict(:fp32 => CO2_WIRE_FP32, :bf16 => CO2_WIRE_BF16, :int8 => CO2_WIRE_INT8)
 const _ROLES = Dict(:parameter => CO2_ROLE_PARAMETER, :buffer => CO2_ROLE_BUFFER,
                     :excluded => CO2_ROLE_EXCLUDED)
 const _OPS = Dict(:sum => CO2_REDUCE_SUM, :avg => CO2_REDUCE_AVG, :min => CO2_REDUCE_MIN,
@@ -290,10 +291,12 @@ end
     Engine(comm; algorithm=:co2, tau=CO2_DEFAULT_TAU, warmup_sync_rounds=0, outer_lr=1.0,
            outer_momentum=nothing, nesterov=false, penalty=:none, penalty_constant=1.0,
            clip=:none, clip_threshold=1.0, anchor_check_interval=100, inner_lr=0.0,
-           eager=nothing)
+           eager=nothing, wire_format=:fp32, error_feedback=true)
 
 One rank's engine. Defaults are the C ones (`co2_engine_config_init`); `outer_momentum=nothing`
-resolves β from the world size; `eager=nothing` is automatic (eager on host arrays). The engine roots every array registered with it, so the
+resolves β from the world size; `eager=nothing` is automatic (eager on host arrays);
+`wire_format` (:fp32, :bf16, :int8) is how the outer all-reduce of co2 and diloco travels, with
+`error_feedback` adding what its encodings dropped to the next delta. The engine roots every array registered with it, so the
 garbage collector cannot free memory the engine still uses.
 """
 mutable struct Engine
@@ -309,7 +312,8 @@ mutable struct Engine
                     penalty::Symbol=:none, penalty_constant::Real=1.0, clip::Symbol=:none,
                     clip_threshold::Real=CO2_DEFAULT_CLIP_THRESHOLD,
                     anchor_check_interval::Integer=CO2_DEFAULT_ANCHOR_CHECK_INTERVAL,
-                    inner_lr::Real=0.0, eager::Union{Nothing,Bool}=nothing)
+                    inner_lr::Real=0.0, eager::Union{Nothing,Bool}=nothing,
+                    wire_format::Symbol=:fp32, error_feedback::Bool=true)
         config = Ref(CO2_ENGINE_CONFIG_INIT())
         check(co2_engine_config_init(config))
         c = config[]
@@ -320,6 +324,8 @@ mutable struct Engine
         c.outer_momentum = outer_momentum === nothing ? CO2_OUTER_MOMENTUM_AUTO : outer_momentum
         c.nesterov = nesterov
         c.eager = eager === nothing ? CO2_EAGER_AUTO : eager
+        c.wire_format = _lookup(_WIRE_FORMATS, wire_format, "wire_format")
+        c.error_feedback = error_feedback
         c.penalty = _lookup(_PENALTIES, penalty, "penalty")
         c.penalty_constant = penalty_constant
         c.clip = _lookup(_CLIPS, clip, "clip")

@@ -18,6 +18,7 @@ const CO2_DEFAULT_CLIP_THRESHOLD = Cdouble(1.0)
 const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL = Cuint(100)
 const CO2_EAGER_AUTO = Cint(-1)
 const CO2_DEFAULT_EAGER = Cint(-1)
+const CO2_DEFAULT_ERROR_FEEDBACK = Cint(1)
 
 const co2_status_t = Int32
 
@@ -126,6 +127,12 @@ const co2_consensus_t = Int32
 
 const CO2_CONSENSUS_ANCHOR = Cint(0)
 const CO2_CONSENSUS_LOCAL_AVERAGE = Cint(1)
+
+const co2_wire_format_t = Int32
+
+const CO2_WIRE_FP32 = Cint(0)
+const CO2_WIRE_BF16 = Cint(1)
+const CO2_WIRE_INT8 = Cint(2)
 
 mutable struct co2_comm end  # opaque handle target
 const co2_comm_t = Ptr{co2_comm}
@@ -243,6 +250,8 @@ mutable struct co2_engine_config_t
     reserved0::Int32
     eager::Int32
     reserved1::Int32
+    wire_format::co2_wire_format_t
+    error_feedback::Int32
 end
 
 const _co2_engine_config_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -396,6 +405,8 @@ mutable struct co2_engine_stats_t
     last_hidden_fraction::Cdouble
     rank_step_time_ns::UInt64
     rank_allreduce_time_ns::UInt64
+    wire_bytes_last_round::UInt64
+    wire_bytes_total::UInt64
 end
 
 const _co2_engine_stats_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -442,7 +453,7 @@ CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     UInt32(0),
 )
 CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
-    Csize_t(96),
+    Csize_t(104),
     UInt32(1),
     co2_algorithm_t(0),
     UInt32(12),
@@ -460,6 +471,8 @@ CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
     Int32(0),
     Int32(-1),
     Int32(0),
+    co2_wire_format_t(0),
+    Int32(1),
 )
 CO2_TENSOR_INIT() = co2_tensor_t(
     Csize_t(48),
@@ -486,7 +499,7 @@ CO2_ALLOCATOR_INIT() = co2_allocator_t(
     Ptr{Cvoid}(C_NULL),
 )
 CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
-    Csize_t(208),
+    Csize_t(224),
     UInt32(1),
     Int32(0),
     UInt64(0),
@@ -514,6 +527,8 @@ CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
     Cdouble(0.0),
     UInt64(0),
     UInt64(0),
+    UInt64(0),
+    UInt64(0),
 )
 
 # ---- struct layouts as clang computed them for the generating target (bytes) ----
@@ -521,11 +536,11 @@ const GENERATED_ON_WORD_SIZE = 64
 const LAYOUT = (
     co2_comm_config_t = (size = 56, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40, device_index = 48, reserved1 = 52,)),
     co2_unique_id_t = (size = 128, align = 1, offsets = (internal = 0,)),
-    co2_engine_config_t = (size = 96, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92,)),
+    co2_engine_config_t = (size = 104, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92, wire_format = 96, error_feedback = 100,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),
     co2_segment_t = (size = 40, align = 8, offsets = (size = 0, name = 8, offset = 16, count = 24, role = 32, reserved0 = 36,)),
     co2_allocator_t = (size = 32, align = 8, offsets = (size = 0, user = 8, allocate = 16, release = 24,)),
-    co2_engine_stats_t = (size = 208, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156, last_collective_ns = 160, last_round_ns = 168, hidden_fraction = 176, last_hidden_fraction = 184, rank_step_time_ns = 192, rank_allreduce_time_ns = 200,)),
+    co2_engine_stats_t = (size = 224, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156, last_collective_ns = 160, last_round_ns = 168, hidden_fraction = 176, last_hidden_fraction = 184, rank_step_time_ns = 192, rank_allreduce_time_ns = 200, wire_bytes_last_round = 208, wire_bytes_total = 216,)),
 )
 
 # ---- symbol binding: CO2.jl's __init__ calls this with the dlopen'ed libco2 ----

@@ -13,6 +13,7 @@ pub const CO2_DEFAULT_CLIP_THRESHOLD: f64 = 1.0;
 pub const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL: u32 = 100;
 pub const CO2_EAGER_AUTO: i32 = -1;
 pub const CO2_DEFAULT_EAGER: i32 = -1;
+pub const CO2_DEFAULT_ERROR_FEEDBACK: u32 = 1;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
 pub type __int64_t = ::std::os::raw::c_long;
@@ -112,6 +113,11 @@ pub type co2_consensus_t = i32;
 pub const CO2_CONSENSUS_ANCHOR: _bindgen_ty_11 = 0;
 pub const CO2_CONSENSUS_LOCAL_AVERAGE: _bindgen_ty_11 = 1;
 pub type _bindgen_ty_11 = ::std::os::raw::c_uint;
+pub type co2_wire_format_t = i32;
+pub const CO2_WIRE_FP32: _bindgen_ty_12 = 0;
+pub const CO2_WIRE_BF16: _bindgen_ty_12 = 1;
+pub const CO2_WIRE_INT8: _bindgen_ty_12 = 2;
+pub type _bindgen_ty_12 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct co2_comm {
@@ -479,12 +485,14 @@ pub struct co2_engine_config {
     pub reserved0: i32,
     pub eager: i32,
     pub reserved1: i32,
+    pub wire_format: co2_wire_format_t,
+    pub error_feedback: i32,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_config() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_config>(),
-        96usize,
+        104usize,
         concat!("Size of: ", stringify!(co2_engine_config))
     );
     assert_eq!(
@@ -798,6 +806,40 @@ fn bindgen_test_layout_co2_engine_config() {
         );
     }
     test_field_reserved1();
+    fn test_field_wire_format() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).wire_format) as usize - ptr as usize
+            },
+            96usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_config),
+                "::",
+                stringify!(wire_format)
+            )
+        );
+    }
+    test_field_wire_format();
+    fn test_field_error_feedback() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).error_feedback) as usize - ptr as usize
+            },
+            100usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_config),
+                "::",
+                stringify!(error_feedback)
+            )
+        );
+    }
+    test_field_error_feedback();
 }
 pub type co2_engine_config_t = co2_engine_config;
 extern "C" {
@@ -1327,12 +1369,14 @@ pub struct co2_engine_stats {
     pub last_hidden_fraction: f64,
     pub rank_step_time_ns: u64,
     pub rank_allreduce_time_ns: u64,
+    pub wire_bytes_last_round: u64,
+    pub wire_bytes_total: u64,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_stats() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_stats>(),
-        208usize,
+        224usize,
         concat!("Size of: ", stringify!(co2_engine_stats))
     );
     assert_eq!(
@@ -1816,6 +1860,40 @@ fn bindgen_test_layout_co2_engine_stats() {
         );
     }
     test_field_rank_allreduce_time_ns();
+    fn test_field_wire_bytes_last_round() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).wire_bytes_last_round) as usize - ptr as usize
+            },
+            208usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(wire_bytes_last_round)
+            )
+        );
+    }
+    test_field_wire_bytes_last_round();
+    fn test_field_wire_bytes_total() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).wire_bytes_total) as usize - ptr as usize
+            },
+            216usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(wire_bytes_total)
+            )
+        );
+    }
+    test_field_wire_bytes_total();
 }
 pub type co2_engine_stats_t = co2_engine_stats;
 extern "C" {

@@ -2,7 +2,7 @@
 
 use co2_sys as sys;
 
-use crate::enums::{Algorithm, Clip, Penalty};
+use crate::enums::{Algorithm, Clip, Penalty, WireFormat};
 
 /// Engine configuration. Starts from `co2_engine_config_init`: algorithm `Co2`, τ = 12, no
 /// warm-up, α = 1.0, β automatic (by world size), no Nesterov, no penalty (constant 1.0), no
@@ -64,6 +64,17 @@ impl EngineConfig {
         self.raw.eager = eager.map_or(sys::CO2_EAGER_AUTO, i32::from);
         self
     }
+    /// How the outer all-reduce travels (co2 and diloco; default `WireFormat::Fp32`).
+    pub fn wire_format(mut self, wire: WireFormat) -> Self {
+        self.raw.wire_format = wire.raw();
+        self
+    }
+    /// With a compressed wire format: each rank adds what its encodings dropped to its next
+    /// delta (default true).
+    pub fn error_feedback(mut self, on: bool) -> Self {
+        self.raw.error_feedback = i32::from(on);
+        self
+    }
     pub fn penalty(mut self, penalty: Penalty) -> Self {
         self.raw.penalty = penalty.raw();
         self
@@ -123,6 +134,12 @@ impl EngineConfig {
         } else {
             Some(self.raw.eager != 0)
         }
+    }
+    pub fn get_wire_format(&self) -> Option<WireFormat> {
+        WireFormat::from_raw(self.raw.wire_format)
+    }
+    pub fn get_error_feedback(&self) -> bool {
+        self.raw.error_feedback != 0
     }
     pub fn get_penalty(&self) -> Option<Penalty> {
         Penalty::from_raw(self.raw.penalty)

@@ -54,6 +54,17 @@ c_enum! {
 }
 
 c_enum! {
+    /// How the outer all-reduce of co2 and diloco travels (accumulated in fp32 either way).
+    WireFormat {
+        Fp32 = sys::CO2_WIRE_FP32,
+        /// 2 bytes per value, rounded to nearest even.
+        Bf16 = sys::CO2_WIRE_BF16,
+        /// 1 byte per value plus one fp32 scale per 128 values.
+        Int8 = sys::CO2_WIRE_INT8,
+    }
+}
+
+c_enum! {
     /// Staleness gap penalty Λ.
     Penalty {
         None = sys::CO2_PENALTY_NONE,

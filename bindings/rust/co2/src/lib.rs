@@ -38,7 +38,9 @@ pub use co2_sys as sys;
 pub use comm::{AbortHandle, CommConfig, Communicator, UniqueId};
 pub use config::EngineConfig;
 pub use engine::{Engine, SegmentId, TensorId};
-pub use enums::{Algorithm, Clip, Consensus, Element, Param, Penalty, ReduceOp, Role, Transport};
+pub use enums::{
+    Algorithm, Clip, Consensus, Element, Param, Penalty, ReduceOp, Role, Transport, WireFormat,
+};
 pub use error::{Error, Result, Status};
 pub use request::Request;
 pub use stats::Stats;

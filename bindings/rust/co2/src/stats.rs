@@ -45,6 +45,10 @@ pub struct Stats {
     pub rank_step_time_ns: u64,
     /// This rank's own all-reduce time.
     pub rank_allreduce_time_ns: u64,
+    /// Compressed outer all-reduce: bytes this rank sent for the last outer all-reduce ...
+    pub wire_bytes_last_round: u64,
+    /// ... and for all of them (`bytes_reduced` is the fp32 payload).
+    pub wire_bytes_total: u64,
 }
 
 impl From<&sys::co2_engine_stats_t> for Stats {
@@ -75,6 +79,8 @@ impl From<&sys::co2_engine_stats_t> for Stats {
             last_hidden_fraction: s.last_hidden_fraction,
             rank_step_time_ns: s.rank_step_time_ns,
             rank_allreduce_time_ns: s.rank_allreduce_time_ns,
+            wire_bytes_last_round: s.wire_bytes_last_round,
+            wire_bytes_total: s.wire_bytes_total,
         }
     }
 }

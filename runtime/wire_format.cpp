@@ -1,0 +1,202 @@
+#include "runtime/wire_format.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "runtime/status.hpp"
+
+namespace co2 {
+
+const char* wire_format_name(WireFormat format) {
+  switch (format) {
+    case WireFormat::F32: return "fp32";
+    case WireFormat::BF16: return "bf16";
+    case WireFormat::Int8: return "int8";
+  }
+  return "unknown";
+}
+
+WireFormat wire_format_of(int value) {
+  require(value >= 0 && value < kWireFormats, Status::UnknownEnum,
+          "unknown wire format " + std::to_string(value) +
+              " (expected CO2_WIRE_FP32, CO2_WIRE_BF16 or CO2_WIRE_INT8)");
+  return WireFormat(value);
+}
+
+namespace {
+
+size_t groups(size_t count) { return count / kInt8Group + (count % kInt8Group != 0); }
+
+// Chunks through a local array: the loops over it vectorise, and the byte buffers (whose blocks
+// need not be aligned) are touched only by memcpy.
+constexpr size_t kChunk = 256;
+
+// Round to nearest even; a NaN stays a (quiet) NaN. Branch-free, so that it vectorises.
+uint16_t bf16_of_bits(uint32_t bits) {
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  return uint16_t(nan ? (bits >> 16) | 0x40u : rounded);
+}
+
+// What the encoding of x as `sent` dropped, and what every rank will decode (see wire_encode).
+struct Drops {
+  float* dropped;
+  float scale;
+  float* decoded;
+  void record(size_t i, float x, float sent) const {
+    if (dropped) dropped[i] = (x - sent) * scale;
+    if (decoded) decoded[i] = sent;
+  }
+  bool any() const { return dropped || decoded; }
+};
+
+void encode_bf16(const float* in, size_t count, std::byte* out, const Drops& drops) {
+  uint32_t bits[kChunk];
+  uint16_t halves[kChunk];
+  float values[kChunk], sent[kChunk];
+  for (size_t begin = 0; begin < count; begin += kChunk) {
+    const size_t n = std::min(kChunk, count - begin);
+    std::memcpy(bits, in + begin, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) halves[i] = bf16_of_bits(bits[i]);
+    std::memcpy(out + begin * sizeof(uint16_t), halves, n * sizeof(uint16_t));
+    if (!drops.any()) continue;
+    std::memcpy(values, bits, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) bits[i] = uint32_t(halves[i]) << 16;
+    std::memcpy(sent, bits, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) drops.record(begin + i, values[i], sent[i]);
+  }
+}
+
+void decode_bf16(const std::byte* in, size_t count, float* out, bool accumulate) {
+  uint16_t halves[kChunk];
+  uint32_t bits[kChunk];
+  float values[kChunk];
+  for (size_t begin = 0; begin < count; begin += kChunk) {
+    const size_t n = std::min(kChunk, count - begin);
+    std::memcpy(halves, in + begin * sizeof(uint16_t), n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; ++i) bits[i] = uint32_t(halves[i]) << 16;
+    std::memcpy(values, bits, n * sizeof(float));
+    float* o = out + begin;
+    if (accumulate) {
+      for (size_t i = 0; i < n; ++i) o[i] = values[i] + o[i];
+    } else {
+      std::memcpy(o, values, n * sizeof(float));
+    }
+  }
+}
+
+void encode_int8(const float* in, size_t count, std::byte* out, const Drops& drops) {
+  const size_t n_groups = groups(count);
+  std::byte* codes = out + n_groups * sizeof(float);
+  for (size_t g = 0; g < n_groups; ++g) {
+    const size_t begin = g * kInt8Group, end = std::min(count, begin + kInt8Group);
+    // The largest magnitude through the bits: for non-negative floats their order is the
+    // integers' (an integer max vectorises, a float one does not without -ffast-math), and any
+    // NaN or Inf is at least 0x7f800000.
+    uint32_t bits[kInt8Group];
+    std::memcpy(bits, in + begin, (end - begin) * sizeof(float));
+    uint32_t largest = 0;
+    for (size_t i = 0; i < end - begin; ++i) largest = std::max(largest, bits[i] & 0x7fffffffu);
+    const bool finite = largest < 0x7f800000u;
+    float absmax;
+    std::memcpy(&absmax, &largest, sizeof absmax);
+    float scale = finite ? absmax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    float inverse = finite && absmax > 0.0f ? 127.0f / absmax : 0.0f;
+    // A group so small that its scale or inverse leaves the float range (absmax below about
+    // 1e-36) travels as zeros; error feedback keeps it.
+    if (finite && !(scale > 0.0f && inverse <= std::numeric_limits<float>::max())) scale = inverse = 0.0f;
+    std::memcpy(out + g * sizeof(float), &scale, sizeof scale);
+    if (inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
+      std::memset(codes + begin, 0, end - begin);
+      for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], 0.0f * scale);
+      continue;
+    }
+    int8_t q[kInt8Group];
+    for (size_t i = begin; i < end; ++i) {
+      // Any rounding is correct (error feedback keeps what it drops); half away from zero is
+      // the cheapest. |x| * 127 / absmax <= 127 up to one rounding: the clamp keeps it a byte.
+      const float r = in[i] * inverse;
+      const int rounded = int(r + (r >= 0.0f ? 0.5f : -0.5f));
+      q[i - begin] = int8_t(std::clamp(rounded, -127, 127));
+    }
+    std::memcpy(codes + begin, q, end - begin);
+    for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], float(q[i - begin]) * scale);
+  }
+}
+
+void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate) {
+  const size_t n_groups = groups(count);
+  const std::byte* codes = in + n_groups * sizeof(float);
+  for (size_t g = 0; g < n_groups; ++g) {
+    float scale;
+    std::memcpy(&scale, in + g * sizeof(float), sizeof scale);
+    const size_t begin = g * kInt8Group, end = std::min(count, begin + kInt8Group);
+    int8_t q[kInt8Group];
+    std::memcpy(q, codes + begin, end - begin);
+    float* o = out + begin;
+    if (accumulate) {
+      for (size_t i = 0; i < end - begin; ++i) o[i] = float(q[i]) * scale + o[i];
+    } else {
+      for (size_t i = 0; i < end - begin; ++i) o[i] = float(q[i]) * scale;
+    }
+  }
+}
+
+}  // namespace
+
+size_t wire_bytes(WireFormat format, size_t count) {
+  switch (format) {
+    case WireFormat::F32: return count * sizeof(float);
+    case WireFormat::BF16: return count * sizeof(uint16_t);
+    case WireFormat::Int8: return count + groups(count) * sizeof(float);
+  }
+  return 0;
+}
+
+size_t wire_element_bytes(WireFormat format) {
+  switch (format) {
+    case WireFormat::F32: return 4;
+    case WireFormat::BF16: return 2;
+    case WireFormat::Int8: return 1;
+  }
+  return 4;
+}
+
+void wire_encode(WireFormat format, const float* in, size_t count, std::byte* out, float* dropped,
+                 float dropped_scale, float* decoded) {
+  const Drops drops{dropped, dropped_scale, decoded};
+  switch (format) {
+    case WireFormat::F32:
+      if (count) std::memcpy(out, in, count * sizeof(float));
+      for (size_t i = 0; drops.any() && i < count; ++i) drops.record(i, in[i], in[i]);
+      return;
+    case WireFormat::BF16:
+      return encode_bf16(in, count, out, drops);
+    case WireFormat::Int8:
+      return encode_int8(in, count, out, drops);
+  }
+}
+
+void wire_decode(WireFormat format, const std::byte* in, size_t count, float* out, bool accumulate) {
+  switch (format) {
+    case WireFormat::F32:
+      if (!accumulate) {
+        if (count) std::memcpy(out, in, count * sizeof(float));
+        return;
+      }
+      for (size_t i = 0; i < count; ++i) {
+        float value;
+        std::memcpy(&value, in + i * sizeof value, sizeof value);
+        out[i] = value + out[i];
+      }
+      return;
+    case WireFormat::BF16:
+      return decode_bf16(in, count, out, accumulate);
+    case WireFormat::Int8:
+      return decode_int8(in, count, out, accumulate);
+  }
+}
+
+}  // namespace co2
