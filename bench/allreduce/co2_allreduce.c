@@ -3,35 +3,7 @@
  * picks UCX. Same sizes, stopping rule and columns as mpi_allreduce.c and gloo_allreduce.py.
  *   co2run --nproc-per-node W co2_allreduce [MIN_MIB MAX_MIB [CHUNK_BYTES]]  */
 #define _POSIX_C_SOURCE 200809L
-#include <co2/co2.h>
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-#define MIN_SECONDS 1.0
-#define MIN_ITERS 3
-
-static void check(co2_status_t status, const char *call) {
-    if (status == CO2_OK) return;
-    fprintf(stderr, "%s: %s: %s\n", call, co2_status_string(status), co2_last_error_message());
-    exit(1);
-}
-#define CHECK(call) check((call), #call)
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* A blocking all-reduce, as the other tools' calls are. */
-static void allreduce(co2_comm_t comm, void *buffer, size_t count, co2_dtype_t dtype, co2_reduce_op_t op) {
-    co2_request_t request;
-    CHECK(co2_allreduce(comm, buffer, count, dtype, op, NULL, &request));
-    CHECK(co2_request_wait(request, -1));
-    CHECK(co2_request_free(request));
-}
+#include "co2_bench.h"
 
 int main(int argc, char **argv) {
     co2_comm_config_t config = CO2_COMM_CONFIG_INIT;

@@ -8,35 +8,9 @@
  * in the wire format, count x its bytes per value), GB/s of fp32 equivalent (count x 4), bytes
  * this rank sent per all-reduce. Same stopping rule as co2_allreduce.c. */
 #define _POSIX_C_SOURCE 200809L
-#include <co2/co2.h>
+#include "co2_bench.h"
 
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#define MIN_SECONDS 1.0
-#define MIN_ITERS 3
-
-static void check(co2_status_t status, const char *call) {
-    if (status == CO2_OK) return;
-    fprintf(stderr, "%s: %s: %s\n", call, co2_status_string(status), co2_last_error_message());
-    exit(1);
-}
-#define CHECK(call) check((call), #call)
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void allreduce_small(co2_comm_t comm, void *buffer, co2_dtype_t dtype, co2_reduce_op_t op) {
-    co2_request_t request;
-    CHECK(co2_allreduce(comm, buffer, 1, dtype, op, NULL, &request));
-    CHECK(co2_request_wait(request, -1));
-    CHECK(co2_request_free(request));
-}
 
 int main(int argc, char **argv) {
     co2_comm_config_t config = CO2_COMM_CONFIG_INIT;
@@ -105,12 +79,12 @@ int main(int argc, char **argv) {
             ++iters;
             elapsed = now() - start;
             done = rank == 0 && iters >= MIN_ITERS && elapsed >= MIN_SECONDS;
-            allreduce_small(comm, &done, CO2_DTYPE_INT32, CO2_REDUCE_MAX);
+            allreduce(comm, &done, 1, CO2_DTYPE_INT32, CO2_REDUCE_MAX);
         }
         CHECK(co2_engine_get_stats(engine, &after));
         /* The all-reduce itself (submit to completion), slowest rank. */
         seconds = (double)(after.collective_ns - before.collective_ns) / 1e9 / (double)iters;
-        allreduce_small(comm, &seconds, CO2_DTYPE_FP64, CO2_REDUCE_MAX);
+        allreduce(comm, &seconds, 1, CO2_DTYPE_FP64, CO2_REDUCE_MAX);
         if (rank == 0)
             printf("%zu %.6f %.3f %.3f %llu\n", bytes, seconds,
                    (double)count * payload_bytes_per_value / seconds / 1e9, (double)bytes / seconds / 1e9,
