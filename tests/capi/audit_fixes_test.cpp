@@ -21,16 +21,8 @@
 namespace {
 
 using co2test::run_ranks;
+using co2test::ScopedEnv;
 using co2test::unique_group_name;
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
 
 co2_comm_t one_rank_comm() {
   co2_comm_t comm = nullptr;

@@ -135,17 +135,6 @@ Data restart_data(const Layout& layout, int world, uint64_t seed) {
   return fresh;
 }
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 // The uninterrupted run: every rank's trajectory over steps [0, total).
 std::vector<Trajectory> uninterrupted(const Layout& layout, int W, uint64_t seed,
                                       const co2_engine_config_t& cfg, uint64_t total) {

@@ -28,15 +28,6 @@ using namespace std::chrono;
 
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 // 128 KiB of fp32: above the control lane's 64 KiB, small enough that a step's own work stays
 // far below its sleep, even under ThreadSanitizer.
 constexpr size_t kCount = 32768;

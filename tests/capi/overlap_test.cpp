@@ -42,17 +42,6 @@ using namespace std::chrono;
 namespace {
 
 // Sets an environment variable for the lifetime of the object (read at comm creation).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 co2_engine_config_t overlap_config(co2_algorithm_t algo, int tau) {
   co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
   cfg.algorithm = algo;

@@ -20,6 +20,7 @@
 #include <functional>
 #include <mutex>
 #include <sstream>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,6 +127,18 @@ inline void run_ranks(int world_size, const std::function<void(int, co2_comm_t)>
 }
 
 // A reusable barrier for rank threads, with a timeout so a failed rank cannot hang the others.
+// Sets an environment variable for its lifetime (the CO2_LOCAL_TEST_* link models, CO2_TRACE).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 class Barrier {
  public:
   explicit Barrier(int n) : n_(n) {}

@@ -24,17 +24,6 @@ using namespace std::chrono;
 
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 constexpr size_t kCount = 262144;      // 1 MiB of fp32
 constexpr double kBandwidth = 16e6;    // bytes/s per directed link
 // Ring all-reduce over two ranks: every byte of the payload crosses each directed link once.
