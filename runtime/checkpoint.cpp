@@ -27,6 +27,12 @@
 // f32 residual[count]: what that rank's encodings dropped from the last outer all-reduce.
 // Restored, like the eager state, only by the same rank at the same W into an engine with error
 // feedback; anywhere else it is read and dropped.
+//
+// Version 5 is written by engines on CUDA tensors that save a co2 average in flight: their
+// average is not prepared (the device computes the update in the boundary pass) and its BUFFER
+// part already holds values, which flags.value_average says, so that it is not converted as a
+// 1.0 blob's deltas would be. The layout hash of a CUDA engine differs from a host engine's:
+// such a blob loads into an engine on CUDA tensors only.
 #include <cstring>
 #include <string>
 
@@ -48,6 +54,7 @@ constexpr uint32_t kFormatVersion = 1;
 constexpr uint32_t kPreparedFormatVersion = 2;
 constexpr uint32_t kEagerFormatVersion = 3;
 constexpr uint32_t kErrorFeedbackFormatVersion = 4;
+constexpr uint32_t kValueAverageFormatVersion = 5;
 
 constexpr uint32_t kBetaAuto = 1u << 0;
 constexpr uint32_t kNesterov = 1u << 1;
@@ -57,8 +64,9 @@ constexpr uint32_t kHasAnchor = 1u << 4;
 constexpr uint32_t kPrepared = 1u << 5;  // version 2
 constexpr uint32_t kEager = 1u << 6;     // version 3
 constexpr uint32_t kErrorFeedback = 1u << 7;  // version 4
+constexpr uint32_t kValueAverage = 1u << 8;   // version 5
 constexpr uint32_t kKnownFlags = kBetaAuto | kNesterov | kHasMomentum | kHasAverage | kHasAnchor | kPrepared |
-                                   kEager | kErrorFeedback;
+                                   kEager | kErrorFeedback | kValueAverage;
 
 // Counts bytes and CRC; forwards to the user's callback when there is one. Without one it only
 // counts and never reads `data`: state_size runs while the progress thread may be writing the
@@ -139,9 +147,10 @@ Header header_of(const Engine::State& s, bool with_average, bool prepared) {
   h.world_size = uint32_t(s.comm->size());
   h.algorithm = uint32_t(s.config.algorithm);
   h.flags = (s.beta_auto ? kBetaAuto : 0) | (s.config.nesterov ? kNesterov : 0) |
-            (!s.momentum.empty() ? kHasMomentum : 0) | (with_average ? kHasAverage : 0) |
+            (s.backend->has_momentum() ? kHasMomentum : 0) | (with_average ? kHasAverage : 0) |
             (s.has_anchor() ? kHasAnchor : 0) | (prepared ? kPrepared : 0) | (s.eager() ? kEager : 0) |
-            (s.error_feedback() ? kErrorFeedback : 0);
+            (s.error_feedback() ? kErrorFeedback : 0) |
+            (with_average && !prepared && s.on_device() ? kValueAverage : 0);
   h.tau = s.config.tau;
   h.round_tau = s.round_tau;
   h.steps_in_round = s.steps_in_round;
@@ -164,7 +173,8 @@ Header header_of(const Engine::State& s, bool with_average, bool prepared) {
 
 void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& out) {
   out.bytes(kMagic, sizeof kMagic);
-  out.value(s.error_feedback() ? kErrorFeedbackFormatVersion
+  out.value(with_average && !prepared && s.on_device() ? kValueAverageFormatVersion
+             : s.error_feedback() ? kErrorFeedbackFormatVersion
              : s.eager()        ? kEagerFormatVersion
              : prepared         ? kPreparedFormatVersion
                                 : kFormatVersion);
@@ -202,7 +212,6 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
 
 size_t Engine::state_size() const {
   const State& s = *state_;
-  require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before asking for the state size");
   // An average in flight counts: save collects it before writing. Whether its update is
   // prepared changes no size (and is the progress thread's to write until it is collected).
@@ -213,22 +222,27 @@ size_t Engine::state_size() const {
 
 void Engine::save(const WriteFn& write) {
   State& s = *state_;
-  require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before saving");
   s.advisor.pause();  // a save between steps is not a training step
+  s.backend->wait_for_caller("save");
   collect_pending_average(s);
   // Without an anchor the consensus is the parameters, which differ across ranks mid-round
   // (localsgd) by design: compared at boundaries only (steps_in_round is equal on every rank).
   if (s.has_anchor() || s.steps_in_round == 0) check_anchor(s);
+  s.backend->stage_out();
+  struct Release {
+    Backend& backend;
+    ~Release() { backend.release_staged(); }
+  } release{*s.backend};
   Sink out(&write);
   serialize(s, s.average_ready, s.average_ready && s.prepared.ready, out);
 }
 
 void Engine::load(const ReadFn& read) {
   State& s = *state_;
-  require(!s.device, Status::Unsupported, "checkpoints of engines with CUDA tensors are not supported yet");
   require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
   s.advisor.pause();
+  s.backend->wait_for_caller("load");
   require(static_cast<bool>(read), Status::InvalidArgument, "read callback is NULL");
   Source in(read);
   char magic[8];
@@ -237,9 +251,9 @@ void Engine::load(const ReadFn& read) {
           "not a co2 checkpoint (bad magic)");
   const auto version = in.value<uint32_t>();
   require(version != 0, Status::CheckpointCorrupt, "checkpoint format version is 0: the blob is corrupted");
-  require(version >= kFormatVersion && version <= kErrorFeedbackFormatVersion, Status::CheckpointMismatch,
+  require(version >= kFormatVersion && version <= kValueAverageFormatVersion, Status::CheckpointMismatch,
           "checkpoint format version " + std::to_string(version) + " is not supported (this library reads " +
-              std::to_string(kFormatVersion) + " to " + std::to_string(kErrorFeedbackFormatVersion) + ")");
+              std::to_string(kFormatVersion) + " to " + std::to_string(kValueAverageFormatVersion) + ")");
   Header h;
   auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
   visit_header(get, h);
@@ -373,7 +387,10 @@ void Engine::load(const ReadFn& read) {
   // A co2 average that was not prepared comes from a 1.0 blob (1.1 saves it prepared, unless it
   // was refused as non-finite): its BUFFER part is a delta from the anchor, where 1.1 sends
   // values (OuterCoefficients::anchor_weight). As values it applies what 1.0 would have.
-  if ((h.flags & kHasAverage) && !prepared && config.algorithm == Algorithm::Co2 && !anchor.empty())
+  const bool value_average = (h.flags & kValueAverage) != 0;
+  require(!value_average || (version >= kValueAverageFormatVersion && (h.flags & kHasAverage) && !prepared),
+          Status::CheckpointCorrupt, "checkpoint flags are inconsistent (a value average without its average)");
+  if ((h.flags & kHasAverage) && !prepared && !value_average && config.algorithm == Algorithm::Co2 && !anchor.empty())
     for (const Segment& seg : s.segments)
       if (seg.role == Role::Buffer)
         for (size_t i = seg.state_offset; i < seg.state_offset + seg.count; ++i) average.data()[i] -= anchor.data()[i];
@@ -387,7 +404,8 @@ void Engine::load(const ReadFn& read) {
   s.beta = s.beta_auto ? default_outer_momentum(s.comm->size()) : h.beta;
   s.anchor = std::move(anchor);
   s.momentum = std::move(momentum);
-  if (s.has_anchor() && s.momentum_needed() && s.momentum.empty()) s.momentum = FloatBuffer(s.state_count);
+  if (s.has_anchor() && s.momentum_needed() && s.momentum.empty() && !s.on_device())
+    s.momentum = FloatBuffer(s.state_count);
   s.comm_buffer = std::move(average);
   s.eager_offset = std::move(eager_offset);
   s.eager_momentum = std::move(eager_momentum);
@@ -407,7 +425,7 @@ void Engine::load(const ReadFn& read) {
   s.stats.outer_updates = h.outer_updates;
   s.stats.nonfinite_rounds = h.nonfinite_rounds;
   s.stats.resolved_outer_momentum = s.beta;
-  if (s.has_anchor()) set_parameters_to_round_start(s);
+  s.backend->stage_in();
 }
 
 }  // namespace co2

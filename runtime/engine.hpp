@@ -17,6 +17,8 @@
 
 namespace co2 {
 
+class Backend;  // runtime/backend.hpp
+
 enum class Algorithm : int { Co2 = 0, Sync = 1, LocalSgd = 2, Diloco = 3 };
 enum class Penalty : int { None = 0, Constant = 1, Gap = 2 };
 enum class Clip : int { None = 0, Value = 1, Norm = 2 };
@@ -137,9 +139,12 @@ class Engine {
 
   // For tests of the invariant checks only: the live anchor.
   float* anchor_for_testing();
-
-  // Defined in runtime/engine_state.hpp, for engine.cpp and checkpoint.cpp only.
+  // Defined in runtime/engine_state.hpp, for engine.cpp, checkpoint.cpp and the backends only.
   struct State;
+
+  // For tests of the round logic only (tests/runtime/engine_rounds_test.cpp): the backend made
+  // by `make` replaces the host backend; before any tensor is registered.
+  void use_backend_for_testing(const std::function<std::unique_ptr<Backend>(State&)>& make);
 
  private:
   std::unique_ptr<State> state_;

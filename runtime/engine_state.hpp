@@ -9,7 +9,8 @@
 
 #include "runtime/buffer.hpp"
 #include "runtime/comm.hpp"
-#include "runtime/device/device_path.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/device/allocator.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/observe.hpp"
 #include "runtime/param_types.hpp"
@@ -110,12 +111,15 @@ struct Engine::State {
   Observer observer;   // the advice agreed across ranks, the round log line
   std::unique_ptr<Trace> trace;  // CO2_TRACE only: every hook tests this pointer first
 
-  // CUDA tensors (runtime/device/): the device path owns the outer state then, and the host
-  // buffers above stay empty. placement: co2_device_kind_t of the tensors, -1 before the first.
+  // Where the state lives and how it is computed (runtime/backend.hpp): the host backend, or
+  // the device backend once a CUDA tensor is registered; the device backend keeps the outer
+  // state in device memory and fills the host buffers above only for a checkpoint.
+  // placement: co2_device_kind_t of the tensors, -1 before the first.
   int placement = -1;
   int device_index = 0;
   DeviceAllocator allocator;
-  std::unique_ptr<DevicePath> device;
+  std::unique_ptr<Backend> backend;
+  bool on_device() const { return placement == int(DeviceKind::Cuda); }
 
   bool has_anchor() const {
     return config.algorithm == Algorithm::Co2 || config.algorithm == Algorithm::Diloco;
@@ -128,8 +132,10 @@ struct Engine::State {
   }
 };
 
-// Shared by engine.cpp, checkpoint.cpp and the device path.
+// Shared by engine.cpp, checkpoint.cpp and the backends.
 OuterSettings outer_settings_of(const Engine::State& s);
+// An applied update counts; its figures (when known) become the last_* statistics.
+void commit_update(Engine::State& s, Clip clip, const UpdateSummary* sum);
 // The first half of the split boundary pass (co2 and diloco on the host): the update of the
 // average in `comm` (momentum in place, the next anchor into `comm`, and into the parameters
 // when params_follow) with prepared.settings and prepared.history; sets prepared.ready. False
@@ -137,14 +143,10 @@ OuterSettings outer_settings_of(const Engine::State& s);
 // (the parameters may not be).
 bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
                     PreparedUpdate& prepared, bool params_follow = false);
-uint64_t consensus_checksum(const Engine::State& s);
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose);
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
 void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_check_interval rounds
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
-void set_parameters_to_anchor(Engine::State& s);
-// p <- anchor, plus the rank's eager offset on PARAMETER segments under the eager policy.
-void set_parameters_to_round_start(Engine::State& s);
 // f(p) with p the segment's parameters as a typed pointer (float*, Bf16* or Fp16*): the host
 // passes are templates over the parameter type (runtime/param_types.hpp).
 template <typename F>

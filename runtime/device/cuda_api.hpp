@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <string>
 
-#include "runtime/device/device_path.hpp"
+#include "runtime/device/allocator.hpp"
 #include "runtime/device/selection.hpp"
 #include "runtime/status.hpp"
 

@@ -1,19 +1,16 @@
 // Host-only builds: CUDA tensors are refused with a status that says why.
-#include "runtime/device/device_path.hpp"
+#include "runtime/backend.hpp"
 #include "runtime/device/raw_memory.hpp"
+#include "runtime/status.hpp"
 
 namespace co2 {
 
-bool device_path_built() { return false; }
+bool device_backend_built() { return false; }
 
-std::unique_ptr<DevicePath> make_device_path(int /*device_index*/) {
+std::unique_ptr<Backend> make_device_backend(Engine::State&, int /*device_index*/) {
   fail(Status::Unsupported,
        "CUDA tensors need a build with the cuda option (this libco2 was built without CUDA)");
 }
-
-}  // namespace co2
-
-namespace co2 {
 
 bool is_cuda_memory(const void*) { return false; }
 

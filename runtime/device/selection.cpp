@@ -40,9 +40,10 @@ TransportChoice choose_transport(int requested, bool nccl_built, bool ucx_built)
   }
 }
 
-std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average) {
-  std::vector<Op> plan;
-  auto op = [&](OpKind k, Stream s, Event e = Event::AverageReady) { plan.push_back(Op{k, s, e}); };
+BoundaryPhases co2_boundary_phases(Averaging averaging, bool have_average) {
+  BoundaryPhases phases;
+  std::vector<Op>* plan = &phases.collect;
+  auto op = [&](OpKind k, Stream s, Event e = Event::AverageReady) { plan->push_back(Op{k, s, e}); };
   const bool staged = averaging == Averaging::StagedHost;
   if (have_average) {
     op(OpKind::HostWaitAverage, Stream::Comm);
@@ -58,11 +59,13 @@ std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average) {
     }
     op(OpKind::StreamWaitEvent, Stream::Caller, Event::AverageReady);
   }
+  plan = &phases.pass;
   op(OpKind::Coefficients, Stream::Caller);
   op(OpKind::Pass, Stream::Caller);
   op(OpKind::Report, Stream::Caller);
   op(OpKind::RecordEvent, Stream::Caller, Event::ReportReady);
   op(OpKind::RecordEvent, Stream::Caller, Event::PassDone);
+  plan = &phases.submit;
   op(OpKind::StreamWaitEvent, Stream::Comm, Event::PassDone);
   if (staged) {
     op(OpKind::CopyDeltaOut, Stream::Comm);
@@ -75,6 +78,14 @@ std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average) {
     op(OpKind::CopyFlagOut, Stream::Comm);
     op(OpKind::RecordEvent, Stream::Comm, Event::AverageReady);
   }
+  return phases;
+}
+
+std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average) {
+  BoundaryPhases phases = co2_boundary_phases(averaging, have_average);
+  std::vector<Op> plan = std::move(phases.collect);
+  plan.insert(plan.end(), phases.pass.begin(), phases.pass.end());
+  plan.insert(plan.end(), phases.submit.begin(), phases.submit.end());
   return plan;
 }
 

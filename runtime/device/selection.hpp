@@ -87,6 +87,15 @@ struct Op {
 // the communicator's submissions must stay in issue order on the training thread.
 std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average);
 
+// The same plan in the three phases runtime/engine.cpp calls in turn (runtime/backend.hpp):
+// collect (the host waits for the average and learns its finiteness; the caller's stream waits
+// for it), pass (the fused pass on the caller's stream), submit (the deltas' all-reduce). The
+// engine checks the anchor, when due, between pass and submit; finalize runs collect and pass.
+struct BoundaryPhases {
+  std::vector<Op> collect, pass, submit;
+};
+BoundaryPhases co2_boundary_phases(Averaging averaging, bool have_average);
+
 // Checks the invariants above for a sequence of boundary plans run back to back (events start
 // unrecorded): every waited event was recorded before, Pass/Coefficients/Report run on the
 // caller stream, DeviceAllReduce/copies of the comm buffer on the comm stream, the comm buffer

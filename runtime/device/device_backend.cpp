@@ -1,25 +1,27 @@
-// The engine's device path (CUDA tensors): outer state in device memory, the boundary as fused
-// kernels on the caller's stream, the comm buffer averaged either by a collective transport
-// (NCCL, in place on its stream) or staged through pinned host memory over the communicator
-// (UCX, local). The co2 boundary is runtime/device/selection.cpp's plan, executed op by op.
+// The device backend (CUDA tensors): outer state in device memory, the boundary as fused kernels
+// on the caller's stream, the comm buffer averaged either by a collective transport (NCCL, in
+// place on its stream) or staged through pinned host memory over the communicator (UCX,
+// local). The round logic is runtime/engine.cpp's; a co2 boundary is runtime/device/
+// selection.cpp's plan, executed phase by phase as the engine calls collect, pass and submit.
 #include <atomic>
 #include <chrono>
 #include <deque>
 #include <thread>
 #include <vector>
 
+#include "runtime/backend.hpp"
 #include "runtime/boundary_pass.hpp"
-
 #include "runtime/checksum.hpp"
 #include "runtime/device/cuda_api.hpp"
 #include "runtime/device/kernels.hpp"
 #include "runtime/device/selection.hpp"
 #include "runtime/engine_state.hpp"
 #include "runtime/log.hpp"
+#include "runtime/observe.hpp"
 
 namespace co2 {
 
-bool device_path_built() { return true; }
+bool device_backend_built() { return true; }
 
 namespace device {
 namespace {
@@ -29,22 +31,16 @@ using S = Engine::State;
 // Boundaries whose reports may still be on the device before the host waits for the oldest.
 constexpr size_t kReportSlots = 4;
 
-void throw_nonfinite() {
-  fail(Status::NonFinite,
-       "the averaged update contains NaN or Inf; nothing was applied on any rank (the anchor "
-       "is unchanged): lower the learning rate or skip the offending data");
-}
-
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-class CudaPath final : public DevicePath {
+class DeviceBackend final : public Backend {
  public:
-  explicit CudaPath(int device_index) : device_(device_index), selected_(device_index) {
+  DeviceBackend(S& s, int device_index) : s_(s), device_(device_index), selected_(device_index) {
     own_stream_ = std::make_unique<CudaStream>();
     for (size_t i = 0; i < kReportSlots; ++i) report_ready_.push_back(std::make_unique<CudaEvent>());
   }
 
-  void check_device_memory(const void* data, size_t bytes, const std::string& what) override {
+  void check_memory(const void* data, size_t bytes, const std::string& what) override {
     const char* last = static_cast<const char*>(data) + (bytes ? bytes - 1 : 0);
     for (const void* p : {data, static_cast<const void*>(last)}) {
       cudaPointerAttributes attributes{};
@@ -58,13 +54,14 @@ class CudaPath final : public DevicePath {
     }
   }
 
-  void* allocate_flat(S& s, size_t count) override {
+  void* allocate_flat(size_t count) override {
     make_current();
-    flat_ = DeviceMemory(count * sizeof(float), device_, s.allocator, own_stream_->get());
+    flat_ = DeviceMemory(count * sizeof(float), device_, s_.allocator, own_stream_->get());
     return flat_.as();
   }
 
-  void commit(S& s) override {
+  void commit() override {
+    S& s = s_;
     const int comm_device = s.comm->collective_device();
     require(comm_device < 0 || comm_device == device_, Status::InvalidArgument,
             "the tensors are on CUDA device " + std::to_string(device_) + " but the NCCL communicator on device " +
@@ -77,9 +74,9 @@ class CudaPath final : public DevicePath {
     build_tables(s);
     buffer_values_ = s.config.algorithm == Algorithm::Co2;
     const size_t bytes = s.state_count * sizeof(float);
-    comm_ = alloc(s, bytes);
-    if (s.has_anchor()) anchor_ = alloc(s, bytes);
-    if (s.has_anchor() && s.momentum_needed()) momentum_ = alloc(s, bytes);
+    comm_ = alloc(bytes);
+    if (s.has_anchor()) anchor_ = alloc(bytes);
+    if (s.has_anchor() && s.momentum_needed()) momentum_ = alloc(bytes);
     if (averaging_ == Averaging::StagedHost) staging_ = PinnedMemory(bytes);
     reports_ = PinnedMemory(kReportSlots * sizeof(kernels::Report));
     flag_host_ = PinnedMemory(sizeof(int));
@@ -88,53 +85,96 @@ class CudaPath final : public DevicePath {
 
     // Rank 0's values become everyone's parameters and anchor, once the framework's
     // initialisation is finished (commit has no stream argument: see wait_for_caller).
-    wait_for_caller(s, "commit");
+    wait_for_caller("commit");
     cudaStream_t st = own_stream_->get();
-    pack(s, comm_.as<float>(), st, false);
+    pack(comm_.as<float>(), st, false);
     check(cudaStreamSynchronize(st), "cudaStreamSynchronize (commit)");
-    broadcast_from_rank0(s, comm_.as<float>(), s.state_count);
-    unpack(s, comm_.as<float>(), st, false);
+    broadcast_from_rank0(comm_.as<float>(), s.state_count);
+    unpack(comm_.as<float>(), st, false);
     if (!anchor_.empty())
       check(cudaMemcpyAsync(anchor_.as(), comm_.as(), bytes, cudaMemcpyDeviceToDevice, st), "copy anchor");
     check(cudaMemsetAsync(comm_.as(), 0, bytes, st), "clear comm buffer");
     check(cudaStreamSynchronize(st), "cudaStreamSynchronize (commit)");
   }
 
-  bool boundary(S& s, void* stream) override {
+  void momentum_needed() override {
+    if (!momentum_.empty() || comm_.empty() || !s_.has_anchor()) return;
     make_current();
-    caller_stream_ = stream;
-    fold_reports(s, false);
-    cudaStream_t caller = as_stream(stream);
-    const bool warmup = s.stats.rounds <= s.config.warmup_sync_rounds;
-    bool applied = true;
-    switch (s.config.algorithm) {
-      case Algorithm::Co2:
-        applied = warmup ? diloco_boundary(s, caller) : co2_boundary(s, caller);
-        break;
-      case Algorithm::Diloco:
-        applied = diloco_boundary(s, caller);
-        break;
-      case Algorithm::LocalSgd:
-        applied = localsgd_boundary(s, caller);
-        break;
-      case Algorithm::Sync:
-        applied = sync_boundary(s, caller);
-        break;
-    }
-    const uint32_t k = s.config.anchor_check_interval;
-    if (applied && k && s.stats.rounds % k == 0) check_anchor(s, caller);
-    return take_nonfinite() && applied;
+    momentum_ = alloc(s_.state_count * sizeof(float));  // starts from zero momentum
+    check(cudaMemset(momentum_.as(), 0, momentum_.bytes()), "clear momentum");
+    refresh_tables();
   }
 
-  void reduce_gradients(S& s, void* const* grads, size_t, void* stream) override {
+  // --- co2: the phases of selection.cpp's plan ---
+  Arrival collect_average() override {
     make_current();
-    caller_stream_ = stream;
-    cudaStream_t caller = as_stream(stream);
+    S& s = s_;
+    Arrival a;
+    if (s.pending) {
+      a.have = true;
+      a.finite = run(co2_boundary_phases(averaging_, true).collect);
+      s.average_ready = false;
+      return a;
+    }
+    if (s.average_ready) {  // collected by save, or restored: already in the device comm buffer
+      s.average_ready = false;
+      a.have = true;
+      a.finite = s.ready_average_finite;
+      average_ready_.make_wait(caller());
+    }
+    return a;
+  }
+
+  DeltasFinite apply_update_and_write_deltas() override { return pass(/*update=*/true, /*write_delta=*/true); }
+  DeltasFinite write_deltas() override { return pass(/*update=*/false, /*write_delta=*/true); }
+
+  DeltasFinite eager_pass(bool) override {
+    fail(Status::Unsupported, "the eager policy is implemented on the host only");  // refused at commit
+  }
+
+  void submit_average() override {
+    s_.prepared.settings = outer_settings_of(s_);  // the settings its update will be applied with
+    run(co2_boundary_phases(averaging_, true).submit);
+  }
+
+  void apply_update() override { pass(/*update=*/true, /*write_delta=*/false); }
+  void clear_eager_state() override {}
+
+  // --- diloco: c = a - p (and p = a), averaged, then the update with the current settings ---
+  bool average_deltas_blocking() override {
+    make_current();
+    S& s = s_;
+    blocking_settings_ = outer_settings_of(s);
+    check(kernels::boundary_pass(t_, config_of(blocking_settings_, false, true), caller()), "delta kernel");
+    return average_blocking(comm_.as<float>(), s.state_count, t_.average_nonfinite, Purpose::OuterAverage);
+  }
+
+  void apply_blocking_update() override {
+    const kernels::Config config = config_of(blocking_settings_, true, false);
+    check(kernels::coefficients(t_, config, caller()), "coefficients kernels");
+    check(kernels::boundary_pass(t_, config, caller()), "boundary pass kernel");
+    report(caller());
+    fold_reports(true);  // a blocking round: its statistics are known when the step returns
+  }
+
+  // Blocking average of the parameters (buffers_only: of the BUFFER segments) across ranks.
+  bool average_parameters(bool buffers_only) override {
+    make_current();
+    pack(comm_.as<float>(), caller(), buffers_only);
+    if (!average_blocking(comm_.as<float>(), s_.state_count, blocking_flag(), Purpose::ParameterAverage))
+      return false;
+    unpack(comm_.as<float>(), caller(), buffers_only);
+    return true;
+  }
+
+  bool average_gradients(void* const* grads, size_t) override {
+    make_current();
+    S& s = s_;
     float* packed;
     if (s.config.algorithm == Algorithm::Sync) {
       packed = comm_.as<float>();
     } else {
-      if (gradients_.empty()) gradients_ = alloc(s, s.trained_count * sizeof(float));
+      if (gradients_.empty()) gradients_ = alloc(s.trained_count * sizeof(float));
       packed = gradients_.as<float>();
     }
     size_t offset = 0, i = 0;
@@ -142,113 +182,86 @@ class CudaPath final : public DevicePath {
       if (seg.role != Role::Parameter) continue;
       const size_t bytes = seg.count * sizeof(float);
       if (grads[i])
-        check(cudaMemcpyAsync(packed + offset, grads[i], bytes, cudaMemcpyDeviceToDevice, caller), "pack gradients");
+        check(cudaMemcpyAsync(packed + offset, grads[i], bytes, cudaMemcpyDeviceToDevice, caller()), "pack gradients");
       else
-        check(cudaMemsetAsync(packed + offset, 0, bytes, caller), "zero gradients");
+        check(cudaMemsetAsync(packed + offset, 0, bytes, caller()), "zero gradients");
       offset += seg.count;
       ++i;
     }
-    if (!average_blocking(s, packed, s.trained_count, caller, blocking_flag(), Purpose::GradientAverage))
-      fail(Status::NonFinite,
-           "the averaged gradient contains NaN or Inf; the gradients were left as they were: skip "
-           "this optimizer step");
+    if (!average_blocking(packed, s.trained_count, blocking_flag(), Purpose::GradientAverage)) return false;
     offset = 0;
     i = 0;
     for (const Segment& seg : s.segments) {
       if (seg.role != Role::Parameter) continue;
       if (grads[i])
-        check(cudaMemcpyAsync(grads[i], packed + offset, seg.count * sizeof(float), cudaMemcpyDeviceToDevice, caller),
+        check(cudaMemcpyAsync(grads[i], packed + offset, seg.count * sizeof(float), cudaMemcpyDeviceToDevice,
+                              caller()),
               "unpack gradients");
       offset += seg.count;
       ++i;
     }
+    return true;
   }
 
-  void synchronize(S& s) override {
+  void set_parameters_to_anchor() override {
     make_current();
-    wait_for_caller(s, "synchronize");
-    cudaStream_t caller = nullptr;
-    const bool mid_round = s.steps_in_round > 0;
-    s.steps_in_round = 0;
-    s.round_tau = s.config.tau;
-    bool applied = true;
-    switch (s.config.algorithm) {
-      case Algorithm::Co2:
-        if (mid_round) applied = co2_boundary(s, caller);
-        applied = apply_pending(s, caller) && applied;
-        break;
-      case Algorithm::Diloco:
-        if (mid_round)
-          applied = diloco_boundary(s, caller);
-        else
-          unpack(s, anchor_.as<float>(), caller, false);
-        break;
-      case Algorithm::LocalSgd:
-        applied = localsgd_boundary(s, caller);
-        break;
-      case Algorithm::Sync:
-        applied = sync_boundary(s, caller);
-        break;
-    }
-    fold_reports(s, true);
-    applied = take_nonfinite() && applied;
-    if (!applied) throw_nonfinite();
-    check_anchor(s, caller);
+    unpack(anchor_.as<float>(), caller(), false);
   }
 
-  void finalize(S& s) override {
+  // The anchor (or, without one, the parameters) copied to the host after the caller's stream
+  // reached this point and hashed there: every K boundaries only.
+  uint64_t consensus_checksum() override {
     make_current();
-    wait_for_caller(s, "finalize");
-    s.steps_in_round = 0;
-    s.round_tau = s.config.tau;
-    bool applied = apply_pending(s, nullptr);
-    fold_reports(s, true);
-    applied = take_nonfinite() && applied;
-    wait_for_caller(s, "finalize");  // the last pass ran on the caller's stream
-    if (!applied) throw_nonfinite();
+    std::vector<float> host(s_.state_count);
+    if (!anchor_.empty())
+      check(cudaMemcpyAsync(host.data(), anchor_.as(), host.size() * sizeof(float), cudaMemcpyDeviceToHost, caller()),
+            "copy anchor for its checksum");
+    else
+      pack(host.data(), caller(), false);
+    wait_for_caller("anchor check");
+    WordHasher hasher;
+    hasher.update(host.data(), host.size());
+    return hasher.digest();
   }
 
-  void consensus(S& s, ConsensusKind kind, float* out, size_t count) override {
+  void consensus_into(float* out, size_t count, bool parameters, bool average) override {
     make_current();
-    wait_for_caller(s, "consensus");
     const size_t bytes = count * sizeof(float);
-    switch (kind) {
-      case ConsensusKind::Anchor:
-        if (!anchor_.empty()) {
-          check(cudaMemcpy(out, anchor_.as(), bytes, cudaMemcpyDefault), "copy anchor out");
-          return;
-        }
-        require(s.config.algorithm == Algorithm::Sync, Status::Unsupported,
-                "localsgd keeps no anchor: use CO2_CONSENSUS_LOCAL_AVERAGE");
-        pack(s, out, nullptr, false);
-        check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize (consensus)");
-        return;
-      case ConsensusKind::LocalAverage: {
-        if (scratch_.empty()) scratch_ = alloc(s, s.state_count * sizeof(float));
-        pack(s, scratch_.as<float>(), nullptr, false);
-        average_blocking(s, scratch_.as<float>(), count, nullptr, blocking_flag(), Purpose::Consensus);
-        check(cudaMemcpy(out, scratch_.as(), bytes, cudaMemcpyDefault), "copy average out");
-        return;
-      }
+    if (!parameters) {
+      check(cudaMemcpyAsync(out, anchor_.as(), bytes, cudaMemcpyDefault, caller()), "copy anchor out");
+    } else if (!average) {
+      pack(out, caller(), false);
+    } else {
+      if (scratch_.empty()) scratch_ = alloc(s_.state_count * sizeof(float));
+      pack(scratch_.as<float>(), caller(), false);
+      average_blocking(scratch_.as<float>(), count, blocking_flag(), Purpose::Consensus);
+      check(cudaMemcpyAsync(out, scratch_.as(), bytes, cudaMemcpyDefault, caller()), "copy average out");
     }
-    fail(Status::UnknownEnum, "unknown consensus kind " + std::to_string(int(kind)));
+    wait_for_caller("consensus");
   }
 
-  void momentum_needed(S& s) override {
-    if (!momentum_.empty() || comm_.empty()) return;
+  void set_caller_stream(void* stream) override { caller_stream_ = stream; }
+
+  // Calls without a stream argument (commit, synchronize, finalize, consensus, save) order after
+  // the caller's stream of the last step or reduce_gradients — before the first one, the legacy
+  // default stream, which every blocking stream's earlier work precedes. Not
+  // cudaDeviceSynchronize: that also waits for other libraries' streams (a data loader's
+  // copies, another communicator's collectives), which no timeout of ours could end.
+  void wait_for_caller(const char* what) override {
     make_current();
-    momentum_ = alloc(s, s.state_count * sizeof(float));  // starts from zero momentum
-    refresh_tables();
+    wait_for_stream(caller_stream_, what);
   }
 
-  void fold_reports(S& s, bool wait) override {
+  void fold_reports(bool wait) override {
+    if (comm_.empty()) return;  // not committed (a failed commit)
+    S& s = s_;
     while (!ring_.empty()) {
       const size_t slot = ring_.oldest();
       if (wait)
         report_ready_[slot]->synchronize();
       else if (!report_ready_[slot]->done())
         break;
-      fold(s, reports_.as<kernels::Report>()[slot]);
+      fold(reports_.as<kernels::Report>()[slot]);
       ring_.pop();
     }
     while (!in_flight_.empty()) {
@@ -277,7 +290,8 @@ class CudaPath final : public DevicePath {
     }
   }
 
-  void drain(S& s) noexcept override {
+  void drain() noexcept override {
+    S& s = s_;
     // The collective first: it is bounded by the communicator's timeout (a dead peer aborts the
     // NCCL communicator, which releases the comm stream).
     if (s.pending) s.pending->wait_status();
@@ -286,7 +300,7 @@ class CudaPath final : public DevicePath {
     // device that hangs leaks the state rather than the process.
     for (void* stream : {caller_stream_, static_cast<void*>(comm_stream_), static_cast<void*>(own_stream_->get())}) {
       try {
-        wait_for_stream(s, stream, "shutdown");
+        wait_for_stream(stream, "shutdown");
       } catch (const Error& e) {
         log::warn(std::string("engine shutdown: ") + e.what());
         return;
@@ -294,19 +308,84 @@ class CudaPath final : public DevicePath {
     }
   }
 
- private:
-  // Calls without a stream argument (commit, synchronize, finalize, consensus) order after the
-  // caller's stream of the last step or reduce_gradients — before the first one, the legacy
-  // default stream, which every blocking stream's earlier work precedes. Not
-  // cudaDeviceSynchronize: that also waits for other libraries' streams (a data loader's
-  // copies, another communicator's collectives), which no timeout of ours could end.
-  void wait_for_caller(S& s, const char* what) { wait_for_stream(s, caller_stream_, what); }
+  // --- checkpoints: the device state through Engine::State's host buffers ---
+  bool has_momentum() const override { return !momentum_.empty(); }
 
+  void stage_out() override {
+    make_current();
+    S& s = s_;
+    const size_t bytes = s.state_count * sizeof(float);
+    cudaStream_t st = caller();
+    if (!anchor_.empty()) {
+      s.anchor = FloatBuffer(s.state_count);
+      check(cudaMemcpyAsync(s.anchor.data(), anchor_.as(), bytes, cudaMemcpyDeviceToHost, st), "stage anchor out");
+    }
+    if (!momentum_.empty()) {
+      s.momentum = FloatBuffer(s.state_count);
+      check(cudaMemcpyAsync(s.momentum.data(), momentum_.as(), bytes, cudaMemcpyDeviceToHost, st), "stage momentum out");
+    }
+    if (s.average_ready) {  // collected: in the device comm buffer, the caller's stream waited for it
+      s.comm_buffer = FloatBuffer(s.state_count);
+      check(cudaMemcpyAsync(s.comm_buffer.data(), comm_.as(), bytes, cudaMemcpyDeviceToHost, st), "stage average out");
+    }
+    std::vector<kernels::GapState> gap(num_segments_);
+    check(cudaMemcpyAsync(gap.data(), gap_.as(), gap.size() * sizeof(kernels::GapState), cudaMemcpyDeviceToHost, st),
+          "stage gap history out");
+    wait_for_caller("save");
+    size_t entry = 0;
+    for (size_t i = 0; i < s.segments.size(); ++i) {
+      if (s.segments[i].role == Role::Excluded) continue;
+      s.history[i] = GapHistory{gap[entry].last_step_norm, gap[entry].gap_sum, uint64_t(gap[entry].updates)};
+      ++entry;
+    }
+  }
+
+  void release_staged() override {
+    s_.anchor = FloatBuffer();
+    s_.momentum = FloatBuffer();
+    s_.comm_buffer = FloatBuffer();
+  }
+
+  void stage_in() override {
+    make_current();
+    S& s = s_;
+    const size_t bytes = s.state_count * sizeof(float);
+    cudaStream_t st = own_stream_->get();
+    if ((!s.momentum.empty() || (s.has_anchor() && s.momentum_needed())) && momentum_.empty()) {
+      momentum_ = alloc(bytes);
+      refresh_tables();
+    }
+    if (!momentum_.empty()) {
+      if (s.momentum.empty())
+        check(cudaMemsetAsync(momentum_.as(), 0, bytes, st), "clear momentum");  // starts from zero
+      else
+        check(cudaMemcpyAsync(momentum_.as(), s.momentum.data(), bytes, cudaMemcpyHostToDevice, st), "stage momentum in");
+    }
+    if (!anchor_.empty())
+      check(cudaMemcpyAsync(anchor_.as(), s.anchor.data(), bytes, cudaMemcpyHostToDevice, st), "stage anchor in");
+    if (s.average_ready) {
+      check(cudaMemcpyAsync(comm_.as(), s.comm_buffer.data(), bytes, cudaMemcpyHostToDevice, st), "stage average in");
+      check(kernels::finite_check(comm_.as<float>(), s.state_count, t_.average_nonfinite, st), "finite check");
+    }
+    std::vector<kernels::GapState> gap;
+    for (size_t i = 0; i < s.segments.size(); ++i)
+      if (s.segments[i].role != Role::Excluded)
+        gap.push_back(kernels::GapState{s.history[i].last_step_norm, s.history[i].gap_sum,
+                                        (unsigned long long)s.history[i].updates});
+    check(cudaMemcpyAsync(gap_.as(), gap.data(), gap.size() * sizeof(kernels::GapState), cudaMemcpyHostToDevice, st),
+          "stage gap history in");
+    if (!anchor_.empty()) unpack(anchor_.as<float>(), st, false);
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize (load)");
+    average_ready_.record(own_stream_->get());  // collect_average's stream wait: already complete
+    release_staged();
+  }
+
+ private:
   // Polls an event on `stream` up to the communicator's timeout (Status::Timeout after it).
-  void wait_for_stream(S& s, void* stream, const char* what) {
+  void wait_for_stream(void* stream, const char* what) {
     CudaEvent reached;
     reached.record(as_stream(stream));
-    const auto timeout = s.comm->options().timeout;
+    const auto timeout = s_.comm->options().timeout;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!reached.done()) {
       require(std::chrono::steady_clock::now() < deadline, Status::Timeout,
@@ -319,7 +398,9 @@ class CudaPath final : public DevicePath {
   // The engine's device for this thread (the caller may have switched): one cheap call.
   void make_current() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
 
-  DeviceMemory alloc(S& s, size_t bytes) { return DeviceMemory(bytes, device_, s.allocator, own_stream_->get()); }
+  DeviceMemory alloc(size_t bytes) { return DeviceMemory(bytes, device_, s_.allocator, own_stream_->get()); }
+
+  cudaStream_t caller() const { return as_stream(caller_stream_); }
 
   void build_tables(S& s) {
     std::vector<size_t> counts;
@@ -335,16 +416,16 @@ class CudaPath final : public DevicePath {
     for (size_t i = 0; i < entries.size(); ++i) entries[i].first_chunk = first[i];
     num_segments_ = uint32_t(entries.size());
     num_chunks_ = uint32_t(chunks.size());
-    segments_ = alloc(s, entries.size() * sizeof(kernels::SegmentEntry));
-    chunks_ = alloc(s, chunks.size() * sizeof(Chunk));
+    segments_ = alloc(entries.size() * sizeof(kernels::SegmentEntry));
+    chunks_ = alloc(chunks.size() * sizeof(Chunk));
     check(cudaMemcpy(segments_.as(), entries.data(), segments_.bytes(), cudaMemcpyHostToDevice), "upload segments");
     check(cudaMemcpy(chunks_.as(), chunks.data(), chunks_.bytes(), cudaMemcpyHostToDevice), "upload chunks");
-    chunk_squares_ = alloc(s, chunks.size() * sizeof(double));
-    chunk_clamped_ = alloc(s, chunks.size() * sizeof(unsigned int));
-    coefficients_ = alloc(s, entries.size() * sizeof(kernels::SegmentCoefficients));
-    gap_ = alloc(s, entries.size() * sizeof(kernels::GapState));
-    flags_ = alloc(s, 3 * sizeof(int));
-    report_ = alloc(s, sizeof(kernels::Report));
+    chunk_squares_ = alloc(chunks.size() * sizeof(double));
+    chunk_clamped_ = alloc(chunks.size() * sizeof(unsigned int));
+    coefficients_ = alloc(entries.size() * sizeof(kernels::SegmentCoefficients));
+    gap_ = alloc(entries.size() * sizeof(kernels::GapState));
+    flags_ = alloc(3 * sizeof(int));
+    report_ = alloc(sizeof(kernels::Report));
   }
 
   void refresh_tables() {
@@ -384,16 +465,16 @@ class CudaPath final : public DevicePath {
     return c;
   }
 
-  void pack(const S& s, float* dst, cudaStream_t st, bool buffers_only) {
-    for (const Segment& seg : s.segments) {
+  void pack(float* dst, cudaStream_t st, bool buffers_only) {
+    for (const Segment& seg : s_.segments) {
       if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
       check(cudaMemcpyAsync(dst + seg.state_offset, seg.data, seg.count * sizeof(float), cudaMemcpyDefault, st),
             "pack parameters");
     }
   }
 
-  void unpack(const S& s, const float* src, cudaStream_t st, bool buffers_only) {
-    for (const Segment& seg : s.segments) {
+  void unpack(const float* src, cudaStream_t st, bool buffers_only) {
+    for (const Segment& seg : s_.segments) {
       if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
       check(cudaMemcpyAsync(seg.data, src + seg.state_offset, seg.count * sizeof(float), cudaMemcpyDefault, st),
             "unpack parameters");
@@ -405,7 +486,8 @@ class CudaPath final : public DevicePath {
     return blocking_staging_;
   }
 
-  void broadcast_from_rank0(S& s, float* data, size_t count) {
+  void broadcast_from_rank0(float* data, size_t count) {
+    S& s = s_;
     if (averaging_ == Averaging::Collective) {
       // Ordered on the NCCL stream.
       auto request = s.comm->broadcast(data, count, DataType::F32, 0, s.id(Purpose::InitialBroadcast));
@@ -424,8 +506,9 @@ class CudaPath final : public DevicePath {
 
   // Blocking average of device `data` after the caller's stream's work; the caller's stream then
   // waits for the result. *flag (device) = 1 if the average is not finite. Returns finiteness.
-  bool average_blocking(S& s, float* data, size_t count, cudaStream_t caller, int* flag,
-                        Purpose purpose) {
+  bool average_blocking(float* data, size_t count, int* flag, Purpose purpose) {
+    S& s = s_;
+    cudaStream_t caller = this->caller();
     ordered_.record(caller);
     ordered_.make_wait(comm_stream_);
     const size_t bytes = count * sizeof(float);
@@ -460,7 +543,7 @@ class CudaPath final : public DevicePath {
   void report(cudaStream_t caller) {
     if (ring_.full()) {  // the device is a whole ring of boundaries behind: wait for the oldest
       report_ready_[ring_.oldest()]->synchronize();
-      fold(*folding_state_, reports_.as<kernels::Report>()[ring_.oldest()]);
+      fold(reports_.as<kernels::Report>()[ring_.oldest()]);
       ring_.pop();
     }
     last_report_slot_ = ring_.push();
@@ -470,46 +553,39 @@ class CudaPath final : public DevicePath {
     report_ready_[last_report_slot_]->record(caller);
   }
 
-  void fold(S& s, const kernels::Report& r) {
+  // The engine counted the rounds whose average was not finite; a report adds what only the
+  // device knew: whether this rank's deltas were finite, and the figures of an applied update.
+  void fold(const kernels::Report& r) {
+    S& s = s_;
     if (r.delta_nonfinite) ++s.stats.nonfinite_local;
-    if (r.update_requested && !r.applied) {
-      ++s.stats.nonfinite_rounds;
-      // A co2 boundary that read the average's flag has already reported it.
-      if (nonfinite_reported_early_ > 0)
-        --nonfinite_reported_early_;
-      else
-        nonfinite_pending_ = true;
-    }
     if (!r.applied) return;
-    ++s.stats.outer_updates;
-    s.stats.last_penalty_min = s.num_trained ? r.penalty_min : 1.0;
-    s.stats.last_penalty_max = s.num_trained ? r.penalty_max : 1.0;
-    s.stats.last_clip_scale_min = r.scale_min;
-    if (s.config.clip == Clip::Value)
-      s.stats.last_clip_fraction = r.trained_elements ? double(r.clamped) / double(r.trained_elements) : 0.0;
-    else if (s.config.clip == Clip::Norm)
-      s.stats.last_clip_fraction = s.num_trained ? double(r.scaled_segments) / double(s.num_trained) : 0.0;
-    else
-      s.stats.last_clip_fraction = 0.0;
+    UpdateSummary summary;
+    summary.penalty_min = r.penalty_min;
+    summary.penalty_max = r.penalty_max;
+    summary.scale_min = r.scale_min;
+    summary.clamped = r.clamped;
+    summary.trained_elements = r.trained_elements;
+    summary.scaled_segments = r.scaled_segments;
+    commit_update(s, s.config.clip, &summary);
   }
 
-  bool take_nonfinite() {
-    const bool ok = !nonfinite_pending_;
-    nonfinite_pending_ = false;
-    return ok;
+  // The fused pass on the caller's stream (the plan's pass phase). co2 applies an average with
+  // the settings in effect when its deltas were submitted (s.prepared.settings, as on the host).
+  DeltasFinite pass(bool update, bool write_delta) {
+    make_current();
+    pass_config_ = config_of(s_.prepared.settings, update, write_delta);
+    run(co2_boundary_phases(averaging_, false).pass);
+    return DeltasFinite::Later;
   }
 
-  // co2: the plan of selection.cpp, op by op. Never blocks the host on the collective path; the
-  // staged path blocks once, until the delta is in pinned memory.
-  bool co2_boundary(S& s, cudaStream_t caller) {
-    folding_state_ = &s;
-    const bool have_average = s.pending != nullptr;
-    const kernels::Config config = config_of(s.prepared.settings, have_average, /*write_delta=*/true);
-    s.prepared.settings = outer_settings_of(s);  // for the average submitted below
+  // Executes ops of the plan; returns the arrived average's finiteness (HostReadFinite), true
+  // when the ops do not read it.
+  bool run(const std::vector<Op>& ops) {
+    S& s = s_;
     const size_t count = s.state_count, bytes = count * sizeof(float);
     bool average_finite = true;
-    auto stream_of = [&](device::Stream st) { return st == device::Stream::Caller ? caller : comm_stream_; };
-    for (const Op& op : co2_boundary_plan(averaging_, have_average)) {
+    auto stream_of = [&](device::Stream st) { return st == device::Stream::Caller ? caller() : comm_stream_; };
+    for (const Op& op : ops) {
       cudaStream_t st = stream_of(op.stream);
       switch (op.kind) {
         case OpKind::RecordEvent:
@@ -545,18 +621,17 @@ class CudaPath final : public DevicePath {
           check(kernels::finite_check(comm_.as<float>(), count, t_.average_nonfinite, st), "finite check");
           break;
         case OpKind::Coefficients:
-          check(kernels::coefficients(t_, config, st), "coefficients kernels");
+          check(kernels::coefficients(t_, pass_config_, st), "coefficients kernels");
           break;
         case OpKind::Pass:
-          check(kernels::boundary_pass(t_, config, st), "boundary pass kernel");
+          check(kernels::boundary_pass(t_, pass_config_, st), "boundary pass kernel");
           break;
         case OpKind::Report:
           report(st);
           break;
         case OpKind::DeviceAllReduce:
           if (s.pending) in_flight_.push_back(std::move(s.pending));
-          s.pending = s.comm->allreduce(comm_.as(), count, DataType::F32, ReduceOp::Avg,
-                                        s.id(Purpose::OuterAverage));
+          s.pending = s.comm->allreduce(comm_.as(), count, DataType::F32, ReduceOp::Avg, s.id(Purpose::OuterAverage));
           s.stats.bytes_reduced += bytes;
           break;
         case OpKind::SubmitHostAverage: {
@@ -573,92 +648,14 @@ class CudaPath final : public DevicePath {
         }
       }
     }
-    if (!average_finite) ++nonfinite_reported_early_;
-    return average_finite;  // the pass skipped the update on every rank (the flag is the same)
-  }
-
-  // co2 end: applies the average in flight (the host waits for it), parameters = anchor.
-  bool apply_pending(S& s, cudaStream_t caller) {
-    folding_state_ = &s;
-    if (!s.pending) {
-      unpack(s, anchor_.as<float>(), caller, false);
-      return true;
-    }
-    auto request = std::move(s.pending);
-    s.pending.reset();
-    wait_charged(s, request);
-    if (averaging_ == Averaging::StagedHost) {
-      check(cudaMemcpyAsync(comm_.as(), staging_.as(), s.state_count * sizeof(float), cudaMemcpyHostToDevice,
-                            comm_stream_),
-            "stage average in");
-      check(kernels::finite_check(comm_.as<float>(), s.state_count, t_.average_nonfinite, comm_stream_),
-            "finite check");
-      average_ready_.record(comm_stream_);
-    }
-    average_ready_.make_wait(caller);
-    const kernels::Config config = config_of(s.prepared.settings, true, false);
-    check(kernels::coefficients(t_, config, caller), "coefficients kernels");
-    check(kernels::boundary_pass(t_, config, caller), "boundary pass kernel");
-    report(caller);
-    return true;
-  }
-
-  bool diloco_boundary(S& s, cudaStream_t caller) {
-    folding_state_ = &s;
-    // c = a - p (and p = a, which is also what a non-finite average leaves).
-    const OuterSettings now = outer_settings_of(s);
-    check(kernels::boundary_pass(t_, config_of(now, false, true), caller), "delta kernel");
-    average_blocking(s, comm_.as<float>(), s.state_count, caller, t_.average_nonfinite,
-                     Purpose::OuterAverage);
-    const kernels::Config config = config_of(now, true, false);
-    check(kernels::coefficients(t_, config, caller), "coefficients kernels");
-    check(kernels::boundary_pass(t_, config, caller), "boundary pass kernel");
-    report(caller);
-    fold_reports(s, true);
-    return take_nonfinite();
-  }
-
-  // Blocking average of the parameters (buffers_only: of the BUFFER segments) across ranks.
-  bool average_parameters(S& s, cudaStream_t caller, bool buffers_only) {
-    pack(s, comm_.as<float>(), caller, buffers_only);
-    if (!average_blocking(s, comm_.as<float>(), s.state_count, caller, blocking_flag(),
-                          Purpose::ParameterAverage)) {
-      ++s.stats.nonfinite_rounds;
-      return false;
-    }
-    unpack(s, comm_.as<float>(), caller, buffers_only);
-    return true;
-  }
-
-  bool localsgd_boundary(S& s, cudaStream_t caller) { return average_parameters(s, caller, false); }
-
-  bool sync_boundary(S& s, cudaStream_t caller) {
-    return s.state_count == s.trained_count || average_parameters(s, caller, true);
-  }
-
-  // The anchor (or, without one, the parameters) hashed on the host and compared across ranks.
-  // Blocks the host until the caller's stream reached this point: every K boundaries only.
-  void check_anchor(S& s, cudaStream_t caller) {
-    ++s.stats.anchor_checks;
-    std::vector<float> host(s.state_count);
-    if (!anchor_.empty())
-      check(cudaMemcpyAsync(host.data(), anchor_.as(), host.size() * sizeof(float), cudaMemcpyDeviceToHost, caller),
-            "copy anchor for its checksum");
-    else
-      pack(s, host.data(), caller, false);
-    check(cudaStreamSynchronize(caller), "cudaStreamSynchronize (anchor check)");
-    WordHasher hasher;
-    hasher.update(host.data(), host.size());
-    if (!same_on_every_rank(s, hasher.digest(), Purpose::AnchorCheck))
-      fail(Status::AnchorMismatch,
-           "anchor checksums differ across ranks: the ranks no longer train the same model "
-           "(memory corruption or a non-deterministic framework step); restore a checkpoint");
+    return average_finite;
   }
 
   // Selects the device before any member creates a stream or an event on it.
   struct DeviceSelected {
     explicit DeviceSelected(int index) { use_device(index); }
   };
+  S& s_;
   const int device_;
   DeviceSelected selected_;
   std::unique_ptr<CudaStream> own_stream_;  // staged copies, commit work
@@ -671,24 +668,24 @@ class CudaPath final : public DevicePath {
   PinnedMemory staging_, blocking_staging_, reports_, flag_host_;
   PinnedMemory average_flag_host_;  // collective path: the arrived average's finiteness
   std::atomic<bool> staged_average_nonfinite_{false};  // staged path: set by the progress thread
-  int nonfinite_reported_early_ = 0;
+  // The stream of the last step or reduce_gradients (nullptr, the legacy default, before).
   void* caller_stream_ = nullptr;
-  bool buffer_values_ = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)  // of the last boundary or reduce_gradients; legacy default before  // co2 boundaries that reported before their report folded
+  bool buffer_values_ = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
+  OuterSettings blocking_settings_;  // diloco: the settings of the round being averaged
+  kernels::Config pass_config_;      // of the pass phase being run
   kernels::Tables t_;
   CudaEvent average_ready_, pass_done_, staged_out_, ordered_, averaged_;
   std::vector<std::unique_ptr<CudaEvent>> report_ready_;
   ReportRing ring_{kReportSlots};
   size_t last_report_slot_ = 0;
-  S* folding_state_ = nullptr;
   std::deque<std::shared_ptr<Request>> in_flight_;  // collective path: all-reduces not yet accounted
-  bool nonfinite_pending_ = false;
 };
 
 }  // namespace
 }  // namespace device
 
-std::unique_ptr<DevicePath> make_device_path(int device_index) {
-  return std::make_unique<device::CudaPath>(device_index);
+std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index) {
+  return std::make_unique<device::DeviceBackend>(s, device_index);
 }
 
 }  // namespace co2

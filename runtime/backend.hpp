@@ -1,0 +1,111 @@
+// What the engine's round logic (runtime/engine.cpp) asks of the memory its state lives in. The
+// rounds, the policies, the schedule, the invariant checks and the error handling are written
+// once, in engine.cpp; a backend moves and computes over buffers: the host backend
+// (runtime/host_backend.cpp) over host memory with the communicator's ring, the device backend
+// (runtime/device/device_backend.cpp) with fused kernels ordered against the caller's CUDA
+// stream. docs/architecture.md, "Engine and backends".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/engine.hpp"
+
+namespace co2 {
+
+// The co2 average of the previous round, once the host waited for it.
+struct Arrival {
+  bool have = false;   // an average was in flight (or restored): it is the one to apply
+  bool finite = true;  // ... and every element of it (and of its update, where checked) is finite
+};
+
+// Whether a pass found every delta a - p finite. A device backend learns it only later, from
+// the boundary's report; it then counts nonfinite_local itself.
+enum class DeltasFinite { Yes, No, Later };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // --- layout ---
+  // Throws InvalidArgument unless [data, +bytes) is memory this backend can train.
+  virtual void check_memory(const void* data, size_t bytes, const std::string& what) = 0;
+  // Runtime-owned flat storage of `count` elements of the engine's flat dtype, zeroed.
+  virtual void* allocate_flat(size_t count) = 0;
+  // The outer state for the committed layout, and rank 0's values on every rank (blocking).
+  virtual void commit() = 0;
+  // beta became > 0 (or Nesterov) after commit: momentum starts from zero.
+  virtual void momentum_needed() = 0;
+
+  // --- co2: the one-round-stale update, in the order engine.cpp calls them ---
+  // Waits for the average in flight. A failed collective throws here, before anything of its
+  // average is applied; finite says whether the update may be applied.
+  virtual Arrival collect_average() = 0;
+  // The boundary pass with an update (the arrived average becomes the anchor, this round's
+  // deltas a - p go to the comm buffer), without one (deltas only), or under the eager policy.
+  virtual DeltasFinite apply_update_and_write_deltas() = 0;
+  virtual DeltasFinite write_deltas() = 0;
+  virtual DeltasFinite eager_pass(bool update) = 0;
+  // The all-reduce of this round's deltas, asynchronous: its average is collected next boundary.
+  virtual void submit_average() = 0;
+  // finalize / synchronize: the arrived average becomes the anchor and the parameters take it.
+  virtual void apply_update() = 0;
+  // The eager offsets are part of the average being applied: the next round starts at the anchor.
+  virtual void clear_eager_state() = 0;
+
+  // --- diloco (and co2's warm-up): blocking ---
+  // c <- the deltas; c <- their average; the update prepared. False when the average or its
+  // update is not finite (nothing may be applied).
+  virtual bool average_deltas_blocking() = 0;
+  // The prepared diloco update becomes the anchor and the parameters.
+  virtual void apply_blocking_update() = 0;
+
+  // --- parameter averaging (localsgd; sync's BUFFER segments) ---
+  // Blocking; false (nothing changed) when the average is not finite.
+  virtual bool average_parameters(bool buffers_only) = 0;
+  // sync and reduce_gradients: grads[i] (nullptr: zero) averaged in place; false (unchanged)
+  // when the average is not finite.
+  virtual bool average_gradients(void* const* grads, size_t num_grads) = 0;
+
+  virtual void set_parameters_to_anchor() = 0;
+  // Hash of the consensus state (the anchor, or without one the parameters) on this rank.
+  virtual uint64_t consensus_checksum() = 0;
+  // out (host or device memory of count elements) <- the anchor, or the parameters when
+  // `parameters` is set, then averaged across ranks when `average` is set (blocking).
+  virtual void consensus_into(float* out, size_t count, bool parameters, bool average) = 0;
+
+  // --- ordering against the caller ---
+  // The stream of the caller's current call (step, reduce_gradients); nullptr elsewhere.
+  virtual void set_caller_stream(void* stream) = 0;
+  // Calls without a stream argument (commit, synchronize, finalize, consensus, save) first wait,
+  // bounded, for the caller's work that came before them.
+  virtual void wait_for_caller(const char* what) = 0;
+  // Statistics of boundaries the device finished (wait: all of them).
+  virtual void fold_reports(bool wait) = 0;
+  // Waits (bounded) for everything in flight; before the state is freed.
+  virtual void drain() noexcept = 0;
+
+  // --- checkpoints (runtime/checkpoint.cpp reads and writes the host buffers of the state) ---
+  virtual bool has_momentum() const = 0;  // the momentum buffer exists (what a checkpoint stores)
+  // The outer state into the host buffers of Engine::State (anchor, momentum, comm_buffer when
+  // an average is ready, history); the host backend keeps them there and does nothing.
+  virtual void stage_out() = 0;
+  // The host buffers, just loaded, become the backend's state; the device backend then frees
+  // its host copies.
+  virtual void stage_in() = 0;
+  // After a save: host copies of device state are dropped.
+  virtual void release_staged() = 0;
+};
+
+std::unique_ptr<Backend> make_host_backend(Engine::State& s);
+
+// Whether this build has the device backend at all.
+bool device_backend_built();
+
+// The backend for tensors on CUDA device `device_index`. Throws Unsupported without CUDA or
+// without a usable device.
+std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index);
+
+}  // namespace co2

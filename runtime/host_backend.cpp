@@ -1,0 +1,511 @@
+// The host backend: the engine's outer state in host memory (Engine::State's FloatBuffers), the
+// boundary as the fused passes of runtime/boundary_pass.hpp, averages through the
+// communicator's ring. co2's update is prepared on the progress thread as soon as its average
+// arrives, so that the boundary only swaps it in (docs/algorithm.md, "The split boundary pass").
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "runtime/backend.hpp"
+#include "runtime/boundary_pass.hpp"
+#include "runtime/checksum.hpp"
+#include "runtime/collectives.hpp"
+#include "runtime/engine_state.hpp"
+#include "runtime/observe.hpp"
+
+namespace co2 {
+
+namespace {
+
+using S = Engine::State;
+
+// Lambda of one PARAMETER segment for an update; records g in the gap history `h`.
+double segment_lambda(const OuterSettings& o, GapHistory& h) {
+  switch (o.penalty) {
+    case Penalty::None:
+      return 1.0;
+    case Penalty::Constant:
+      return 1.0 / o.penalty_constant;
+    case Penalty::Gap:
+      return gap_penalty_lambda(h.last_step_norm, &h.gap_sum, &h.updates);
+  }
+  return 1.0;
+}
+
+// 0 for a BUFFER segment whose values travel instead of its delta (co2), else 1.
+float buffer_anchor_weight(bool buffer_values, const Segment& seg) {
+  return buffer_values && seg.role == Role::Buffer ? 0.0f : 1.0f;
+}
+
+// The coefficients of a pass that only writes deltas (no update).
+OuterCoefficients delta_coefficients(const S& s, const Segment& seg) {
+  OuterCoefficients k;
+  k.anchor_weight = buffer_anchor_weight(s.config.algorithm == Algorithm::Co2, seg);
+  return k;
+}
+
+// Flags and coefficients of one segment's outer update. PARAMETER segments take the settings and
+// advance their gap history; BUFFER segments are only averaged: alpha = 1, beta = 0,
+// lambda = 1, no clip. m and c (the average) feed norm clipping.
+void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
+                         const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
+  flags->update = true;
+  k->anchor_weight = buffer_anchor_weight(o.buffer_values, seg);
+  if (seg.role != Role::Parameter) return;
+  const double lambda = segment_lambda(o, h);
+  sum->penalty_min = std::min(sum->penalty_min, lambda);
+  sum->penalty_max = std::max(sum->penalty_max, lambda);
+  k->alpha = float(o.outer_lr);
+  k->beta = float(o.beta);
+  k->lambda = float(lambda);
+  flags->momentum = m != nullptr;
+  flags->nesterov = o.nesterov;
+  flags->value_clip = o.clip == Clip::Value;
+  k->clip_value = float(o.clip_threshold);
+  if (o.clip == Clip::Norm) {
+    const double scale =
+        norm_clip_scale(momentum_candidate_sum_squares(m, c, seg.count, *k), o.clip_threshold);
+    k->norm_scale = float(scale);
+    sum->scale_min = std::min(sum->scale_min, scale);
+    sum->scaled_segments += scale < 1.0;
+  }
+}
+
+void record_update(const Segment& seg, const PassResult& r, const OuterCoefficients& k, GapHistory& h,
+                   UpdateSummary* sum) {
+  if (seg.role != Role::Parameter) return;
+  h.last_step_norm = double(k.alpha) * std::sqrt(r.step_sum_squares);
+  sum->clamped += r.clamped;
+  sum->trained_elements += seg.count;
+}
+
+DeltasFinite deltas(bool finite) { return finite ? DeltasFinite::Yes : DeltasFinite::No; }
+
+class HostBackend final : public Backend {
+ public:
+  explicit HostBackend(S& s) : s_(s) {}
+
+  void check_memory(const void*, size_t, const std::string&) override {}
+
+  void* allocate_flat(size_t count) override {
+    // 16-bit elements: half as many fp32 words, rounded up.
+    const size_t words = (count * element_bytes(s_.flat_dtype) + sizeof(float) - 1) / sizeof(float);
+    s_.owned_flat = FloatBuffer(words);
+    return s_.owned_flat.data();
+  }
+
+  void commit() override {
+    S& s = s_;
+    s.comm_buffer = FloatBuffer(s.state_count);
+    if (s.has_anchor()) {
+      s.anchor = FloatBuffer(s.state_count);
+      if (s.momentum_needed()) s.momentum = FloatBuffer(s.state_count);
+    }
+    if (s.eager()) {
+      s.eager_offset = FloatBuffer(s.state_count);
+      if (s.momentum_needed()) s.eager_momentum = FloatBuffer(s.state_count);
+    }
+    if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
+    // Rank 0's values become everyone's parameters and anchor.
+    pack_parameters(s.comm_buffer.data());
+    auto request = s.comm->broadcast(s.comm_buffer.data(), s.state_count, DataType::F32, 0,
+                                     s.id(Purpose::InitialBroadcast));
+    if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+    unpack_parameters(s.comm_buffer.data(), false);
+    if (s.has_anchor()) std::memcpy(s.anchor.data(), s.comm_buffer.data(), s.state_count * sizeof(float));
+    std::memset(s.comm_buffer.data(), 0, s.state_count * sizeof(float));
+  }
+
+  void momentum_needed() override {
+    S& s = s_;
+    if (s.has_anchor() && s.momentum.empty()) s.momentum = FloatBuffer(s.state_count);
+    if (s.eager() && s.eager_momentum.empty()) s.eager_momentum = FloatBuffer(s.state_count);
+  }
+
+  Arrival collect_average() override {
+    S& s = s_;
+    Arrival a;
+    if (s.pending) {
+      auto request = std::move(s.pending);
+      s.pending.reset();
+      wait_charged(s, request);
+      a.have = true;
+      a.finite = s.pending_result_finite.load();
+      s.average_ready = false;
+      return a;
+    }
+    if (s.average_ready) {  // collected by save, or restored from a checkpoint
+      s.average_ready = false;
+      a.have = true;
+      a.finite = s.ready_average_finite;
+      if (a.finite && !s.prepared.ready) {  // restored from a blob without the prepared update
+        s.prepared.settings = outer_settings_of(s);
+        s.prepared.history = s.history;
+        a.finite = prepare_update(s.segments, s.anchor.data(), momentum(), s.comm_buffer.data(), s.prepared);
+      }
+    }
+    return a;
+  }
+
+  DeltasFinite apply_update_and_write_deltas() override { return deltas(apply_prepared(/*write_delta=*/true)); }
+
+  // comm_buffer <- a - p, p <- a.
+  DeltasFinite write_deltas() override {
+    S& s = s_;
+    const TraceSpan pass(s.trace.get(), "delta pass");
+    bool delta_finite = true;
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      const size_t off = seg.state_offset;
+      const PassFlags flags{false, false, false, false, true};
+      const PassResult r = with_params(seg, [&](auto* p) {
+        return run_boundary_pass(flags, p, s.anchor.data() + off, nullptr, s.comm_buffer.data() + off, seg.count,
+                                 delta_coefficients(s, seg));
+      });
+      delta_finite = delta_finite && r.delta_finite;
+    }
+    return deltas(delta_finite);
+  }
+
+  // The eager policy (docs/algorithm.md, "The eager policy"): the anchor follows the delayed rule
+  // exactly as without it; each PARAMETER segment's delta is taken from the point the rank
+  // started at (anchor + its offset) and the next round starts from the next anchor plus the new
+  // offset. BUFFER segments are only averaged, as always.
+  DeltasFinite eager_pass(bool update) override {
+    S& s = s_;
+    const TraceSpan pass(s.trace.get(), "eager pass");
+    const OuterSettings o = outer_settings_of(s);
+    EagerCoefficients k;
+    k.beta = float(o.beta);
+    k.scale = float(o.outer_lr / double(s.comm->size()));
+    k.momentum = !s.eager_momentum.empty();
+    k.nesterov = o.nesterov;
+    bool delta_finite = true;
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      const size_t off = seg.state_offset;
+      float* anchor = s.anchor.data() + off;
+      float* comm = s.comm_buffer.data() + off;
+      // With an update the comm buffer holds the next anchor and the delta goes into the anchor's
+      // buffer (the two swap below); without one the anchor stays and the delta goes to comm.
+      float* next = update ? comm : anchor;
+      float* delta = update ? anchor : comm;
+      const bool finite = with_params(seg, [&](auto* p) {
+        if (seg.role == Role::Parameter)
+          return eager_boundary_segment(p, anchor, next, s.eager_offset.data() + off,
+                                        k.momentum ? s.eager_momentum.data() + off : nullptr, delta, seg.count, k);
+        const OuterCoefficients k_buffer = delta_coefficients(s, seg);
+        if (update) return apply_prepared_segment(p, anchor, comm, seg.count, k_buffer.anchor_weight);
+        const PassFlags flags{false, false, false, false, true};
+        return run_boundary_pass(flags, p, anchor, nullptr, comm, seg.count, k_buffer).delta_finite;
+      });
+      delta_finite = delta_finite && finite;
+    }
+    if (update) {
+      std::swap(s.anchor, s.comm_buffer);
+      adopt_prepared();
+    }
+    if (!delta_finite) {
+      // This rank's NaN travels in the all-reduce and every rank skips that average; meanwhile
+      // the rank restarts from the anchor instead of carrying the NaN in its offset.
+      clear_eager_state();
+      set_parameters_to_anchor();
+    }
+    return deltas(delta_finite);
+  }
+
+  // Its update is prepared on the progress thread as soon as the average is known to be finite,
+  // with the settings in effect now; "finite" covers the prepared next anchor too.
+  void submit_average() override {
+    S& s = s_;
+    s.pending_result_finite.store(true);
+    s.prepared.ready = false;
+    s.prepared.settings = outer_settings_of(s);
+    s.prepared.history = s.history;
+    float* data = s.comm_buffer.data();
+    float* anchor = s.anchor.data();
+    float* m = momentum();
+    const size_t count = s.state_count;
+    std::atomic<bool>* finite = &s.pending_result_finite;
+    const std::vector<Segment>* segments = &s.segments;  // fixed after commit
+    PreparedUpdate* prepared = &s.prepared;
+    Trace* trace = s.trace.get();  // outlives the collective: the engine waits for it
+    const WireCompression wire = outer_wire(data);
+    s.pending = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg, [=] {
+      const Clock::time_point start = trace ? Clock::now() : Clock::time_point{};
+      finite->store(all_finite(data, count) && prepare_update(*segments, anchor, m, data, *prepared));
+      if (trace) trace->span(Trace::Lane::BulkLane, "prepare pass", start, Clock::now());
+    }, s.id(Purpose::OuterAverage), wire);
+    s.stats.bytes_reduced += count * sizeof(float);
+  }
+
+  void apply_update() override { apply_prepared(/*write_delta=*/false); }
+
+  void clear_eager_state() override {
+    S& s = s_;
+    if (!s.eager_offset.empty()) std::memset(s.eager_offset.data(), 0, s.state_count * sizeof(float));
+    if (!s.eager_momentum.empty()) std::memset(s.eager_momentum.data(), 0, s.state_count * sizeof(float));
+  }
+
+  // c = a - p (a co2 engine's warm-up: -p for BUFFER segments), averaged with a blocking
+  // all-reduce, then prepared like co2's update, so that a result that overflows is found before
+  // the anchor takes it. The parameters take the next anchor in the same pass.
+  bool average_deltas_blocking() override {
+    S& s = s_;
+    float* comm = s.comm_buffer.data();
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      const float* a = s.anchor.data() + seg.state_offset;
+      float* c = comm + seg.state_offset;
+      const float w = delta_coefficients(s, seg).anchor_weight;
+      with_params(seg, [&](auto* p) {
+        for (size_t i = 0; i < seg.count; ++i) c[i] = w * a[i] - widen(p[i]);
+      });
+    }
+    s.prepared.settings = outer_settings_of(s);
+    s.prepared.history = s.history;
+    return average_blocking(comm, s.state_count, Purpose::OuterAverage) &&
+           prepare_update(s.segments, s.anchor.data(), momentum(), comm, s.prepared, /*params_follow=*/true);
+  }
+
+  void apply_blocking_update() override { apply_prepared(/*write_delta=*/false, /*params_current=*/true); }
+
+  bool average_parameters(bool buffers_only) override {
+    S& s = s_;
+    pack_parameters(s.comm_buffer.data());
+    if (!average_blocking(s.comm_buffer.data(), s.state_count, Purpose::ParameterAverage)) return false;
+    unpack_parameters(s.comm_buffer.data(), buffers_only);
+    return true;
+  }
+
+  bool average_gradients(void* const* grads, size_t) override {
+    S& s = s_;
+    FloatBuffer* buffer = &s.comm_buffer;
+    if (s.config.algorithm != Algorithm::Sync) {  // comm_buffer may hold an average in flight
+      if (s.gradient_buffer.empty()) s.gradient_buffer = FloatBuffer(s.trained_count);
+      buffer = &s.gradient_buffer;
+    }
+    float* packed = buffer->data();
+    size_t offset = 0, i = 0;
+    for (const Segment& seg : s.segments) {
+      if (seg.role != Role::Parameter) continue;
+      // Gradients have their parameter's dtype: widened here, summed in fp32, rounded back below.
+      if (grads[i])
+        with_params(seg, [&](auto* p) { widen_into(static_cast<decltype(p)>(grads[i]), packed + offset, seg.count); });
+      else
+        std::memset(packed + offset, 0, seg.count * sizeof(float));
+      offset += seg.count;
+      ++i;
+    }
+    if (!average_blocking(packed, s.trained_count, Purpose::GradientAverage)) return false;
+    offset = 0;
+    i = 0;
+    for (const Segment& seg : s.segments) {
+      if (seg.role != Role::Parameter) continue;
+      if (grads[i])
+        with_params(seg, [&](auto* p) { narrow_into(packed + offset, static_cast<decltype(p)>(grads[i]), seg.count); });
+      offset += seg.count;
+      ++i;
+    }
+    return true;
+  }
+
+  void set_parameters_to_anchor() override { unpack_parameters(s_.anchor.data(), false); }
+
+  uint64_t consensus_checksum() override {
+    const S& s = s_;
+    WordHasher hasher;
+    if (s.has_anchor()) {
+      hasher.update(s.anchor.data(), s.state_count);
+      return hasher.digest();
+    }
+    // Widening is exact and one-to-one, so the fp32 words identify the parameters of any dtype.
+    float chunk[1024];
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      if (seg.dtype == ParamDType::F32) {
+        hasher.update(static_cast<const float*>(seg.data), seg.count);
+        continue;
+      }
+      for (size_t i = 0; i < seg.count; i += 1024) {
+        const size_t n = std::min<size_t>(1024, seg.count - i);
+        with_params(seg, [&](auto* p) { widen_into(p + i, chunk, n); });
+        hasher.update(chunk, n);
+      }
+    }
+    return hasher.digest();
+  }
+
+  void consensus_into(float* out, size_t count, bool parameters, bool average) override {
+    S& s = s_;
+    if (parameters)
+      pack_parameters(out);
+    else
+      std::memcpy(out, s.anchor.data(), count * sizeof(float));
+    if (!average) return;
+    auto request = s.comm->allreduce(out, count, DataType::F32, ReduceOp::Avg, s.id(Purpose::Consensus));
+    if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+  }
+
+  void set_caller_stream(void*) override {}
+  void wait_for_caller(const char*) override {}
+  void fold_reports(bool) override {}
+  void drain() noexcept override {
+    if (s_.pending) s_.pending->wait_status();
+  }
+
+  bool has_momentum() const override { return !s_.momentum.empty(); }
+  void stage_out() override {}
+  void release_staged() override {}
+  // p <- anchor, plus the rank's eager offset on PARAMETER segments under the eager policy.
+  void stage_in() override {
+    S& s = s_;
+    if (!s.has_anchor()) return;
+    set_parameters_to_anchor();
+    if (s.eager_offset.empty()) return;
+    for (const Segment& seg : s.segments) {
+      if (seg.role != Role::Parameter) continue;
+      const float* a = s.anchor.data() + seg.state_offset;
+      const float* e = s.eager_offset.data() + seg.state_offset;
+      with_params(seg, [&](auto* p) {
+        using P = std::remove_pointer_t<decltype(p)>;
+        for (size_t i = 0; i < seg.count; ++i) p[i] = narrow<P>(a[i] + e[i]);
+      });
+    }
+  }
+
+ private:
+  float* momentum() { return s_.momentum.empty() ? nullptr : s_.momentum.data(); }
+
+  // Packs the PARAMETER and BUFFER parameters into `out` (state order), widened to fp32 (exact).
+  void pack_parameters(float* out) const {
+    for (const Segment& seg : s_.segments)
+      if (seg.role != Role::Excluded)
+        with_params(seg, [&](auto* p) { widen_into(p, out + seg.state_offset, seg.count); });
+  }
+
+  // Rounds to the parameters' dtype (nearest even).
+  void unpack_parameters(const float* in, bool buffers_only) {
+    for (Segment& seg : s_.segments) {
+      if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
+      with_params(seg, [&](auto* p) { narrow_into(in + seg.state_offset, p, seg.count); });
+    }
+  }
+
+  // The outer average's wire (co2, diloco): compressed as configured; with error feedback the
+  // deltas in `data` first take what the previous outer all-reduce's encodings dropped, and the
+  // residual buffer then receives this one's drops. A non-finite residual (the round after a
+  // NaN or Inf delta) is not fed back: it would make every later average non-finite too.
+  WireCompression outer_wire(float* data) {
+    S& s = s_;
+    WireCompression wire;
+    wire.format = s.config.wire_format;
+    if (s.error_feedback()) {
+      const float* dropped = s.residual.data();
+      for (size_t i = 0; i < s.state_count; ++i) data[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
+      wire.residual = s.residual.data();
+    }
+    s.stats.wire_bytes_last_round = s.outer_wire_bytes;
+    s.stats.wire_bytes_total += s.outer_wire_bytes;
+    return wire;
+  }
+
+  // A blocking all-reduce (average) of `count` floats that reports whether the result is finite.
+  bool average_blocking(float* data, size_t count, Purpose purpose) {
+    S& s = s_;
+    auto finite = std::make_shared<std::atomic<bool>>(true);
+    const WireCompression wire = purpose == Purpose::OuterAverage ? outer_wire(data) : WireCompression{};
+    auto request = s.comm->allreduce_then(
+        data, count, DataType::F32, ReduceOp::Avg,
+        [finite, data, count] { finite->store(all_finite(data, count)); }, s.id(purpose), wire);
+    s.stats.bytes_reduced += count * sizeof(float);
+    wait_charged(s, request);
+    return finite->load();
+  }
+
+  // After the prepared next anchor was swapped in: its gap history and statistics become the
+  // engine's.
+  void adopt_prepared() {
+    S& s = s_;
+    std::swap(s.history, s.prepared.history);
+    commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
+    s.prepared.ready = false;
+  }
+
+  // Swaps in the prepared update (prepared.ready): the anchor becomes the next anchor and the
+  // parameters follow it (params_current: they already did, in the prepare pass). write_delta:
+  // comm_buffer receives this round's deltas a - p instead. Returns whether every delta was
+  // finite.
+  bool apply_prepared(bool write_delta, bool params_current = false) {
+    S& s = s_;
+    const TraceSpan pass(s.trace.get(), "apply pass");
+    bool delta_finite = true;
+    if (write_delta) {
+      for (const Segment& seg : s.segments)
+        if (seg.role != Role::Excluded)
+          delta_finite = with_params(seg, [&](auto* p) {
+                           return apply_prepared_segment(p, s.anchor.data() + seg.state_offset,
+                                                         s.comm_buffer.data() + seg.state_offset, seg.count,
+                                                         delta_coefficients(s, seg).anchor_weight);
+                         }) && delta_finite;
+      std::swap(s.anchor, s.comm_buffer);
+    } else {
+      std::swap(s.anchor, s.comm_buffer);
+      if (!params_current) set_parameters_to_anchor();
+    }
+    adopt_prepared();
+    return delta_finite;
+  }
+
+  S& s_;
+};
+
+}  // namespace
+
+// The first half of the split pass: from the average in `comm`, the new momentum (in place) and
+// the next anchor (into `comm`); `anchor` is only read. Runs on the progress thread for co2.
+// Returns false, leaving the anchor and momentum as they were, when the result would not be
+// finite (an overflow from finite inputs); `comm` no longer holds the average then.
+bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
+                    PreparedUpdate& prepared, bool params_follow) {
+  prepared.ready = false;
+  prepared.summary = UpdateSummary{};
+  struct Planned {
+    PassFlags flags{false, false, false, false, false};
+    OuterCoefficients k;
+  };
+  std::vector<Planned> plan(segments.size());
+  for (size_t index = 0; index < segments.size(); ++index) {
+    const Segment& seg = segments[index];
+    if (seg.role == Role::Excluded) continue;
+    const size_t off = seg.state_offset;
+    Planned& p = plan[index];
+    p.flags.prepare = true;
+    update_coefficients(prepared.settings, seg, prepared.history[index], momentum ? momentum + off : nullptr,
+                        comm + off, &p.flags, &p.k, &prepared.summary);
+    // The pass writes the momentum in place: with one, an overflow must be ruled out first.
+    if (momentum && !update_result_finite(p.flags, anchor + off, momentum + off, comm + off, seg.count, p.k))
+      return false;
+  }
+  bool finite = true;
+  for (size_t index = 0; index < segments.size(); ++index) {
+    const Segment& seg = segments[index];
+    if (seg.role == Role::Excluded) continue;
+    const size_t off = seg.state_offset;
+    float* m = momentum ? momentum + off : nullptr;
+    const PassResult r = with_params(seg, [&](auto* p) {
+      return run_boundary_pass(plan[index].flags, params_follow ? p : nullptr, anchor + off, m, comm + off,
+                               seg.count, plan[index].k);
+    });
+    finite = finite && r.result_finite;
+    record_update(seg, r, plan[index].k, prepared.history[index], &prepared.summary);
+  }
+  prepared.summary_known = true;
+  prepared.ready = finite;
+  return finite;
+}
+
+std::unique_ptr<Backend> make_host_backend(Engine::State& s) { return std::make_unique<HostBackend>(s); }
+
+}  // namespace co2
