@@ -3,6 +3,7 @@
 // place on its stream) or staged through pinned host memory over the communicator (UCX,
 // local). The round logic is runtime/engine.cpp's; a co2 boundary is runtime/device/
 // selection.cpp's plan, executed phase by phase as the engine calls collect, pass and submit.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -11,7 +12,6 @@
 
 #include "runtime/backend.hpp"
 #include "runtime/boundary_pass.hpp"
-#include "runtime/checksum.hpp"
 #include "runtime/device/cuda_api.hpp"
 #include "runtime/device/kernels.hpp"
 #include "runtime/device/selection.hpp"
@@ -81,6 +81,7 @@ class DeviceBackend final : public Backend {
     reports_ = PinnedMemory(kReportSlots * sizeof(kernels::Report));
     flag_host_ = PinnedMemory(sizeof(int));
     average_flag_host_ = PinnedMemory(sizeof(int));
+    checksum_host_ = PinnedMemory(sizeof(uint64_t));
     refresh_tables();
 
     // Rank 0's values become everyone's parameters and anchor, once the framework's
@@ -208,20 +209,21 @@ class DeviceBackend final : public Backend {
     unpack(anchor_.as<float>(), caller(), false);
   }
 
-  // The anchor (or, without one, the parameters) copied to the host after the caller's stream
-  // reached this point and hashed there: every K boundaries only.
+  // The anchor (or, without one, the parameters) hashed on the device (state_checksum.hpp):
+  // eight bytes reach the host, after the caller's stream reached this point.
   uint64_t consensus_checksum() override {
     make_current();
-    std::vector<float> host(s_.state_count);
-    if (!anchor_.empty())
-      check(cudaMemcpyAsync(host.data(), anchor_.as(), host.size() * sizeof(float), cudaMemcpyDeviceToHost, caller()),
-            "copy anchor for its checksum");
-    else
-      pack(host.data(), caller(), false);
+    const float* state = anchor_.as<float>();
+    if (anchor_.empty()) {
+      if (scratch_.empty()) scratch_ = alloc(s_.state_count * sizeof(float));
+      pack(scratch_.as<float>(), caller(), false);
+      state = scratch_.as<float>();
+    }
+    check(kernels::checksum(state, s_.state_count, t_.checksum, caller()), "checksum kernel");
+    check(cudaMemcpyAsync(checksum_host_.as(), t_.checksum, sizeof(uint64_t), cudaMemcpyDeviceToHost, caller()),
+          "copy the checksum out");
     wait_for_caller("anchor check");
-    WordHasher hasher;
-    hasher.update(host.data(), host.size());
-    return hasher.digest();
+    return *checksum_host_.as<uint64_t>();
   }
 
   void consensus_into(float* out, size_t count, bool parameters, bool average) override {
@@ -425,6 +427,7 @@ class DeviceBackend final : public Backend {
     coefficients_ = alloc(entries.size() * sizeof(kernels::SegmentCoefficients));
     gap_ = alloc(entries.size() * sizeof(kernels::GapState));
     flags_ = alloc(3 * sizeof(int));
+    checksum_ = alloc(sizeof(unsigned long long));
     report_ = alloc(sizeof(kernels::Report));
   }
 
@@ -443,6 +446,7 @@ class DeviceBackend final : public Backend {
     t_.average_nonfinite = flags_.as<int>();
     t_.delta_nonfinite = flags_.as<int>() + 1;
     t_.report = report_.as<kernels::Report>();
+    t_.checksum = checksum_.as<unsigned long long>();
   }
 
   int* blocking_flag() { return flags_.as<int>() + 2; }
@@ -481,27 +485,38 @@ class DeviceBackend final : public Backend {
     }
   }
 
-  PinnedMemory& blocking_staging(size_t count) {
-    if (blocking_staging_.bytes() < count * sizeof(float)) blocking_staging_ = PinnedMemory(count * sizeof(float));
-    return blocking_staging_;
+  // Blocking collectives on the staged path (the initial broadcast, diloco, localsgd, sync's
+  // buffers, reduce_gradients, consensus) go through one pinned buffer of at most this many
+  // floats, piece by piece: pinned memory is the host's to give, and the co2 average in flight
+  // already holds N floats of it.
+  static constexpr size_t kBlockingStagingFloats = size_t(16) << 20;
+
+  // `collective` on pinned copies of data[0, count), at most kBlockingStagingFloats at a time.
+  template <typename Collective>
+  void staged_in_pieces(float* data, size_t count, Collective&& collective) {
+    const size_t piece = std::min(count, kBlockingStagingFloats);
+    if (blocking_staging_.bytes() < piece * sizeof(float)) blocking_staging_ = PinnedMemory(piece * sizeof(float));
+    float* pin = blocking_staging_.as<float>();
+    for (size_t begin = 0; begin < count; begin += piece) {
+      const size_t n = std::min(piece, count - begin), bytes = n * sizeof(float);
+      check(cudaMemcpyAsync(pin, data + begin, bytes, cudaMemcpyDeviceToHost, comm_stream_), "stage out");
+      check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
+      collective(pin, n);
+      check(cudaMemcpyAsync(data + begin, pin, bytes, cudaMemcpyHostToDevice, comm_stream_), "stage in");
+    }
+    check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage in)");
   }
 
   void broadcast_from_rank0(float* data, size_t count) {
     S& s = s_;
-    if (averaging_ == Averaging::Collective) {
-      // Ordered on the NCCL stream.
-      auto request = s.comm->broadcast(data, count, DataType::F32, 0, s.id(Purpose::InitialBroadcast));
+    auto broadcast = [&](float* buffer, size_t n) {
+      auto request = s.comm->broadcast(buffer, n, DataType::F32, 0, s.id(Purpose::InitialBroadcast));
       if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
-      return;
-    }
-    PinnedMemory& pin = blocking_staging(count);
-    const size_t bytes = count * sizeof(float);
-    check(cudaMemcpyAsync(pin.as(), data, bytes, cudaMemcpyDeviceToHost, comm_stream_), "stage out");
-    check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
-    auto request = s.comm->broadcast(pin.as(), count, DataType::F32, 0, s.id(Purpose::InitialBroadcast));
-    if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
-    check(cudaMemcpyAsync(data, pin.as(), bytes, cudaMemcpyHostToDevice, comm_stream_), "stage in");
-    check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage in)");
+    };
+    if (averaging_ == Averaging::Collective)
+      broadcast(data, count);  // ordered on the NCCL stream
+    else
+      staged_in_pieces(data, count, broadcast);
   }
 
   // Blocking average of device `data` after the caller's stream's work; the caller's stream then
@@ -511,17 +526,14 @@ class DeviceBackend final : public Backend {
     cudaStream_t caller = this->caller();
     ordered_.record(caller);
     ordered_.make_wait(comm_stream_);
-    const size_t bytes = count * sizeof(float);
-    s.stats.bytes_reduced += bytes;
-    if (averaging_ == Averaging::Collective) {
-      wait_charged(s, s.comm->allreduce(data, count, DataType::F32, ReduceOp::Avg, s.id(purpose)));
-    } else {
-      PinnedMemory& pin = blocking_staging(count);
-      check(cudaMemcpyAsync(pin.as(), data, bytes, cudaMemcpyDeviceToHost, comm_stream_), "stage out");
-      check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
-      wait_charged(s, s.comm->allreduce(pin.as(), count, DataType::F32, ReduceOp::Avg, s.id(purpose)));
-      check(cudaMemcpyAsync(data, pin.as(), bytes, cudaMemcpyHostToDevice, comm_stream_), "stage in");
-    }
+    s.stats.bytes_reduced += count * sizeof(float);
+    auto average = [&](float* buffer, size_t n) {
+      wait_charged(s, s.comm->allreduce(buffer, n, DataType::F32, ReduceOp::Avg, s.id(purpose)));
+    };
+    if (averaging_ == Averaging::Collective)
+      average(data, count);
+    else
+      staged_in_pieces(data, count, average);
     check(kernels::finite_check(data, count, flag, comm_stream_), "finite check");
     check(cudaMemcpyAsync(flag_host_.as(), flag, sizeof(int), cudaMemcpyDeviceToHost, comm_stream_), "read flag");
     check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (average)");
@@ -663,10 +675,11 @@ class DeviceBackend final : public Backend {
   Averaging averaging_ = Averaging::StagedHost;
   DeviceMemory flat_;
   DeviceMemory comm_, anchor_, momentum_, gradients_, scratch_;
-  DeviceMemory segments_, chunks_, chunk_squares_, chunk_clamped_, coefficients_, gap_, flags_, report_;
+  DeviceMemory segments_, chunks_, chunk_squares_, chunk_clamped_, coefficients_, gap_, flags_, report_, checksum_;
   uint32_t num_segments_ = 0, num_chunks_ = 0;
   PinnedMemory staging_, blocking_staging_, reports_, flag_host_;
   PinnedMemory average_flag_host_;  // collective path: the arrived average's finiteness
+  PinnedMemory checksum_host_;      // the anchor check's hash
   std::atomic<bool> staged_average_nonfinite_{false};  // staged path: set by the progress thread
   // The stream of the last step or reduce_gradients (nullptr, the legacy default, before).
   void* caller_stream_ = nullptr;

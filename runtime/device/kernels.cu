@@ -5,6 +5,7 @@
 
 #include "runtime/boundary_pass.hpp"
 #include "runtime/device/kernels.hpp"
+#include "runtime/device/state_checksum.hpp"
 
 namespace co2::device::kernels {
 namespace {
@@ -47,6 +48,14 @@ __global__ void finite_kernel(const float* x, size_t n, int* flag) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     probe += x[i] * 0.0f;  // stays 0 unless x[i] is NaN or infinite
   if (probe != 0.0f) atomicExch(flag, 1);
+}
+
+__global__ void checksum_kernel(const uint32_t* words, size_t n, unsigned long long* out) {
+  unsigned long long sum = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    sum += checksum_term(words[i], i);
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, sum);  // modulo 2^64: any order gives the same sum
 }
 
 // Per segment: lambda (advancing the gap history when an update happens), norm scale reset.
@@ -254,6 +263,15 @@ int finite_check(const float* data, size_t n, int* flag, void* stream) {
   if (e != cudaSuccess || n == 0) return int(e);
   const size_t blocks = (n + 1023) / 1024;
   finite_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), 256, 0, as_stream(stream)>>>(data, n, flag);
+  return int(cudaGetLastError());
+}
+
+int checksum(const float* data, size_t n, unsigned long long* out, void* stream) {
+  cudaError_t e = cudaMemsetAsync(out, 0, sizeof(unsigned long long), as_stream(stream));
+  if (e != cudaSuccess || n == 0) return int(e);
+  const size_t blocks = (n + 1023) / 1024;
+  checksum_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), 256, 0, as_stream(stream)>>>(
+      reinterpret_cast<const uint32_t*>(data), n, out);
   return int(cudaGetLastError());
 }
 

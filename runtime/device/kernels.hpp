@@ -76,6 +76,7 @@ struct Tables {
   int* average_nonfinite = nullptr;  // set by finite_check: 1 if the average has NaN/Inf
   int* delta_nonfinite = nullptr;
   Report* report = nullptr;
+  unsigned long long* checksum = nullptr;  // the anchor check's hash
 };
 
 // Elements per chunk: 256 threads x 16 elements. Fixed: the norms' summation order depends on it.
@@ -83,6 +84,9 @@ constexpr uint32_t kChunkElements = 4096;
 
 // *flag = 1 if any of data[0, n) is NaN or infinite, else 0.
 int finite_check(const float* data, size_t n, int* flag, void* stream);
+
+// *out = state_checksum(data, n) (runtime/device/state_checksum.hpp), computed on the device.
+int checksum(const float* data, size_t n, unsigned long long* out, void* stream);
 
 // Penalty and norm-clip scale of every segment (advances the gap history when an update
 // happens); reads average_nonfinite to decide whether it does.
