@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "runtime/device/kernels.hpp"
@@ -37,10 +38,37 @@ struct Result {
   co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
 };
 
+// A checkpoint taken after `save_after` steps (a boundary, so that the parameters equal the
+// anchor and the average is in flight), or a run that starts from one at step `resume_at`.
+struct Checkpointing {
+  int save_after = -1;
+  std::vector<std::vector<char>>* saved = nullptr;            // per rank
+  const std::vector<std::vector<char>>* restore = nullptr;    // per rank
+  int resume_at = 0;
+};
+
+int append_bytes(void* user, const void* data, size_t length) {
+  auto* blob = static_cast<std::vector<char>*>(user);
+  blob->insert(blob->end(), static_cast<const char*>(data), static_cast<const char*>(data) + length);
+  return 0;
+}
+
+struct Reader {
+  const std::vector<char>* blob;
+  size_t offset = 0;
+};
+int read_bytes(void* user, void* data, size_t length) {
+  auto* r = static_cast<Reader*>(user);
+  if (r->offset + length > r->blob->size()) return 1;
+  std::memcpy(data, r->blob->data() + r->offset, length);
+  r->offset += length;
+  return 0;
+}
+
 // One rank: registers kShapes (host or device), runs `steps` inner steps (SGD on a synthetic
 // gradient, applied on the host and uploaded for device tensors), finalizes.
 void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_config_t& config, int steps,
-                Result* out) {
+                Result* out, const Checkpointing& checkpointing = {}) {
   co2_engine_t engine = nullptr;
   CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
   std::vector<std::vector<float>> host;
@@ -69,11 +97,25 @@ void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_config_
     for (size_t t = 0; device && t < host.size(); ++t)
       ASSERT_EQ(cudaMemcpy(host[t].data(), dev[t], host[t].size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   };
+  if (checkpointing.restore) {
+    Reader reader{&(*checkpointing.restore)[size_t(rank)]};
+    CO2_ASSERT_OK(co2_engine_load(engine, read_bytes, &reader));
+    ASSERT_EQ(reader.offset, reader.blob->size());
+    download();
+  }
   auto upload = [&] {
     for (size_t t = 0; device && t < host.size(); ++t)
       ASSERT_EQ(cudaMemcpy(dev[t], host[t].data(), host[t].size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   };
-  for (int step = 0; step < steps; ++step) {
+  for (int step = checkpointing.resume_at; step < steps; ++step) {
+    if (step == checkpointing.save_after) {
+      auto& blob = (*checkpointing.saved)[size_t(rank)];
+      blob.clear();
+      CO2_ASSERT_OK(co2_engine_save(engine, append_bytes, &blob));
+      size_t size = 0;
+      CO2_ASSERT_OK(co2_engine_state_size(engine, &size));
+      EXPECT_EQ(size, blob.size());
+    }
     download();
     std::vector<std::vector<float>> grads(host.size());
     for (size_t t = 0; t < host.size(); ++t) {
@@ -117,11 +159,11 @@ void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_config_
   for (float* d : dev) cudaFree(d);
 }
 
-Result run(bool device, int world, const co2_engine_config_t& config, int steps) {
+Result run(bool device, int world, const co2_engine_config_t& config, int steps, const Checkpointing& checkpointing = {}) {
   Result result;
   co2test::run_ranks(world, [&](int rank, co2_comm_t comm) {
     cudaSetDevice(0);
-    train_rank(comm, rank, device, config, steps, &result);
+    train_rank(comm, rank, device, config, steps, &result, checkpointing);
   });
   return result;
 }
@@ -186,6 +228,30 @@ TEST(DevicePath, TwoRanksOnOneGpuThroughTheStagedPathEqualHost) {
   for (const Policy& p : kPolicies) {
     const auto c = config_of(p);
     expect_close(run(true, 2, c, 14), run(false, 2, c, 14), p.name);
+  }
+}
+
+// A CUDA engine saved at a boundary with its co2 average in flight resumes bit for bit: the
+// average, the anchor, the momentum and the gap history travel through the checkpoint (format 5).
+TEST(DevicePath, CheckpointsResumeBitForBit) {
+  for (const Policy& p : kPolicies) {
+    for (int world : {1, 2}) {
+      const auto c = config_of(p);  // tau 3
+      std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+      Checkpointing save;
+      save.save_after = 9;
+      save.saved = &blobs;
+      const Result straight = run(true, world, c, 15, save);
+      Checkpointing resume;
+      resume.restore = &blobs;
+      resume.resume_at = 9;
+      const Result resumed = run(true, world, c, 15, resume);
+      ASSERT_EQ(resumed.params.size(), straight.params.size());
+      for (size_t t = 0; t < straight.params.size(); ++t)
+        EXPECT_EQ(std::memcmp(resumed.params[t].data(), straight.params[t].data(), straight.params[t].size() * sizeof(float)), 0)
+            << p.name << " W=" << world << " tensor " << kShapes[t].name;
+      EXPECT_EQ(resumed.stats.outer_updates, straight.stats.outer_updates) << p.name << " W=" << world;
+    }
   }
 }
 
