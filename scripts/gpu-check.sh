@@ -73,7 +73,8 @@ ninja -C "$BUILD_DIR" -j "$(jobs)" || exit 1
 
 log "GPU tests (and the host-side device tests)"
 timeout 300 "${MESON[@]}" test -C "$BUILD_DIR" --no-rebuild --print-errorlogs \
-  runtime/device/gpu runtime/device/selection runtime/collective_comm nccl_transport nccl_transport_without_gpu
+  runtime/device/gpu runtime/device/selection runtime/device/state_checksum runtime/engine_rounds \
+  runtime/collective_comm nccl_transport nccl_transport_without_gpu
 test_rc=$?
 
 log "benchmark"
