@@ -353,14 +353,7 @@ CO2_EXPORT co2_status_t co2_comm_split_nodes(co2_comm_t parent, const co2_comm_c
     require_arg(intra_node != nullptr && inter_node != nullptr, "intra_node or inter_node is NULL");
     int32_t node_id = CO2_NODE_ID_AUTO;
     const co2::GroupRequest request = split_request(parent, config, node_id);
-    co2::store::NodeName name;
-    if (node_id >= 0) {
-      name.id = node_id;
-      name.source = "co2_comm_config_t.node_id";
-    } else {
-      name = co2::store::read_node_name();
-    }
-    auto [intra, inter] = co2::split_nodes(*parent->comm, name, request);
+    auto [intra, inter] = co2::split_nodes(*parent->comm, node_id, request);
     // Both handles exist before either is handed out: a failure leaves the outputs untouched.
     auto intra_handle = wrap_comm(std::move(intra), node_id);
     auto inter_handle = wrap_comm(std::move(inter), node_id);

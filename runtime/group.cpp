@@ -371,10 +371,11 @@ std::string make_unique_id() {
 
 namespace {
 
-void wait_on_parent(Communicator& parent, const std::shared_ptr<Request>& request) {
+void wait_on_parent(Communicator& parent, const std::shared_ptr<Request>& request, const char* caller = "co2_comm_split") {
   if (request->wait_status() != Status::Ok) {
     const std::string message = parent.error_message();
-    fail(parent.error_status(), "co2_comm_split: " + (message.empty() ? std::string("the parent's collective failed") : message));
+    fail(parent.error_status(),
+         std::string(caller) + ": " + (message.empty() ? std::string("the parent's collective failed") : message));
   }
 }
 
@@ -423,7 +424,7 @@ namespace {
 
 // One rank's node name on the wire of split_nodes' all-gather: the id, then the host name and
 // the source as zero-padded text (a Linux host name has at most 64 bytes; longer text is cut).
-constexpr size_t kHostBytes = 256, kSourceBytes = 128;
+constexpr size_t kHostBytes = 256, kSourceBytes = 256;
 constexpr size_t kNameWords = 1 + (kHostBytes + kSourceBytes) / 8;
 
 void put_text(const std::string& text, char* into, size_t room) {
@@ -438,6 +439,10 @@ std::string describe_node(const store::NodeName& name) {
 }  // namespace
 
 NodePlace place_on_nodes(const std::vector<store::NodeName>& names, int me) {
+  for (size_t r = 0; r < names.size(); ++r)
+    if (names[r].id == kNodeUnresolved)
+      fail(Status::InvalidArgument,
+           "co2_comm_split_nodes: rank " + std::to_string(r) + " cannot tell its node: " + names[r].source);
   int by_id = -1, by_host = -1;
   for (int r = 0; r < int(names.size()); ++r) (names[size_t(r)].id >= 0 ? by_id : by_host) = r;
   if (by_id >= 0 && by_host >= 0)
@@ -481,17 +486,29 @@ NodePlace place_on_nodes(const std::vector<store::NodeName>& names, int me) {
            "carries shard j of the inter-node all-reduce)");
 }
 
-std::pair<std::shared_ptr<Communicator>, std::shared_ptr<Communicator>> split_nodes(Communicator& parent,
-                                                                                   const store::NodeName& mine,
+std::pair<std::shared_ptr<Communicator>, std::shared_ptr<Communicator>> split_nodes(Communicator& parent, int node_id,
                                                                                    const GroupRequest& request) {
+  store::NodeName mine;
+  if (node_id >= 0) {
+    mine.id = node_id;
+    mine.source = "co2_comm_config_t.node_id";
+  } else {
+    try {
+      mine = store::read_node_name();
+    } catch (const Error& error) {
+      mine.id = kNodeUnresolved;
+      mine.source = error.what();
+    }
+  }
   const size_t size = size_t(parent.size());
   std::vector<int64_t> record(kNameWords, 0), all(kNameWords * size, 0);
   record[0] = mine.id;
   char* text = reinterpret_cast<char*>(record.data() + 1);
   put_text(mine.host, text, kHostBytes);
   put_text(mine.source, text + kHostBytes, kSourceBytes);
-  wait_on_parent(parent, parent.allgather(record.data(), all.data(), kNameWords, DataType::I64,
-                                          CollectiveId{0, Purpose::Split}));
+  wait_on_parent(parent,
+                 parent.allgather(record.data(), all.data(), kNameWords, DataType::I64, CollectiveId{0, Purpose::Split}),
+                 "co2_comm_split_nodes");
   std::vector<store::NodeName> names(size);
   for (size_t r = 0; r < size; ++r) {
     const int64_t* theirs = all.data() + kNameWords * r;

@@ -63,16 +63,19 @@ struct NodePlace {
 
 // Where each rank of a communicator is, from every rank's node name (index = parent rank; the
 // same on every rank, so every rank reaches the same verdict). Throws co2::Error
-// (InvalidArgument) when the nodes hold different numbers of ranks, naming the node sizes, or
-// when some ranks name their node by an id and others only by their host name.
+// (InvalidArgument) when the nodes hold different numbers of ranks, naming the node sizes; when
+// some ranks name their node by an id and others only by their host name; or when a rank could
+// not tell its node (id kNodeUnresolved, the reason in `source`).
+constexpr int64_t kNodeUnresolved = -2;
 NodePlace place_on_nodes(const std::vector<store::NodeName>& names, int me);
 
-// Collective over `parent`: all-gathers every rank's node name (`mine`), places the ranks
-// (place_on_nodes: a failure there fails on every rank, before any group forms), then forms
-// the node's group (color node, key local) and the group of this local index across nodes
-// (color local, key node) with split_group. Returns {intra_node, inter_node}.
-std::pair<std::shared_ptr<Communicator>, std::shared_ptr<Communicator>> split_nodes(Communicator& parent,
-                                                                                   const store::NodeName& mine,
+// Collective over `parent`: this rank's node is `node_id` if >= 0, else store::read_node_name()
+// (a failure there travels to every rank, which then all fail with it, instead of leaving the
+// others waiting). All-gathers every rank's node name, places the ranks (place_on_nodes: a
+// refusal happens on every rank, before any group forms), then forms the node's group (color
+// node, key local) and the group of this local index across nodes (color local, key node) with
+// split_group. Returns {intra_node, inter_node}.
+std::pair<std::shared_ptr<Communicator>, std::shared_ptr<Communicator>> split_nodes(Communicator& parent, int node_id,
                                                                                    const GroupRequest& request);
 
 // NCCL-style id: starts a rendezvous store server in this process (kept until a group formed

@@ -1,11 +1,12 @@
 // One process of a 2 x 2 "cluster" under `co2run --nnodes 2 --nproc-per-node 2` (transport AUTO
 // -> UCX): co2_comm_split_nodes with the node from the launcher (GROUP_RANK), then with an
-// explicit node_id that overrides it, then with unequal nodes (refused on every rank). Checks
+// explicit node_id that overrides it, then with unequal nodes and with one rank's malformed
+// GROUP_RANK (both refused on every rank). Checks
 // ranks, sizes and an all-reduce over each new communicator. Exits 0 when everything matched,
 // 1 otherwise (with the reason).
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "co2/co2.h"
 
@@ -97,12 +98,24 @@ int main() {
   unequal.node_id = rank == 3 ? 1 : 0;
   co2_comm_t intra = nullptr, inter = nullptr;
   const co2_status_t status = co2_comm_split_nodes(world, &unequal, &intra, &inter);
-  const char* message = co2_last_error_message();
+  std::string message = co2_last_error_message();
   expect(status == CO2_ERR_INVALID_ARGUMENT, "unequal nodes: status", long(status), long(CO2_ERR_INVALID_ARGUMENT));
-  if (std::strstr(message, "has 3 ranks") == nullptr || std::strstr(message, "has 1 rank") == nullptr) {
-    std::fprintf(stderr, "unequal nodes: the message does not name the sizes: %s\n", message);
+  if (message.find("has 3 ranks") == std::string::npos || message.find("has 1 rank") == std::string::npos) {
+    std::fprintf(stderr, "unequal nodes: the message does not name the sizes: %s\n", message.c_str());
     ++failures;
   }
+  // A rank that cannot tell its node (a malformed GROUP_RANK on rank 3 alone): every rank fails
+  // with its reason at once, instead of the others waiting out the timeout.
+  if (rank == 3) setenv("GROUP_RANK", "x", 1);
+  const co2_status_t broken = co2_comm_split_nodes(world, nullptr, &intra, &inter);
+  message = co2_last_error_message();
+  expect(broken == CO2_ERR_INVALID_ARGUMENT, "malformed GROUP_RANK: status", long(broken),
+         long(CO2_ERR_INVALID_ARGUMENT));
+  if (message.find("rank 3 cannot tell its node: environment variable GROUP_RANK='x'") == std::string::npos) {
+    std::fprintf(stderr, "malformed GROUP_RANK: the message does not say which rank and why: %s\n", message.c_str());
+    ++failures;
+  }
+
   int64_t in_world = 1;
   if (sum_over(world, &in_world)) return 1;
   expect(in_world == 4, "sum over the world", long(in_world), 4);
