@@ -158,6 +158,11 @@ void prepare_raw_buffer(co2_comm_t comm, const void* buffer, size_t count, void*
   if (cuda_buffer) co2::stream_waits_for(collective_stream, stream);
 }
 
+co2_comm_config_t default_comm_config() {
+  co2_comm_config_t c = CO2_COMM_CONFIG_INIT;
+  return c;
+}
+
 // The group request `config` describes, validated.
 co2::GroupRequest group_request(const co2_comm_config_t& config) {
   switch (config.transport) {
@@ -173,12 +178,21 @@ co2::GroupRequest group_request(const co2_comm_config_t& config) {
   require_arg(config.chunk_bytes >= 8, "chunk_bytes must be >= 8");
   require_arg(config.device_index >= CO2_DEVICE_INDEX_AUTO,
               "device_index must be a CUDA device index or CO2_DEVICE_INDEX_AUTO (-1)");
+  require_arg(config.node_id >= CO2_NODE_ID_AUTO, "node_id must be >= 0, or CO2_NODE_ID_AUTO (-1)");
   co2::GroupRequest request;
   request.transport = co2::TransportKind(config.transport);
   request.options.timeout = std::chrono::milliseconds(config.timeout_ms);
   request.options.chunk_bytes = size_t(config.chunk_bytes);
   request.device_index = config.device_index;
   return request;
+}
+
+// A handle for `comm` (which carries the node id for co2_comm_split_nodes).
+std::unique_ptr<co2_comm> wrap_comm(std::shared_ptr<co2::Communicator> comm, int32_t node_id) {
+  auto handle = std::make_unique<co2_comm>();
+  handle->comm = std::move(comm);
+  handle->node_id = node_id;
+  return handle;
 }
 
 // Forms the group `config` describes; `unique_id` is "" for co2_comm_create.
@@ -193,14 +207,22 @@ co2_comm_t create_comm(const co2_comm_config_t& config, const std::string& group
   request.rank_is_default = rank_is_default;
   request.group_name = group_name;
   request.unique_id = unique_id;
-  auto handle = std::make_unique<co2_comm>();
-  handle->comm = co2::form_group(request);
-  return handle.release();
+  return wrap_comm(co2::form_group(request), config.node_id).release();
 }
 
-co2_comm_config_t default_comm_config() {
-  co2_comm_config_t c = CO2_COMM_CONFIG_INIT;
-  return c;
+// What co2_comm_split and co2_comm_split_nodes form their groups with, and the node id their
+// communicators carry: `config`'s when given (node_id AUTO there keeps the parent's).
+co2::GroupRequest split_request(co2_comm_t parent, const co2_comm_config_t* config, int32_t& node_id) {
+  node_id = parent->node_id;
+  co2::GroupRequest request;
+  if (!config) {
+    request.options = parent->comm->options();
+    return request;
+  }
+  const co2_comm_config_t c = read_config(config, default_comm_config(), "co2_comm_config_t");
+  request = group_request(c);
+  if (c.node_id != CO2_NODE_ID_AUTO) node_id = c.node_id;
+  return request;
 }
 
 co2_engine_config_t default_engine_config() {
@@ -317,19 +339,26 @@ CO2_EXPORT co2_status_t co2_comm_split(co2_comm_t parent, int32_t color, int32_t
     require_arg(parent != nullptr, "parent communicator is NULL");
     require_arg(out_comm != nullptr, "out_comm is NULL");
     require_arg(color >= CO2_SPLIT_NONE, "color must be >= 0, or CO2_SPLIT_NONE to join no group");
-    co2::GroupRequest request;
-    if (config)
-      request = group_request(read_config(config, default_comm_config(), "co2_comm_config_t"));
-    else
-      request.options = parent->comm->options();
+    int32_t node_id = CO2_NODE_ID_AUTO;
+    const co2::GroupRequest request = split_request(parent, config, node_id);
     auto comm = co2::split_group(*parent->comm, color, key, request);
-    if (!comm) {
-      *out_comm = nullptr;
-      return;
-    }
-    auto handle = std::make_unique<co2_comm>();
-    handle->comm = std::move(comm);
-    *out_comm = handle.release();
+    *out_comm = comm ? wrap_comm(std::move(comm), node_id).release() : nullptr;
+  });
+}
+
+CO2_EXPORT co2_status_t co2_comm_split_nodes(co2_comm_t parent, const co2_comm_config_t* config,
+                                             co2_comm_t* intra_node, co2_comm_t* inter_node) {
+  return guarded([&] {
+    require_arg(parent != nullptr, "parent communicator is NULL");
+    require_arg(intra_node != nullptr && inter_node != nullptr, "intra_node or inter_node is NULL");
+    int32_t node_id = CO2_NODE_ID_AUTO;
+    const co2::GroupRequest request = split_request(parent, config, node_id);
+    auto [intra, inter] = co2::split_nodes(*parent->comm, node_id, request);
+    // Both handles exist before either is handed out: a failure leaves the outputs untouched.
+    auto intra_handle = wrap_comm(std::move(intra), node_id);
+    auto inter_handle = wrap_comm(std::move(inter), node_id);
+    *intra_node = intra_handle.release();
+    *inter_node = inter_handle.release();
   });
 }
 

@@ -1,6 +1,7 @@
-// co2run: starts the ranks of a co2 job on this node with the environment co2 reads (torchrun's
-// names), prefixes their output with the rank, forwards signals, and stops them all when one
-// fails. It does not link the runtime: it is a process supervisor and nothing else.
+// co2run: starts the ranks of a co2 job on this machine (one node's, or every node's as simulated
+// nodes) with the environment co2 reads (torchrun's names), prefixes their output with the rank,
+// forwards signals, and stops them all when one fails. It does not link the runtime: it is a
+// process supervisor and nothing else.
 #include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -74,7 +75,8 @@ int main_or_status(int argc, char** argv) {
     return 0;
   }
 
-  const bool one_node = options.nnodes == 1;
+  // On one machine co2run may choose the port and the token: nobody else has to agree on them.
+  const bool one_machine = options.all_nodes_here();
   const std::string master_addr = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
   const int master_port = options.master_port != 0 ? options.master_port : free_port();
   if (master_port == 0) {
@@ -83,7 +85,7 @@ int main_or_status(int argc, char** argv) {
   }
   const char* user_token = std::getenv("CO2_AUTH_TOKEN");
   std::string token = user_token ? user_token : "";
-  if (token.empty() && one_node) {
+  if (token.empty() && one_machine) {
     token = random_token();
     if (token.empty()) {
       std::fprintf(stderr, "co2run: error: cannot make a random CO2_AUTH_TOKEN (%s)\n", std::strerror(errno));
@@ -97,27 +99,39 @@ int main_or_status(int argc, char** argv) {
                  master_addr.c_str(), master_port);
 
   // Our variables replace any the caller had (co2run inside another launcher's job).
-  const std::set<std::string> ours = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                      "MASTER_PORT", "CO2_AUTH_TOKEN"};
+  const std::set<std::string> ours = {"RANK",        "WORLD_SIZE",       "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
+                                      "GROUP_RANK",  "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                      "CO2_AUTH_TOKEN"};
   std::vector<std::string> inherited;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const char* equals = std::strchr(*entry, '=');
     if (equals == nullptr || ours.count(std::string(*entry, size_t(equals - *entry))) == 0) inherited.push_back(*entry);
   }
+  // Simulated nodes share this host: LOCAL_WORLD_SIZE < WORLD_SIZE would otherwise make rank 0's
+  // store listen on every address (co2 takes a loopback MASTER_ADDR with ranks on several hosts
+  // for Debian's 127.0.1.1 host name), though every rank connects over loopback here.
+  if (one_machine && options.nnodes > 1 && std::getenv("CO2_STORE_BIND") == nullptr)
+    inherited.push_back("CO2_STORE_BIND=" + master_addr);
   std::vector<RankLaunch> ranks;
   const int world_size = options.nproc_per_node * options.nnodes;
-  for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
-    RankLaunch rank;
-    rank.rank = options.node_rank * options.nproc_per_node + local_rank;
-    rank.environment = inherited;
-    rank.environment.push_back("RANK=" + std::to_string(rank.rank));
-    rank.environment.push_back("WORLD_SIZE=" + std::to_string(world_size));
-    rank.environment.push_back("LOCAL_RANK=" + std::to_string(local_rank));
-    rank.environment.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc_per_node));
-    rank.environment.push_back("MASTER_ADDR=" + master_addr);
-    rank.environment.push_back("MASTER_PORT=" + std::to_string(master_port));
-    if (!token.empty()) rank.environment.push_back("CO2_AUTH_TOKEN=" + token);
-    ranks.push_back(std::move(rank));
+  const int first_node = one_machine ? 0 : options.node_rank;
+  const int last_node = one_machine ? options.nnodes - 1 : options.node_rank;
+  for (int node = first_node; node <= last_node; ++node) {
+    for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
+      RankLaunch rank;
+      rank.rank = node * options.nproc_per_node + local_rank;
+      rank.environment = inherited;
+      rank.environment.push_back("RANK=" + std::to_string(rank.rank));
+      rank.environment.push_back("WORLD_SIZE=" + std::to_string(world_size));
+      rank.environment.push_back("LOCAL_RANK=" + std::to_string(local_rank));
+      rank.environment.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc_per_node));
+      rank.environment.push_back("GROUP_RANK=" + std::to_string(node));
+      rank.environment.push_back("GROUP_WORLD_SIZE=" + std::to_string(options.nnodes));
+      rank.environment.push_back("MASTER_ADDR=" + master_addr);
+      rank.environment.push_back("MASTER_PORT=" + std::to_string(master_port));
+      if (!token.empty()) rank.environment.push_back("CO2_AUTH_TOKEN=" + token);
+      ranks.push_back(std::move(rank));
+    }
   }
   return run_ranks(options.program, ranks, options.grace_period);
 }

@@ -12,28 +12,35 @@ namespace co2::launcher {
 const char kUsage[] =
     "usage: co2run [OPTIONS] PROGRAM [ARGS...]\n"
     "\n"
-    "Starts PROGRAM once per local rank with the environment co2 (and torchrun-style programs) read:\n"
-    "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, CO2_AUTH_TOKEN.\n"
-    "Each output line is prefixed with '[rank N] ' (stdout and stderr kept apart). SIGINT, SIGTERM\n"
-    "and SIGHUP are forwarded to every rank. When a rank exits non-zero or is killed, the others get\n"
-    "SIGTERM, then SIGKILL after the grace period, and co2run exits non-zero naming the rank.\n"
+    "Starts PROGRAM once per rank with the environment co2 (and torchrun-style programs) read:\n"
+    "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node), GROUP_WORLD_SIZE,\n"
+    "MASTER_ADDR, MASTER_PORT, CO2_AUTH_TOKEN. Each output line is prefixed with '[rank N] '\n"
+    "(stdout and stderr kept apart). SIGINT, SIGTERM and SIGHUP are forwarded to every rank. When\n"
+    "a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after the grace\n"
+    "period, and co2run exits non-zero naming the rank.\n"
     "\n"
     "options:\n"
-    "  --nproc-per-node N   ranks to start on this node (default 1)\n"
-    "  --nnodes M           nodes in the job (default 1); run co2run once per node\n"
-    "  --node-rank K        this node's index, 0..M-1 (default 0); ranks K*N .. K*N+N-1 run here\n"
+    "  --nproc-per-node N   ranks per node (default 1)\n"
+    "  --nnodes M           nodes in the job (default 1); node K holds ranks K*N .. K*N+N-1\n"
+    "  --node-rank K        start only node K's ranks, 0..M-1 (one co2run per machine); without\n"
+    "                       it, co2run starts all M*N ranks here as M simulated nodes\n"
     "  --master-addr A      host of rank 0, where the rendezvous store listens\n"
-    "                       (default 127.0.0.1 on one node; required with --nnodes > 1)\n"
-    "  --master-port P      port of the rendezvous store (default: a free port on one node;\n"
-    "                       required with --nnodes > 1)\n"
+    "                       (default 127.0.0.1 on one machine; required with --node-rank\n"
+    "                       when --nnodes > 1)\n"
+    "  --master-port P      port of the rendezvous store (default: a free port on one machine;\n"
+    "                       required with --node-rank when --nnodes > 1)\n"
     "  --grace-period S     seconds between SIGTERM and SIGKILL when stopping ranks (default 10)\n"
     "  -h, --help           this text\n"
     "\n"
-    "On one node co2run makes up a random CO2_AUTH_TOKEN unless one is set; across nodes, export\n"
-    "the same CO2_AUTH_TOKEN on every node. CO2_MASTER_PORT, when set, is passed on and overrides\n"
-    "MASTER_PORT for co2's store. Ranks read stdin from /dev/null. See docs/launching.md.\n"
+    "On one machine co2run makes up a random CO2_AUTH_TOKEN unless one is set; across machines,\n"
+    "export the same CO2_AUTH_TOKEN on every one. CO2_MASTER_PORT, when set, is passed on and\n"
+    "overrides MASTER_PORT for co2's store. Ranks read stdin from /dev/null. co2's\n"
+    "co2_comm_split_nodes takes the node from GROUP_RANK. See docs/launching.md.\n"
     "\n"
-    "example: co2run --nproc-per-node 4 ./train --steps 1000\n";
+    "examples: co2run --nproc-per-node 4 ./train --steps 1000\n"
+    "          co2run --nnodes 2 --nproc-per-node 2 ./train    (2 simulated nodes of 2 ranks)\n"
+    "          co2run --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr host0 \\\n"
+    "                 --master-port 29500 ./train               (on host0; --node-rank 1 on host1)\n";
 
 namespace {
 
@@ -143,8 +150,9 @@ Options parse_command_line(int argc, char** argv) {
                      std::to_string(options.nnodes));
   if (static_cast<long long>(options.nproc_per_node) * options.nnodes > kMaxRanks)
     throw UsageError("more than " + std::to_string(kMaxRanks) + " ranks");
-  if (options.nnodes > 1 && (options.master_addr.empty() || options.master_port == 0))
-    throw UsageError("with --nnodes > 1, give --master-addr and --master-port (the same on every node)");
+  if (!options.all_nodes_here() && (options.master_addr.empty() || options.master_port == 0))
+    throw UsageError("with --nnodes > 1 and --node-rank, give --master-addr and --master-port (the same on every "
+                     "machine); without --node-rank every node runs on this machine");
   return options;
 }
 

@@ -12,9 +12,12 @@ namespace co2::launcher {
 constexpr std::chrono::milliseconds kDefaultGracePeriod{10000};
 
 struct Options {
+  // Whether this co2run starts every rank of the job (one machine), rather than one node's.
+  bool all_nodes_here() const { return node_rank < 0 || nnodes == 1; }
+
   int nproc_per_node = 1;
   int nnodes = 1;
-  int node_rank = 0;
+  int node_rank = -1;  // -1 = not given: every node's ranks run on this machine
   std::string master_addr;  // "" = not given
   int master_port = 0;      // 0 = not given
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;

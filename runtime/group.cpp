@@ -371,10 +371,11 @@ std::string make_unique_id() {
 
 namespace {
 
-void wait_on_parent(Communicator& parent, const std::shared_ptr<Request>& request) {
+void wait_on_parent(Communicator& parent, const std::shared_ptr<Request>& request, const char* caller = "co2_comm_split") {
   if (request->wait_status() != Status::Ok) {
     const std::string message = parent.error_message();
-    fail(parent.error_status(), "co2_comm_split: " + (message.empty() ? std::string("the parent's collective failed") : message));
+    fail(parent.error_status(),
+         std::string(caller) + ": " + (message.empty() ? std::string("the parent's collective failed") : message));
   }
 }
 
@@ -417,6 +418,109 @@ std::shared_ptr<Communicator> split_group(Communicator& parent, int color, int k
     if (request.device_index < 0) request.device_index = parent.collective_device();
   }
   return form_group(request);
+}
+
+namespace {
+
+// One rank's node name on the wire of split_nodes' all-gather: the id, then the host name and
+// the source as zero-padded text (a Linux host name has at most 64 bytes; longer text is cut).
+constexpr size_t kHostBytes = 256, kSourceBytes = 256;
+constexpr size_t kNameWords = 1 + (kHostBytes + kSourceBytes) / 8;
+
+void put_text(const std::string& text, char* into, size_t room) {
+  std::memcpy(into, text.data(), std::min(text.size(), room - 1));
+}
+
+std::string describe_node(const store::NodeName& name) {
+  if (name.id >= 0) return "node id " + std::to_string(name.id) + " from " + name.source;
+  return "host '" + name.host + "'";
+}
+
+}  // namespace
+
+NodePlace place_on_nodes(const std::vector<store::NodeName>& names, int me) {
+  for (size_t r = 0; r < names.size(); ++r)
+    if (names[r].id == kNodeUnresolved)
+      fail(Status::InvalidArgument,
+           "co2_comm_split_nodes: rank " + std::to_string(r) + " cannot tell its node: " + names[r].source);
+  int by_id = -1, by_host = -1;
+  for (int r = 0; r < int(names.size()); ++r) (names[size_t(r)].id >= 0 ? by_id : by_host) = r;
+  if (by_id >= 0 && by_host >= 0)
+    fail(Status::InvalidArgument,
+         "co2_comm_split_nodes: rank " + std::to_string(by_id) + " has " + describe_node(names[size_t(by_id)]) +
+             ", but rank " + std::to_string(by_host) + " only its host name (" + names[size_t(by_host)].source +
+             "): launch every rank the same way, or set co2_comm_config_t.node_id on every rank");
+
+  // Nodes in the order of their lowest parent rank; ranks of a node in parent-rank order.
+  std::map<std::pair<int64_t, std::string>, int> index_of;
+  std::vector<int> sizes, first_rank;
+  NodePlace place;
+  for (int r = 0; r < int(names.size()); ++r) {
+    const store::NodeName& name = names[size_t(r)];
+    const auto found = index_of.emplace(std::make_pair(name.id, name.id >= 0 ? "" : name.host), int(sizes.size()));
+    if (found.second) {
+      sizes.push_back(0);
+      first_rank.push_back(r);
+    }
+    const int node = found.first->second;
+    if (r == me) {
+      place.node = node;
+      place.local = sizes[size_t(node)];
+    }
+    ++sizes[size_t(node)];
+  }
+  place.nodes = int(sizes.size());
+  place.per_node = sizes.empty() ? 0 : sizes.front();
+  if (std::all_of(sizes.begin(), sizes.end(), [&](int n) { return n == place.per_node; })) return place;
+
+  constexpr size_t kNodesNamed = 16;  // a message, not a listing of a huge cluster
+  std::string listing;
+  for (size_t node = 0; node < sizes.size() && node < kNodesNamed; ++node)
+    listing += std::string(node ? "; " : "") + "node " + std::to_string(node) + " (" +
+               describe_node(names[size_t(first_rank[node])]) + ") has " + std::to_string(sizes[node]) +
+               (sizes[node] == 1 ? " rank" : " ranks");
+  if (sizes.size() > kNodesNamed) listing += "; ... (" + std::to_string(sizes.size()) + " nodes)";
+  fail(Status::InvalidArgument,
+       "co2_comm_split_nodes: the nodes hold different numbers of ranks: " + listing +
+           ". Hierarchical training needs the same number of ranks on every node (local rank j of every node "
+           "carries shard j of the inter-node all-reduce)");
+}
+
+std::pair<std::shared_ptr<Communicator>, std::shared_ptr<Communicator>> split_nodes(Communicator& parent, int node_id,
+                                                                                   const GroupRequest& request) {
+  store::NodeName mine;
+  if (node_id >= 0) {
+    mine.id = node_id;
+    mine.source = "co2_comm_config_t.node_id";
+  } else {
+    try {
+      mine = store::read_node_name();
+    } catch (const Error& error) {
+      mine.id = kNodeUnresolved;
+      mine.source = error.what();
+    }
+  }
+  const size_t size = size_t(parent.size());
+  std::vector<int64_t> record(kNameWords, 0), all(kNameWords * size, 0);
+  record[0] = mine.id;
+  char* text = reinterpret_cast<char*>(record.data() + 1);
+  put_text(mine.host, text, kHostBytes);
+  put_text(mine.source, text + kHostBytes, kSourceBytes);
+  wait_on_parent(parent,
+                 parent.allgather(record.data(), all.data(), kNameWords, DataType::I64, CollectiveId{0, Purpose::Split}),
+                 "co2_comm_split_nodes");
+  std::vector<store::NodeName> names(size);
+  for (size_t r = 0; r < size; ++r) {
+    const int64_t* theirs = all.data() + kNameWords * r;
+    const char* their_text = reinterpret_cast<const char*>(theirs + 1);
+    names[r].id = theirs[0];
+    names[r].host.assign(their_text, strnlen(their_text, kHostBytes));
+    names[r].source.assign(their_text + kHostBytes, strnlen(their_text + kHostBytes, kSourceBytes));
+  }
+  const NodePlace place = place_on_nodes(names, parent.rank());
+  auto intra = split_group(parent, place.node, place.local, request);
+  auto inter = split_group(parent, place.local, place.node, request);
+  return {std::move(intra), std::move(inter)};
 }
 
 }  // namespace co2

@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/comm.hpp"
 #include "runtime/store/launch_environment.hpp"
@@ -50,6 +52,31 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& request);
 // group fields are filled in here. Each group's first rank makes an id (make_unique_id) that
 // travels through two all-gathers on the parent.
 std::shared_ptr<Communicator> split_group(Communicator& parent, int color, int key, GroupRequest request);
+
+// A rank's place among the nodes of a communicator, as split_nodes computes it.
+struct NodePlace {
+  int node = 0;        // node index: nodes numbered in the order of their lowest parent rank
+  int local = 0;       // index among the ranks of its node, in parent-rank order
+  int nodes = 1;       // how many nodes
+  int per_node = 1;    // ranks on every node
+};
+
+// Where each rank of a communicator is, from every rank's node name (index = parent rank; the
+// same on every rank, so every rank reaches the same verdict). Throws co2::Error
+// (InvalidArgument) when the nodes hold different numbers of ranks, naming the node sizes; when
+// some ranks name their node by an id and others only by their host name; or when a rank could
+// not tell its node (id kNodeUnresolved, the reason in `source`).
+constexpr int64_t kNodeUnresolved = -2;
+NodePlace place_on_nodes(const std::vector<store::NodeName>& names, int me);
+
+// Collective over `parent`: this rank's node is `node_id` if >= 0, else store::read_node_name()
+// (a failure there travels to every rank, which then all fail with it, instead of leaving the
+// others waiting). All-gathers every rank's node name, places the ranks (place_on_nodes: a
+// refusal happens on every rank, before any group forms), then forms the node's group (color
+// node, key local) and the group of this local index across nodes (color local, key node) with
+// split_group. Returns {intra_node, inter_node}.
+std::pair<std::shared_ptr<Communicator>, std::shared_ptr<Communicator>> split_nodes(Communicator& parent, int node_id,
+                                                                                   const GroupRequest& request);
 
 // NCCL-style id: starts a rendezvous store server in this process (kept until a group formed
 // from the id has met here, or until the process exits) and returns text naming it. Fits in

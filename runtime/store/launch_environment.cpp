@@ -1,9 +1,11 @@
 #include "runtime/store/launch_environment.hpp"
 
 #include <ifaddrs.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -251,6 +253,45 @@ LaunchEnvironment read_launch_environment() {
     environment.master_port = derived_port(*job_id);
   }
   return environment;
+}
+
+NodeName read_node_name() {
+  NodeName name;
+  const auto by_host = [&name](const std::string& why) {
+    char host[HOST_NAME_MAX + 1] = {};
+    if (::gethostname(host, sizeof host - 1) != 0)
+      fail(Status::Internal, std::string("gethostname failed: ") + std::strerror(errno));
+    name.host = host;
+    name.source = "host name (" + why + ")";
+    return name;
+  };
+  if (variable("RANK") || variable("WORLD_SIZE")) {
+    if (variable("GROUP_RANK")) {
+      name.id = integer_variable("GROUP_RANK", 0, kMaxRanks);
+      name.source = "GROUP_RANK";
+      return name;
+    }
+    if (variable("RANK") && variable("LOCAL_RANK") && variable("LOCAL_WORLD_SIZE")) {
+      const int rank = integer_variable("RANK", 0, kMaxRanks);
+      const int local_rank = integer_variable("LOCAL_RANK", 0, kMaxRanks);
+      const int local_world_size = integer_variable("LOCAL_WORLD_SIZE", 1, kMaxRanks);
+      if (rank >= local_rank && (rank - local_rank) % local_world_size == 0) {
+        name.id = (rank - local_rank) / local_world_size;
+        name.source = "(RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE";
+        return name;
+      }
+      return by_host("RANK - LOCAL_RANK is not a multiple of LOCAL_WORLD_SIZE");
+    }
+    return by_host("the launcher sets neither GROUP_RANK nor LOCAL_RANK and LOCAL_WORLD_SIZE");
+  }
+  if (variable("OMPI_COMM_WORLD_RANK") || variable("OMPI_COMM_WORLD_SIZE"))
+    return by_host("Open MPI exports no node index");
+  if (variable("SLURM_PROCID") && variable("SLURM_STEP_ID")) {
+    name.id = integer_variable("SLURM_NODEID", 0, kMaxRanks);
+    name.source = "SLURM_NODEID";
+    return name;
+  }
+  return by_host("no launcher");
 }
 
 }  // namespace co2::store

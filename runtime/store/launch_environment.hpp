@@ -29,6 +29,25 @@ struct LaunchEnvironment {
 // A malformed or inconsistent value throws co2::Error(Status::InvalidArgument) naming the variable.
 LaunchEnvironment read_launch_environment();
 
+// Which node (host) this process is on, as far as the launcher says; see read_node_name.
+struct NodeName {
+  int64_t id = -1;     // >= 0: the launcher's node index; -1: none, `host` names the node
+  std::string host;    // this host's name when id < 0
+  std::string source;  // where it came from, for messages: "GROUP_RANK", "SLURM_NODEID", ...
+};
+
+// The node of this process, from the launcher family read_launch_environment() picks (the first
+// present wins, so the two never disagree on who launched us):
+//   torchrun / co2run: GROUP_RANK; else (RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE when all three
+//                      are set and RANK - LOCAL_RANK is a multiple of LOCAL_WORLD_SIZE (torchrun
+//                      numbers the ranks of a node contiguously); else the host name
+//   Open MPI:          the host name (OMPI_COMM_WORLD_NODE_RANK is a rank within the node, and
+//                      mpirun exports no node index)
+//   Slurm job step:    SLURM_NODEID
+//   no launcher:       the host name
+// A malformed GROUP_RANK or SLURM_NODEID throws co2::Error(Status::InvalidArgument).
+NodeName read_node_name();
+
 // Where rank 0's store listens (the bind_host of TcpStoreServer::start; "" = every address):
 //   CO2_STORE_BIND when set ("*" = every address, else a host name or address);
 //   else MASTER_ADDR, so that the store is not reachable on interfaces the job does not use.

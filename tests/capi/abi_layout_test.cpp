@@ -55,7 +55,7 @@ TEST(AbiLayout, ScalarTypedefs) {
 
 TEST(AbiLayout, CommConfig) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_comm_config_t), 56u);  // 48 in 1.0 (CO2_COMM_CONFIG_V1_SIZE)
+  EXPECT_EQ(sizeof(co2_comm_config_t), 64u);  // 48 in 1.0 (CO2_COMM_CONFIG_V1_SIZE)
   EXPECT_EQ(alignof(co2_comm_config_t), 8u);
   EXPECT_OFFSET(co2_comm_config_t, size, 0);
   EXPECT_OFFSET(co2_comm_config_t, version, 8);
@@ -68,6 +68,9 @@ TEST(AbiLayout, CommConfig) {
   EXPECT_OFFSET(co2_comm_config_t, chunk_bytes, 40);
   EXPECT_OFFSET(co2_comm_config_t, device_index, 48);  // 1.1
   EXPECT_OFFSET(co2_comm_config_t, reserved1, 52);
+  EXPECT_OFFSET(co2_comm_config_t, node_id, 56);  // 1.1: co2_comm_split_nodes
+  EXPECT_OFFSET(co2_comm_config_t, reserved2, 60);
+  EXPECT_FIELD_SIZE(co2_comm_config_t, node_id, 4);
   EXPECT_FIELD_SIZE(co2_comm_config_t, size, 8);
   EXPECT_FIELD_SIZE(co2_comm_config_t, version, 4);
   EXPECT_FIELD_SIZE(co2_comm_config_t, timeout_ms, 4);
@@ -293,6 +296,8 @@ TEST(AbiLayout, PinnedConstants) {
   EXPECT_EQ(CO2_ABI_VERSION, 1);
   EXPECT_EQ(CO2_DEFAULT_TIMEOUT_MS, 300000u);
   EXPECT_EQ(CO2_DEFAULT_CHUNK_BYTES, uint64_t(1) << 20);
+  EXPECT_EQ(CO2_DEVICE_INDEX_AUTO, -1);
+  EXPECT_EQ(CO2_NODE_ID_AUTO, -1);
   EXPECT_EQ(CO2_DEFAULT_TAU, 12u);
   EXPECT_EQ(CO2_DEFAULT_OUTER_LR, 1.0);
   EXPECT_EQ(CO2_OUTER_MOMENTUM_AUTO, -1.0);

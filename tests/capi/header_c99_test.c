@@ -42,6 +42,8 @@ static void check_comm_config(const co2_comm_config_t *c) {
     CHECK(c->timeout_ms == CO2_DEFAULT_TIMEOUT_MS);
     CHECK(c->reserved0 == 0);
     CHECK(c->chunk_bytes == CO2_DEFAULT_CHUNK_BYTES);
+    CHECK(c->device_index == CO2_DEVICE_INDEX_AUTO);
+    CHECK(c->node_id == CO2_NODE_ID_AUTO);
 }
 
 static void check_engine_config(const co2_engine_config_t *c) {

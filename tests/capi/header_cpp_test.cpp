@@ -68,6 +68,7 @@ int main() {
   CHECK(comm.timeout_ms == CO2_DEFAULT_TIMEOUT_MS);
   CHECK(comm.chunk_bytes == CO2_DEFAULT_CHUNK_BYTES);
   CHECK(comm.device_index == CO2_DEVICE_INDEX_AUTO);
+  CHECK(comm.node_id == CO2_NODE_ID_AUTO);
 
   co2_engine_config_t engine = CO2_ENGINE_CONFIG_INIT;
   CHECK(engine.algorithm == CO2_ALGO_CO2);

@@ -41,7 +41,8 @@ TEST(Co2run, HelpExplainsTheOptions) {
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
   for (const char* part : {"usage: co2run", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
-                           "--master-port", "--grace-period", "CO2_AUTH_TOKEN", "CO2_MASTER_PORT"})
+                           "--master-port", "--grace-period", "CO2_AUTH_TOKEN", "CO2_MASTER_PORT", "GROUP_RANK",
+                           "simulated nodes"})
     EXPECT_TRUE(contains(run.out(), part)) << part;
 }
 
@@ -52,7 +53,8 @@ TEST(Co2run, BadCommandLinesAreUsageErrors) {
       {{"--nproc-per-node", "two", "true"}, "wants an integer"},
       {{"--nproc-per-node"}, "needs a value"},
       {{"--bogus", "true"}, "unknown option"},
-      {{"--nnodes", "2", "true"}, "--master-addr and --master-port"},
+      {{"--nnodes", "2", "--node-rank", "0", "true"}, "--master-addr and --master-port"},
+      {{"--nnodes", "2", "--node-rank", "-1", "true"}, "out of range"},
       {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "true"}, "not below --nnodes"},
       {{"--master-port", "70000", "true"}, "out of range"},
       {{"--grace-period", "-1", "true"}, "--grace-period"},
@@ -125,8 +127,42 @@ TEST(Co2run, MultiNodeRanksAndTheUsersToken) {
   EXPECT_FALSE(contains(run.err(), "warning")) << run.describe();
 }
 
+// Without --node-rank every node runs here: ranks K*N .. K*N+N-1 are node K, as on a cluster.
+TEST(Co2run, SimulatedNodesOnOneMachine) {
+  Subprocess run(co2run({"--nnodes", "2", "--nproc-per-node", "2", CO2_RANK_HELPER, "node-env"}),
+                 {{"CO2_AUTH_TOKEN", std::nullopt}, {"CO2_STORE_BIND", std::nullopt}, {"GROUP_RANK", "9"}});
+  ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+  ASSERT_TRUE(run.exited_with(0)) << run.describe();
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string expected = "[rank " + std::to_string(rank) + "] RANK=" + std::to_string(rank) +
+                                 " LOCAL_RANK=" + std::to_string(rank % 2) + " LOCAL_WORLD_SIZE=2 GROUP_RANK=" +
+                                 std::to_string(rank / 2) +
+                                 " GROUP_WORLD_SIZE=2 WORLD_SIZE=4 CO2_STORE_BIND=127.0.0.1\n";
+    EXPECT_TRUE(contains(run.out(), expected)) << expected << run.describe();
+  }
+  // One machine: a made-up token, no warning.
+  EXPECT_FALSE(contains(run.err(), "warning")) << run.describe();
+}
+
+TEST(Co2run, NodeRankStartsOnlyThatNode) {
+  Subprocess run(co2run({"--nnodes", "3", "--node-rank", "2", "--nproc-per-node", "2", "--master-addr", "10.1.2.3",
+                         "--master-port", "29555", CO2_RANK_HELPER, "node-env"}),
+                 {{"CO2_AUTH_TOKEN", "secret"}, {"CO2_STORE_BIND", std::nullopt}});
+  ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+  ASSERT_TRUE(run.exited_with(0)) << run.describe();
+  EXPECT_EQ(lines_of(run.out()).size(), 2u) << run.describe();
+  for (int local = 0; local < 2; ++local) {
+    const std::string expected = "[rank " + std::to_string(4 + local) + "] RANK=" + std::to_string(4 + local) +
+                                 " LOCAL_RANK=" + std::to_string(local) +
+                                 " LOCAL_WORLD_SIZE=2 GROUP_RANK=2 GROUP_WORLD_SIZE=3 WORLD_SIZE=6 "
+                                 "CO2_STORE_BIND=<unset>\n";
+    EXPECT_TRUE(contains(run.out(), expected)) << expected << run.describe();
+  }
+}
+
 TEST(Co2run, MultiNodeWithoutATokenWarns) {
-  Subprocess run(co2run({"--nnodes", "2", "--master-addr", "h", "--master-port", "29555", CO2_RANK_HELPER, "env"}),
+  Subprocess run(co2run({"--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "--master-port", "29555",
+                         CO2_RANK_HELPER, "env"}),
                  {{"CO2_AUTH_TOKEN", std::nullopt}});
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_TRUE(run.exited_with(0)) << run.describe();

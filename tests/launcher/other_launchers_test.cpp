@@ -65,8 +65,11 @@ TEST(OtherLaunchers, OpenMpiRanksMeetWithoutCo2run) {
                   {"CO2_MASTER_PORT", std::nullopt}});
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
-  for (int rank = 0; rank < 3; ++rank)
+  for (int rank = 0; rank < 3; ++rank) {
     EXPECT_TRUE(contains(run.out(), "rank " + std::to_string(rank) + " of 3: saw 3 addresses")) << run.describe();
+    // mpirun exports no node index: co2 compares host names.
+    EXPECT_TRUE(contains(run.out(), "rank " + std::to_string(rank) + " node: this host's name")) << run.describe();
+  }
 }
 
 // torchrun's arguments. "--redirects 2 --tee 2": torch 1.13 under Python 3.11 cannot parse the
@@ -95,8 +98,11 @@ TEST(OtherLaunchers, TorchrunRanksMeetOnCo2MasterPort) {
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
   const std::string output = run.out() + run.err();
-  for (int rank = 0; rank < 3; ++rank)
+  for (int rank = 0; rank < 3; ++rank) {
     EXPECT_TRUE(contains(output, "rank " + std::to_string(rank) + " of 3: saw 3 addresses")) << run.describe();
+    // The real torchrun sets GROUP_RANK, co2's node under it.
+    EXPECT_TRUE(contains(output, "rank " + std::to_string(rank) + " node: 0 from GROUP_RANK")) << run.describe();
+  }
 }
 
 // Why CO2_MASTER_PORT exists: torchrun's agent serves its own store on MASTER_PORT.

@@ -1,5 +1,6 @@
 // The PROGRAM co2run starts in its tests. Its first argument picks what a rank does:
 //   env                 print the launch variables (stdout) and one line on stderr; exit 0
+//   node-env            print the node variables (RANK, LOCAL_*, GROUP_*, CO2_STORE_BIND); exit 0
 //   fail RANK CODE      rank RANK exits with CODE; the others say "ready" and sleep
 //   signal RANK SIG     rank RANK kills itself with signal SIG; the others say "ready" and sleep
 //   trap-term           say "ready"; on SIGTERM or SIGINT say "got SIG..." and exit 0
@@ -51,6 +52,14 @@ int main(int argc, char** argv) {
                 variable("LOCAL_WORLD_SIZE").c_str(), variable("MASTER_ADDR").c_str(), variable("MASTER_PORT").c_str(),
                 variable("CO2_AUTH_TOKEN").c_str());
     std::fprintf(stderr, "to-stderr\n");
+    return 0;
+  }
+  if (mode == "node-env") {
+    std::printf("RANK=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s GROUP_RANK=%s GROUP_WORLD_SIZE=%s WORLD_SIZE=%s "
+                "CO2_STORE_BIND=%s\n",
+                variable("RANK").c_str(), variable("LOCAL_RANK").c_str(), variable("LOCAL_WORLD_SIZE").c_str(),
+                variable("GROUP_RANK").c_str(), variable("GROUP_WORLD_SIZE").c_str(), variable("WORLD_SIZE").c_str(),
+                variable("CO2_STORE_BIND").c_str());
     return 0;
   }
   if (mode == "fail" && argc == 4) {

@@ -1,10 +1,11 @@
-// runtime/group: the transport decision, and groups formed in one process from ids over both
-// transports (processes over UCX are tests/capi/multiprocess).
+// runtime/group: the transport decision, groups formed in one process from ids over both
+// transports (processes over UCX are tests/capi/multiprocess), and the placing of ranks on nodes.
 #include "runtime/group.hpp"
 #include "transports/local/transport.hpp"
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -87,6 +88,69 @@ void form_from_id(TransportKind kind, int world) {
   }
   for (auto& t : ranks) t.join();
   for (double s : sums) EXPECT_EQ(s, world * (world + 1) / 2.0);
+}
+
+store::NodeName host(const std::string& name) {
+  store::NodeName node;
+  node.host = name;
+  node.source = "host name (test)";
+  return node;
+}
+
+store::NodeName id(int64_t value) {
+  store::NodeName node;
+  node.id = value;
+  node.source = "GROUP_RANK";
+  return node;
+}
+
+// The message of the InvalidArgument place_on_nodes throws ("" if none).
+std::string refusal(const std::vector<store::NodeName>& names) {
+  try {
+    place_on_nodes(names, 0);
+  } catch (const Error& error) {
+    EXPECT_EQ(error.status(), Status::InvalidArgument);
+    return error.what();
+  }
+  return "";
+}
+
+// Host names are compared as text; nodes are numbered by their lowest rank.
+TEST(PlaceOnNodes, HostNamesInterleaved) {
+  const std::vector<store::NodeName> names = {host("b"), host("a"), host("b"), host("a"), host("b"), host("a")};
+  for (int me = 0; me < 6; ++me) {
+    const NodePlace place = place_on_nodes(names, me);
+    EXPECT_EQ(place.node, me % 2) << me;
+    EXPECT_EQ(place.local, me / 2) << me;
+    EXPECT_EQ(place.nodes, 2);
+    EXPECT_EQ(place.per_node, 3);
+  }
+}
+
+TEST(PlaceOnNodes, RefusalsNameTheCause) {
+  std::string message = refusal({id(0), id(0), id(1)});
+  EXPECT_NE(message.find("node 0 (node id 0 from GROUP_RANK) has 2 ranks; node 1 (node id 1 from GROUP_RANK) has 1 rank"),
+            std::string::npos)
+      << message;
+  message = refusal({host("a"), host("a"), host("b")});
+  EXPECT_NE(message.find("node 0 (host 'a') has 2 ranks"), std::string::npos) << message;
+  message = refusal({id(3), host("a")});
+  EXPECT_NE(message.find("rank 0 has node id 3 from GROUP_RANK, but rank 1 only its host name"), std::string::npos)
+      << message;
+  store::NodeName broken;
+  broken.id = kNodeUnresolved;
+  broken.source = "environment variable GROUP_RANK='x' is not an integer";
+  message = refusal({id(0), broken});
+  EXPECT_NE(message.find("rank 1 cannot tell its node: environment variable GROUP_RANK='x'"), std::string::npos)
+      << message;
+  // Many nodes: the first 16 are named, then a count.
+  std::vector<store::NodeName> many;
+  for (int node = 0; node < 20; ++node) many.push_back(id(node));
+  many.push_back(id(0));
+  message = refusal(many);
+  EXPECT_NE(message.find("node 15 (node id 15"), std::string::npos) << message;
+  EXPECT_EQ(message.find("node 16 ("), std::string::npos) << message;
+  EXPECT_NE(message.find("(20 nodes)"), std::string::npos) << message;
 }
 
 TEST(FormGroup, FromAnIdOverTheLocalTransport) { form_from_id(TransportKind::Local, 3); }

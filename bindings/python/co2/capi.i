@@ -94,6 +94,8 @@ CO2_HANDLE_OUTPUT(co2_comm_t, struct co2_comm)
 CO2_HANDLE_OUTPUT(co2_engine_t, struct co2_engine)
 CO2_HANDLE_OUTPUT(co2_request_t, struct co2_request)
 %apply co2_comm_t *OUTPUT_HANDLE { co2_comm_t *out_comm };
+/* co2_comm_split_nodes: returned as [intra_node, inter_node]. */
+%apply co2_comm_t *OUTPUT_HANDLE { co2_comm_t *intra_node, co2_comm_t *inter_node };
 %apply co2_engine_t *OUTPUT_HANDLE { co2_engine_t *out_engine };
 %apply co2_request_t *OUTPUT_HANDLE { co2_request_t *out_request };
 
@@ -268,6 +270,7 @@ static int co2_address(PyObject *input, void **out, const char *what) {
 %ignore co2_comm_config::group_name;
 %ignore co2_comm_config::reserved0;
 %ignore co2_comm_config::reserved1;
+%ignore co2_comm_config::reserved2;
 %immutable co2_engine_config::size;
 %immutable co2_engine_config::version;
 %ignore co2_engine_config::reserved0;

@@ -91,16 +91,19 @@ class Communicator(OwnsHandle):
     timeout_ms, chunk_bytes: None keeps the C API's defaults.
     device_index: the CUDA device of an NCCL communicator (None: the launcher's LOCAL_RANK,
         else the current device).
+    node_id: the node (host) this rank is on, for split_nodes() (None: the launcher's node,
+        GROUP_RANK or SLURM_NODEID, else the host name).
     """
 
     def __init__(self, rank=None, world_size=None, *, transport="auto", group_name=None,
-                 unique_id=None, timeout_ms=None, chunk_bytes=None, device_index=None):
+                 unique_id=None, timeout_ms=None, chunk_bytes=None, device_index=None,
+                 node_id=None):
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither (then the "
                              "environment's RANK/WORLD_SIZE are used)")
         if rank is None:
             rank, world_size = _launch.rank_and_world() or (0, 1)
-        config = _config(transport, timeout_ms, chunk_bytes, device_index)
+        config = _config(transport, timeout_ms, chunk_bytes, device_index, node_id)
         config.rank = int(rank)
         config.world_size = int(world_size)
         self._handle = None
@@ -132,6 +135,20 @@ class Communicator(OwnsHandle):
         if handle is None:
             return None
         return Communicator.__new__(Communicator)._adopt(handle)
+
+    def split_nodes(self, **options):
+        """Collective over this group: (intra, inter), two new Communicators for hierarchical
+        training. intra: the ranks of this rank's node, ranked by rank here (its rank is the
+        local index); inter: the ranks with this local index on every node, ranked by node (its
+        rank is the node index, nodes numbered by their lowest rank). The node is
+        `node_id=` if given, else the node_id this group was made with, else the launcher's
+        (GROUP_RANK under co2run / torchrun, SLURM_NODEID under srun), else the host name.
+        Nodes of different sizes raise co2.InvalidArgumentError on every rank. Other options
+        as for split()."""
+        config = _config(**options) if options else None
+        intra, inter = capi.comm_split_nodes(self.handle, config)
+        return (Communicator.__new__(Communicator)._adopt(intra),
+                Communicator.__new__(Communicator)._adopt(inter))
 
     @classmethod
     def from_env(cls, **kwargs):
@@ -202,7 +219,7 @@ class Communicator(OwnsHandle):
         return f"<co2.Communicator {state}>"
 
 
-def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=None):
+def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=None, node_id=None):
     """A co2_comm_config_t from keyword options; None keeps the C API's default."""
     config = capi.comm_config()
     config.transport = _enum(TRANSPORTS, transport, "transport")
@@ -212,6 +229,8 @@ def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=No
         config.chunk_bytes = int(chunk_bytes)
     if device_index is not None:
         config.device_index = int(device_index)
+    if node_id is not None:
+        config.node_id = int(node_id)
     return config
 
 

@@ -202,6 +202,9 @@ typedef struct co2_comm_config {
     int32_t device_index;           /* CUDA device of the NCCL transport and of the
                                        engines' device tensors: CO2_DEVICE_INDEX_AUTO   */
     uint32_t reserved1;
+    int32_t node_id;                /* the node (host) this rank is on, for
+                                       co2_comm_split_nodes: CO2_NODE_ID_AUTO           */
+    uint32_t reserved2;
 } co2_comm_config_t;
 
 /* device_index default: the launcher's local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
@@ -210,9 +213,16 @@ typedef struct co2_comm_config {
  * another device at commit. */
 #define CO2_DEVICE_INDEX_AUTO (-1)
 
+/* node_id (added in 1.1): any value >= 0 names this rank's node; ranks with equal ids share a
+ * node. AUTO: the launcher's node (GROUP_RANK of co2run / torchrun, else one derived from
+ * RANK, LOCAL_RANK and LOCAL_WORLD_SIZE; SLURM_NODEID under srun), else the host name (Open MPI,
+ * or no launcher). See docs/launching.md, "Nodes". */
+#define CO2_NODE_ID_AUTO (-1)
+
 #define CO2_COMM_CONFIG_INIT                                                               \
     { sizeof(co2_comm_config_t), CO2_ABI_VERSION, CO2_TRANSPORT_AUTO, 0, 1, NULL,         \
-      CO2_DEFAULT_TIMEOUT_MS, 0, CO2_DEFAULT_CHUNK_BYTES, CO2_DEVICE_INDEX_AUTO, 0 }
+      CO2_DEFAULT_TIMEOUT_MS, 0, CO2_DEFAULT_CHUNK_BYTES, CO2_DEVICE_INDEX_AUTO, 0,         \
+      CO2_NODE_ID_AUTO, 0 }
 
 co2_status_t co2_comm_config_init(co2_comm_config_t *config);
 
@@ -255,6 +265,18 @@ co2_status_t co2_comm_create_with_id(const co2_comm_config_t *config, const co2_
 #define CO2_SPLIT_NONE (-1)
 co2_status_t co2_comm_split(co2_comm_t parent, int32_t color, int32_t key, const co2_comm_config_t *config,
                             co2_comm_t *out_comm);
+
+/* Collective over `parent` (added in 1.1): splits it by node, for hierarchical training.
+ * *intra_node: the ranks of this rank's node, ranked by parent rank (its rank is the local
+ * index). *inter_node: the ranks with this local index on every node, ranked by node (its rank
+ * is the node index; nodes are numbered 0.. in the order of their lowest parent rank). Which
+ * node a rank is on: `config->node_id` if >= 0, else the node_id the parent was created with if
+ * >= 0, else CO2_NODE_ID_AUTO's resolution (see node_id). Every node must hold the same number
+ * of ranks: otherwise every rank fails with CO2_ERR_INVALID_ARGUMENT naming the node sizes, and
+ * no communicator is made. `config` (may be NULL) is read as by co2_comm_split. Both new
+ * communicators are destroyed by the caller; the parent stays usable. */
+co2_status_t co2_comm_split_nodes(co2_comm_t parent, const co2_comm_config_t *config, co2_comm_t *intra_node,
+                                  co2_comm_t *inter_node);
 
 co2_status_t co2_comm_rank(co2_comm_t comm, int32_t *out_rank);
 co2_status_t co2_comm_size(co2_comm_t comm, int32_t *out_size);

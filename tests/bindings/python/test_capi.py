@@ -352,6 +352,31 @@ def test_split_forms_nodes_and_lanes():
             alone.split(-3)
 
 
+def test_split_nodes_from_node_ids():
+    def rank_main(rank):
+        # The node id given at creation is split_nodes' default: ranks 0, 2 on one node, 1, 3 on
+        # the other (the node of rank 0 is node 0).
+        with co2.Communicator(rank, 4, transport="local", unique_id=uid, node_id=10 + rank % 2) as world:
+            intra, inter = world.split_nodes()
+            with intra, inter:
+                out = (intra.rank, intra.world_size, inter.rank, inter.world_size,
+                       intra.allreduce(np.array([rank], np.int64))[0],
+                       inter.allreduce(np.array([rank], np.int64))[0])
+            try:
+                world.split_nodes(node_id=0 if rank < 3 else 1)
+            except co2.InvalidArgumentError as error:
+                return out + (str(error),)
+            return out + ("no error",)
+
+    uid = co2.unique_id()
+    for rank, result in enumerate(run_ranks(4, rank_main)):
+        node, local = rank % 2, rank // 2
+        assert result[:4] == (local, 2, node, 2)
+        assert result[4] == (0 + 2 if node == 0 else 1 + 3)
+        assert result[5] == (0 + 1 if local == 0 else 2 + 3)
+        assert "has 3 ranks" in result[6] and "has 1 rank" in result[6]
+
+
 # --- checkpoints ---------------------------------------------------------------------------------------
 
 def _trained_engines(group, world, steps=5):

@@ -159,3 +159,35 @@ def test_uneven_batches_with_and_without_join(tmp_path):
         error = json.loads((tmp_path / "nojoin" / f"result{rank}.json").read_text()).get("error")
         assert error and "unequal step counts" in error and "trainer.join()" in error, \
             f"rank {rank}: {error!r}"
+
+
+SPLIT_NODES_RANK = """
+import os
+import numpy as np
+import co2
+rank, node, local = (int(os.environ[v]) for v in ("RANK", "GROUP_RANK", "LOCAL_RANK"))
+with co2.Communicator.from_env(timeout_ms=60000) as world:
+    intra, inter = world.split_nodes()
+    with intra, inter:
+        assert (intra.rank, intra.world_size, inter.rank, inter.world_size) == (local, 2, node, 2)
+        assert intra.allreduce(np.array([rank], np.int64))[0] == (1 if node == 0 else 5)
+        assert inter.allreduce(np.array([rank], np.int64))[0] == (2 if local == 0 else 4)
+print("split_nodes ok")
+"""
+
+
+def test_split_nodes_under_co2run_simulated_nodes():
+    """co2run --nnodes 2 --nproc-per-node 2: the nodes come from co2run's GROUP_RANK."""
+    co2run = os.environ.get("CO2RUN")
+    if not co2run:
+        pytest.skip("CO2RUN (the co2run of this build) is not set: run through meson test")
+    p = subprocess.Popen([co2run, "--nnodes", "2", "--nproc-per-node", "2", sys.executable, "-c",
+                          SPLIT_NODES_RANK], env=launch_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = p.communicate(timeout=PROCESS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail(f"co2run did not finish within {PROCESS_TIMEOUT_S} s")
+    assert p.returncode == 0, out
+    assert out.count("split_nodes ok") == 4, out

@@ -1,6 +1,7 @@
 // read_launch_environment() under each launcher family, with the variables set in-test.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <map>
 #include <optional>
@@ -19,7 +20,7 @@ const char* const kVariables[] = {
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
     "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
     "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID",
-    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"};
+    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "GROUP_RANK"};
 
 class LaunchEnvironmentTest : public ::testing::Test {
  protected:
@@ -227,6 +228,80 @@ TEST_F(LaunchEnvironmentTest, TorchrunNamesWinOverMpiAndSlurm) {
   ::unsetenv("WORLD_SIZE");
   set({{"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}});
   EXPECT_EQ(read_launch_environment().source, "openmpi");
+}
+
+// read_node_name(): which node each launcher family says a rank is on.
+std::string this_host() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+TEST_F(LaunchEnvironmentTest, NodeOfTorchrunAndCo2runIsGroupRank) {
+  set({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "7"}});
+  NodeName node = read_node_name();
+  EXPECT_EQ(node.id, 7);  // GROUP_RANK wins over the derivation ((5 - 1) / 4 = 1)
+  EXPECT_EQ(node.source, "GROUP_RANK");
+  ::unsetenv("GROUP_RANK");
+  node = read_node_name();
+  EXPECT_EQ(node.id, 1);
+  EXPECT_EQ(node.source, "(RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE");
+  set({{"RANK", "2"}, {"LOCAL_RANK", "2"}});
+  EXPECT_EQ(read_node_name().id, 0);
+}
+
+TEST_F(LaunchEnvironmentTest, NodeFallsBackToTheHostName) {
+  NodeName node = read_node_name();  // no launcher
+  EXPECT_EQ(node.id, -1);
+  EXPECT_EQ(node.host, this_host());
+  EXPECT_CONTAINS(node.source, "no launcher");
+  // Ranks not numbered node by node: no derivation.
+  set({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"}});
+  node = read_node_name();
+  EXPECT_EQ(node.id, -1);
+  EXPECT_EQ(node.host, this_host());
+  EXPECT_CONTAINS(node.source, "not a multiple of LOCAL_WORLD_SIZE");
+  ::unsetenv("LOCAL_RANK");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  EXPECT_EQ(read_node_name().id, -1);
+  // Open MPI: its NODE_RANK counts ranks within a node, so it is not used even when Slurm's
+  // variables are inherited too.
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  set({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"SLURM_PROCID", "0"},
+       {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "5"}});
+  node = read_node_name();
+  EXPECT_EQ(node.id, -1);
+  EXPECT_CONTAINS(node.source, "Open MPI");
+}
+
+TEST_F(LaunchEnvironmentTest, NodeOfASlurmJobStepIsSlurmNodeid) {
+  set({{"SLURM_PROCID", "5"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "2"}});
+  NodeName node = read_node_name();
+  EXPECT_EQ(node.id, 2);
+  EXPECT_EQ(node.source, "SLURM_NODEID");
+  ::unsetenv("SLURM_STEP_ID");  // the batch script: not a launched rank
+  EXPECT_EQ(read_node_name().id, -1);
+}
+
+TEST_F(LaunchEnvironmentTest, MalformedNodeVariablesNameTheVariable) {
+  const auto message = [] {
+    try {
+      read_node_name();
+    } catch (const Error& error) {
+      EXPECT_EQ(error.status(), Status::InvalidArgument);
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  set({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"GROUP_RANK", "node1"}});
+  EXPECT_CONTAINS(message(), "GROUP_RANK='node1' is not an integer");
+  set({{"GROUP_RANK", "-1"}});
+  EXPECT_CONTAINS(message(), "GROUP_RANK='-1' is out of range");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  set({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}});
+  EXPECT_CONTAINS(message(), "SLURM_NODEID is not set");
 }
 
 TEST_F(LaunchEnvironmentTest, RankZeroListensOnMasterAddrUnlessCo2StoreBindSaysOtherwise) {

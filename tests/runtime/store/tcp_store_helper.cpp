@@ -71,6 +71,10 @@ int rank_main() {
   if (store->add("done", 1) == environment.world_size) store->set("all_done", "");
   if (environment.rank == 0) store->get("all_done", std::chrono::seconds(60));
   std::printf("rank %d of %d: saw %d addresses\n", environment.rank, environment.world_size, environment.world_size);
+  // The node co2_comm_split_nodes would take under this launcher.
+  const NodeName node = read_node_name();
+  std::printf("rank %d node: %s\n", environment.rank,
+              node.id >= 0 ? (std::to_string(node.id) + " from " + node.source).c_str() : "this host's name");
   return 0;
 }
 

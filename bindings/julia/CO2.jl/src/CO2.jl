@@ -17,7 +17,7 @@ using Libdl
 
 include("generated.jl")
 
-export CO2Error, Communicator, Engine, Request
+export CO2Error, Communicator, Engine, Request, split_nodes
 export allreduce!, broadcast!, register_tensor!, alloc_flat!, adopt_flat!, add_segment!,
        commit!, step!, reduce_gradients!, synchronize!, finalize!, consensus!, consensus,
        num_elements, set_param!, get_param, stats, save, load!, state_size
@@ -145,7 +145,8 @@ mutable struct Communicator
     function Communicator(; transport::Symbol=:auto, rank::Integer=0, world_size::Integer=1,
                           group_name::Union{Nothing,AbstractString}=nothing,
                           timeout_ms::Integer=CO2_DEFAULT_TIMEOUT_MS,
-                          chunk_bytes::Integer=CO2_DEFAULT_CHUNK_BYTES)
+                          chunk_bytes::Integer=CO2_DEFAULT_CHUNK_BYTES,
+                          node_id::Union{Nothing,Integer}=nothing)
         config = Ref(CO2_COMM_CONFIG_INIT())
         check(co2_comm_config_init(config))
         c = config[]
@@ -154,6 +155,7 @@ mutable struct Communicator
         c.world_size = world_size
         c.timeout_ms = timeout_ms
         c.chunk_bytes = chunk_bytes
+        c.node_id = node_id === nothing ? CO2_NODE_ID_AUTO : node_id
         name = group_name === nothing ? nothing : Base.cconvert(Cstring, String(group_name))
         out = Ref{co2_comm_t}(C_NULL)
         GC.@preserve name config out begin
@@ -191,6 +193,34 @@ function Base.split(c::Communicator, color::Union{Integer,Nothing}, key::Integer
         check(blocking(() -> co2_comm_split(handle, raw_color, Int32(key), C_NULL, pout)))
     end
     return out[] == C_NULL ? nothing : Communicator(out[])
+end
+
+"""
+    split_nodes(c::Communicator; node_id=nothing) -> (intra, inter)
+
+Collective over `c`, for hierarchical training: `intra` holds the ranks of this rank's node,
+ranked by rank in `c` (its rank is the local index); `inter` the ranks with this local index on
+every node, ranked by node (its rank is the node index; nodes are numbered by their lowest
+rank). The node: `node_id` if given, else the `node_id` `c` was created with, else the
+launcher's (`GROUP_RANK` under co2run / torchrun, `SLURM_NODEID` under srun), else the host
+name. Nodes of different sizes throw a `CO2Error` (`CO2_ERR_INVALID_ARGUMENT`) on every rank.
+"""
+function split_nodes(c::Communicator; node_id::Union{Nothing,Integer}=nothing)
+    intra = Ref{co2_comm_t}(C_NULL)
+    inter = Ref{co2_comm_t}(C_NULL)
+    config = Ref(CO2_COMM_CONFIG_INIT())
+    check(co2_comm_config_init(config))
+    config[].node_id = node_id === nothing ? CO2_NODE_ID_AUTO : node_id
+    GC.@preserve c intra inter config begin
+        handle = Base.unsafe_convert(co2_comm_t, c)
+        # No node_id: NULL, so that the new groups keep c's timeout and chunk size.
+        pconfig = node_id === nothing ? Ptr{co2_comm_config_t}(C_NULL) :
+                  Base.unsafe_convert(Ptr{co2_comm_config_t}, config)
+        pintra = Base.unsafe_convert(Ptr{co2_comm_t}, intra)
+        pinter = Base.unsafe_convert(Ptr{co2_comm_t}, inter)
+        check(blocking(() -> co2_comm_split_nodes(handle, pconfig, pintra, pinter)))
+    end
+    return (Communicator(intra[]), Communicator(inter[]))
 end
 
 Base.unsafe_convert(::Type{co2_comm_t}, c::Communicator) =

@@ -9,6 +9,7 @@ const CO2_ABI_VERSION = Cint(1)
 const CO2_DEFAULT_TIMEOUT_MS = Cuint(300000)
 const CO2_DEFAULT_CHUNK_BYTES = Culong(1048576)
 const CO2_DEVICE_INDEX_AUTO = Cint(-1)
+const CO2_NODE_ID_AUTO = Cint(-1)
 const CO2_UNIQUE_ID_BYTES = Cint(128)
 const CO2_SPLIT_NONE = Cint(-1)
 const CO2_DEFAULT_TAU = Cuint(12)
@@ -155,6 +156,8 @@ mutable struct co2_comm_config_t
     chunk_bytes::UInt64
     device_index::Int32
     reserved1::UInt32
+    node_id::Int32
+    reserved2::UInt32
 end
 
 const _co2_comm_config_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -184,6 +187,11 @@ end
 const _co2_comm_split_ptr = Ref{Ptr{Cvoid}}(C_NULL)
 function co2_comm_split(parent, color, key, config, out_comm)
     ccall(_co2_comm_split_ptr[], co2_status_t, (co2_comm_t, Int32, Int32, Ptr{co2_comm_config_t}, Ptr{co2_comm_t}), parent, color, key, config, out_comm)
+end
+
+const _co2_comm_split_nodes_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_comm_split_nodes(parent, config, intra_node, inter_node)
+    ccall(_co2_comm_split_nodes_ptr[], co2_status_t, (co2_comm_t, Ptr{co2_comm_config_t}, Ptr{co2_comm_t}, Ptr{co2_comm_t}), parent, config, intra_node, inter_node)
 end
 
 const _co2_comm_rank_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -440,7 +448,7 @@ end
 
 # ---- defaults of the *_INIT macros (evaluated by clang, field by field) ----
 CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
-    Csize_t(56),
+    Csize_t(64),
     UInt32(1),
     co2_transport_kind_t(0),
     Int32(0),
@@ -449,6 +457,8 @@ CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     UInt32(300000),
     UInt32(0),
     UInt64(1048576),
+    Int32(-1),
+    UInt32(0),
     Int32(-1),
     UInt32(0),
 )
@@ -534,7 +544,7 @@ CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
 # ---- struct layouts as clang computed them for the generating target (bytes) ----
 const GENERATED_ON_WORD_SIZE = 64
 const LAYOUT = (
-    co2_comm_config_t = (size = 56, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40, device_index = 48, reserved1 = 52,)),
+    co2_comm_config_t = (size = 64, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40, device_index = 48, reserved1 = 52, node_id = 56, reserved2 = 60,)),
     co2_unique_id_t = (size = 128, align = 1, offsets = (internal = 0,)),
     co2_engine_config_t = (size = 104, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92, wire_format = 96, error_feedback = 100,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),
@@ -553,6 +563,7 @@ const FUNCTION_NAMES = (
     :co2_comm_create,
     :co2_comm_create_with_id,
     :co2_comm_split,
+    :co2_comm_split_nodes,
     :co2_comm_rank,
     :co2_comm_size,
     :co2_comm_abort,
@@ -597,6 +608,7 @@ function bind_symbols!(handle::Ptr{Cvoid})
     _co2_comm_create_ptr[] = Libdl.dlsym(handle, :co2_comm_create)
     _co2_comm_create_with_id_ptr[] = Libdl.dlsym(handle, :co2_comm_create_with_id)
     _co2_comm_split_ptr[] = Libdl.dlsym(handle, :co2_comm_split)
+    _co2_comm_split_nodes_ptr[] = Libdl.dlsym(handle, :co2_comm_split_nodes)
     _co2_comm_rank_ptr[] = Libdl.dlsym(handle, :co2_comm_rank)
     _co2_comm_size_ptr[] = Libdl.dlsym(handle, :co2_comm_size)
     _co2_comm_abort_ptr[] = Libdl.dlsym(handle, :co2_comm_abort)

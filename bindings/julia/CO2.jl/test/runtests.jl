@@ -117,6 +117,29 @@ end
     end
 end
 
+@testset "split_nodes from node ids" begin
+    if Threads.nthreads() >= 4
+        results = run_ranks(4, groupname("split_nodes")) do rank, comm
+            # Ranks 0, 2 on node id 10 (node 0: it holds rank 0), ranks 1, 3 on node id 11.
+            intra, inter = split_nodes(comm; node_id=10 + rank % 2)
+            sums = (allreduce!(intra, Int64[rank]; op=:sum)[1], allreduce!(inter, Int64[rank]; op=:sum)[1])
+            ranks = (CO2.rank(intra), CO2.rank(inter))
+            close(intra)
+            close(inter)
+            unequal = try
+                split_nodes(comm; node_id=rank == 3 ? 1 : 0)
+                ""
+            catch e
+                e isa CO2Error ? e.message : rethrow()
+            end
+            (ranks, sums, occursin("has 3 ranks", unequal))
+        end
+        @test results == [((0, 0), (2, 1), true), ((0, 1), (4, 1), true), ((1, 0), (2, 5), true), ((1, 1), (4, 5), true)]
+    else
+        @info "split_nodes skipped: run julia with --threads=4 or more"
+    end
+end
+
 @testset "several in-process ranks agree" begin
     if Threads.nthreads() >= 3
         results = run_ranks(3, groupname("ranks")) do rank, comm

@@ -4,6 +4,7 @@ pub const CO2_VERSION_PATCH: u32 = 0;
 pub const CO2_ABI_VERSION: u32 = 1;
 pub const CO2_DEFAULT_TIMEOUT_MS: u32 = 300000;
 pub const CO2_DEVICE_INDEX_AUTO: i32 = -1;
+pub const CO2_NODE_ID_AUTO: i32 = -1;
 pub const CO2_UNIQUE_ID_BYTES: u32 = 128;
 pub const CO2_SPLIT_NONE: i32 = -1;
 pub const CO2_DEFAULT_TAU: u32 = 12;
@@ -150,12 +151,14 @@ pub struct co2_comm_config {
     pub chunk_bytes: u64,
     pub device_index: i32,
     pub reserved1: u32,
+    pub node_id: i32,
+    pub reserved2: u32,
 }
 #[test]
 fn bindgen_test_layout_co2_comm_config() {
     assert_eq!(
         ::std::mem::size_of::<co2_comm_config>(),
-        56usize,
+        64usize,
         concat!("Size of: ", stringify!(co2_comm_config))
     );
     assert_eq!(
@@ -350,6 +353,40 @@ fn bindgen_test_layout_co2_comm_config() {
         );
     }
     test_field_reserved1();
+    fn test_field_node_id() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_comm_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).node_id) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_comm_config),
+                "::",
+                stringify!(node_id)
+            )
+        );
+    }
+    test_field_node_id();
+    fn test_field_reserved2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_comm_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+            },
+            60usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_comm_config),
+                "::",
+                stringify!(reserved2)
+            )
+        );
+    }
+    test_field_reserved2();
 }
 pub type co2_comm_config_t = co2_comm_config;
 extern "C" {
@@ -416,6 +453,14 @@ extern "C" {
         key: i32,
         config: *const co2_comm_config_t,
         out_comm: *mut co2_comm_t,
+    ) -> co2_status_t;
+}
+extern "C" {
+    pub fn co2_comm_split_nodes(
+        parent: co2_comm_t,
+        config: *const co2_comm_config_t,
+        intra_node: *mut co2_comm_t,
+        inter_node: *mut co2_comm_t,
     ) -> co2_status_t;
 }
 extern "C" {

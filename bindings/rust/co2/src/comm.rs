@@ -69,6 +69,14 @@ impl CommConfig {
         self
     }
 
+    /// The node (host) this rank is on, for [`Communicator::split_nodes`]; `None` (the
+    /// default): the launcher's node (`GROUP_RANK` under co2run / torchrun, `SLURM_NODEID`
+    /// under srun), else the host name.
+    pub fn node_id(mut self, node_id: Option<i32>) -> Self {
+        self.raw.node_id = node_id.unwrap_or(sys::CO2_NODE_ID_AUTO);
+        self
+    }
+
     pub fn get_transport(&self) -> Option<Transport> {
         Transport::from_raw(self.raw.transport)
     }
@@ -89,6 +97,10 @@ impl CommConfig {
     }
     pub fn get_device_index(&self) -> Option<i32> {
         (self.raw.device_index >= 0).then_some(self.raw.device_index)
+    }
+
+    pub fn get_node_id(&self) -> Option<i32> {
+        (self.raw.node_id >= 0).then_some(self.raw.node_id)
     }
 
     /// The C struct plus the C string its `group_name` points into (keep both alive together).
@@ -215,6 +227,21 @@ impl Communicator {
         // SAFETY: valid handle; the config (and the name it points to) live until the call returns.
         check(unsafe { sys::co2_comm_split(self.as_raw(), color, key, config_ptr, &mut comm) })?;
         Ok(NonNull::new(comm).map(|raw| Communicator { raw }))
+    }
+
+    /// Collective over this group: `(intra, inter)` for hierarchical training. `intra`: the
+    /// ranks of this rank's node, ranked by rank here (its rank is the local index); `inter`:
+    /// the ranks with this local index on every node, ranked by node (its rank is the node
+    /// index; nodes are numbered by their lowest rank). The node: `config`'s `node_id` if set,
+    /// else the one this group was made with, else the launcher's, else the host name. Nodes
+    /// of different sizes fail with `InvalidArgument` on every rank. `config` as for `split`.
+    pub fn split_nodes(&self, config: Option<&CommConfig>) -> Result<(Communicator, Communicator)> {
+        let raw_config = config.map(|c| c.to_raw()).transpose()?;
+        let config_ptr = raw_config.as_ref().map_or(ptr::null(), |(raw, _name)| raw as *const _);
+        let (mut intra, mut inter): (sys::co2_comm_t, sys::co2_comm_t) = (ptr::null_mut(), ptr::null_mut());
+        // SAFETY: valid handle and outputs; the config lives until the call returns.
+        check(unsafe { sys::co2_comm_split_nodes(self.as_raw(), config_ptr, &mut intra, &mut inter) })?;
+        Ok((Communicator::from_created(intra), Communicator::from_created(inter)))
     }
 
     fn from_created(comm: sys::co2_comm_t) -> Communicator {

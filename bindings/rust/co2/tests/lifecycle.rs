@@ -151,6 +151,26 @@ fn split_forms_nodes_and_lanes() {
 }
 
 #[test]
+fn split_nodes_from_node_ids() {
+    // Ranks 0, 2 on node id 10 (node 0: it holds rank 0), ranks 1, 3 on node id 11.
+    let results = run_ranks(4, &group_name("split_nodes"), |rank, world| {
+        let config = CommConfig::new().node_id(Some(10 + rank % 2));
+        let (intra, inter) = world.split_nodes(Some(&config)).unwrap();
+        let (mut in_node, mut in_lane) = ([rank as i64], [rank as i64]);
+        intra.allreduce(&mut in_node, ReduceOp::Sum).unwrap();
+        inter.allreduce(&mut in_lane, ReduceOp::Sum).unwrap();
+        let unequal = match world.split_nodes(Some(&CommConfig::new().node_id(Some(i32::from(rank == 3))))) {
+            Ok(_) => panic!("nodes of 3 and 1 ranks were accepted"),
+            Err(error) => error,
+        };
+        assert_eq!(unequal.status(), co2::Status::InvalidArgument);
+        assert!(unequal.message().contains("has 3 ranks"), "{}", unequal.message());
+        (intra.rank().unwrap(), intra.size().unwrap(), inter.rank().unwrap(), in_node[0], in_lane[0])
+    });
+    assert_eq!(results, vec![(0, 2, 0, 2, 1), (0, 2, 1, 4, 1), (1, 2, 0, 2, 5), (1, 2, 1, 4, 5)]);
+}
+
+#[test]
 fn abort_from_another_thread_unblocks_a_collective() {
     // Only rank 0 of a 2-rank group issues the all-reduce, so it blocks; a watchdog thread
     // aborts it through an AbortHandle (the Communicator itself is not Sync). Rank 1 is
