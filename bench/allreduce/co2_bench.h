@@ -12,20 +12,20 @@
 #define MIN_SECONDS 1.0
 #define MIN_ITERS 3
 
-static void check(co2_status_t status, const char *call) {
+static inline void check(co2_status_t status, const char *call) {
     if (status == CO2_OK) return;
     fprintf(stderr, "%s: %s: %s\n", call, co2_status_string(status), co2_last_error_message());
     exit(1);
 }
 #define CHECK(call) check((call), #call)
 
-static double now(void) {
+static inline double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static void allreduce(co2_comm_t comm, void *buffer, size_t count, co2_dtype_t dtype, co2_reduce_op_t op) {
+static inline void allreduce(co2_comm_t comm, void *buffer, size_t count, co2_dtype_t dtype, co2_reduce_op_t op) {
     co2_request_t request;
     CHECK(co2_allreduce(comm, buffer, count, dtype, op, NULL, &request));
     CHECK(co2_request_wait(request, -1));

@@ -8,25 +8,9 @@
  *
  * Prints one line per (algorithm, N): median and minimum microseconds per boundary step. */
 #define _POSIX_C_SOURCE 199309L
-#include <co2/co2.h>
-
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static void check(co2_status_t status, const char *call) {
-    if (status == CO2_OK) return;
-    fprintf(stderr, "%s: %s: %s\n", call, co2_status_string(status), co2_last_error_message());
-    exit(1);
-}
-#define CHECK(call) check((call), #call)
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "../allreduce/co2_bench.h" /* check, CHECK, now */
 
 static int by_value(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;

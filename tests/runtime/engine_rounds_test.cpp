@@ -26,16 +26,44 @@ using device::Op;
 // What the next collected average does.
 enum class Outcome { Finite, NonFinite, CollectiveFails };
 
-class RecordingBackend final : public Backend {
+// Every call a no-op that succeeds: the tests' backends override what they watch.
+class QuietBackend : public Backend {
+ public:
+  void check_memory(const void*, size_t, const std::string&) override {}
+  void* allocate_flat(size_t) override { return nullptr; }
+  void commit() override {}
+  void momentum_needed() override {}
+  Arrival collect_average() override { return {}; }
+  DeltasFinite apply_update_and_write_deltas() override { return DeltasFinite::Yes; }
+  DeltasFinite write_deltas() override { return DeltasFinite::Yes; }
+  DeltasFinite eager_pass(bool) override { return DeltasFinite::Yes; }
+  void submit_average() override {}
+  void apply_update() override {}
+  void clear_eager_state() override {}
+  bool average_deltas_blocking() override { return true; }
+  void apply_blocking_update() override {}
+  bool average_parameters(bool) override { return true; }
+  bool average_gradients(void* const*, size_t) override { return true; }
+  void set_parameters_to_anchor() override {}
+  uint64_t consensus_checksum() override { return 0; }
+  void consensus_into(float*, size_t, bool, bool) override {}
+  void set_caller_stream(void*) override {}
+  void wait_for_caller(const char*) override {}
+  void fold_reports(bool) override {}
+  void drain() noexcept override {}
+  bool has_momentum() const override { return false; }
+  void stage_out() override {}
+  void stage_in() override {}
+  void release_staged() override {}
+};
+
+class RecordingBackend final : public QuietBackend {
  public:
   RecordingBackend(Averaging averaging, std::vector<std::string>* calls, std::vector<std::vector<Op>>* boundaries,
                    std::deque<Outcome>* outcomes)
       : averaging_(averaging), calls_(calls), boundaries_(boundaries), outcomes_(outcomes) {}
 
-  void check_memory(const void*, size_t, const std::string&) override {}
-  void* allocate_flat(size_t) override { return nullptr; }
   void commit() override { calls_->push_back("commit"); }
-  void momentum_needed() override {}
 
   Arrival collect_average() override {
     boundaries_->emplace_back();  // a co2 boundary (or finalize) starts with its collect phase
@@ -66,7 +94,6 @@ class RecordingBackend final : public Backend {
     in_flight_ = true;
   }
   void apply_update() override { pass("pass:update"); }
-  void clear_eager_state() override {}
   bool average_deltas_blocking() override {
     calls_->push_back("diloco:average");
     return true;
@@ -76,21 +103,11 @@ class RecordingBackend final : public Backend {
     calls_->push_back("average_parameters");
     return true;
   }
-  bool average_gradients(void* const*, size_t) override { return true; }
   void set_parameters_to_anchor() override { calls_->push_back("parameters=anchor"); }
   uint64_t consensus_checksum() override {
     calls_->push_back("checksum");
     return 7;
   }
-  void consensus_into(float*, size_t, bool, bool) override {}
-  void set_caller_stream(void*) override {}
-  void wait_for_caller(const char*) override {}
-  void fold_reports(bool) override {}
-  void drain() noexcept override {}
-  bool has_momentum() const override { return false; }
-  void stage_out() override {}
-  void stage_in() override {}
-  void release_staged() override {}
 
  private:
   DeltasFinite pass(const char* what) {
@@ -254,38 +271,15 @@ INSTANTIATE_TEST_SUITE_P(Averaging, Co2Rounds, ::testing::Values(Averaging::Coll
 
 // A rank whose average is refused in a blocking round (diloco) resets its parameters to the
 // unchanged anchor and reports NONFINITE at that round.
-class RefusingDiloco final : public Backend {
+class RefusingDiloco final : public QuietBackend {
  public:
   explicit RefusingDiloco(std::vector<std::string>* calls) : calls_(calls) {}
-  void check_memory(const void*, size_t, const std::string&) override {}
-  void* allocate_flat(size_t) override { return nullptr; }
-  void commit() override {}
-  void momentum_needed() override {}
-  Arrival collect_average() override { return {}; }
-  DeltasFinite apply_update_and_write_deltas() override { return DeltasFinite::Yes; }
-  DeltasFinite write_deltas() override { return DeltasFinite::Yes; }
-  DeltasFinite eager_pass(bool) override { return DeltasFinite::Yes; }
-  void submit_average() override {}
-  void apply_update() override {}
-  void clear_eager_state() override {}
   bool average_deltas_blocking() override {
     calls_->push_back("diloco:average");
     return false;
   }
   void apply_blocking_update() override { calls_->push_back("diloco:apply"); }
-  bool average_parameters(bool) override { return false; }
-  bool average_gradients(void* const*, size_t) override { return true; }
   void set_parameters_to_anchor() override { calls_->push_back("parameters=anchor"); }
-  uint64_t consensus_checksum() override { return 0; }
-  void consensus_into(float*, size_t, bool, bool) override {}
-  void set_caller_stream(void*) override {}
-  void wait_for_caller(const char*) override {}
-  void fold_reports(bool) override {}
-  void drain() noexcept override {}
-  bool has_momentum() const override { return false; }
-  void stage_out() override {}
-  void stage_in() override {}
-  void release_staged() override {}
 
  private:
   std::vector<std::string>* calls_;
