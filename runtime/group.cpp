@@ -145,7 +145,7 @@ void agree_on_the_group(store::Store& store, const std::string& prefix, int rank
   store.set(prefix + "world/" + std::to_string(rank), std::to_string(world_size));
   const auto deadline = Clock::now() + timeout;
   for (int peer = 0; peer < world_size; ++peer) {
-    const auto left = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+    const auto left = std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline - Clock::now()));
     std::string theirs;
     try {
       theirs = store.get(prefix + "world/" + std::to_string(peer), left);

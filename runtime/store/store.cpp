@@ -9,7 +9,7 @@ namespace co2::store {
 void Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   const auto deadline = deadline_after(timeout);
   for (const auto& key : keys)
-    get(key, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+    get(key, std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
                       std::chrono::milliseconds(0)));
 }
 

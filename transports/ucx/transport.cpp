@@ -1043,8 +1043,9 @@ std::unique_ptr<PointToPoint> connect(Rendezvous& rendezvous, const std::string&
   rendezvous.set(key_prefix + std::to_string(rank), transport->address());
   std::vector<std::string> addresses(static_cast<size_t>(size));
   for (int peer = 0; peer < size; ++peer) {
+    // Rounded up: a truncated remainder would give up before the deadline the error names.
     const auto left = std::max(std::chrono::milliseconds(0),
-                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+                               std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
     try {
       addresses[size_t(peer)] = rendezvous.get(key_prefix + std::to_string(peer), left);
     } catch (const RendezvousError& error) {
