@@ -55,6 +55,11 @@ class FakeCollective final : public transport::Collective {
     }
     return post();
   }
+  // A group of one: its shard is the whole buffer, already reduced and gathered.
+  transport::Handle post_reduce_scatter(void*, size_t, transport::Element, transport::Reduction) override {
+    return post();
+  }
+  transport::Handle post_allgather_shards(void*, size_t, transport::Element) override { return post(); }
   transport::Outcome test(transport::Handle h) override {
     if (aborted_) return transport::Outcome::Aborted;
     switch (shared_->behaviour.load()) {
