@@ -325,7 +325,9 @@ class AllReduceSchedule final : public RingSchedule {
 // AllReduceSchedule, every message encoded. A slot's scratch holds two encoded blocks; step s
 // sends the one at parity s % 2 and receives into the other, which the step's end decodes and
 // (reduce-scatter) re-encodes in place: the next step sends exactly the bytes that were
-// written, and the all-gather forwards the bytes it received unchanged.
+// written, and the all-gather forwards the bytes it received unchanged. Phases Both or
+// ReduceScatter only: the all-gather alone has no encoded message to forward
+// (make_allgather_shards sends fp32).
 class CompressedAllReduceSchedule final : public RingSchedule {
  public:
   CompressedAllReduceSchedule(int rank, int ranks, const Descriptor& descriptor, void* buffer,

@@ -366,13 +366,6 @@ void require_buffer(const void* buffer, size_t count, const char* what) {
           std::string(what) + " is NULL but count is " + std::to_string(count));
 }
 
-void require_fp32_unless_point_to_point(WireFormat format, bool collective_kind) {
-  require(!collective_kind || format == WireFormat::F32, Status::Unsupported,
-          std::string("a ") + wire_format_name(format) +
-              " wire format needs a point-to-point transport (ucx, local); collective-kind "
-              "transports (nccl) reduce in fp32 only");
-}
-
 }  // namespace
 
 Communicator::Communicator(std::unique_ptr<transport::PointToPoint> transport,
@@ -422,19 +415,33 @@ collectives::Descriptor descriptor_of(CollectiveId id, collectives::Kind kind, D
   descriptor.count = count;
   return descriptor;
 }
+
+// The checked descriptor of an all-reduce or a reduce-scatter.
+collectives::Descriptor reduction_descriptor(CollectiveId id, collectives::Kind kind,
+                                             const void* buffer, size_t count, DataType dtype,
+                                             ReduceOp op, WireFormat format, bool collective_kind) {
+  dtype_size(dtype);
+  require_valid_op(op);
+  require_buffer(buffer, count, kind == collectives::Kind::AllReduce ? "allreduce buffer"
+                                                                     : "reduce_scatter buffer");
+  collectives::Descriptor descriptor = descriptor_of(id, kind, dtype, count);
+  descriptor.op = op;
+  descriptor.wire = wire_format_of(int(format));
+  require(!collective_kind || format == WireFormat::F32, Status::Unsupported,
+          std::string("a ") + wire_format_name(format) +
+              " wire format needs a point-to-point transport (ucx, local); collective-kind "
+              "transports (nccl) reduce in fp32 only");
+  return descriptor;
+}
 }  // namespace
 
 std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count, DataType dtype,
                                                       ReduceOp op,
                                                       std::function<void()> on_result,
                                                       CollectiveId id, const WireCompression& wire) {
-  dtype_size(dtype);
-  require_valid_op(op);
-  require_buffer(buffer, count, "allreduce buffer");
-  collectives::Descriptor descriptor = descriptor_of(id, collectives::Kind::AllReduce, dtype, count);
-  descriptor.op = op;
-  descriptor.wire = wire_format_of(int(wire.format));
-  require_fp32_unless_point_to_point(wire.format, backend_ != nullptr);
+  const collectives::Descriptor descriptor =
+      reduction_descriptor(id, collectives::Kind::AllReduce, buffer, count, dtype, op, wire.format,
+                           backend_ != nullptr);
   if (backend_)
     return backend_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allreduce(buffer, buffer, count, element_of(dtype), transport::Reduction(int(op)));
@@ -490,14 +497,9 @@ std::shared_ptr<Request> Communicator::reduce_scatter(void* buffer, size_t count
                                                       ReduceOp op, CollectiveId id,
                                                       const WireCompression& wire,
                                                       std::function<void()> on_result) {
-  dtype_size(dtype);
-  require_valid_op(op);
-  require_buffer(buffer, count, "reduce_scatter buffer");
-  collectives::Descriptor descriptor =
-      descriptor_of(id, collectives::Kind::ReduceScatter, dtype, count);
-  descriptor.op = op;
-  descriptor.wire = wire_format_of(int(wire.format));
-  require_fp32_unless_point_to_point(wire.format, backend_ != nullptr);
+  const collectives::Descriptor descriptor =
+      reduction_descriptor(id, collectives::Kind::ReduceScatter, buffer, count, dtype, op,
+                           wire.format, backend_ != nullptr);
   if (backend_)
     return backend_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_reduce_scatter(buffer, count, element_of(dtype), transport::Reduction(int(op)));
