@@ -1,12 +1,14 @@
 // What the sharded outer state's communication costs beside the replicated one's: per model size,
 // the time of one all-reduce against reduce_scatter followed by allgather_shards (runtime/comm.hpp)
-// of the same buffer. Ranks are threads of this process, each with its own communicator and
-// progress thread, over the local transport or UCX (UCX_TLS as set; memory rendezvous).
+// of the same buffer. `local` / `ucx`: W ranks are threads of this process, each with its own
+// communicator and progress thread (UCX: UCX_TLS as set, memory rendezvous). `launched`: this
+// process is one rank of a group a launcher formed (co2run; transport AUTO, i.e. UCX), W unused.
 //   sharded_allreduce local|ucx W [MIN_MIB MAX_MIB [fp32|bf16|int8]]
+//   co2run --nproc-per-node W sharded_allreduce launched 0 [MIN_MIB MAX_MIB [fp32|bf16|int8]]
 // Columns: fp32 bytes of the buffer, seconds per all-reduce, seconds per reduce-scatter, per
 // shard all-gather, their sum, and sum / all-reduce. The two are timed alternately in one loop
 // (so that both see the same machine load) until MIN_SECONDS and MIN_ITERS are reached; the
-// median of each is printed.
+// median of each is printed (launched: the largest median over the ranks).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "runtime/comm.hpp"
+#include "runtime/group.hpp"
 #include "transports/local/transport.hpp"
 #ifdef CO2_HAVE_UCX
 #include "runtime/store/store.hpp"
@@ -34,7 +37,8 @@ constexpr double kMinSeconds = 2.0;
 constexpr int kMinIters = 5;
 constexpr std::chrono::milliseconds kFormTimeout{60000};
 
-std::vector<std::unique_ptr<Communicator>> form(const std::string& kind, int size) {
+std::vector<std::shared_ptr<Communicator>> form(const std::string& kind, int size) {
+  if (kind == "launched") return {co2::form_group(co2::GroupRequest{})};
   std::vector<std::unique_ptr<co2::transport::PointToPoint>> transports(static_cast<size_t>(size));
 #ifdef CO2_HAVE_UCX
   auto store = co2::store::make_memory_store();
@@ -51,7 +55,7 @@ std::vector<std::unique_ptr<Communicator>> form(const std::string& kind, int siz
       transports[size_t(rank)] = co2::transport::local::join("sharded-bench", rank, size, kFormTimeout, {});
     });
   for (auto& joiner : joiners) joiner.join();
-  std::vector<std::unique_ptr<Communicator>> group;
+  std::vector<std::shared_ptr<Communicator>> group;
   for (auto& transport : transports)
     group.push_back(std::make_unique<Communicator>(std::move(transport), co2::CommOptions{}));
   return group;
@@ -74,12 +78,14 @@ double median(std::vector<double> values) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3 || (std::strcmp(argv[1], "local") != 0 && std::strcmp(argv[1], "ucx") != 0)) {
-    std::fprintf(stderr, "usage: %s local|ucx W [MIN_MIB MAX_MIB [fp32|bf16|int8]]\n", argv[0]);
+  const auto is = [&](const char* kind) { return argc >= 3 && std::strcmp(argv[1], kind) == 0; };
+  if (!is("local") && !is("ucx") && !is("launched")) {
+    std::fprintf(stderr, "usage: %s local|ucx|launched W [MIN_MIB MAX_MIB [fp32|bf16|int8]]\n", argv[0]);
     return 2;
   }
   const std::string kind = argv[1];
-  const int size = std::atoi(argv[2]);
+  const bool launched = kind == "launched";
+  const int size = launched ? 1 : std::atoi(argv[2]);
   const size_t min_mib = argc > 4 ? size_t(std::atol(argv[3])) : 4;
   const size_t max_mib = argc > 4 ? size_t(std::atol(argv[4])) : 64;
   co2::WireFormat format = co2::WireFormat::F32;
@@ -94,8 +100,17 @@ int main(int argc, char** argv) {
   try {
     auto group = form(kind, size);
     const size_t ranks = group.size();
-    std::printf("# sharded_allreduce %s W %d wire %s\n", kind.c_str(), size, co2::wire_format_name(format));
-    std::printf("# bytes allreduce_s reduce_scatter_s allgather_shards_s sharded_s sharded/allreduce\n");
+    Communicator& first = *group[0];
+    const bool printing = first.rank() == 0;
+    // Launched: every rank must run the same iterations, and report the slowest rank's time.
+    const auto agree = [&](void* value, co2::DataType dtype) {
+      if (launched) first.allreduce(value, 1, dtype, co2::ReduceOp::Max)->wait_for(std::chrono::milliseconds(-1));
+    };
+    if (printing) {
+      std::printf("# sharded_allreduce %s W %d wire %s\n", kind.c_str(), launched ? first.size() : size,
+                  co2::wire_format_name(format));
+      std::printf("# bytes allreduce_s reduce_scatter_s allgather_shards_s sharded_s sharded/allreduce\n");
+    }
     for (size_t mib = min_mib; mib <= max_mib; mib *= 4) {
       const size_t count = (mib << 20) / sizeof(float);
       std::vector<std::vector<float>> buffers(ranks), residuals(ranks);
@@ -122,15 +137,20 @@ int main(int argc, char** argv) {
       timed(ranks, gather);
       std::vector<double> reduced, scattered, gathered, sharded;
       const auto start = Clock::now();
-      while (int(reduced.size()) < kMinIters ||
-             std::chrono::duration<double>(Clock::now() - start).count() < kMinSeconds) {
+      for (int32_t done = 0; !done;) {
         reduced.push_back(timed(ranks, allreduce));
         scattered.push_back(timed(ranks, scatter));
         gathered.push_back(timed(ranks, gather));
         sharded.push_back(scattered.back() + gathered.back());
+        done = printing && int(reduced.size()) >= kMinIters &&
+               std::chrono::duration<double>(Clock::now() - start).count() >= kMinSeconds;
+        agree(&done, co2::DataType::I32);
       }
-      const double a = median(reduced), s = median(sharded);
-      std::printf("%zu %.6f %.6f %.6f %.6f %.3f\n", mib << 20, a, median(scattered), median(gathered), s, s / a);
+      double medians[4] = {median(reduced), median(scattered), median(gathered), median(sharded)};
+      for (double& value : medians) agree(&value, co2::DataType::F64);
+      if (printing)
+        std::printf("%zu %.6f %.6f %.6f %.6f %.3f\n", mib << 20, medians[0], medians[1], medians[2], medians[3],
+                    medians[3] / medians[0]);
       std::fflush(stdout);
     }
   } catch (const std::exception& error) {
