@@ -394,6 +394,22 @@ TEST(ShardedInput, WhatTheRingCannotDoIsRefusedUpFront) {
   EXPECT_TRUE(comm.reduce_scatter(floats.data(), 10, DataType::F32, ReduceOp::Sum)->wait_for(kWait));
 }
 
+TEST(ShardedInput, ACompressedShardAllGatherIsRefused) {
+  // The all-gather forwards the owner's values as they are; a wire format there would round them.
+  auto transport = transport::local::join(group_name(), 0, 1, kWait, {});
+  collectives::Descriptor descriptor;
+  descriptor.count = 4;
+  descriptor.wire = WireFormat::BF16;
+  float buffer[4] = {1, 2, 3, 4};
+  try {
+    collectives::make_allgather_shards(*transport, descriptor, buffer, collectives::Tuning{});
+    ADD_FAILURE() << "a compressed shard all-gather was built";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.status(), Status::Unsupported);
+    EXPECT_NE(std::string(error.what()).find("fp32 only"), std::string::npos) << error.what();
+  }
+}
+
 TEST(ShardedWireBytes, TheHalvesAddUpToTheAllReduce) {
   collectives::Tuning tuning;
   tuning.chunk_bytes = kChunkBytes;
