@@ -79,6 +79,8 @@ std::string kind_name(Kind kind) {
     case Kind::AllReduce: return "allreduce";
     case Kind::Broadcast: return "broadcast";
     case Kind::AllGather: return "allgather";
+    case Kind::ReduceScatter: return "reduce_scatter";
+    case Kind::AllGatherShards: return "allgather_shards";
   }
   return "kind " + std::to_string(int(kind));
 }
@@ -218,29 +220,48 @@ struct Block {
   size_t count;
 };
 
-// Block `index` of segment `chunk` of an all-reduce. Blocks of a segment differ by at most one
-// element; some are empty when the segment has fewer elements than there are ranks.
-Block segment_block(size_t count, size_t segment_elements, int ranks, size_t chunk, int index) {
-  const size_t begin = chunk * segment_elements;
-  const size_t length = std::min(segment_elements, count - begin);
-  const size_t first = begin + size_t(index) * length / size_t(ranks);
-  const size_t last = begin + (size_t(index) + 1) * length / size_t(ranks);
+// Block `index` of segment `chunk`: chunk `chunk` of shard `index`, at most `block_elements`
+// long. Shards differ in length only at the end (shard_range), so the trailing shards' blocks
+// run out first and are empty in the last segments.
+Block segment_block(size_t count, size_t block_elements, int ranks, size_t chunk, int index) {
+  const ShardRange shard = shard_range(count, ranks, index);
+  const size_t first = std::min(shard.end, shard.begin + chunk * block_elements);
+  const size_t last = std::min(shard.end, first + block_elements);
   return {first, last - first};
 }
 
+// Segments of an all-reduce: enough for the largest shard.
+size_t segment_count(size_t count, int ranks, size_t block_elements) {
+  return ceil_div(shard_size(count, ranks), block_elements);
+}
+
 // The block rank `rank` sends in step `step` of an all-reduce (AllReduceSchedule's ring); it
-// receives the block before it.
+// receives the block before it. Block b starts its reduction at rank b+1 so that its last step
+// (W-2) ends at rank b: rank r owns shard r.
 int allreduce_send_block(int rank, int ranks, int step) {
-  return step < ranks - 1 ? ring_index(rank - step, ranks)
-                          : ring_index(rank + 1 - (step - (ranks - 1)), ranks);
+  return step < ranks - 1 ? ring_index(rank - 1 - step, ranks)
+                          : ring_index(rank - (step - (ranks - 1)), ranks);
+}
+
+int allreduce_recv_block(int rank, int ranks, int step) {
+  return ring_index(allreduce_send_block(rank, ranks, step) - 1, ranks);
+}
+
+// Which steps of the all-reduce's ring a schedule runs: all 2(W-1), the reduce-scatter
+// (0..W-2) or the all-gather (W-1..2W-3).
+enum class Phases { Both, ReduceScatter, AllGather };
+
+int first_step(Phases phases, int ranks) { return phases == Phases::AllGather ? ranks - 1 : 0; }
+int step_count(Phases phases, int ranks) {
+  return phases == Phases::Both ? 2 * (ranks - 1) : ranks - 1;
 }
 
 // Segment c of the buffer holds W blocks of at most chunk_elements each. Steps 0..W-2 are the
-// reduce-scatter (after them rank r owns block r+1 of every segment), W-1..2W-3 the all-gather.
+// reduce-scatter (after them rank r owns block r of every segment), W-1..2W-3 the all-gather.
 class AllReduceSchedule final : public RingSchedule {
  public:
   AllReduceSchedule(int rank, int ranks, const Descriptor& descriptor, void* buffer,
-                    const Tuning& tuning)
+                    const Tuning& tuning, Phases phases)
       : rank_(rank),
         ranks_(ranks),
         op_(descriptor.op),
@@ -249,21 +270,23 @@ class AllReduceSchedule final : public RingSchedule {
         count_(descriptor.count),
         buffer_(static_cast<std::byte*>(buffer)),
         block_elements_(chunk_elements(tuning, element_bytes_, ceil_div(count_, size_t(ranks)))),
-        segment_elements_(block_elements_ * size_t(ranks)) {}
+        first_step_(first_step(phases, ranks)),
+        steps_(step_count(phases, ranks)) {}
 
-  size_t chunk_count() const override { return ceil_div(count_, segment_elements_); }
-  int steps_per_chunk() const override { return 2 * (ranks_ - 1); }
-  size_t scratch_bytes() const override { return block_elements_ * element_bytes_; }
+  size_t chunk_count() const override { return segment_count(count_, ranks_, block_elements_); }
+  int steps_per_chunk() const override { return steps_; }
+  size_t scratch_bytes() const override {
+    return first_step_ < ranks_ - 1 ? block_elements_ * element_bytes_ : 0;
+  }
 
-  StepTransfers transfers(size_t chunk, int step, std::byte* scratch) override {
+  StepTransfers transfers(size_t chunk, int local_step, std::byte* scratch) override {
+    const int step = first_step_ + local_step;
     StepTransfers io;
     io.tag_step = uint32_t(step);
     io.has_send = io.has_recv = true;
     const bool reducing = step < ranks_ - 1;
-    const int send_block = allreduce_send_block(rank_, ranks_, step);
-    const int recv_block = ring_index(send_block - 1, ranks_);
-    const Block sent = block(chunk, send_block);
-    const Block received = block(chunk, recv_block);
+    const Block sent = block(chunk, allreduce_send_block(rank_, ranks_, step));
+    const Block received = block(chunk, allreduce_recv_block(rank_, ranks_, step));
     io.send = buffer_ + sent.offset * element_bytes_;
     io.send_bytes = sent.count * element_bytes_;
     io.recv = reducing ? scratch : buffer_ + received.offset * element_bytes_;
@@ -271,9 +294,10 @@ class AllReduceSchedule final : public RingSchedule {
     return io;
   }
 
-  void finish_step(size_t chunk, int step, std::byte* scratch) override {
+  void finish_step(size_t chunk, int local_step, std::byte* scratch) override {
+    const int step = first_step_ + local_step;
     if (step >= ranks_ - 1) return;  // all-gather: the block arrived in place
-    const Block reduced = block(chunk, ring_index(rank_ - step - 1, ranks_));
+    const Block reduced = block(chunk, allreduce_recv_block(rank_, ranks_, step));
     std::byte* own = buffer_ + reduced.offset * element_bytes_;
     dispatch<Combine>(dtype_, op_, own, scratch, reduced.count);
     const bool block_complete = step == ranks_ - 2;  // this rank owns it now
@@ -282,7 +306,7 @@ class AllReduceSchedule final : public RingSchedule {
 
  private:
   Block block(size_t chunk, int index) const {
-    return segment_block(count_, segment_elements_, ranks_, chunk, index);
+    return segment_block(count_, block_elements_, ranks_, chunk, index);
   }
 
   const int rank_;
@@ -293,18 +317,21 @@ class AllReduceSchedule final : public RingSchedule {
   const size_t count_;
   std::byte* const buffer_;
   const size_t block_elements_;
-  const size_t segment_elements_;
+  const int first_step_;
+  const int steps_;
 };
 
 // The compressed all-reduce (make_allreduce with a wire format): the ring and blocks of
 // AllReduceSchedule, every message encoded. A slot's scratch holds two encoded blocks; step s
 // sends the one at parity s % 2 and receives into the other, which the step's end decodes and
 // (reduce-scatter) re-encodes in place: the next step sends exactly the bytes that were
-// written, and the all-gather forwards the bytes it received unchanged.
+// written, and the all-gather forwards the bytes it received unchanged. Phases Both or
+// ReduceScatter only: the all-gather alone has no encoded message to forward
+// (make_allgather_shards sends fp32).
 class CompressedAllReduceSchedule final : public RingSchedule {
  public:
   CompressedAllReduceSchedule(int rank, int ranks, const Descriptor& descriptor, void* buffer,
-                              float* residual, const Tuning& tuning)
+                              float* residual, const Tuning& tuning, Phases phases)
       : rank_(rank),
         ranks_(ranks),
         average_(descriptor.op == ReduceOp::Avg),
@@ -314,11 +341,11 @@ class CompressedAllReduceSchedule final : public RingSchedule {
         residual_(residual),
         block_elements_(chunk_elements(tuning, wire_element_bytes(wire_),
                                        ceil_div(count_, size_t(ranks)))),
-        segment_elements_(block_elements_ * size_t(ranks)),
-        encoded_bytes_(wire_bytes(wire_, block_elements_)) {}
+        encoded_bytes_(wire_bytes(wire_, block_elements_)),
+        steps_(step_count(phases, ranks)) {}
 
-  size_t chunk_count() const override { return ceil_div(count_, segment_elements_); }
-  int steps_per_chunk() const override { return 2 * (ranks_ - 1); }
+  size_t chunk_count() const override { return segment_count(count_, ranks_, block_elements_); }
+  int steps_per_chunk() const override { return steps_; }
   size_t scratch_bytes() const override { return 2 * encoded_bytes_; }
 
   void start() override {
@@ -331,9 +358,8 @@ class CompressedAllReduceSchedule final : public RingSchedule {
     StepTransfers io;
     io.tag_step = uint32_t(step);
     io.has_send = io.has_recv = true;
-    const int send_block = allreduce_send_block(rank_, ranks_, step);
-    const Block sent = block(chunk, send_block);
-    const Block received = block(chunk, ring_index(send_block - 1, ranks_));
+    const Block sent = block(chunk, allreduce_send_block(rank_, ranks_, step));
+    const Block received = block(chunk, allreduce_recv_block(rank_, ranks_, step));
     std::byte* outgoing = half(scratch, step);
     if (step == 0) encode(sent.offset, sent.count, outgoing, /*owner=*/false);  // own values
     io.send = outgoing;
@@ -344,7 +370,7 @@ class CompressedAllReduceSchedule final : public RingSchedule {
   }
 
   void finish_step(size_t chunk, int step, std::byte* scratch) override {
-    const Block got = block(chunk, ring_index(allreduce_send_block(rank_, ranks_, step) - 1, ranks_));
+    const Block got = block(chunk, allreduce_recv_block(rank_, ranks_, step));
     std::byte* message = half(scratch, step + 1);
     float* values = buffer_ + got.offset;
     if (step >= ranks_ - 1) {  // all-gather: the owner's bytes, forwarded next step as they are
@@ -357,7 +383,7 @@ class CompressedAllReduceSchedule final : public RingSchedule {
 
  private:
   Block block(size_t chunk, int index) const {
-    return segment_block(count_, segment_elements_, ranks_, chunk, index);
+    return segment_block(count_, block_elements_, ranks_, chunk, index);
   }
   std::byte* half(std::byte* scratch, int parity) const {
     return scratch + size_t(parity % 2) * encoded_bytes_;
@@ -382,8 +408,8 @@ class CompressedAllReduceSchedule final : public RingSchedule {
   float* const buffer_;
   float* const residual_;
   const size_t block_elements_;
-  const size_t segment_elements_;
   const size_t encoded_bytes_;
+  const int steps_;  // the reduce-scatter alone, or with the all-gather
 };
 
 // A chain from the root: step 0 receives chunk c from the predecessor, step 1 forwards it.
@@ -698,7 +724,7 @@ bool RingCollective::release_transfers() {
 
 Descriptor normalised(Descriptor descriptor, Kind kind) {
   descriptor.kind = kind;
-  if (kind != Kind::AllReduce) descriptor.op = ReduceOp::Sum;
+  if (kind != Kind::AllReduce && kind != Kind::ReduceScatter) descriptor.op = ReduceOp::Sum;
   if (kind != Kind::Broadcast) descriptor.root = 0;
   return descriptor;
 }
@@ -734,7 +760,7 @@ std::string Descriptor::to_string() const {
   std::string text = "#" + std::to_string(sequence) + " " + purpose_name(purpose) + " #" +
                      std::to_string(purpose_sequence) + " of owner " + std::to_string(owner) +
                      ": " + kind_name(kind) + "(";
-  if (kind == Kind::AllReduce) text += op_name(op) + ", ";
+  if (kind == Kind::AllReduce || kind == Kind::ReduceScatter) text += op_name(op) + ", ";
   text += dtype_name(dtype) + ", count " + std::to_string(count);
   if (wire != WireFormat::F32) text += std::string(", wire ") + wire_format_name(wire);
   if (kind == Kind::Broadcast) text += ", root " + std::to_string(root);
@@ -786,40 +812,84 @@ void Collective::mark_failed(Status status, std::string message) {
   message_ = std::move(message);
 }
 
-std::unique_ptr<Collective> make_allreduce(PointToPoint& transport, const Descriptor& descriptor,
-                                           void* buffer, const Tuning& tuning, float* residual) {
-  const Descriptor agreed = normalised(descriptor, Kind::AllReduce);
+namespace {
+
+// The all-reduce, or one of its halves (`agreed.kind` says which; its wire format decides the
+// schedule).
+std::unique_ptr<Collective> make_reduction(PointToPoint& transport, const Descriptor& agreed,
+                                           void* buffer, const Tuning& tuning, float* residual,
+                                           Phases phases) {
   check_common(transport, agreed, 1);
   if (agreed.wire == WireFormat::F32) {
     require(residual == nullptr, Status::InvalidArgument,
-            agreed.to_string() + ": an fp32 all-reduce drops nothing, it takes no residual");
+            agreed.to_string() + ": an fp32 reduction drops nothing, it takes no residual");
     auto schedule = std::make_unique<AllReduceSchedule>(transport.rank(), transport.size(), agreed,
-                                                        buffer, tuning);
+                                                        buffer, tuning, phases);
     return std::make_unique<RingCollective>(transport, agreed, std::move(schedule), tuning);
   }
   wire_format_of(int(agreed.wire));
   require(agreed.dtype == DataType::F32 &&
               (agreed.op == ReduceOp::Sum || agreed.op == ReduceOp::Avg),
           Status::InvalidArgument,
-          agreed.to_string() + ": a compressed all-reduce takes f32 data and sum or avg");
+          agreed.to_string() + ": a compressed reduction takes f32 data and sum or avg");
   auto schedule = std::make_unique<CompressedAllReduceSchedule>(
-      transport.rank(), transport.size(), agreed, buffer, residual, tuning);
+      transport.rank(), transport.size(), agreed, buffer, residual, tuning, phases);
   return std::make_unique<RingCollective>(transport, agreed, std::move(schedule), tuning);
+}
+
+// Bytes `rank` sends in the steps of `phases`, every block in `format`.
+uint64_t ring_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
+                         const Tuning& tuning, Phases phases) {
+  if (ranks <= 1 || count == 0) return 0;
+  const size_t block_elements =
+      chunk_elements(tuning, wire_element_bytes(format), ceil_div(count, size_t(ranks)));
+  const int first = first_step(phases, ranks);
+  uint64_t bytes = 0;
+  for (size_t chunk = 0; chunk < segment_count(count, ranks, block_elements); ++chunk)
+    for (int step = first; step < first + step_count(phases, ranks); ++step) {
+      const int index = allreduce_send_block(rank, ranks, step);
+      bytes += wire_bytes(format, segment_block(count, block_elements, ranks, chunk, index).count);
+    }
+  return bytes;
+}
+
+}  // namespace
+
+std::unique_ptr<Collective> make_allreduce(PointToPoint& transport, const Descriptor& descriptor,
+                                           void* buffer, const Tuning& tuning, float* residual) {
+  return make_reduction(transport, normalised(descriptor, Kind::AllReduce), buffer, tuning,
+                        residual, Phases::Both);
+}
+
+std::unique_ptr<Collective> make_reduce_scatter(PointToPoint& transport,
+                                                const Descriptor& descriptor, void* buffer,
+                                                const Tuning& tuning, float* residual) {
+  return make_reduction(transport, normalised(descriptor, Kind::ReduceScatter), buffer, tuning,
+                        residual, Phases::ReduceScatter);
+}
+
+std::unique_ptr<Collective> make_allgather_shards(PointToPoint& transport,
+                                                  const Descriptor& descriptor, void* buffer,
+                                                  const Tuning& tuning) {
+  const Descriptor agreed = normalised(descriptor, Kind::AllGatherShards);
+  require(agreed.wire == WireFormat::F32, Status::Unsupported,
+          agreed.to_string() + ": the shard all-gather sends fp32 only (the owner's shard "
+                               "already holds the decoded values of a compressed reduce-scatter)");
+  return make_reduction(transport, agreed, buffer, tuning, nullptr, Phases::AllGather);
 }
 
 uint64_t allreduce_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
                               const Tuning& tuning) {
-  if (ranks <= 1 || count == 0) return 0;
-  const size_t block_elements =
-      chunk_elements(tuning, wire_element_bytes(format), ceil_div(count, size_t(ranks)));
-  const size_t segment_elements = block_elements * size_t(ranks);
-  uint64_t bytes = 0;
-  for (size_t chunk = 0; chunk < ceil_div(count, segment_elements); ++chunk)
-    for (int step = 0; step < 2 * (ranks - 1); ++step) {
-      const int index = allreduce_send_block(rank, ranks, step);
-      bytes += wire_bytes(format, segment_block(count, segment_elements, ranks, chunk, index).count);
-    }
-  return bytes;
+  return ring_wire_bytes(rank, ranks, count, format, tuning, Phases::Both);
+}
+
+uint64_t reduce_scatter_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
+                                   const Tuning& tuning) {
+  return ring_wire_bytes(rank, ranks, count, format, tuning, Phases::ReduceScatter);
+}
+
+uint64_t allgather_shards_wire_bytes(int rank, int ranks, uint64_t count, const Tuning& tuning) {
+  return ring_wire_bytes(rank, ranks, count, WireFormat::F32, tuning, Phases::AllGather);
 }
 
 std::unique_ptr<Collective> make_broadcast(PointToPoint& transport, const Descriptor& descriptor,

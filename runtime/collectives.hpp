@@ -7,10 +7,15 @@
 // exchanging garbage. No data is posted before that check passed, so a mismatched collective
 // never writes into the caller's buffer.
 //
-// - all-reduce: ring reduce-scatter followed by ring all-gather, per segment of W blocks of at
-//   most chunk_bytes each; segments advance independently through their 2(W-1) steps, with a
-//   bounded number in flight. Every block is reduced exactly once, by one owner, in ring order,
-//   and then copied, so the result is bit-identical on every rank.
+// - all-reduce: ring reduce-scatter followed by ring all-gather. The buffer is cut into W
+//   contiguous shards (shard_range); segment c is chunk c (at most chunk_bytes) of every shard,
+//   one block per shard. Segments advance independently through their 2(W-1) steps, with a
+//   bounded number in flight. Block b of every segment is reduced exactly once, by rank b, in
+//   ring order starting at rank b+1 ((x_{b+1} + x_{b+2}) + ... + x_b), and then copied, so the
+//   result is bit-identical on every rank, and rank r reduces exactly shard r.
+// - reduce-scatter and shard all-gather: the two halves of that all-reduce, run alone (the same
+//   blocks, order of operands and messages), so reduce_scatter followed by allgather_shards gives
+//   the all-reduce's result bit for bit.
 // - broadcast: chunks flow down the chain root -> root+1 -> ... -> root-1, pipelined.
 // - all-gather: ring, per chunk of every rank's block.
 #pragma once
@@ -29,7 +34,17 @@
 
 namespace co2::collectives {
 
-enum class Kind : uint8_t { AllReduce = 1, Broadcast = 2, AllGather = 3 };
+enum class Kind : uint8_t {
+  AllReduce = 1,
+  Broadcast = 2,
+  AllGather = 3,
+  ReduceScatter = 4,   // count: the whole buffer; op and wire as an all-reduce's
+  AllGatherShards = 5, // count: the whole buffer
+};
+
+using transport::ShardRange;
+using transport::shard_range;
+using transport::shard_size;
 
 // What the peers compare before exchanging data. Fields that do not apply to a kind are zero
 // (op Sum, root 0) so that equal collectives have equal descriptors.
@@ -40,11 +55,11 @@ struct Descriptor {
   Purpose purpose = Purpose::User;
   uint64_t purpose_sequence = 0;
   Kind kind = Kind::AllReduce;
-  ReduceOp op = ReduceOp::Sum;    // all-reduce only
+  ReduceOp op = ReduceOp::Sum;    // all-reduce and reduce-scatter only
   DataType dtype = DataType::F32;
   uint64_t count = 0;             // elements of the buffer; per rank for all-gather
   int32_t root = 0;               // broadcast only
-  WireFormat wire = WireFormat::F32;  // all-reduce only: how blocks travel (compressed below)
+  WireFormat wire = WireFormat::F32;  // (all-)reduce(-scatter) only: how blocks travel (below)
 
   bool operator==(const Descriptor& other) const;
   bool operator!=(const Descriptor& other) const { return !(*this == other); }
@@ -135,10 +150,29 @@ std::unique_ptr<Collective> make_allreduce(transport::PointToPoint& transport,
                                            const Descriptor& descriptor, void* buffer,
                                            const Tuning& tuning, float* residual = nullptr);
 
+// The all-reduce's first half: in place on `count` elements of `buffer`; afterwards this rank's
+// shard_range(count, W, rank) holds exactly what the all-reduce would have left there (the same
+// wire format rules, the owner's Avg division and final encoding included), and `residual` (if
+// any, `count` floats) exactly what the all-reduce would have written into all of it. The rest
+// of `buffer` holds partial sums: unspecified.
+std::unique_ptr<Collective> make_reduce_scatter(transport::PointToPoint& transport,
+                                                const Descriptor& descriptor, void* buffer,
+                                                const Tuning& tuning, float* residual = nullptr);
+// The all-reduce's second half: in place, every rank's shard_range of `buffer` goes to every
+// other rank, as it is (fp32 on the wire: descriptor.wire must be F32). After a compressed
+// reduce-scatter the owner's shard already holds the decoded values, so the result is still the
+// compressed all-reduce's bit for bit; only its all-gather half moves 4 bytes per value.
+std::unique_ptr<Collective> make_allgather_shards(transport::PointToPoint& transport,
+                                                  const Descriptor& descriptor, void* buffer,
+                                                  const Tuning& tuning);
+
 // Bytes rank `rank` of `ranks` sends in an all-reduce of `count` f32 elements in `format`
-// (payload only, without the descriptor).
+// (payload only, without the descriptor), and in each of its halves run alone.
 uint64_t allreduce_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
                               const Tuning& tuning);
+uint64_t reduce_scatter_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
+                                   const Tuning& tuning);
+uint64_t allgather_shards_wire_bytes(int rank, int ranks, uint64_t count, const Tuning& tuning);
 std::unique_ptr<Collective> make_broadcast(transport::PointToPoint& transport,
                                            const Descriptor& descriptor, void* buffer,
                                            const Tuning& tuning);

@@ -415,22 +415,33 @@ collectives::Descriptor descriptor_of(CollectiveId id, collectives::Kind kind, D
   descriptor.count = count;
   return descriptor;
 }
+
+// The checked descriptor of an all-reduce or a reduce-scatter.
+collectives::Descriptor reduction_descriptor(CollectiveId id, collectives::Kind kind,
+                                             const void* buffer, size_t count, DataType dtype,
+                                             ReduceOp op, WireFormat format, bool collective_kind) {
+  dtype_size(dtype);
+  require_valid_op(op);
+  require_buffer(buffer, count, kind == collectives::Kind::AllReduce ? "allreduce buffer"
+                                                                     : "reduce_scatter buffer");
+  collectives::Descriptor descriptor = descriptor_of(id, kind, dtype, count);
+  descriptor.op = op;
+  descriptor.wire = wire_format_of(int(format));
+  require(!collective_kind || format == WireFormat::F32, Status::Unsupported,
+          std::string("a ") + wire_format_name(format) +
+              " wire format needs a point-to-point transport (ucx, local); collective-kind "
+              "transports (nccl) reduce in fp32 only");
+  return descriptor;
+}
 }  // namespace
 
 std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count, DataType dtype,
                                                       ReduceOp op,
                                                       std::function<void()> on_result,
                                                       CollectiveId id, const WireCompression& wire) {
-  dtype_size(dtype);
-  require_valid_op(op);
-  require_buffer(buffer, count, "allreduce buffer");
-  collectives::Descriptor descriptor = descriptor_of(id, collectives::Kind::AllReduce, dtype, count);
-  descriptor.op = op;
-  descriptor.wire = wire_format_of(int(wire.format));
-  require(!backend_ || wire.format == WireFormat::F32, Status::Unsupported,
-          std::string("a ") + wire_format_name(wire.format) +
-              " wire format needs a point-to-point transport (ucx, local); collective-kind "
-              "transports (nccl) reduce in fp32 only");
+  const collectives::Descriptor descriptor =
+      reduction_descriptor(id, collectives::Kind::AllReduce, buffer, count, dtype, op, wire.format,
+                           backend_ != nullptr);
   if (backend_)
     return backend_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allreduce(buffer, buffer, count, element_of(dtype), transport::Reduction(int(op)));
@@ -480,6 +491,43 @@ std::shared_ptr<Request> Communicator::allgather(const void* send, void* recv,
                                                   const collectives::Tuning& tuning) {
     return collectives::make_allgather(transport, agreed, send, recv, tuning);
   });
+}
+
+std::shared_ptr<Request> Communicator::reduce_scatter(void* buffer, size_t count, DataType dtype,
+                                                      ReduceOp op, CollectiveId id,
+                                                      const WireCompression& wire,
+                                                      std::function<void()> on_result) {
+  const collectives::Descriptor descriptor =
+      reduction_descriptor(id, collectives::Kind::ReduceScatter, buffer, count, dtype, op,
+                           wire.format, backend_ != nullptr);
+  if (backend_)
+    return backend_->submit(descriptor, [=](transport::Collective& t) {
+      return t.post_reduce_scatter(buffer, count, element_of(dtype), transport::Reduction(int(op)));
+    }, std::move(on_result));
+  float* residual = wire.residual;
+  return engine_->submit(descriptor, [buffer, residual](transport::PointToPoint& transport,
+                                                        const collectives::Descriptor& agreed,
+                                                        const collectives::Tuning& tuning) {
+    return collectives::make_reduce_scatter(transport, agreed, buffer, tuning, residual);
+  }, std::move(on_result));
+}
+
+std::shared_ptr<Request> Communicator::allgather_shards(void* buffer, size_t count, DataType dtype,
+                                                        CollectiveId id,
+                                                        std::function<void()> on_result) {
+  dtype_size(dtype);
+  require_buffer(buffer, count, "allgather_shards buffer");
+  const collectives::Descriptor descriptor =
+      descriptor_of(id, collectives::Kind::AllGatherShards, dtype, count);
+  if (backend_)
+    return backend_->submit(descriptor, [=](transport::Collective& t) {
+      return t.post_allgather_shards(buffer, count, element_of(dtype));
+    }, std::move(on_result));
+  return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
+                                              const collectives::Descriptor& agreed,
+                                              const collectives::Tuning& tuning) {
+    return collectives::make_allgather_shards(transport, agreed, buffer, tuning);
+  }, std::move(on_result));
 }
 
 uint32_t Communicator::register_owner() { return next_owner_.fetch_add(1); }

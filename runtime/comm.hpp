@@ -35,6 +35,12 @@ size_t dtype_size(DataType dtype);
 
 using Clock = std::chrono::steady_clock;
 
+// The shard layout of reduce_scatter / allgather_shards (transports/collective.hpp): S =
+// ceil(count / W) elements per shard, rank r owns [min(r S, count), min((r + 1) S, count)).
+using transport::ShardRange;
+using transport::shard_range;
+using transport::shard_size;
+
 // What a collective is for. Part of its identity: two ranks' collectives pair only if their
 // purposes (and owners, and per-purpose sequence numbers) are equal. Values are on the wire.
 enum class Purpose : uint8_t {
@@ -151,6 +157,23 @@ class Communicator {
                                           const WireCompression& wire = {});
   std::shared_ptr<Request> broadcast(void* buffer, size_t count, DataType dtype, int root,
                                      CollectiveId id = {});
+  // The all-reduce's first half, in place on the whole buffer: once the request completed,
+  // shard_range(count, size(), rank()) of `buffer` holds exactly what allreduce would have left
+  // there (bit for bit, every wire format, the residual of `wire` too: all `count` entries, as
+  // the all-reduce writes them). The rest of `buffer` is unspecified. Identity, lanes, timeout
+  // and fault handling are the all-reduce's. `on_result` (may be empty) runs on the progress
+  // thread once this rank's shard is final, before the request completes.
+  std::shared_ptr<Request> reduce_scatter(void* buffer, size_t count, DataType dtype, ReduceOp op,
+                                          CollectiveId id = {}, const WireCompression& wire = {},
+                                          std::function<void()> on_result = {});
+  // The all-reduce's second half, in place: every rank's shard_range of `buffer` reaches every
+  // other rank bit for bit; afterwards all of `buffer` is equal on every rank. After
+  // reduce_scatter of the same buffer, the result is allreduce's bit for bit. Travels in fp32
+  // (the all-gather is not compressed). Over NCCL the layout is the same but the result is
+  // NCCL's, not bit-equal to its allreduce.
+  std::shared_ptr<Request> allgather_shards(void* buffer, size_t count, DataType dtype,
+                                            CollectiveId id = {},
+                                            std::function<void()> on_result = {});
   // Each rank contributes `count_per_rank` elements from `send`; `recv` receives
   // size() * count_per_rank elements in rank order. `send` may alias recv's own block.
   std::shared_ptr<Request> allgather(const void* send, void* recv, size_t count_per_rank,

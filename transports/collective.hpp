@@ -16,6 +16,26 @@ namespace co2::transport {
 enum class Element : int { F32 = 0, F64 = 3, I32 = 4, I64 = 5 };
 enum class Reduction : int { Sum = 0, Avg = 1, Min = 2, Max = 3 };
 
+// The shard layout of the sharded collectives (here and in runtime/collectives.hpp): `count`
+// elements over `size` ranks in shards of S = ceil(count / size); rank r owns the contiguous
+// range [min(r S, count), min((r + 1) S, count)). Every shard but the trailing ones has exactly
+// S elements (the last non-empty one may be shorter, those after it are empty), so a buffer
+// padded to size * S is what an equal-size reduce-scatter (NCCL, ZeRO) expects, and a rank can
+// keep its shard in S elements whatever its place.
+struct ShardRange {
+  size_t begin = 0;
+  size_t end = 0;
+  size_t count() const { return end - begin; }
+};
+inline size_t shard_size(size_t count, int size) {
+  return size <= 0 ? 0 : count / size_t(size) + (count % size_t(size) != 0);
+}
+inline ShardRange shard_range(size_t count, int size, int rank) {
+  const size_t s = shard_size(count, size);
+  const size_t begin = rank <= 0 ? 0 : size_t(rank) * s;
+  return {begin < count ? begin : count, begin + s < count ? begin + s : count};
+}
+
 class Collective {
  public:
   virtual ~Collective() = default;
@@ -39,6 +59,13 @@ class Collective {
   // recv receives size() * count_per_rank elements in rank order.
   virtual Handle post_allgather(const void* send, void* recv, size_t count_per_rank,
                                 Element element) = 0;
+
+  // In place on `count` elements of `buffer`: afterwards this rank's shard_range of it holds the
+  // reduction over every rank; the rest of the buffer is unspecified.
+  virtual Handle post_reduce_scatter(void* buffer, size_t count, Element element,
+                                     Reduction op) = 0;
+  // In place: every rank's shard_range of `buffer` is sent to every other rank, bit for bit.
+  virtual Handle post_allgather_shards(void* buffer, size_t count, Element element) = 0;
 
   // Non-blocking. Done once the collective's results are in place; PeerLost / Failed / Aborted
   // when the transport hit an error (it is unusable afterwards). The handle is released once it

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "runtime/comm.hpp"
 
@@ -30,6 +31,8 @@ class FakeCollective final : public transport::Collective {
     // >= 0: the group has a second rank whose every collective has this purpose (the
     // descriptor all-gather shows it), as when that rank issued another collective.
     std::atomic<int> peer_purpose{-1};
+    // >= 0 (with peer_purpose): the peer's collectives are of this collectives::Kind instead.
+    std::atomic<int> peer_kind{-1};
   };
   explicit FakeCollective(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
 
@@ -52,9 +55,15 @@ class FakeCollective final : public transport::Collective {
       auto* peer = static_cast<unsigned char*>(recv) + bytes;
       std::memcpy(peer, send, bytes);
       peer[40] = static_cast<unsigned char>(shared_->peer_purpose.load());
+      if (shared_->peer_kind.load() >= 0) peer[5] = static_cast<unsigned char>(shared_->peer_kind.load());
     }
     return post();
   }
+  // A group of one: its shard is the whole buffer, already reduced and gathered.
+  transport::Handle post_reduce_scatter(void*, size_t, transport::Element, transport::Reduction) override {
+    return post();
+  }
+  transport::Handle post_allgather_shards(void*, size_t, transport::Element) override { return post(); }
   transport::Outcome test(transport::Handle h) override {
     if (aborted_) return transport::Outcome::Aborted;
     switch (shared_->behaviour.load()) {
@@ -183,6 +192,40 @@ TEST(CollectiveComm, EqualIdentitiesPassTheCheck) {
     EXPECT_EQ(f.comm->allreduce(x, 4, DataType::F32, ReduceOp::Avg, {1, Purpose::Consensus})->wait_status(),
               Status::Ok)
         << f.comm->error_message();
+}
+
+TEST(CollectiveComm, ReduceScatterAndAllGatherShardsCompleteAndRunTheirHooks) {
+  Fixture f;
+  float x[5] = {1, 2, 3, 4, 5};
+  std::atomic<int> ran{0};
+  EXPECT_EQ(f.comm->reduce_scatter(x, 5, DataType::F32, ReduceOp::Avg, {}, {}, [&] { ++ran; })->wait_status(),
+            Status::Ok);
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_EQ(f.comm->allgather_shards(x, 5, DataType::F32, {}, [&] { ++ran; })->wait_status(), Status::Ok);
+  EXPECT_EQ(ran.load(), 2);
+  EXPECT_EQ(f.shared->posts.load(), 4);  // each: the descriptor check and the collective
+  EXPECT_EQ(x[4], 5.0f);
+  try {
+    std::vector<float> residual(5);
+    f.comm->reduce_scatter(x, 5, DataType::F32, ReduceOp::Avg, {}, {WireFormat::BF16, residual.data()});
+    ADD_FAILURE() << "a compressed reduce-scatter was accepted over a collective transport";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unsupported);
+  }
+}
+
+TEST(CollectiveComm, ReduceScatterAgainstAPeersAllReduceIsACollectiveMismatch) {
+  Fixture f(10s, int(Purpose::OuterAverage));
+  f.shared->peer_kind = 1;  // collectives::Kind::AllReduce
+  float x[4] = {1, 2, 3, 4};
+  std::atomic<bool> ran{false};
+  auto request = f.comm->reduce_scatter(x, 4, DataType::F32, ReduceOp::Avg, {1, Purpose::OuterAverage}, {},
+                                        [&] { ran = true; });
+  EXPECT_EQ(request->wait_status(), Status::CollectiveMismatch);
+  EXPECT_FALSE(ran.load());
+  const std::string message = f.comm->error_message();
+  EXPECT_NE(message.find("reduce_scatter(avg, f32, count 4)"), std::string::npos) << message;
+  EXPECT_NE(message.find("allreduce(avg, f32, count 4)"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -62,6 +62,15 @@ TEST(NcclGpu, GroupOfOneRunsCollectivesOnDeviceAndHostBuffers) {
   EXPECT_EQ(wait(*nccl, nccl->post_allgather(&mine, &all, 1, Element::I64)), Outcome::Done);
   EXPECT_EQ(all, 42);
   EXPECT_EQ(wait(*nccl, nccl->post_broadcast(device, 4, Element::F32, 0)), Outcome::Done);
+  // The sharded pair: a group of one owns the whole buffer, which they leave as it is.
+  EXPECT_EQ(wait(*nccl, nccl->post_reduce_scatter(device, 4, Element::F32, Reduction::Avg)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_allgather_shards(device, 4, Element::F32)), Outcome::Done);
+  ASSERT_EQ(cudaMemcpy(back.data(), device, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  std::vector<float> staged = host;
+  EXPECT_EQ(wait(*nccl, nccl->post_reduce_scatter(staged.data(), 4, Element::F32, Reduction::Sum)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_allgather_shards(staged.data(), 4, Element::F32)), Outcome::Done);
+  EXPECT_EQ(staged, host);
   nccl->abort("test");
   EXPECT_EQ(nccl->test(nccl->post_allreduce(device, device, 4, Element::F32, Reduction::Sum)), Outcome::Aborted);
   EXPECT_NE(nccl->error_message().find("test"), std::string::npos);

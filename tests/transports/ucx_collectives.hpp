@@ -1,6 +1,7 @@
 // The collective workload that the UCX process tests and the local-transport reference both
 // run, so that their results can be compared byte for byte: all-reduce (every op and dtype, sizes
-// that are multiples of nothing, from 1 element to several chunks), broadcast and all-gather.
+// that are multiples of nothing, from 1 element to several chunks), broadcast and all-gather,
+// reduce_scatter + allgather_shards (fp32, and bf16 with its residual).
 #pragma once
 
 #include <cmath>
@@ -66,6 +67,19 @@ inline std::vector<std::vector<char>> run_workload(Communicator& comm) {
     std::vector<char> all(mine.size() * size_t(size));
     wait(comm.allgather(mine.data(), all.data(), count, DataType::I32));
     results.push_back(std::move(all));
+
+    for (WireFormat format : {WireFormat::F32, WireFormat::BF16}) {
+      std::vector<char> sharded = workload_input(DataType::F32, count, rank, index++);
+      std::vector<char> residual(format == WireFormat::F32 ? 0 : count * sizeof(float));
+      float* residual_floats = residual.empty() ? nullptr : reinterpret_cast<float*>(residual.data());
+      wait(comm.reduce_scatter(sharded.data(), count, DataType::F32, ReduceOp::Avg, {}, {format, residual_floats}));
+      wait(comm.allgather_shards(sharded.data(), count, DataType::F32));
+      results.push_back(std::move(sharded));
+      // Residuals are per rank: gathered, so that every rank's result is the same.
+      std::vector<char> residuals(residual.size() * size_t(size));
+      wait(comm.allgather(residual.data(), residuals.data(), residual.size() / sizeof(float), DataType::F32));
+      results.push_back(std::move(residuals));
+    }
   }
   return results;
 }

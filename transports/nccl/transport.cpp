@@ -101,6 +101,38 @@ class NcclCollective final : public Collective {
     });
   }
 
+  // NCCL's reduce-scatter and all-gather take equal blocks of count / size: used in place when
+  // count divides evenly (shard_range is then exactly those blocks). Otherwise each shard is
+  // its own ncclReduce to its owner (ncclBroadcast from it), all in one NCCL group, so that
+  // nothing is padded or allocated and the layout stays shard_range's.
+  Handle post_reduce_scatter(void* buffer, size_t count, Element element, Reduction op) override {
+    const size_t bytes = count * element_bytes(element);
+    Op o = stage(buffer, buffer, bytes, bytes);
+    return enqueue(std::move(o), [&](const void* s, void* r) {
+      const size_t shard = shard_size(count, size_);
+      if (shard * size_t(size_) == count)
+        return ncclReduceScatter(s, byte_offset(r, shard * size_t(rank_), element), shard,
+                                 nccl_type(element), nccl_op(op), comm_, stream_);
+      return per_shard(count, element, r, [&](void* range, size_t n, int owner) {
+        return ncclReduce(range, range, n, nccl_type(element), nccl_op(op), owner, comm_, stream_);
+      });
+    });
+  }
+
+  Handle post_allgather_shards(void* buffer, size_t count, Element element) override {
+    const size_t bytes = count * element_bytes(element);
+    Op o = stage(buffer, buffer, bytes, bytes);
+    return enqueue(std::move(o), [&](const void* /*s*/, void* r) {
+      const size_t shard = shard_size(count, size_);
+      if (shard * size_t(size_) == count)
+        return ncclAllGather(byte_offset(r, shard * size_t(rank_), element), r, shard,
+                             nccl_type(element), comm_, stream_);
+      return per_shard(count, element, r, [&](void* range, size_t n, int owner) {
+        return ncclBroadcast(range, range, n, nccl_type(element), owner, comm_, stream_);
+      });
+    });
+  }
+
   Outcome test(Handle handle) override {
     auto it = ops_.find(handle);
     if (it == ops_.end()) return Outcome::Failed;
@@ -243,6 +275,30 @@ class NcclCollective final : public Collective {
     }
     ops_.emplace(handle, op);
     return handle;
+  }
+
+  static void* byte_offset(void* base, size_t elements, Element element) {
+    return static_cast<char*>(base) + elements * element_bytes(element);
+  }
+
+  // `call(range, count, owner)` for every non-empty shard of `buffer`, as one NCCL group. The
+  // group is ended even when a call failed (NCCL requires it); the first error is returned.
+  template <typename Call>
+  ncclResult_t per_shard(size_t count, Element element, void* buffer, Call&& call) {
+    ncclResult_t first = ncclGroupStart();
+    if (first != ncclSuccess) return first;
+    for (int owner = 0; owner < size_; ++owner) {
+      const ShardRange range = shard_range(count, size_, owner);
+      if (range.count() == 0) continue;
+      // A communicator still connecting answers ncclInProgress: the call is queued all the same.
+      const ncclResult_t r = call(byte_offset(buffer, range.begin, element), range.count(), owner);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        first = r;
+        break;
+      }
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    return first != ncclSuccess ? first : ended;
   }
 
   void release(Op& op) {
