@@ -56,6 +56,9 @@ struct EngineConfig {
   // round's delta (error feedback).
   WireFormat wire_format = WireFormat::F32;
   bool error_feedback = true;
+  // Sharded outer state (docs/algorithm.md, "Sharded outer state"): each rank keeps only its
+  // shard of the anchor and the momentum; reduce-scatter, shard update, all-gather.
+  bool shard_outer_state = false;
 };
 
 // Throws InvalidArgument / UnknownEnum with a message naming the bad field.
@@ -96,6 +99,9 @@ struct EngineStats {
   // Compressed outer all-reduce: bytes this rank sent for the outer all-reduce.
   uint64_t wire_bytes_last_round = 0;
   uint64_t wire_bytes_total = 0;
+  // Memory: bytes of outer state (anchor, momentum, comm buffer, shards, eager state, residual)
+  // this rank's engine holds.
+  uint64_t outer_state_bytes = 0;
 };
 
 using WriteFn = std::function<bool(const void* data, size_t length)>;
