@@ -100,6 +100,8 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_host_backend(Engine::State& s);
+// Host tensors with config.shard_outer_state (runtime/sharded_backend.cpp).
+std::unique_ptr<Backend> make_sharded_backend(Engine::State& s);
 
 // Whether this build has the device backend at all.
 bool device_backend_built();

@@ -133,8 +133,10 @@ class CollectiveEngine {
 
   // Assigns the next sequence number to `descriptor`, builds the collective and queues it.
   // `on_result` (may be empty) runs on the progress thread once the result is final.
+  // `after` (may be empty): the collective is not advanced before that request finished.
   std::shared_ptr<Request> submit(collectives::Descriptor descriptor, const Factory& make,
-                                  std::function<void()> on_result = {});
+                                  std::function<void()> on_result = {},
+                                  std::shared_ptr<Request> after = {});
 
   // Records the first error (later ones are dropped), aborts the transport so that the peers
   // fail promptly too, and lets the progress thread fail everything in flight.
@@ -148,6 +150,7 @@ class CollectiveEngine {
     std::shared_ptr<Request> request;
     std::unique_ptr<collectives::Collective> collective;
     std::function<void()> on_result;
+    std::shared_ptr<Request> after;
   };
   struct Active {
     Submitted submitted;
@@ -207,7 +210,8 @@ CollectiveEngine::~CollectiveEngine() {
 
 std::shared_ptr<Request> CollectiveEngine::submit(collectives::Descriptor descriptor,
                                                   const Factory& make,
-                                                  std::function<void()> on_result) {
+                                                  std::function<void()> on_result,
+                                                  std::shared_ptr<Request> after) {
   std::shared_ptr<Request> request;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -221,7 +225,7 @@ std::shared_ptr<Request> CollectiveEngine::submit(collectives::Descriptor descri
     request = std::make_shared<Request>(next_sequence_++, Clock::now(), descriptor.purpose,
                                         descriptor.count * dtype_size(descriptor.dtype),
                                         descriptor.control_lane());
-    incoming_.push_back({request, std::move(collective), std::move(on_result)});
+    incoming_.push_back({request, std::move(collective), std::move(on_result), std::move(after)});
   }
   wake_.notify_all();
   return request;
@@ -283,6 +287,14 @@ bool CollectiveEngine::advance_all(std::vector<Active>& active) {
   bool progressed = false;
   for (auto it = active.begin(); it != active.end();) {
     collectives::Collective& collective = *it->submitted.collective;
+    if (it->submitted.after) {
+      if (!it->submitted.after->finished()) {  // gated: waiting counts as progress
+        it->last_progress = Clock::now();
+        ++it;
+        continue;
+      }
+      it->submitted.after.reset();
+    }
     if (collective.advance()) {
       progressed = true;
       it->last_progress = Clock::now();
@@ -514,20 +526,25 @@ std::shared_ptr<Request> Communicator::reduce_scatter(void* buffer, size_t count
 
 std::shared_ptr<Request> Communicator::allgather_shards(void* buffer, size_t count, DataType dtype,
                                                         CollectiveId id,
-                                                        std::function<void()> on_result) {
+                                                        std::function<void()> on_result,
+                                                        std::shared_ptr<Request> after) {
   dtype_size(dtype);
   require_buffer(buffer, count, "allgather_shards buffer");
   const collectives::Descriptor descriptor =
       descriptor_of(id, collectives::Kind::AllGatherShards, dtype, count);
-  if (backend_)
+  if (backend_) {
+    // A collective transport enqueues at submission, before an earlier on_result could run.
+    require(!after, Status::Unsupported,
+            "allgather_shards after an earlier request needs a point-to-point transport (UCX, local)");
     return backend_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allgather_shards(buffer, count, element_of(dtype));
     }, std::move(on_result));
+  }
   return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
                                               const collectives::Descriptor& agreed,
                                               const collectives::Tuning& tuning) {
     return collectives::make_allgather_shards(transport, agreed, buffer, tuning);
-  }, std::move(on_result));
+  }, std::move(on_result), std::move(after));
 }
 
 uint32_t Communicator::register_owner() { return next_owner_.fetch_add(1); }

@@ -74,6 +74,8 @@ class Request {
  public:
   // True once finished. Throws Error if the collective failed.
   bool test();
+  // True once finished, successfully or not; never throws.
+  bool finished() const { return done_.load(); }
   // Waits up to `timeout` (negative: no limit of its own; the communicator's no-progress
   // timeout still applies). Returns false on expiry, throws Error if the collective failed.
   bool wait_for(std::chrono::milliseconds timeout);
@@ -171,9 +173,14 @@ class Communicator {
   // reduce_scatter of the same buffer, the result is allreduce's bit for bit. Travels in fp32
   // (the all-gather is not compressed). Over NCCL the layout is the same but the result is
   // NCCL's, not bit-equal to its allreduce.
+  // `after` (may be empty; point-to-point transports only): the all-gather starts only once that
+  // earlier request of this communicator completed here, so that a chain submitted at once —
+  // reduce_scatter whose on_result rewrites this rank's shard, then allgather_shards — gathers
+  // the rewritten shards. Waiting for it counts as progress (no timeout of its own).
   std::shared_ptr<Request> allgather_shards(void* buffer, size_t count, DataType dtype,
                                             CollectiveId id = {},
-                                            std::function<void()> on_result = {});
+                                            std::function<void()> on_result = {},
+                                            std::shared_ptr<Request> after = {});
   // Each rank contributes `count_per_rank` elements from `send`; `recv` receives
   // size() * count_per_rank elements in rank order. `send` may alias recv's own block.
   std::shared_ptr<Request> allgather(const void* send, void* recv, size_t count_per_rank,

@@ -76,6 +76,10 @@ void validate_storage(const StorageDesc& storage) {
   require(storage.device_index >= 0, Status::InvalidArgument, "device_index must be >= 0");
 }
 
+std::unique_ptr<Backend> make_host_side_backend(Engine::State& s) {
+  return s.config.shard_outer_state ? make_sharded_backend(s) : make_host_backend(s);
+}
+
 // All tensors of an engine live in one place; the first CUDA one brings up the device path.
 void note_placement(Engine::State& s, const StorageDesc& storage) {
   require(s.placement < 0 || (s.placement == storage.device && s.device_index == storage.device_index),
@@ -95,7 +99,7 @@ class PlacementRollback {
   ~PlacementRollback() {
     if (armed_ && s_.segments.empty() && !s_.flat) {
       s_.placement = -1;
-      s_.backend = make_host_backend(s_);
+      s_.backend = make_host_side_backend(s_);
     }
   }
   void dismiss() { armed_ = false; }
@@ -122,6 +126,9 @@ void check_wire_placement(const Engine::State& s, const StorageDesc& storage) {
           Status::Unsupported,
           std::string("wire_format ") + wire_format_name(s.config.wire_format) +
               " is implemented for host tensors only: an engine on CUDA tensors needs CO2_WIRE_FP32");
+  require(storage.device != int(DeviceKind::Cuda) || !s.config.shard_outer_state, Status::Unsupported,
+          "sharded outer state is implemented for host tensors only: an engine on CUDA tensors needs "
+          "shard_outer_state = 0");
 }
 
 }  // namespace
@@ -147,6 +154,18 @@ void validate(const EngineConfig& c) {
           "clip_threshold must be > 0");
   require(is_finite_in(c.inner_lr, 0.0, 1e30), Status::InvalidArgument, "inner_lr must be >= 0");
   wire_format_of(int(c.wire_format));
+  if (c.shard_outer_state) {
+    require(c.algorithm == Algorithm::Co2, Status::InvalidArgument,
+            "shard_outer_state shards co2's outer state; other algorithms keep none to shard (or, for "
+            "diloco, are not sharded yet): use CO2_ALGO_CO2 or shard_outer_state = 0");
+    require(c.penalty != Penalty::Gap && c.clip != Clip::Norm, Status::Unsupported,
+            "sharded outer state does not implement the gap penalty or norm clipping yet (they need "
+            "per-segment norms across shards): use the constant penalty or value clipping, or "
+            "shard_outer_state = 0");
+    require(c.eager != Eager::On, Status::Unsupported,
+            "the eager policy keeps a full-size offset per rank, which sharded outer state does not "
+            "implement yet: use eager = 0 or CO2_EAGER_AUTO (delayed when sharded)");
+  }
   require(c.wire_format == WireFormat::F32 || c.algorithm == Algorithm::Co2 || c.algorithm == Algorithm::Diloco,
           Status::InvalidArgument,
           std::string("wire_format ") + wire_format_name(c.wire_format) +
@@ -370,7 +389,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config)
   s.stats.world_size = s.comm->size();
   s.stats.resolved_outer_momentum = s.beta;
   s.trace = Trace::from_environment(s.comm->rank(), s.owner);
-  s.backend = make_host_backend(s);  // until a CUDA tensor brings the device backend
+  s.backend = make_host_side_backend(s);  // until a CUDA tensor brings the device backend
 }
 
 Engine::~Engine() {
@@ -519,7 +538,7 @@ void Engine::commit() {
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning);
-  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device());
+  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device() && !s.config.shard_outer_state);
   if (s.on_device()) {
     require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,
             "the eager policy is implemented on the host only: CUDA tensors need eager = 0 or "

@@ -10,6 +10,7 @@
 #include "runtime/buffer.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/boundary_pass.hpp"
 #include "runtime/device/allocator.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/observe.hpp"
@@ -161,6 +162,23 @@ decltype(auto) with_params(const Segment& seg, F&& f) {
       return f(static_cast<float*>(seg.data));
   }
 }
+// --- shared by the host backends (host_backend.cpp, sharded_backend.cpp) ---
+// Flags and coefficients of one segment's outer update. PARAMETER segments take the settings and
+// advance their gap history; BUFFER segments are only averaged: alpha = 1, beta = 0,
+// lambda = 1, no clip. m and c (the average) feed norm clipping.
+void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
+                         const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum);
+// Packs the PARAMETER and BUFFER parameters into `out` (state order), widened to fp32 (exact);
+// unpack rounds to the parameters' dtype (nearest even).
+void pack_parameters(const Engine::State& s, float* out);
+void unpack_parameters(Engine::State& s, const float* in, bool buffers_only);
+// The anchor checksum's hash of the parameters (as fp32 words).
+uint64_t parameters_checksum(const Engine::State& s);
+// The outer average's wire (co2, diloco): compressed as configured; with error feedback the
+// deltas in `data` first take what the previous outer all-reduce's encodings dropped, and the
+// residual buffer then receives this one's drops.
+WireCompression outer_wire(Engine::State& s, float* data);
+
 // Waits for `request`, charging the time to boundary_wait_ns; throws the collective's error.
 void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request);
 

@@ -45,9 +45,10 @@ OuterCoefficients delta_coefficients(const S& s, const Segment& seg) {
   return k;
 }
 
-// Flags and coefficients of one segment's outer update. PARAMETER segments take the settings and
-// advance their gap history; BUFFER segments are only averaged: alpha = 1, beta = 0,
-// lambda = 1, no clip. m and c (the average) feed norm clipping.
+DeltasFinite deltas(bool finite) { return finite ? DeltasFinite::Yes : DeltasFinite::No; }
+
+}  // namespace
+
 void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
                          const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
   flags->update = true;
@@ -72,6 +73,8 @@ void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory&
   }
 }
 
+namespace {
+
 void record_update(const Segment& seg, const PassResult& r, const OuterCoefficients& k, GapHistory& h,
                    UpdateSummary* sum) {
   if (seg.role != Role::Parameter) return;
@@ -79,8 +82,6 @@ void record_update(const Segment& seg, const PassResult& r, const OuterCoefficie
   sum->clamped += r.clamped;
   sum->trained_elements += seg.count;
 }
-
-DeltasFinite deltas(bool finite) { return finite ? DeltasFinite::Yes : DeltasFinite::No; }
 
 class HostBackend final : public Backend {
  public:
@@ -108,19 +109,21 @@ class HostBackend final : public Backend {
     }
     if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     // Rank 0's values become everyone's parameters and anchor.
-    pack_parameters(s.comm_buffer.data());
+    pack_parameters(s, s.comm_buffer.data());
     auto request = s.comm->broadcast(s.comm_buffer.data(), s.state_count, DataType::F32, 0,
                                      s.id(Purpose::InitialBroadcast));
     if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
-    unpack_parameters(s.comm_buffer.data(), false);
+    unpack_parameters(s, s.comm_buffer.data(), false);
     if (s.has_anchor()) std::memcpy(s.anchor.data(), s.comm_buffer.data(), s.state_count * sizeof(float));
     std::memset(s.comm_buffer.data(), 0, s.state_count * sizeof(float));
+    count_state();
   }
 
   void momentum_needed() override {
     S& s = s_;
     if (s.has_anchor() && s.momentum.empty()) s.momentum = FloatBuffer(s.state_count);
     if (s.eager() && s.eager_momentum.empty()) s.eager_momentum = FloatBuffer(s.state_count);
+    count_state();
   }
 
   Arrival collect_average() override {
@@ -231,7 +234,7 @@ class HostBackend final : public Backend {
     const std::vector<Segment>* segments = &s.segments;  // fixed after commit
     PreparedUpdate* prepared = &s.prepared;
     Trace* trace = s.trace.get();  // outlives the collective: the engine waits for it
-    const WireCompression wire = outer_wire(data);
+    const WireCompression wire = outer_wire(s, data);
     s.pending = s.comm->allreduce_then(data, count, DataType::F32, ReduceOp::Avg, [=] {
       const Clock::time_point start = trace ? Clock::now() : Clock::time_point{};
       finite->store(all_finite(data, count) && prepare_update(*segments, anchor, m, data, *prepared));
@@ -273,9 +276,9 @@ class HostBackend final : public Backend {
 
   bool average_parameters(bool buffers_only) override {
     S& s = s_;
-    pack_parameters(s.comm_buffer.data());
+    pack_parameters(s, s.comm_buffer.data());
     if (!average_blocking(s.comm_buffer.data(), s.state_count, Purpose::ParameterAverage)) return false;
-    unpack_parameters(s.comm_buffer.data(), buffers_only);
+    unpack_parameters(s, s.comm_buffer.data(), buffers_only);
     return true;
   }
 
@@ -311,36 +314,19 @@ class HostBackend final : public Backend {
     return true;
   }
 
-  void set_parameters_to_anchor() override { unpack_parameters(s_.anchor.data(), false); }
+  void set_parameters_to_anchor() override { unpack_parameters(s_, s_.anchor.data(), false); }
 
   uint64_t consensus_checksum() override {
-    const S& s = s_;
+    if (!s_.has_anchor()) return parameters_checksum(s_);
     WordHasher hasher;
-    if (s.has_anchor()) {
-      hasher.update(s.anchor.data(), s.state_count);
-      return hasher.digest();
-    }
-    // Widening is exact and one-to-one, so the fp32 words identify the parameters of any dtype.
-    float chunk[1024];
-    for (const Segment& seg : s.segments) {
-      if (seg.role == Role::Excluded) continue;
-      if (seg.dtype == ParamDType::F32) {
-        hasher.update(static_cast<const float*>(seg.data), seg.count);
-        continue;
-      }
-      for (size_t i = 0; i < seg.count; i += 1024) {
-        const size_t n = std::min<size_t>(1024, seg.count - i);
-        with_params(seg, [&](auto* p) { widen_into(p + i, chunk, n); });
-        hasher.update(chunk, n);
-      }
-    }
+    hasher.update(s_.anchor.data(), s_.state_count);
     return hasher.digest();
   }
 
   void consensus_into(float* out, size_t count, bool parameters, bool average) override {
     S& s = s_;
     if (parameters)
-      pack_parameters(out);
+      pack_parameters(s, out);
     else
       std::memcpy(out, s.anchor.data(), count * sizeof(float));
     if (!average) return;
@@ -361,6 +347,7 @@ class HostBackend final : public Backend {
   // p <- anchor, plus the rank's eager offset on PARAMETER segments under the eager policy.
   void stage_in() override {
     S& s = s_;
+    count_state();
     if (!s.has_anchor()) return;
     set_parameters_to_anchor();
     if (s.eager_offset.empty()) return;
@@ -378,44 +365,19 @@ class HostBackend final : public Backend {
  private:
   float* momentum() { return s_.momentum.empty() ? nullptr : s_.momentum.data(); }
 
-  // Packs the PARAMETER and BUFFER parameters into `out` (state order), widened to fp32 (exact).
-  void pack_parameters(float* out) const {
-    for (const Segment& seg : s_.segments)
-      if (seg.role != Role::Excluded)
-        with_params(seg, [&](auto* p) { widen_into(p, out + seg.state_offset, seg.count); });
+  void count_state() {
+    const S& s = s_;
+    const size_t floats = s.anchor.size() + s.momentum.size() + s.comm_buffer.size() + s.eager_offset.size() +
+                          s.eager_momentum.size() + s.residual.size();
+    s_.stats.outer_state_bytes = floats * sizeof(float);
   }
 
-  // Rounds to the parameters' dtype (nearest even).
-  void unpack_parameters(const float* in, bool buffers_only) {
-    for (Segment& seg : s_.segments) {
-      if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
-      with_params(seg, [&](auto* p) { narrow_into(in + seg.state_offset, p, seg.count); });
-    }
-  }
-
-  // The outer average's wire (co2, diloco): compressed as configured; with error feedback the
-  // deltas in `data` first take what the previous outer all-reduce's encodings dropped, and the
-  // residual buffer then receives this one's drops. A non-finite residual (the round after a
-  // NaN or Inf delta) is not fed back: it would make every later average non-finite too.
-  WireCompression outer_wire(float* data) {
-    S& s = s_;
-    WireCompression wire;
-    wire.format = s.config.wire_format;
-    if (s.error_feedback()) {
-      const float* dropped = s.residual.data();
-      for (size_t i = 0; i < s.state_count; ++i) data[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
-      wire.residual = s.residual.data();
-    }
-    s.stats.wire_bytes_last_round = s.outer_wire_bytes;
-    s.stats.wire_bytes_total += s.outer_wire_bytes;
-    return wire;
-  }
 
   // A blocking all-reduce (average) of `count` floats that reports whether the result is finite.
   bool average_blocking(float* data, size_t count, Purpose purpose) {
     S& s = s_;
     auto finite = std::make_shared<std::atomic<bool>>(true);
-    const WireCompression wire = purpose == Purpose::OuterAverage ? outer_wire(data) : WireCompression{};
+    const WireCompression wire = purpose == Purpose::OuterAverage ? outer_wire(s, data) : WireCompression{};
     auto request = s.comm->allreduce_then(
         data, count, DataType::F32, ReduceOp::Avg,
         [finite, data, count] { finite->store(all_finite(data, count)); }, s.id(purpose), wire);
@@ -462,6 +424,53 @@ class HostBackend final : public Backend {
 };
 
 }  // namespace
+
+void pack_parameters(const Engine::State& s, float* out) {
+  for (const Segment& seg : s.segments)
+    if (seg.role != Role::Excluded)
+      with_params(seg, [&](auto* p) { widen_into(p, out + seg.state_offset, seg.count); });
+}
+
+void unpack_parameters(Engine::State& s, const float* in, bool buffers_only) {
+  for (Segment& seg : s.segments) {
+    if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
+    with_params(seg, [&](auto* p) { narrow_into(in + seg.state_offset, p, seg.count); });
+  }
+}
+
+uint64_t parameters_checksum(const Engine::State& s) {
+  // Widening is exact and one-to-one, so the fp32 words identify the parameters of any dtype.
+  WordHasher hasher;
+  float chunk[1024];
+  for (const Segment& seg : s.segments) {
+    if (seg.role == Role::Excluded) continue;
+    if (seg.dtype == ParamDType::F32) {
+      hasher.update(static_cast<const float*>(seg.data), seg.count);
+      continue;
+    }
+    for (size_t i = 0; i < seg.count; i += 1024) {
+      const size_t n = std::min<size_t>(1024, seg.count - i);
+      with_params(seg, [&](auto* p) { widen_into(p + i, chunk, n); });
+      hasher.update(chunk, n);
+    }
+  }
+  return hasher.digest();
+}
+
+// A non-finite residual (the round after a NaN or Inf delta) is not fed back: it would make
+// every later average non-finite too.
+WireCompression outer_wire(Engine::State& s, float* data) {
+  WireCompression wire;
+  wire.format = s.config.wire_format;
+  if (s.error_feedback()) {
+    const float* dropped = s.residual.data();
+    for (size_t i = 0; i < s.state_count; ++i) data[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
+    wire.residual = s.residual.data();
+  }
+  s.stats.wire_bytes_last_round = s.outer_wire_bytes;
+  s.stats.wire_bytes_total += s.outer_wire_bytes;
+  return wire;
+}
 
 // The first half of the split pass: from the average in `comm`, the new momentum (in place) and
 // the next anchor (into `comm`); `anchor` is only read. Runs on the progress thread for co2.

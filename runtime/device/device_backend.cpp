@@ -83,6 +83,7 @@ class DeviceBackend final : public Backend {
     average_flag_host_ = PinnedMemory(sizeof(int));
     checksum_host_ = PinnedMemory(sizeof(uint64_t));
     refresh_tables();
+    count_state();
 
     // Rank 0's values become everyone's parameters and anchor, once the framework's
     // initialisation is finished (commit has no stream argument: see wait_for_caller).
@@ -104,6 +105,7 @@ class DeviceBackend final : public Backend {
     momentum_ = alloc(s_.state_count * sizeof(float));  // starts from zero momentum
     check(cudaMemset(momentum_.as(), 0, momentum_.bytes()), "clear momentum");
     refresh_tables();
+    count_state();
   }
 
   // --- co2: the phases of selection.cpp's plan ---
@@ -356,6 +358,7 @@ class DeviceBackend final : public Backend {
     if ((!s.momentum.empty() || (s.has_anchor() && s.momentum_needed())) && momentum_.empty()) {
       momentum_ = alloc(bytes);
       refresh_tables();
+      count_state();
     }
     if (!momentum_.empty()) {
       if (s.momentum.empty())
@@ -403,6 +406,9 @@ class DeviceBackend final : public Backend {
   DeviceMemory alloc(size_t bytes) { return DeviceMemory(bytes, device_, s_.allocator, own_stream_->get()); }
 
   cudaStream_t caller() const { return as_stream(caller_stream_); }
+
+  // Device memory of the outer state (anchor, momentum, comm buffer).
+  void count_state() { s_.stats.outer_state_bytes = comm_.bytes() + anchor_.bytes() + momentum_.bytes(); }
 
   void build_tables(S& s) {
     std::vector<size_t> counts;

@@ -1,0 +1,253 @@
+// Sharded outer state (runtime/sharded_backend.cpp) against the replicated engine, which the
+// engine tests check against the float64 reference: the same training, W = 1..4, uneven segment
+// sizes and a BUFFER segment; the anchor bitwise equal on every rank; NONFINITE at the same
+// boundary; checkpoints between sharded and replicated, also at another W; the memory it holds.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/engine.hpp"
+#include "transports/local/transport.hpp"
+
+namespace co2 {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::vector<std::shared_ptr<Communicator>> make_group(int size) {
+  static int counter = 0;
+  const std::string name = "sharded#" + std::to_string(counter++);
+  std::vector<std::unique_ptr<transport::PointToPoint>> transports(static_cast<size_t>(size));
+  std::vector<std::thread> joiners;
+  for (int rank = 0; rank < size; ++rank)
+    joiners.emplace_back([&, rank] { transports[size_t(rank)] = transport::local::join(name, rank, size, milliseconds(20000), {}); });
+  for (auto& joiner : joiners) joiner.join();
+  CommOptions options;
+  options.timeout = milliseconds(30000);
+  std::vector<std::shared_ptr<Communicator>> group;
+  for (auto& transport : transports) group.push_back(std::make_shared<Communicator>(std::move(transport), options));
+  return group;
+}
+
+// Uneven sizes: shards cut segments in the middle, and one rank's shard may hold no PARAMETER.
+struct Shape {
+  const char* name;
+  size_t count;
+  int role;
+};
+const Shape kShapes[] = {{"w", 1003, 0}, {"b", 17, 0}, {"stats", 9, 1}};
+
+float gradient(size_t tensor, size_t i, int step, int rank) {
+  return std::sin(0.013f * float(i) + 0.31f * float(step) + 0.7f * float(rank) + float(tensor));
+}
+
+struct Rank {
+  std::vector<std::vector<float>> params;
+  std::vector<float> anchor;
+  EngineStats stats;
+  std::vector<int> nonfinite_steps;
+};
+
+// What one rank's training does between engine calls; `before_step` may poison the parameters.
+struct Plan {
+  int steps = 24;
+  int first_step = 0;
+  std::function<void(int step, int rank, std::vector<std::vector<float>>&)> before_step;
+  int save_after = -1;                              // save at this step count (collective)
+  std::vector<std::vector<char>>* saved = nullptr;  // per rank
+  const std::vector<std::vector<char>>* restore = nullptr;
+};
+
+std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
+  auto group = make_group(world);
+  std::vector<Rank> out(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank)
+    threads.emplace_back([&, rank] {
+      Rank& me = out[size_t(rank)];
+      Engine engine(group[size_t(rank)], config);
+      for (size_t t = 0; t < std::size(kShapes); ++t) {
+        me.params.emplace_back(kShapes[t].count);
+        for (size_t i = 0; i < kShapes[t].count; ++i) me.params[t][i] = 0.01f * float(i % 89) - 0.4f + 0.1f * float(t);
+        TensorDesc desc;
+        desc.name = kShapes[t].name;
+        desc.data = me.params[t].data();
+        desc.count = kShapes[t].count;
+        desc.role = kShapes[t].role;
+        engine.register_tensor(desc);
+      }
+      engine.commit();
+      if (plan.restore) {
+        const std::vector<char>& blob = (*plan.restore)[size_t(rank) % plan.restore->size()];
+        size_t offset = 0;
+        engine.load([&](void* data, size_t length) {
+          if (offset + length > blob.size()) return false;
+          std::memcpy(data, blob.data() + offset, length);
+          offset += length;
+          return true;
+        });
+      }
+      for (int step = plan.first_step; step < plan.steps; ++step) {
+        if (step == plan.save_after) {
+          std::vector<char>& blob = (*plan.saved)[size_t(rank)];
+          engine.save([&](const void* data, size_t length) {
+            blob.insert(blob.end(), static_cast<const char*>(data), static_cast<const char*>(data) + length);
+            return true;
+          });
+        }
+        for (size_t t = 0; t < me.params.size(); ++t)
+          for (size_t i = 0; i < me.params[t].size(); ++i)
+            me.params[t][i] -= (kShapes[t].role == 1 ? 0.02f : 0.05f) * gradient(t, i, step, rank);
+        if (plan.before_step) plan.before_step(step, rank, me.params);
+        try {
+          engine.step(nullptr);
+        } catch (const Error& e) {
+          EXPECT_EQ(e.status(), Status::NonFinite) << e.what();
+          me.nonfinite_steps.push_back(step);
+        }
+      }
+      engine.finalize();
+      me.anchor.resize(engine.num_elements());
+      engine.consensus(ConsensusKind::Anchor, me.anchor.data(), me.anchor.size());
+      me.stats = engine.stats();
+    });
+  for (auto& thread : threads) thread.join();
+  return out;
+}
+
+EngineConfig co2_config(bool sharded) {
+  EngineConfig c;
+  c.algorithm = Algorithm::Co2;
+  c.tau = 3;
+  c.outer_lr = 0.7;
+  c.outer_momentum = 0.6;
+  c.nesterov = true;
+  c.penalty = Penalty::Constant;
+  c.penalty_constant = 1.5;
+  c.clip = Clip::Value;
+  c.clip_threshold = 0.05;
+  c.eager = Eager::Off;
+  c.anchor_check_interval = 2;
+  c.shard_outer_state = sharded;
+  return c;
+}
+
+// Within fp32 rounding of the deltas: the sharded pass sends (next anchor - p) and adds the step
+// back after the average, the replicated one sends (anchor - p).
+void expect_close(const std::vector<float>& sharded, const std::vector<float>& replicated, const std::string& what) {
+  ASSERT_EQ(sharded.size(), replicated.size()) << what;
+  for (size_t i = 0; i < sharded.size(); ++i)
+    ASSERT_NEAR(sharded[i], replicated[i], 2e-5f * (1.0f + std::fabs(replicated[i]))) << what << " element " << i;
+}
+
+void expect_bitwise_equal_across_ranks(const std::vector<Rank>& ranks, const std::string& what) {
+  for (size_t r = 1; r < ranks.size(); ++r)
+    EXPECT_EQ(std::memcmp(ranks[r].anchor.data(), ranks[0].anchor.data(), ranks[0].anchor.size() * sizeof(float)), 0)
+        << what << ": rank " << r << "'s anchor differs from rank 0's";
+}
+
+TEST(ShardedOuterState, EqualsTheReplicatedEngineAtEveryWorldSize) {
+  for (int world = 1; world <= 4; ++world) {
+    for (bool momentum : {true, false}) {
+      EngineConfig replicated = co2_config(false), sharded = co2_config(true);
+      if (!momentum) replicated.outer_momentum = sharded.outer_momentum = 0.0, replicated.nesterov = sharded.nesterov = false;
+      const std::string what = "W=" + std::to_string(world) + (momentum ? " momentum" : " no momentum");
+      const auto a = train(world, replicated, Plan{});
+      const auto b = train(world, sharded, Plan{});
+      expect_bitwise_equal_across_ranks(b, what);
+      expect_close(b[0].anchor, a[0].anchor, what + " anchor");
+      for (int r = 0; r < world; ++r)
+        for (size_t t = 0; t < std::size(kShapes); ++t)
+          expect_close(b[size_t(r)].params[t], a[size_t(r)].params[t], what + " rank " + std::to_string(r) + " " + kShapes[t].name);
+      EXPECT_EQ(b[0].stats.outer_updates, a[0].stats.outer_updates) << what;
+      EXPECT_GT(b[0].stats.outer_updates, 5u) << what;
+    }
+  }
+}
+
+TEST(ShardedOuterState, HoldsOneModelCopyPlusItsShards) {
+  size_t n = 0;
+  for (const Shape& s : kShapes) n += s.count;
+  for (int world : {1, 2, 4}) {
+    const auto a = train(world, co2_config(false), Plan{});
+    const auto b = train(world, co2_config(true), Plan{});
+    const double copies = double(b[0].stats.outer_state_bytes) / double(n * sizeof(float));
+    // B, and anchor, step and momentum shards of ceil(N / W), and one verdict per rank.
+    EXPECT_LE(copies, 1.0 + 3.0 / world + 3.0 * world / double(n) + 1e-9) << "W=" << world;
+    EXPECT_GE(double(a[0].stats.outer_state_bytes) / double(n * sizeof(float)), 3.0) << "W=" << world;
+  }
+}
+
+TEST(ShardedOuterState, ANonFiniteDeltaIsRefusedAtTheSameBoundaryAsReplicated) {
+  Plan plan;
+  plan.before_step = [](int step, int rank, std::vector<std::vector<float>>& p) {
+    if (step == 7 && rank == 1) p[0][500] = std::nanf("");  // the last step of round 3
+  };
+  for (int world : {2, 3}) {
+    const auto a = train(world, co2_config(false), plan);
+    const auto b = train(world, co2_config(true), plan);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(b[size_t(r)].nonfinite_steps, a[size_t(r)].nonfinite_steps) << "W=" << world << " rank " << r;
+      EXPECT_EQ(b[size_t(r)].nonfinite_steps.size(), 1u) << "W=" << world << " rank " << r;
+    }
+    expect_bitwise_equal_across_ranks(b, "after a refused average");
+    // The momentum was left as it was: the training after it matches the replicated engine.
+    expect_close(b[0].anchor, a[0].anchor, "W=" + std::to_string(world) + " after a refused average");
+    EXPECT_EQ(b[0].stats.nonfinite_rounds, a[0].stats.nonfinite_rounds);
+  }
+}
+
+// Saved at a boundary with the average in flight (steps 12 = 4 rounds of 3) and resumed.
+std::vector<Rank> save_then_resume(int save_world, bool save_sharded, int load_world, bool load_sharded) {
+  std::vector<std::vector<char>> blobs(static_cast<size_t>(save_world));
+  Plan save;
+  save.save_after = 12;
+  save.saved = &blobs;
+  train(save_world, co2_config(save_sharded), save);
+  Plan resume;
+  resume.restore = &blobs;
+  resume.first_step = 12;
+  return train(load_world, co2_config(load_sharded), resume);
+}
+
+TEST(ShardedOuterState, CheckpointsMoveBetweenShardedAndReplicatedAndAcrossWorldSizes) {
+  // The same world size, each direction: equal to staying in one mode.
+  for (auto [from, to] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+    const auto reference = save_then_resume(2, false, 2, false);
+    const auto moved = save_then_resume(2, from, 2, to);
+    const std::string what = std::string(from ? "sharded" : "replicated") + " -> " + (to ? "sharded" : "replicated");
+    expect_close(moved[0].anchor, reference[0].anchor, what);
+    EXPECT_EQ(moved[0].stats.outer_updates, reference[0].stats.outer_updates) << what;
+  }
+  // Another world size: a sharded W = 2 blob resumes as sharded W = 3 like a replicated one.
+  const auto reference = save_then_resume(2, false, 3, false);
+  const auto moved = save_then_resume(2, true, 3, true);
+  expect_bitwise_equal_across_ranks(moved, "W 2 -> 3");
+  expect_close(moved[0].anchor, reference[0].anchor, "sharded W 2 -> sharded W 3");
+}
+
+TEST(ShardedOuterState, RefusesWhatItDoesNotImplementNamingIt) {
+  auto group = make_group(1);
+  for (auto change : std::vector<std::function<void(EngineConfig&)>>{
+           [](EngineConfig& c) { c.penalty = Penalty::Gap; }, [](EngineConfig& c) { c.clip = Clip::Norm; },
+           [](EngineConfig& c) { c.eager = Eager::On; }, [](EngineConfig& c) { c.algorithm = Algorithm::Diloco; }}) {
+    EngineConfig c = co2_config(true);
+    change(c);
+    try {
+      Engine engine(group[0], c);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("shard"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace co2
