@@ -34,6 +34,9 @@ enum class Param : int {
 enum class ConsensusKind : int { Anchor = 0, LocalAverage = 1 };
 // Auto: on where implemented (host tensors), delayed on CUDA tensors (not implemented there yet).
 enum class Eager : int { Off = 0, On = 1, Auto = -1 };
+// Flat: every rank is an outer participant. Nodes: the ranks of a node train one model (their
+// gradients averaged every step inside the node) and the nodes are the outer participants.
+enum class Hierarchy : int { Flat = 0, Nodes = 1 };
 
 struct EngineConfig {
   Algorithm algorithm = Algorithm::Co2;
@@ -59,6 +62,12 @@ struct EngineConfig {
   // Sharded outer state (docs/algorithm.md, "Sharded outer state"): each rank keeps only its
   // shard of the anchor and the momentum; reduce-scatter, shard update, all-gather.
   bool shard_outer_state = false;
+  // Hierarchical CO2 (docs/algorithm.md, "Hierarchical CO2"): sync inside a node, co2 across
+  // nodes; local rank j carries shard j of the inter-node all-reduce. Shards the outer state
+  // over the node's ranks. node_id: this rank's node (-1: the launcher's environment, as
+  // co2_comm_split_nodes; the C API passes the communicator's).
+  Hierarchy hierarchy = Hierarchy::Flat;
+  int node_id = -1;
 };
 
 // Throws InvalidArgument / UnknownEnum with a message naming the bad field.

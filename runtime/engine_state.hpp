@@ -65,6 +65,14 @@ struct Engine::State {
   std::shared_ptr<Communicator> comm;
   uint32_t owner = 0;  // this engine's id on comm: part of every collective's identity
   CollectiveId id(Purpose purpose) const { return {owner, purpose}; }
+  // Hierarchical CO2 (config.hierarchy == Nodes), formed at commit: the ranks of this node, and
+  // the ranks with this local index on every node; each with this engine's owner id there.
+  std::shared_ptr<Communicator> intra, inter;
+  uint32_t intra_owner = 0, inter_owner = 0;
+  bool hierarchical() const { return intra != nullptr; }
+  // Where gradients are averaged (reduce_gradients): the node under hierarchical CO2, else all.
+  Communicator& gradient_comm() const { return hierarchical() ? *intra : *comm; }
+  CollectiveId gradient_id() const { return {hierarchical() ? intra_owner : owner, Purpose::GradientAverage}; }
   EngineConfig config;
   bool beta_auto = true;
   double beta = 0.0;  // resolved outer momentum

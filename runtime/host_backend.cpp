@@ -301,7 +301,7 @@ class HostBackend final : public Backend {
       offset += seg.count;
       ++i;
     }
-    if (!average_blocking(packed, s.trained_count, Purpose::GradientAverage)) return false;
+    if (!average_blocking_on(s.gradient_comm(), s.gradient_id(), packed, s.trained_count)) return false;
     offset = 0;
     i = 0;
     for (const Segment& seg : s.segments) {
@@ -375,12 +375,15 @@ class HostBackend final : public Backend {
 
   // A blocking all-reduce (average) of `count` floats that reports whether the result is finite.
   bool average_blocking(float* data, size_t count, Purpose purpose) {
+    return average_blocking_on(*s_.comm, s_.id(purpose), data, count);
+  }
+  bool average_blocking_on(Communicator& comm, CollectiveId id, float* data, size_t count) {
     S& s = s_;
     auto finite = std::make_shared<std::atomic<bool>>(true);
-    const WireCompression wire = purpose == Purpose::OuterAverage ? outer_wire(s, data) : WireCompression{};
-    auto request = s.comm->allreduce_then(
+    const WireCompression wire = id.purpose == Purpose::OuterAverage ? outer_wire(s, data) : WireCompression{};
+    auto request = comm.allreduce_then(
         data, count, DataType::F32, ReduceOp::Avg,
-        [finite, data, count] { finite->store(all_finite(data, count)); }, s.id(purpose), wire);
+        [finite, data, count] { finite->store(all_finite(data, count)); }, id, wire);
     s.stats.bytes_reduced += count * sizeof(float);
     wait_charged(s, request);
     return finite->load();
