@@ -500,6 +500,8 @@ CO2_EXPORT co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_conf
     e.wire_format = co2::wire_format_of(c.wire_format);
     require_arg(c.error_feedback == 0 || c.error_feedback == 1, "error_feedback must be 0 or 1");
     e.error_feedback = c.error_feedback != 0;
+    require_arg(c.shard_outer_state == 0 || c.shard_outer_state == 1, "shard_outer_state must be 0 or 1");
+    e.shard_outer_state = c.shard_outer_state != 0;
     auto handle = std::make_unique<co2_engine>();
     handle->engine = std::make_unique<co2::Engine>(comm->comm, e);
     *out_engine = handle.release();
@@ -665,6 +667,7 @@ CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_sta
     out.rank_allreduce_time_ns = s.rank_allreduce_time_ns;
     out.wire_bytes_last_round = s.wire_bytes_last_round;
     out.wire_bytes_total = s.wire_bytes_total;
+    out.outer_state_bytes = s.outer_state_bytes;
     out.size = writable;  // a caller with an older header receives its own layout, no more
     std::memcpy(out_stats, &out, writable);
   });

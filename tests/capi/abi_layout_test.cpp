@@ -86,7 +86,7 @@ TEST(AbiLayout, UniqueId) {
 
 TEST(AbiLayout, EngineConfig) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_config_t), 104u);
+  EXPECT_EQ(sizeof(co2_engine_config_t), 112u);
   EXPECT_EQ(alignof(co2_engine_config_t), 8u);
   EXPECT_OFFSET(co2_engine_config_t, size, 0);
   EXPECT_OFFSET(co2_engine_config_t, version, 8);
@@ -108,6 +108,8 @@ TEST(AbiLayout, EngineConfig) {
   EXPECT_OFFSET(co2_engine_config_t, reserved1, 92);
   EXPECT_OFFSET(co2_engine_config_t, wire_format, 96);  // 1.1: compressed outer all-reduce
   EXPECT_OFFSET(co2_engine_config_t, error_feedback, 100);
+  EXPECT_OFFSET(co2_engine_config_t, shard_outer_state, 104);  // 1.1: sharded outer state
+  EXPECT_OFFSET(co2_engine_config_t, reserved2, 108);
   EXPECT_FIELD_SIZE(co2_engine_config_t, outer_lr, 8);
   EXPECT_FIELD_SIZE(co2_engine_config_t, tau, 4);
 }
@@ -140,7 +142,7 @@ TEST(AbiLayout, Segment) {
 
 TEST(AbiLayout, EngineStats) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_stats_t), 224u);
+  EXPECT_EQ(sizeof(co2_engine_stats_t), 232u);
   EXPECT_EQ(alignof(co2_engine_stats_t), 8u);
   EXPECT_OFFSET(co2_engine_stats_t, size, 0);
   EXPECT_OFFSET(co2_engine_stats_t, version, 8);
@@ -173,6 +175,7 @@ TEST(AbiLayout, EngineStats) {
   EXPECT_OFFSET(co2_engine_stats_t, rank_allreduce_time_ns, 200);
   EXPECT_OFFSET(co2_engine_stats_t, wire_bytes_last_round, 208);  // 1.1: compressed outer all-reduce
   EXPECT_OFFSET(co2_engine_stats_t, wire_bytes_total, 216);
+  EXPECT_OFFSET(co2_engine_stats_t, outer_state_bytes, 224);  // 1.1: sharded outer state
 }
 
 TEST(AbiLayout, Allocator) {

@@ -585,6 +585,27 @@ TEST_F(BadInput, EngineConfigValuesOutOfRange) {
   EXPECT_NE(committed_engine(), nullptr);
 }
 
+// shard_outer_state (added in 1.1) is 0 or 1; a caller whose 1.1 header ends at error_feedback
+// does not pass it, and gets the default (replicated) whatever lies past its struct.
+TEST_F(BadInput, ShardOuterStateIsZeroOrOne) {
+  co2_engine_t e = kSentinelEngine;
+  for (int32_t bad : {2, -1}) {
+    co2_engine_config_t c = engine_config();
+    c.shard_outer_state = bad;
+    EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_create(comm_, &c, &e)) << bad;
+    EXPECT_NE(std::string(co2_last_error_message()).find("shard_outer_state"), std::string::npos)
+        << co2_last_error_message();
+  }
+  EXPECT_EQ(e, kSentinelEngine);
+
+  co2_engine_config_t older = engine_config();
+  older.size = offsetof(co2_engine_config_t, shard_outer_state);
+  older.shard_outer_state = 2;  // not the caller's: read, it would be refused
+  co2_engine_t ok = nullptr;
+  EXPECT_STATUS(CO2_OK, co2_engine_create(comm_, &older, &ok));
+  EXPECT_EQ(co2_engine_destroy(ok), CO2_OK);
+}
+
 // ------------------------------------------------------------------------------------------
 // Layout: registered tensors
 // ------------------------------------------------------------------------------------------
@@ -1083,6 +1104,15 @@ TEST_F(BadInput, GetStatsSizes) {
   EXPECT_EQ(n.v1.rounds, 1u);
   EXPECT_EQ(n.v1.world_size, 1);
   for (unsigned char byte : n.extra) EXPECT_EQ(byte, 0xCD) << "wrote past the library's struct";
+
+  // A 1.1 header from before outer_state_bytes: the field is not the caller's, so not written.
+  co2_engine_stats_t older = CO2_ENGINE_STATS_INIT;
+  older.size = offsetof(co2_engine_stats_t, outer_state_bytes);
+  older.outer_state_bytes = 0xABCD;
+  EXPECT_STATUS(CO2_OK, co2_engine_get_stats(e, &older));
+  EXPECT_EQ(older.steps, 3u);
+  EXPECT_EQ(older.size, offsetof(co2_engine_stats_t, outer_state_bytes));
+  EXPECT_EQ(older.outer_state_bytes, 0xABCDu);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -29,7 +29,9 @@ _CONFIG_KEYS = {"algorithm": ALGORITHMS, "tau": None, "warmup_sync_rounds": None
                 "penalty_constant": None, "clip": CLIPS, "anchor_check_interval": None,
                 "clip_threshold": None, "inner_lr": None, "state_dtype": DTYPES, "eager": None,
                 # compressed outer all-reduce (docs/capi.md, "Wire formats")
-                "wire_format": WIRE_FORMATS, "error_feedback": None}
+                "wire_format": WIRE_FORMATS, "error_feedback": None,
+                # sharded outer state (docs/capi.md, "Sharded outer state")
+                "shard_outer_state": None}
 _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduced",
                  "collective_ns", "boundary_wait_ns", "last_boundary_wait_ns",
                  "nonfinite_rounds", "nonfinite_local", "anchor_checks",
@@ -40,7 +42,9 @@ _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduce
                  "last_collective_ns", "last_round_ns", "hidden_fraction",
                  "last_hidden_fraction", "rank_step_time_ns", "rank_allreduce_time_ns",
                  # compressed outer all-reduce
-                 "wire_bytes_last_round", "wire_bytes_total")
+                 "wire_bytes_last_round", "wire_bytes_total",
+                 # sharded outer state: bytes of outer state this rank holds
+                 "outer_state_bytes")
 
 
 def engine_defaults():
@@ -57,7 +61,9 @@ class Engine(OwnsHandle):
     share, docs/algorithm.md "The eager policy"; "auto" is eager on host tensors and the
     delayed update on CUDA tensors; True / False force it), wire_format "fp32" (the outer
     all-reduce of co2 and diloco can travel as "bf16" or "int8", accumulated in fp32) with
-    error_feedback True (each rank adds what its encodings dropped to its next delta).
+    error_feedback True (each rank adds what its encodings dropped to its next delta),
+    shard_outer_state False (True: each rank keeps only its shard of the anchor and outer
+    momentum; the engine refuses what sharding does not implement yet, naming it).
 
     Lifecycle: register tensors (register) or adopt one flat storage and declare its segments
     (adopt_flat, add_segment); commit() (collective: every rank gets rank 0's values); then per
@@ -86,6 +92,8 @@ class Engine(OwnsHandle):
                 value = capi.CO2_EAGER_AUTO
             elif key in ("nesterov", "eager", "error_feedback"):
                 value = int(bool(value))
+            elif key == "shard_outer_state" and isinstance(value, bool):
+                value = int(value)  # other values reach the C API, which names a bad one
             try:
                 setattr(c_config, key, value)
             except (TypeError, OverflowError) as exc:

@@ -541,7 +541,8 @@ def distribute(module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
     role ("average", "broadcast", "ignore") for all, or {name: role}.
     sync: bucket_mb sizes the gradient buckets averaged during backward; reduce_in_backward=False
     averages in optimizer.step instead.
-    Engine keywords (tau, outer_lr, outer_momentum, nesterov, penalty, clip, eager, ...) keep
+    Engine keywords (tau, outer_lr, outer_momentum, nesterov, penalty, clip, eager,
+    wire_format, shard_outer_state, ...) keep
     the C API's defaults when left out. Collective: every rank calls it with the same model."""
     return Distributed(module, optimizer, algorithm=algorithm, comm=comm, flat=flat,
                        buffers=buffers, bucket_mb=bucket_mb,

@@ -356,13 +356,20 @@ typedef struct co2_engine_config {
     co2_wire_format_t wire_format; /* CO2_WIRE_FP32; others need a point-to-point transport  */
     int32_t error_feedback;        /* 1: each rank adds what its encodings dropped to its next
                                       delta (checkpointed); 0: drop it. CO2_DEFAULT_ERROR_FEEDBACK */
+    /* --- added in 1.1: sharded outer state --- */
+    int32_t shard_outer_state;     /* 0 = every rank holds the whole anchor and momentum (default);
+                                      1 = each rank holds only its shard of them (reduce-scatter,
+                                      shard update, all-gather; docs/capi.md). The engine refuses
+                                      what sharding does not implement yet, naming it */
+    int32_t reserved2;             /* padding, 0 */
 } co2_engine_config_t;
 
 #define CO2_ENGINE_CONFIG_INIT                                                             \
     { sizeof(co2_engine_config_t), CO2_ABI_VERSION, CO2_ALGO_CO2, CO2_DEFAULT_TAU, 0,     \
       CO2_DEFAULT_OUTER_LR, CO2_OUTER_MOMENTUM_AUTO, 0, CO2_PENALTY_NONE, 1.0,            \
       CO2_CLIP_NONE, CO2_DEFAULT_ANCHOR_CHECK_INTERVAL, CO2_DEFAULT_CLIP_THRESHOLD, 0.0,  \
-      CO2_DTYPE_FP32, 0, CO2_DEFAULT_EAGER, 0, CO2_WIRE_FP32, CO2_DEFAULT_ERROR_FEEDBACK }
+      CO2_DTYPE_FP32, 0, CO2_DEFAULT_EAGER, 0, CO2_WIRE_FP32, CO2_DEFAULT_ERROR_FEEDBACK,  \
+      0, 0 }
 
 co2_status_t co2_engine_config_init(co2_engine_config_t *config);
 
@@ -524,11 +531,14 @@ typedef struct co2_engine_stats {
     /* --- added in 1.1: compressed outer all-reduce --- */
     uint64_t wire_bytes_last_round; /* bytes this rank sent for the last outer all-reduce       */
     uint64_t wire_bytes_total;      /* ... and for all of them (the fp32 payload: bytes_reduced) */
+    /* --- added in 1.1: sharded outer state --- */
+    uint64_t outer_state_bytes;     /* bytes of outer state (anchor, momentum, their shards,
+                                       buffers) this rank's engine holds                         */
 } co2_engine_stats_t;
 
 #define CO2_ENGINE_STATS_INIT                                                              \
     { sizeof(co2_engine_stats_t), CO2_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0,     \
-      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0 }
+      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0 }
 
 /* *stats = CO2_ENGINE_STATS_INIT, for languages that cannot use the macro. */
 co2_status_t co2_engine_stats_init(co2_engine_stats_t *stats);

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import co2
+import co2.torch
 from co2 import capi
 from conftest import local_comm, run_ranks, unique_group
 
@@ -121,6 +122,57 @@ def test_wire_format_reaches_the_engine():
             co2.Engine(comm, wire_format="fp4")
         with pytest.raises(co2.InvalidArgumentError, match="co2 and diloco"):
             co2.Engine(comm, algorithm="sync", wire_format="int8")
+
+
+class _Captured(Exception):
+    """Raised in place of engine_create once the config that would reach the C API is seen."""
+
+
+def _capture_engine_config(monkeypatch):
+    seen = []
+
+    def fake_engine_create(comm_handle, config):
+        seen.append(config.shard_outer_state)
+        raise _Captured()
+
+    monkeypatch.setattr(capi, "engine_create", fake_engine_create)
+    return seen
+
+
+def test_shard_outer_state_reaches_the_c_struct(monkeypatch):
+    """shard_outer_state: default 0, True reaches co2_engine_config_t as 1, a value other than
+    0 / 1 is refused by the C API naming the field; the statistics carry outer_state_bytes.
+    (Whether the engine implements sharding is not this test's business: nothing trains.)"""
+    assert co2.engine_defaults()["shard_outer_state"] == 0
+    config = capi.engine_config()
+    config.shard_outer_state = 1
+    assert config.shard_outer_state == 1
+    with local_comm(0, 1, unique_group()) as comm:
+        with pytest.raises(co2.InvalidArgumentError, match="shard_outer_state"):
+            co2.Engine(comm, shard_outer_state=2)
+        with co2.Engine(comm, algorithm="co2", tau=2) as engine:
+            engine.register("w", np.zeros(8, np.float32))
+            engine.commit()
+            engine.step()
+            stats = engine.stats()
+            assert isinstance(stats["outer_state_bytes"], int)
+            assert stats["outer_state_bytes"] == capi.engine_get_stats(engine.handle).outer_state_bytes
+        seen = _capture_engine_config(monkeypatch)
+        for value in (True, False, 1):
+            with pytest.raises(_Captured):
+                co2.Engine(comm, shard_outer_state=value)
+        with pytest.raises(_Captured):
+            co2.Engine(comm)
+        assert seen == [1, 0, 1, 0]
+
+
+def test_distribute_passes_shard_outer_state_to_the_engine(monkeypatch):
+    seen = _capture_engine_config(monkeypatch)
+    model = torch.nn.Linear(3, 2)
+    with local_comm(0, 1, unique_group()) as comm:
+        with pytest.raises(_Captured):
+            co2.torch.distribute(model, comm=comm, tau=2, shard_outer_state=True)
+    assert seen == [1]
 
 
 def test_closed_handles_refuse_use():

@@ -532,12 +532,14 @@ pub struct co2_engine_config {
     pub reserved1: i32,
     pub wire_format: co2_wire_format_t,
     pub error_feedback: i32,
+    pub shard_outer_state: i32,
+    pub reserved2: i32,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_config() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_config>(),
-        104usize,
+        112usize,
         concat!("Size of: ", stringify!(co2_engine_config))
     );
     assert_eq!(
@@ -885,6 +887,40 @@ fn bindgen_test_layout_co2_engine_config() {
         );
     }
     test_field_error_feedback();
+    fn test_field_shard_outer_state() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).shard_outer_state) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_config),
+                "::",
+                stringify!(shard_outer_state)
+            )
+        );
+    }
+    test_field_shard_outer_state();
+    fn test_field_reserved2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+            },
+            108usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_config),
+                "::",
+                stringify!(reserved2)
+            )
+        );
+    }
+    test_field_reserved2();
 }
 pub type co2_engine_config_t = co2_engine_config;
 extern "C" {
@@ -1416,12 +1452,13 @@ pub struct co2_engine_stats {
     pub rank_allreduce_time_ns: u64,
     pub wire_bytes_last_round: u64,
     pub wire_bytes_total: u64,
+    pub outer_state_bytes: u64,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_stats() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_stats>(),
-        224usize,
+        232usize,
         concat!("Size of: ", stringify!(co2_engine_stats))
     );
     assert_eq!(
@@ -1939,6 +1976,23 @@ fn bindgen_test_layout_co2_engine_stats() {
         );
     }
     test_field_wire_bytes_total();
+    fn test_field_outer_state_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).outer_state_bytes) as usize - ptr as usize
+            },
+            224usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(outer_state_bytes)
+            )
+        );
+    }
+    test_field_outer_state_bytes();
 }
 pub type co2_engine_stats_t = co2_engine_stats;
 extern "C" {

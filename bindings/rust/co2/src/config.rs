@@ -75,6 +75,13 @@ impl EngineConfig {
         self.raw.error_feedback = i32::from(on);
         self
     }
+    /// Each rank keeps only its shard of the anchor and outer momentum (reduce-scatter, shard
+    /// update, all-gather; default false). The engine refuses combinations sharding does not
+    /// implement yet (docs/capi.md, "Sharded outer state").
+    pub fn shard_outer_state(mut self, on: bool) -> Self {
+        self.raw.shard_outer_state = i32::from(on);
+        self
+    }
     pub fn penalty(mut self, penalty: Penalty) -> Self {
         self.raw.penalty = penalty.raw();
         self
@@ -140,6 +147,9 @@ impl EngineConfig {
     }
     pub fn get_error_feedback(&self) -> bool {
         self.raw.error_feedback != 0
+    }
+    pub fn get_shard_outer_state(&self) -> bool {
+        self.raw.shard_outer_state != 0
     }
     pub fn get_penalty(&self) -> Option<Penalty> {
         Penalty::from_raw(self.raw.penalty)

@@ -49,6 +49,8 @@ pub struct Stats {
     pub wire_bytes_last_round: u64,
     /// ... and for all of them (`bytes_reduced` is the fp32 payload).
     pub wire_bytes_total: u64,
+    /// Bytes of outer state (anchor, momentum or their shards, buffers) this rank holds.
+    pub outer_state_bytes: u64,
 }
 
 impl From<&sys::co2_engine_stats_t> for Stats {
@@ -81,6 +83,7 @@ impl From<&sys::co2_engine_stats_t> for Stats {
             rank_allreduce_time_ns: s.rank_allreduce_time_ns,
             wire_bytes_last_round: s.wire_bytes_last_round,
             wire_bytes_total: s.wire_bytes_total,
+            outer_state_bytes: s.outer_state_bytes,
         }
     }
 }

@@ -33,6 +33,12 @@ fn configs_start_from_the_c_defaults() {
     assert_eq!(e.get_eager(), None, "eager defaults to automatic");
     assert_eq!(EngineConfig::new().eager(Some(true)).get_eager(), Some(true));
     assert_eq!(EngineConfig::new().eager(Some(false)).get_eager(), Some(false));
+    assert!(!e.get_shard_outer_state(), "the outer state is replicated by default");
+    assert_eq!(e.as_raw().shard_outer_state, 0);
+    let sharded = EngineConfig::new().shard_outer_state(true);
+    assert!(sharded.get_shard_outer_state());
+    assert_eq!(sharded.as_raw().shard_outer_state, 1, "reaches the C struct");
+    assert_eq!(sharded.shard_outer_state(false).as_raw().shard_outer_state, 0);
 
     let b = EngineConfig::new().algorithm(Algorithm::Diloco).tau(5).outer_momentum(Some(0.9)).nesterov(true);
     assert_eq!(b.get_algorithm(), Some(Algorithm::Diloco));

@@ -68,7 +68,7 @@ fn config(algorithm: Algorithm) -> EngineConfig {
 }
 
 /// What a run leaves behind, per rank: final tensors, consensus, step/round/update counters.
-type Outcome = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>, (u64, u64, u64));
+type Outcome = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>, (u64, u64, u64, u64));
 
 fn safe_run(algorithm: Algorithm, group: &str) -> Vec<Outcome> {
     run_ranks(WORLD, group, |rank, comm| {
@@ -105,7 +105,7 @@ fn safe_run(algorithm: Algorithm, group: &str) -> Vec<Outcome> {
             bits(engine.tensor(tb)),
             bits(engine.tensor(tbuf)),
             bits(&consensus),
-            (s.steps, s.rounds, s.outer_updates),
+            (s.steps, s.rounds, s.outer_updates, s.outer_state_bytes),
         );
         drop(engine);
         out
@@ -192,7 +192,7 @@ fn c_run(algorithm: Algorithm, group: &str) -> Vec<Outcome> {
                     ok(sys::co2_engine_get_stats(engine, &mut s));
                     ok(sys::co2_engine_destroy(engine));
                     ok(sys::co2_comm_destroy(comm));
-                    (bits(&a), bits(&b), bits(&buf), bits(&consensus), (s.steps, s.rounds, s.outer_updates))
+                    (bits(&a), bits(&b), bits(&buf), bits(&consensus), (s.steps, s.rounds, s.outer_updates, s.outer_state_bytes))
                 })
             })
             .collect();
