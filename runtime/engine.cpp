@@ -13,6 +13,7 @@
 #include "runtime/backend.hpp"
 #include "runtime/device/selection.hpp"
 #include "runtime/engine_state.hpp"
+#include "runtime/group.hpp"
 #include "runtime/log.hpp"
 #include "runtime/observe.hpp"
 
@@ -77,7 +78,7 @@ void validate_storage(const StorageDesc& storage) {
 }
 
 std::unique_ptr<Backend> make_host_side_backend(Engine::State& s) {
-  return s.config.shard_outer_state ? make_sharded_backend(s) : make_host_backend(s);
+  return s.sharded() ? make_sharded_backend(s) : make_host_backend(s);
 }
 
 // All tensors of an engine live in one place; the first CUDA one brings up the device path.
@@ -126,9 +127,10 @@ void check_wire_placement(const Engine::State& s, const StorageDesc& storage) {
           Status::Unsupported,
           std::string("wire_format ") + wire_format_name(s.config.wire_format) +
               " is implemented for host tensors only: an engine on CUDA tensors needs CO2_WIRE_FP32");
-  require(storage.device != int(DeviceKind::Cuda) || !s.config.shard_outer_state, Status::Unsupported,
-          "sharded outer state is implemented for host tensors only: an engine on CUDA tensors needs "
-          "shard_outer_state = 0");
+  require(storage.device != int(DeviceKind::Cuda) || !s.sharded(), Status::Unsupported,
+          "sharded outer state (and hierarchical CO2, which shards it over a node's ranks) is "
+          "implemented for host tensors only: an engine on CUDA tensors needs shard_outer_state = 0 "
+          "and hierarchy = CO2_HIERARCHY_FLAT");
 }
 
 }  // namespace
@@ -154,10 +156,14 @@ void validate(const EngineConfig& c) {
           "clip_threshold must be > 0");
   require(is_finite_in(c.inner_lr, 0.0, 1e30), Status::InvalidArgument, "inner_lr must be >= 0");
   wire_format_of(int(c.wire_format));
-  if (c.shard_outer_state) {
+  require(int(c.hierarchy) == 0 || int(c.hierarchy) == 1, Status::InvalidArgument,
+          "hierarchy must be CO2_HIERARCHY_FLAT (0) or CO2_HIERARCHY_NODES (1)");
+  require(c.node_id >= -1, Status::InvalidArgument, "node_id must be >= 0 or CO2_NODE_ID_AUTO (-1)");
+  if (c.shard_outer_state || c.hierarchy == Hierarchy::Nodes) {
     require(c.algorithm == Algorithm::Co2, Status::InvalidArgument,
-            "shard_outer_state shards co2's outer state; other algorithms keep none to shard (or, for "
-            "diloco, are not sharded yet): use CO2_ALGO_CO2 or shard_outer_state = 0");
+            "shard_outer_state and hierarchical CO2 (which shards the outer state over a node's ranks) "
+            "are implemented for co2; other algorithms keep no outer state to shard (or, for diloco, "
+            "are not sharded yet): use CO2_ALGO_CO2, or shard_outer_state = 0 and CO2_HIERARCHY_FLAT");
     require(c.penalty != Penalty::Gap && c.clip != Clip::Norm, Status::Unsupported,
             "sharded outer state does not implement the gap penalty or norm clipping yet (they need "
             "per-segment norms across shards): use the constant penalty or value clipping, or "
@@ -279,6 +285,45 @@ void collect_pending_average(Engine::State& s) {
 
 namespace {
 
+// Hierarchical CO2: the node's ranks and this local index's ranks on every node
+// (co2_comm_split_nodes), each with an owner id of this engine; the nodes are the outer
+// participants, which an automatic beta counts.
+void form_nodes(S& s) {
+  GroupRequest request;
+  request.options = s.comm->options();
+  auto [intra, inter] = split_nodes(*s.comm, s.config.node_id, request);
+  s.intra = std::move(intra);
+  s.inter = std::move(inter);
+  s.intra_owner = s.intra->register_owner();
+  s.inter_owner = s.inter->register_owner();
+  if (s.beta_auto) {
+    s.beta = default_outer_momentum(s.inter->size());
+    s.stats.resolved_outer_momentum = s.beta;
+  }
+  log::info("hierarchical co2: node " + std::to_string(s.inter->rank()) + " of " + std::to_string(s.inter->size()) +
+            ", local rank " + std::to_string(s.intra->rank()) + " of " + std::to_string(s.intra->size()));
+}
+
+// Hierarchical CO2 trains one model per node: its ranks' parameters must be equal at a boundary
+// (every step's gradients averaged inside the node). Compared when the anchor check is due,
+// before the pass, so that a missing intra-node average fails loudly instead of training a mix.
+void check_node_parameters_when_due(S& s) {
+  const uint32_t k = s.config.anchor_check_interval;
+  if (!s.hierarchical() || !k || s.stats.rounds % k != 0) return;
+  const uint64_t mine = parameters_checksum(s);
+  std::vector<int64_t> all(size_t(s.intra->size()), 0);
+  int64_t value;
+  std::memcpy(&value, &mine, sizeof value);
+  auto request = s.intra->allgather(&value, all.data(), 1, DataType::I64, {s.intra_owner, Purpose::AnchorCheck});
+  if (request->wait_status() != Status::Ok) fail(s.intra->error_status(), s.intra->error_message());
+  if (!std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; }))
+    fail(Status::AnchorMismatch,
+         "the ranks of node " + std::to_string(s.inter->rank()) +
+             " hold different parameters at a boundary: hierarchical co2 trains one model per node, so "
+             "every step's gradients must be averaged inside the node (co2_engine_reduce_gradients, or "
+             "the framework's own data parallelism over the node's ranks)");
+}
+
 // --- the rounds of each algorithm; each returns false when it applied nothing because an
 // average was not finite ---
 
@@ -290,6 +335,7 @@ bool co2_boundary(S& s) {
   const Arrival arrival = b.collect_average();
   const bool update = arrival.have && arrival.finite;
   if (arrival.have && !arrival.finite) ++s.stats.nonfinite_rounds;
+  check_node_parameters_when_due(s);
   const DeltasFinite deltas = s.eager()  ? b.eager_pass(update)
                               : update   ? b.apply_update_and_write_deltas()
                                          : b.write_deltas();
@@ -303,6 +349,7 @@ bool co2_boundary(S& s) {
 // update resets the parameters to the unchanged anchor.
 bool diloco_boundary(S& s) {
   Backend& b = *s.backend;
+  check_node_parameters_when_due(s);
   if (!b.average_deltas_blocking()) {
     ++s.stats.nonfinite_rounds;
     b.set_parameters_to_anchor();
@@ -533,12 +580,15 @@ void Engine::commit() {
          "same order, in the same kind of memory");
 
   s.history.assign(s.segments.size(), GapHistory{});
+  if (s.config.hierarchy == Hierarchy::Nodes) form_nodes(s);
   // As a ring all-reduce sends it (a collective-kind transport's own algorithm may differ).
   collectives::Tuning tuning;
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning);
-  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device() && !s.config.shard_outer_state);
+  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device() && !s.sharded());
+  if (s.config.eager == Eager::Auto && s.sharded() && s.config.algorithm == Algorithm::Co2)
+    log::info("eager policy: not implemented with sharded outer state yet; this engine runs the delayed update");
   if (s.on_device()) {
     require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,
             "the eager policy is implemented on the host only: CUDA tensors need eager = 0 or "

@@ -70,6 +70,8 @@ struct Engine::State {
   std::shared_ptr<Communicator> intra, inter;
   uint32_t intra_owner = 0, inter_owner = 0;
   bool hierarchical() const { return intra != nullptr; }
+  // The outer state is sharded (runtime/sharded_backend.cpp): over all ranks, or over a node's.
+  bool sharded() const { return config.shard_outer_state || config.hierarchy == Hierarchy::Nodes; }
   // Where gradients are averaged (reduce_gradients): the node under hierarchical CO2, else all.
   Communicator& gradient_comm() const { return hierarchical() ? *intra : *comm; }
   CollectiveId gradient_id() const { return {hierarchical() ? intra_owner : owner, Purpose::GradientAverage}; }

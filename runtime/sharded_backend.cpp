@@ -17,6 +17,12 @@
 //   allgather_shards(B, after the verdicts): B = the next anchor (or the unchanged one) on every
 //                       rank, bit for bit (each shard travels from its owner).
 // Outer state per rank: N (B) + 3 N / W floats (+ N for the residual of a compressed wire).
+//
+// Hierarchical CO2 (config.hierarchy == Nodes) is the same backend with the shards cut over the
+// L ranks of a node, whose parameters are equal (their gradients are averaged every step): the
+// reduce-scatter becomes the all-reduce of this rank's shard of B across the nodes (the `inter`
+// communicator of local index j: every node's L ranks use their links at once), the verdicts
+// are all-gathered over all ranks, and B is all-gathered inside the node (`intra`).
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -24,6 +30,7 @@
 #include "runtime/backend.hpp"
 #include "runtime/boundary_pass.hpp"
 #include "runtime/checksum.hpp"
+#include "runtime/collectives.hpp"
 #include "runtime/engine_state.hpp"
 #include "runtime/log.hpp"
 
@@ -54,7 +61,17 @@ class ShardedBackend final : public Backend {
   void commit() override {
     S& s = s_;
     const int w = s.comm->size();
-    mine_ = shard_range(s.state_count, w, s.comm->rank());
+    shards_ = s.hierarchical() ? s.intra.get() : s.comm.get();
+    shard_owner_ = s.hierarchical() ? s.intra_owner : s.owner;
+    mine_ = shard_range(s.state_count, shards_->size(), shards_->rank());
+    collectives::Tuning tuning;
+    tuning.chunk_bytes = s.comm->options().chunk_bytes;
+    s.outer_wire_bytes =
+        (s.hierarchical()
+             ? collectives::allreduce_wire_bytes(s.inter->rank(), s.inter->size(), mine_.count(), s.config.wire_format, tuning)
+             : collectives::reduce_scatter_wire_bytes(s.comm->rank(), w, s.state_count, s.config.wire_format,
+                                                      tuning)) +
+        collectives::allgather_shards_wire_bytes(shards_->rank(), shards_->size(), s.state_count, tuning);
     for (size_t i = 0; i < s.segments.size(); ++i) {
       const Segment& seg = s.segments[i];
       if (seg.role == Role::Excluded) continue;
@@ -254,13 +271,31 @@ class ShardedBackend final : public Backend {
     s.prepared.settings = outer_settings_of(s);
     verdict_finite_.store(false);
     float* b = s.comm_buffer.data();
-    const WireCompression wire = outer_wire(s, b);
-    auto reduced = s.comm->reduce_scatter(b, s.state_count, DataType::F32, ReduceOp::Avg, s.id(Purpose::OuterAverage),
-                                          wire, [this] { check_shard(); });
+    std::shared_ptr<Request> reduced;
+    if (s.hierarchical()) {
+      // Only this rank's shard travels across the nodes; its node's other ranks send theirs.
+      WireCompression wire;
+      wire.format = s.config.wire_format;
+      if (s.error_feedback()) {
+        float* shard = b + mine_.begin;
+        const float* dropped = s.residual.data() + mine_.begin;
+        for (size_t i = 0; i < mine_.count(); ++i) shard[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
+        wire.residual = s.residual.data() + mine_.begin;
+      }
+      s.stats.wire_bytes_last_round = s.outer_wire_bytes;
+      s.stats.wire_bytes_total += s.outer_wire_bytes;
+      reduced = s.inter->allreduce_then(b + mine_.begin, mine_.count(), DataType::F32, ReduceOp::Avg,
+                                        [this] { check_shard(); }, {s.inter_owner, Purpose::OuterAverage}, wire);
+    } else {
+      const WireCompression wire = outer_wire(s, b);
+      reduced = s.comm->reduce_scatter(b, s.state_count, DataType::F32, ReduceOp::Avg, s.id(Purpose::OuterAverage),
+                                       wire, [this] { check_shard(); });
+    }
     auto verdicts = s.comm->allgather_shards(verdicts_.data(), verdicts_.size(), DataType::F32,
                                              s.id(Purpose::OuterAverage), [this] { update_shard(); }, reduced);
-    s.pending = s.comm->allgather_shards(b, s.state_count, DataType::F32, s.id(Purpose::OuterAverage), {}, verdicts);
-    s.stats.bytes_reduced += s.state_count * sizeof(float);
+    s.pending = shards_->allgather_shards(b, s.state_count, DataType::F32, {shard_owner_, Purpose::OuterAverage}, {},
+                                          verdicts);
+    s.stats.bytes_reduced += mine_.count() * sizeof(float);
     deltas_in_buffer_ = false;
   }
 
@@ -354,7 +389,8 @@ class ShardedBackend final : public Backend {
     auto request = s.comm->allgather_shards(verdicts, verdicts_.size(), DataType::F32, s.id(Purpose::OuterAverage));
     wait_charged(s, request);
     update_shard();
-    request = s.comm->allgather_shards(s.comm_buffer.data(), s.state_count, DataType::F32, s.id(Purpose::OuterAverage));
+    request = shards_->allgather_shards(s.comm_buffer.data(), s.state_count, DataType::F32,
+                                        {shard_owner_, Purpose::OuterAverage});
     wait_charged(s, request);
     return verdict_finite_.load();
   }
@@ -376,8 +412,8 @@ class ShardedBackend final : public Backend {
   void gather_shards(const FloatBuffer& shard, float* out, Purpose purpose) {
     S& s = s_;
     std::memcpy(out + mine_.begin, shard.data(), mine_.count() * sizeof(float));
-    auto request = s.comm->allgather_shards(out, s.state_count, DataType::F32, s.id(purpose));
-    if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+    auto request = shards_->allgather_shards(out, s.state_count, DataType::F32, {shard_owner_, purpose});
+    if (request->wait_status() != Status::Ok) fail(shards_->error_status(), shards_->error_message());
   }
 
   void count_state() {
@@ -394,6 +430,8 @@ class ShardedBackend final : public Backend {
 
   S& s_;
   std::unique_ptr<Backend> host_;  // what sharding leaves as it is: gradients, parameter averages
+  Communicator* shards_ = nullptr;  // whose ranks hold the shards: all, or the node's
+  uint32_t shard_owner_ = 0;
   ShardRange mine_;
   std::vector<ShardPart> parts_;
   FloatBuffer cur_, step_, momentum_;  // this rank's shards

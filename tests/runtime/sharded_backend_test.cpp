@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -53,6 +54,8 @@ struct Rank {
   std::vector<float> anchor;
   EngineStats stats;
   std::vector<int> nonfinite_steps;
+  Status failed = Status::Ok;  // another error ended the training
+  std::string failure;
 };
 
 // What one rank's training does between engine calls; `before_step` may poison the parameters.
@@ -63,6 +66,11 @@ struct Plan {
   int save_after = -1;                              // save at this step count (collective)
   std::vector<std::vector<char>>* saved = nullptr;  // per rank
   const std::vector<std::vector<char>>* restore = nullptr;
+  // The gradient of element i of tensor t (default: gradient()); PARAMETER gradients averaged by
+  // reduce_gradients when set; the rank's config (default: the one given).
+  std::function<float(size_t t, size_t i, int step, int rank)> gradient_of;
+  bool reduce_gradients = false;
+  std::function<void(int rank, EngineConfig&)> configure;
 };
 
 std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
@@ -72,7 +80,10 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
   for (int rank = 0; rank < world; ++rank)
     threads.emplace_back([&, rank] {
       Rank& me = out[size_t(rank)];
-      Engine engine(group[size_t(rank)], config);
+      EngineConfig mine = config;
+      if (plan.configure) plan.configure(rank, mine);
+      try {
+      Engine engine(group[size_t(rank)], mine);
       for (size_t t = 0; t < std::size(kShapes); ++t) {
         me.params.emplace_back(kShapes[t].count);
         for (size_t i = 0; i < kShapes[t].count; ++i) me.params[t][i] = 0.01f * float(i % 89) - 0.4f + 0.1f * float(t);
@@ -102,14 +113,23 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
             return true;
           });
         }
+        std::vector<std::vector<float>> g(me.params.size());
+        std::vector<void*> trained;
+        for (size_t t = 0; t < me.params.size(); ++t) {
+          g[t].resize(me.params[t].size());
+          for (size_t i = 0; i < g[t].size(); ++i)
+            g[t][i] = plan.gradient_of ? plan.gradient_of(t, i, step, rank) : gradient(t, i, step, rank);
+          if (kShapes[t].role == 0) trained.push_back(g[t].data());
+        }
+        if (plan.reduce_gradients) engine.reduce_gradients(trained.data(), trained.size(), nullptr);
         for (size_t t = 0; t < me.params.size(); ++t)
           for (size_t i = 0; i < me.params[t].size(); ++i)
-            me.params[t][i] -= (kShapes[t].role == 1 ? 0.02f : 0.05f) * gradient(t, i, step, rank);
+            me.params[t][i] -= (kShapes[t].role == 1 ? 0.02f : 0.05f) * g[t][i];
         if (plan.before_step) plan.before_step(step, rank, me.params);
         try {
           engine.step(nullptr);
         } catch (const Error& e) {
-          EXPECT_EQ(e.status(), Status::NonFinite) << e.what();
+          if (e.status() != Status::NonFinite) throw;
           me.nonfinite_steps.push_back(step);
         }
       }
@@ -117,6 +137,11 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
       me.anchor.resize(engine.num_elements());
       engine.consensus(ConsensusKind::Anchor, me.anchor.data(), me.anchor.size());
       me.stats = engine.stats();
+      } catch (const Error& e) {
+        me.failed = e.status();
+        me.failure = e.what();
+        group[size_t(rank)]->abort();  // the others fail promptly instead of waiting
+      }
     });
   for (auto& thread : threads) thread.join();
   return out;
@@ -231,6 +256,56 @@ TEST(ShardedOuterState, CheckpointsMoveBetweenShardedAndReplicatedAndAcrossWorld
   const auto moved = save_then_resume(2, true, 3, true);
   expect_bitwise_equal_across_ranks(moved, "W 2 -> 3");
   expect_close(moved[0].anchor, reference[0].anchor, "sharded W 2 -> sharded W 3");
+}
+
+// Hierarchical CO2, 2 nodes x 2 ranks (node = rank / 2), gradients averaged inside each node: the
+// same training as flat co2 over 2 ranks whose gradients are their node's average.
+TEST(HierarchicalCo2, EqualsFlatCo2OverTheNodesAverageGradients) {
+  auto node_of = [](int rank) { return rank / 2; };
+  // BUFFER segments are not averaged by reduce_gradients: their update is the node's.
+  auto local = [&](size_t t, size_t i, int step, int rank) {
+    return kShapes[t].role == 1 ? gradient(t, i, step, node_of(rank)) : gradient(t, i, step, rank);
+  };
+  Plan hierarchical;
+  hierarchical.gradient_of = local;
+  hierarchical.reduce_gradients = true;
+  hierarchical.configure = [&](int rank, EngineConfig& c) {
+    c.hierarchy = Hierarchy::Nodes;
+    c.node_id = node_of(rank);
+  };
+  Plan flat;
+  flat.gradient_of = [&](size_t t, size_t i, int step, int node) {
+    if (kShapes[t].role == 1) return gradient(t, i, step, node);
+    return (gradient(t, i, step, 2 * node) + gradient(t, i, step, 2 * node + 1)) * 0.5f;
+  };
+  const auto h = train(4, co2_config(false), hierarchical);
+  const auto f = train(2, co2_config(false), flat);
+  for (const Rank& r : h) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+  expect_bitwise_equal_across_ranks(h, "hierarchical 2 x 2");
+  expect_close(h[0].anchor, f[0].anchor, "hierarchical anchor");
+  for (int rank = 0; rank < 4; ++rank)
+    for (size_t t = 0; t < std::size(kShapes); ++t)
+      expect_close(h[size_t(rank)].params[t], f[size_t(node_of(rank))].params[t],
+                   "rank " + std::to_string(rank) + " " + kShapes[t].name);
+  EXPECT_EQ(h[0].stats.outer_updates, f[0].stats.outer_updates);
+  size_t n = 0;
+  for (const Shape& s : kShapes) n += s.count;
+  EXPECT_LE(double(h[0].stats.outer_state_bytes) / double(n * sizeof(float)), 1.0 + 3.0 / 2 + 0.02);
+}
+
+TEST(HierarchicalCo2, RanksOfANodeThatTrainDifferentModelsFailLoudly) {
+  Plan plan;  // no intra-node average: each rank follows its own gradients
+  plan.configure = [](int rank, EngineConfig& c) {
+    c.hierarchy = Hierarchy::Nodes;
+    c.node_id = rank / 2;
+  };
+  const auto h = train(4, co2_config(false), plan);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(h[size_t(rank)].failed, Status::Ok) << "rank " << rank << " trained on";
+    if (h[size_t(rank)].failed == Status::AnchorMismatch)
+      EXPECT_NE(h[size_t(rank)].failure.find("averaged inside the node"), std::string::npos) << h[size_t(rank)].failure;
+  }
+  EXPECT_TRUE(std::any_of(h.begin(), h.end(), [](const Rank& r) { return r.failed == Status::AnchorMismatch; }));
 }
 
 TEST(ShardedOuterState, RefusesWhatItDoesNotImplementNamingIt) {
