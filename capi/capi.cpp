@@ -502,6 +502,10 @@ CO2_EXPORT co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_conf
     e.error_feedback = c.error_feedback != 0;
     require_arg(c.shard_outer_state == 0 || c.shard_outer_state == 1, "shard_outer_state must be 0 or 1");
     e.shard_outer_state = c.shard_outer_state != 0;
+    require_arg(c.hierarchy == CO2_HIERARCHY_FLAT || c.hierarchy == CO2_HIERARCHY_NODES,
+                "hierarchy must be CO2_HIERARCHY_FLAT (0) or CO2_HIERARCHY_NODES (1)");
+    e.hierarchy = co2::Hierarchy(c.hierarchy);
+    e.node_id = comm->node_id;  // the communicator's (CO2_NODE_ID_AUTO: the launcher's environment)
     auto handle = std::make_unique<co2_engine>();
     handle->engine = std::make_unique<co2::Engine>(comm->comm, e);
     *out_engine = handle.release();

@@ -109,7 +109,7 @@ TEST(AbiLayout, EngineConfig) {
   EXPECT_OFFSET(co2_engine_config_t, wire_format, 96);  // 1.1: compressed outer all-reduce
   EXPECT_OFFSET(co2_engine_config_t, error_feedback, 100);
   EXPECT_OFFSET(co2_engine_config_t, shard_outer_state, 104);  // 1.1: sharded outer state
-  EXPECT_OFFSET(co2_engine_config_t, reserved2, 108);
+  EXPECT_OFFSET(co2_engine_config_t, hierarchy, 108);  // 1.1: hierarchical co2
   EXPECT_FIELD_SIZE(co2_engine_config_t, outer_lr, 8);
   EXPECT_FIELD_SIZE(co2_engine_config_t, tau, 4);
 }

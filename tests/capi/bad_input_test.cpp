@@ -606,6 +606,27 @@ TEST_F(BadInput, ShardOuterStateIsZeroOrOne) {
   EXPECT_EQ(co2_engine_destroy(ok), CO2_OK);
 }
 
+TEST_F(BadInput, HierarchyIsFlatOrNodesAndShardsOnlyCo2) {
+  co2_engine_t e = kSentinelEngine;
+  for (int32_t bad : {2, -1}) {
+    co2_engine_config_t c = engine_config();
+    c.hierarchy = bad;
+    EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_create(comm_, &c, &e)) << bad;
+    EXPECT_NE(std::string(co2_last_error_message()).find("hierarchy"), std::string::npos) << co2_last_error_message();
+  }
+  co2_engine_config_t diloco = engine_config();
+  diloco.algorithm = CO2_ALGO_DILOCO;
+  diloco.hierarchy = CO2_HIERARCHY_NODES;
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_create(comm_, &diloco, &e));
+  EXPECT_NE(std::string(co2_last_error_message()).find("co2"), std::string::npos) << co2_last_error_message();
+  co2_engine_config_t gap = engine_config();
+  gap.shard_outer_state = 1;
+  gap.penalty = CO2_PENALTY_GAP;
+  EXPECT_STATUS(CO2_ERR_UNSUPPORTED, co2_engine_create(comm_, &gap, &e));
+  EXPECT_NE(std::string(co2_last_error_message()).find("gap penalty"), std::string::npos) << co2_last_error_message();
+  EXPECT_EQ(e, kSentinelEngine);
+}
+
 // ------------------------------------------------------------------------------------------
 // Layout: registered tensors
 // ------------------------------------------------------------------------------------------

@@ -274,7 +274,6 @@ static int co2_address(PyObject *input, void **out, const char *what) {
 %immutable co2_engine_config::size;
 %immutable co2_engine_config::version;
 %ignore co2_engine_config::reserved0;
-%ignore co2_engine_config::reserved2;
 %extend co2_comm_config { co2_comm_config() {
     co2_comm_config_t *c = (co2_comm_config_t *)malloc(sizeof *c);
     if (c != NULL) co2_comm_config_init(c);

@@ -12,6 +12,7 @@ PENALTIES = {"none": capi.CO2_PENALTY_NONE, "constant": capi.CO2_PENALTY_CONSTAN
              "gap": capi.CO2_PENALTY_GAP}
 CLIPS = {"none": capi.CO2_CLIP_NONE, "value": capi.CO2_CLIP_VALUE, "norm": capi.CO2_CLIP_NORM}
 WIRE_FORMATS = {"fp32": capi.CO2_WIRE_FP32, "bf16": capi.CO2_WIRE_BF16, "int8": capi.CO2_WIRE_INT8}
+HIERARCHIES = {"flat": capi.CO2_HIERARCHY_FLAT, "nodes": capi.CO2_HIERARCHY_NODES}
 ROLES = {"parameter": capi.CO2_ROLE_PARAMETER, "buffer": capi.CO2_ROLE_BUFFER,
          "excluded": capi.CO2_ROLE_EXCLUDED}
 PARAMS = {"outer_lr": capi.CO2_PARAM_OUTER_LR, "outer_momentum": capi.CO2_PARAM_OUTER_MOMENTUM,
@@ -30,8 +31,8 @@ _CONFIG_KEYS = {"algorithm": ALGORITHMS, "tau": None, "warmup_sync_rounds": None
                 "clip_threshold": None, "inner_lr": None, "state_dtype": DTYPES, "eager": None,
                 # compressed outer all-reduce (docs/capi.md, "Wire formats")
                 "wire_format": WIRE_FORMATS, "error_feedback": None,
-                # sharded outer state (docs/capi.md, "Sharded outer state")
-                "shard_outer_state": None}
+                # sharded outer state and hierarchical co2 (docs/capi.md)
+                "shard_outer_state": None, "hierarchy": HIERARCHIES}
 _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduced",
                  "collective_ns", "boundary_wait_ns", "last_boundary_wait_ns",
                  "nonfinite_rounds", "nonfinite_local", "anchor_checks",
@@ -63,7 +64,10 @@ class Engine(OwnsHandle):
     all-reduce of co2 and diloco can travel as "bf16" or "int8", accumulated in fp32) with
     error_feedback True (each rank adds what its encodings dropped to its next delta),
     shard_outer_state False (True: each rank keeps only its shard of the anchor and outer
-    momentum; the engine refuses what sharding does not implement yet, naming it).
+    momentum; the engine refuses what sharding does not implement yet, naming it), hierarchy
+    "flat" ("nodes": sync inside a node — average every step's gradients with reduce_gradients
+    or the framework's own data parallelism over the node's ranks —, co2 across nodes, outer
+    state sharded over a node's ranks; nodes as Communicator.split_nodes forms them).
 
     Lifecycle: register tensors (register) or adopt one flat storage and declare its segments
     (adopt_flat, add_segment); commit() (collective: every rank gets rank 0's values); then per

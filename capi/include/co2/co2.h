@@ -361,8 +361,16 @@ typedef struct co2_engine_config {
                                       1 = each rank holds only its shard of them (reduce-scatter,
                                       shard update, all-gather; docs/capi.md). The engine refuses
                                       what sharding does not implement yet, naming it */
-    int32_t reserved2;             /* padding, 0 */
+    int32_t hierarchy;             /* CO2_HIERARCHY_FLAT (default): every rank is an outer
+                                      participant; CO2_HIERARCHY_NODES: sync inside a node
+                                      (average every step's gradients over the node's ranks:
+                                      co2_engine_reduce_gradients, or the framework's own data
+                                      parallelism), co2 across nodes, outer state sharded over a
+                                      node's ranks; nodes as co2_comm_split_nodes forms them */
 } co2_engine_config_t;
+
+#define CO2_HIERARCHY_FLAT 0
+#define CO2_HIERARCHY_NODES 1
 
 #define CO2_ENGINE_CONFIG_INIT                                                             \
     { sizeof(co2_engine_config_t), CO2_ABI_VERSION, CO2_ALGO_CO2, CO2_DEFAULT_TAU, 0,     \

@@ -321,14 +321,17 @@ end
     Engine(comm; algorithm=:co2, tau=CO2_DEFAULT_TAU, warmup_sync_rounds=0, outer_lr=1.0,
            outer_momentum=nothing, nesterov=false, penalty=:none, penalty_constant=1.0,
            clip=:none, clip_threshold=1.0, anchor_check_interval=100, inner_lr=0.0,
-           eager=nothing, wire_format=:fp32, error_feedback=true, shard_outer_state=false)
+           eager=nothing, wire_format=:fp32, error_feedback=true, shard_outer_state=false,
+           hierarchical=false)
 
 One rank's engine. Defaults are the C ones (`co2_engine_config_init`); `outer_momentum=nothing`
 resolves β from the world size; `eager=nothing` is automatic (eager on host arrays);
 `wire_format` (:fp32, :bf16, :int8) is how the outer all-reduce of co2 and diloco travels, with
 `error_feedback` adding what its encodings dropped to the next delta; `shard_outer_state=true`
 keeps on each rank only its shard of the anchor and outer momentum (docs/capi.md; the engine
-refuses what sharding does not implement yet). The engine roots every array registered with it, so the
+refuses what sharding does not implement yet); `hierarchical=true` runs sync inside a node and
+co2 across nodes (the nodes of `split_nodes`; average every step's gradients inside the node).
+The engine roots every array registered with it, so the
 garbage collector cannot free memory the engine still uses.
 """
 mutable struct Engine
@@ -346,7 +349,7 @@ mutable struct Engine
                     anchor_check_interval::Integer=CO2_DEFAULT_ANCHOR_CHECK_INTERVAL,
                     inner_lr::Real=0.0, eager::Union{Nothing,Bool}=nothing,
                     wire_format::Symbol=:fp32, error_feedback::Bool=true,
-                    shard_outer_state::Bool=false)
+                    shard_outer_state::Bool=false, hierarchical::Bool=false)
         config = Ref(CO2_ENGINE_CONFIG_INIT())
         check(co2_engine_config_init(config))
         c = config[]
@@ -360,6 +363,7 @@ mutable struct Engine
         c.wire_format = _lookup(_WIRE_FORMATS, wire_format, "wire_format")
         c.error_feedback = error_feedback
         c.shard_outer_state = shard_outer_state
+        c.hierarchy = hierarchical ? CO2_HIERARCHY_NODES : CO2_HIERARCHY_FLAT
         c.penalty = _lookup(_PENALTIES, penalty, "penalty")
         c.penalty_constant = penalty_constant
         c.clip = _lookup(_CLIPS, clip, "clip")

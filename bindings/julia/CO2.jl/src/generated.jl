@@ -20,6 +20,8 @@ const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL = Cuint(100)
 const CO2_EAGER_AUTO = Cint(-1)
 const CO2_DEFAULT_EAGER = Cint(-1)
 const CO2_DEFAULT_ERROR_FEEDBACK = Cint(1)
+const CO2_HIERARCHY_FLAT = Cint(0)
+const CO2_HIERARCHY_NODES = Cint(1)
 
 const co2_status_t = Int32
 
@@ -261,7 +263,7 @@ mutable struct co2_engine_config_t
     wire_format::co2_wire_format_t
     error_feedback::Int32
     shard_outer_state::Int32
-    reserved2::Int32
+    hierarchy::Int32
 end
 
 const _co2_engine_config_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -552,7 +554,7 @@ const GENERATED_ON_WORD_SIZE = 64
 const LAYOUT = (
     co2_comm_config_t = (size = 64, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40, device_index = 48, reserved1 = 52, node_id = 56, reserved2 = 60,)),
     co2_unique_id_t = (size = 128, align = 1, offsets = (internal = 0,)),
-    co2_engine_config_t = (size = 112, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92, wire_format = 96, error_feedback = 100, shard_outer_state = 104, reserved2 = 108,)),
+    co2_engine_config_t = (size = 112, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92, wire_format = 96, error_feedback = 100, shard_outer_state = 104, hierarchy = 108,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),
     co2_segment_t = (size = 40, align = 8, offsets = (size = 0, name = 8, offset = 16, count = 24, role = 32, reserved0 = 36,)),
     co2_allocator_t = (size = 32, align = 8, offsets = (size = 0, user = 8, allocate = 16, release = 24,)),

@@ -15,6 +15,8 @@ pub const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL: u32 = 100;
 pub const CO2_EAGER_AUTO: i32 = -1;
 pub const CO2_DEFAULT_EAGER: i32 = -1;
 pub const CO2_DEFAULT_ERROR_FEEDBACK: u32 = 1;
+pub const CO2_HIERARCHY_FLAT: u32 = 0;
+pub const CO2_HIERARCHY_NODES: u32 = 1;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
 pub type __int64_t = ::std::os::raw::c_long;
@@ -533,7 +535,7 @@ pub struct co2_engine_config {
     pub wire_format: co2_wire_format_t,
     pub error_feedback: i32,
     pub shard_outer_state: i32,
-    pub reserved2: i32,
+    pub hierarchy: i32,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_config() {
@@ -904,23 +906,23 @@ fn bindgen_test_layout_co2_engine_config() {
         );
     }
     test_field_shard_outer_state();
-    fn test_field_reserved2() {
+    fn test_field_hierarchy() {
         assert_eq!(
             unsafe {
                 let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
                 let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+                ::std::ptr::addr_of!((*ptr).hierarchy) as usize - ptr as usize
             },
             108usize,
             concat!(
                 "Offset of field: ",
                 stringify!(co2_engine_config),
                 "::",
-                stringify!(reserved2)
+                stringify!(hierarchy)
             )
         );
     }
-    test_field_reserved2();
+    test_field_hierarchy();
 }
 pub type co2_engine_config_t = co2_engine_config;
 extern "C" {

@@ -82,6 +82,12 @@ impl EngineConfig {
         self.raw.shard_outer_state = i32::from(on);
         self
     }
+    /// Hierarchical co2 (`true`: sync inside a node, co2 across nodes, outer state sharded over
+    /// a node's ranks; the nodes of co2_comm_split_nodes). Default false (flat).
+    pub fn hierarchical(mut self, on: bool) -> Self {
+        self.raw.hierarchy = if on { sys::CO2_HIERARCHY_NODES as i32 } else { sys::CO2_HIERARCHY_FLAT as i32 };
+        self
+    }
     pub fn penalty(mut self, penalty: Penalty) -> Self {
         self.raw.penalty = penalty.raw();
         self
