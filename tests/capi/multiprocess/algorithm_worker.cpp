@@ -50,6 +50,7 @@ struct AlgorithmCase {
   double outer_momentum;
   co2_wire_format_t wire_format = CO2_WIRE_FP32;
   int error_feedback = CO2_DEFAULT_ERROR_FEEDBACK;
+  int shard_outer_state = 0;
 };
 
 const std::vector<AlgorithmCase>& algorithm_cases() {
@@ -67,6 +68,12 @@ const std::vector<AlgorithmCase>& algorithm_cases() {
        CO2_WIRE_INT8, 1},
       {"diloco_int8_no_ef", CO2_ALGO_DILOCO, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.9,
        CO2_WIRE_INT8, 0},
+      // Sharded outer state: reduce-scatter, shard update, all-gather, chained on the progress
+      // thread; the gathered anchor bit-identical across ranks and transports.
+      {"co2_sharded_constant_value", CO2_ALGO_CO2, Storage::AdoptFlat, CO2_PENALTY_CONSTANT, CO2_CLIP_VALUE, 1, 0.9,
+       CO2_WIRE_FP32, 1, 1},
+      {"co2_sharded_bf16_ef", CO2_ALGO_CO2, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.0,
+       CO2_WIRE_BF16, 1, 1},
   };
   return cases;
 }
@@ -95,6 +102,7 @@ void run_algorithm(co2_comm_t comm, int rank, int world, const AlgorithmCase& c,
   config.outer_lr = c.algorithm == CO2_ALGO_DILOCO ? 0.7 : 1.0;
   config.wire_format = c.wire_format;
   config.error_feedback = c.error_feedback;
+  config.shard_outer_state = c.shard_outer_state;
   co2test::EngineGuard engine;
   CHECK(co2_engine_create(comm, &config, &engine.engine));
   CHECK(model.register_with(engine.engine));
