@@ -307,10 +307,12 @@ void form_nodes(S& s) {
 // Hierarchical CO2 trains one model per node: its ranks' parameters must be equal at a boundary
 // (every step's gradients averaged inside the node). Compared when the anchor check is due,
 // before the pass, so that a missing intra-node average fails loudly instead of training a mix.
+// BUFFER segments (running statistics of each rank's data) may differ: the pass averages them
+// inside the node first.
 void check_node_parameters_when_due(S& s) {
   const uint32_t k = s.config.anchor_check_interval;
   if (!s.hierarchical() || !k || s.stats.rounds % k != 0) return;
-  const uint64_t mine = parameters_checksum(s);
+  const uint64_t mine = parameters_checksum(s, /*trained_only=*/true);
   std::vector<int64_t> all(size_t(s.intra->size()), 0);
   int64_t value;
   std::memcpy(&value, &mine, sizeof value);

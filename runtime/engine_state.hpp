@@ -182,8 +182,9 @@ void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory&
 // unpack rounds to the parameters' dtype (nearest even).
 void pack_parameters(const Engine::State& s, float* out);
 void unpack_parameters(Engine::State& s, const float* in, bool buffers_only);
-// The anchor checksum's hash of the parameters (as fp32 words).
-uint64_t parameters_checksum(const Engine::State& s);
+// The anchor checksum's hash of the parameters (as fp32 words); trained_only: PARAMETER
+// segments only.
+uint64_t parameters_checksum(const Engine::State& s, bool trained_only = false);
 // The outer average's wire (co2, diloco): compressed as configured; with error feedback the
 // deltas in `data` first take what the previous outer all-reduce's encodings dropped, and the
 // residual buffer then receives this one's drops.

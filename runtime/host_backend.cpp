@@ -441,12 +441,12 @@ void unpack_parameters(Engine::State& s, const float* in, bool buffers_only) {
   }
 }
 
-uint64_t parameters_checksum(const Engine::State& s) {
+uint64_t parameters_checksum(const Engine::State& s, bool trained_only) {
   // Widening is exact and one-to-one, so the fp32 words identify the parameters of any dtype.
   WordHasher hasher;
   float chunk[1024];
   for (const Segment& seg : s.segments) {
-    if (seg.role == Role::Excluded) continue;
+    if (seg.role == Role::Excluded || (trained_only && seg.role != Role::Parameter)) continue;
     if (seg.dtype == ParamDType::F32) {
       hasher.update(static_cast<const float*>(seg.data), seg.count);
       continue;

@@ -238,6 +238,7 @@ class ShardedBackend final : public Backend {
   DeltasFinite pass(bool params_take_anchor) {
     S& s = s_;
     const TraceSpan trace(s.trace.get(), "sharded pass");
+    if (s.hierarchical()) average_buffers_in_node();
     float* b = s.comm_buffer.data();
     for (size_t i = 0; i < mine_.count(); ++i) {
       step_.data()[i] = cur_.data()[i] - b[mine_.begin + i];
@@ -404,6 +405,31 @@ class ShardedBackend final : public Backend {
     s.prepared.summary_known = true;
   }
 
+  // Hierarchical: a node's ranks see different data, so their BUFFER segments (running
+  // statistics) differ; averaged inside the node (blocking, the buffers only) they are the node's,
+  // and the nodes' average of those is every rank's.
+  void average_buffers_in_node() {
+    S& s = s_;
+    const size_t buffers = s.state_count - s.trained_count;
+    if (buffers == 0 || s.intra->size() == 1) return;
+    node_buffers_.resize(buffers);
+    size_t offset = 0;
+    for (const Segment& seg : s.segments)
+      if (seg.role == Role::Buffer) {
+        with_params(seg, [&](auto* p) { widen_into(p, node_buffers_.data() + offset, seg.count); });
+        offset += seg.count;
+      }
+    auto request = s.intra->allreduce(node_buffers_.data(), buffers, DataType::F32, ReduceOp::Avg,
+                                      {s.intra_owner, Purpose::ParameterAverage});
+    wait_charged(s, request);
+    offset = 0;
+    for (Segment& seg : s.segments)
+      if (seg.role == Role::Buffer) {
+        with_params(seg, [&](auto* p) { narrow_into(node_buffers_.data() + offset, p, seg.count); });
+        offset += seg.count;
+      }
+  }
+
   void take_anchor_from_buffer() {
     std::memcpy(cur_.data(), s_.comm_buffer.data() + mine_.begin, mine_.count() * sizeof(float));
   }
@@ -437,6 +463,7 @@ class ShardedBackend final : public Backend {
   FloatBuffer cur_, step_, momentum_;  // this rank's shards
   FloatBuffer verdicts_;               // one per rank: 1 = its shard's average and update finite
   std::vector<Planned> planned_;       // written on the progress thread only
+  std::vector<float> node_buffers_;    // hierarchical: the BUFFER segments averaged in the node
   UpdateSummary summary_;              // of the last update; read after the chain completed
   std::atomic<bool> verdict_finite_{true};
   bool deltas_in_buffer_ = false;
