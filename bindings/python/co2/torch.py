@@ -69,6 +69,7 @@ class Distributed:
         self.engine = None
         self.comm = None
         self.grad_sync = None
+        self._node_comms = ()      # hierarchy="nodes": (intra, inter) for the intra-node average
         self._own_comm = comm is None
         self._params = [(name, p) for name, p in module.named_parameters()]
         if not self._params:
@@ -78,9 +79,19 @@ class Distributed:
         self._buffers = [(name, b) for name, b, role in self.buffer_roles
                          if role == _roles.AVERAGE]
         _wiring.claim(module, self)
+        # hierarchy="nodes": gradients are averaged inside the node every step, by co2
+        # (intra_node_average="co2": in backward buckets, like sync) or by the framework's own
+        # data parallelism over the node's ranks ("framework": torch DDP on a node group).
+        intra_node_average = engine_config.pop("intra_node_average", "co2")
+        self.hierarchical = False
+        self._average_in_node = False
+        if intra_node_average not in ("co2", "framework"):
+            raise ValueError(f"intra_node_average is 'co2' or 'framework', not {intra_node_average!r}")
         try:
             self.comm = Communicator.from_env() if comm is None else comm
             self.engine = Engine(self.comm, algorithm, **engine_config)
+            self.hierarchical = engine_config.get("hierarchy", "flat") == "nodes"
+            self._average_in_node = self.hierarchical and intra_node_average == "co2"
             self.algorithm = self.engine.algorithm
             self.flat = None
             if flat:
@@ -115,7 +126,12 @@ class Distributed:
         self._forward_hook = module.register_forward_pre_hook(before_forward)
         # sync: gradients averaged in backward hooks (after the layout: .data changes reset them)
         self.grad_sync = None
-        if self.algorithm == "sync" and reduce_in_backward:
+        if self._average_in_node and reduce_in_backward:
+            # The engine has its own node communicators; these carry the backward buckets.
+            self._node_comms = self.comm.split_nodes()
+            self.grad_sync = GradientSync(self._params, self._node_comms[0], bucket_mb,
+                                          explain=lambda error: self_ref()._explained(error, None))
+        elif self.algorithm == "sync" and reduce_in_backward:
             self.grad_sync = GradientSync(self._params, self.comm, bucket_mb,
                                           explain=lambda error: self_ref()._explained(error, None))
         if optimizer is not None:
@@ -169,7 +185,7 @@ class Distributed:
             distributed._start_round()
             if distributed.grad_sync is not None:
                 distributed.grad_sync.before_step()
-            elif distributed.algorithm == "sync":
+            elif distributed.algorithm == "sync" or distributed._average_in_node:
                 if args or kwargs.get("closure") is not None:
                     raise NotImplementedError("sync with a closure optimizer (LBFGS): call "
                                               "reduce_gradients() inside the closure and "
@@ -516,6 +532,9 @@ class Distributed:
         if self.grad_sync is not None:
             self.grad_sync.close()
             self.grad_sync = None
+        for node_comm in self._node_comms:
+            node_comm.close()
+        self._node_comms = ()
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -542,8 +561,13 @@ def distribute(module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
     sync: bucket_mb sizes the gradient buckets averaged during backward; reduce_in_backward=False
     averages in optimizer.step instead.
     Engine keywords (tau, outer_lr, outer_momentum, nesterov, penalty, clip, eager,
-    wire_format, shard_outer_state, ...) keep
-    the C API's defaults when left out. Collective: every rank calls it with the same model."""
+    wire_format, shard_outer_state, hierarchy, ...) keep
+    the C API's defaults when left out. Collective: every rank calls it with the same model.
+    hierarchy="nodes" (co2 only): sync inside a node, co2 across nodes (nodes from the launcher:
+    co2run --nnodes, torchrun, srun); intra_node_average="co2" averages the gradients inside the
+    node during backward (like sync), "framework" leaves it to the caller's own data
+    parallelism over the node's ranks (torch DDP on a node group: examples/python/hierarchical).
+    Ranks of a node that hold different parameters at a boundary fail loudly."""
     return Distributed(module, optimizer, algorithm=algorithm, comm=comm, flat=flat,
                        buffers=buffers, bucket_mb=bucket_mb,
                        reduce_in_backward=reduce_in_backward, **engine_config)
