@@ -3,7 +3,7 @@
 mod common;
 
 use co2::{
-    sys, Algorithm, Clip, CommConfig, Communicator, Engine, EngineConfig, Penalty, ReduceOp, Role, Transport,
+    sys, Algorithm, Clip, CommConfig, Communicator, Consensus, Engine, EngineConfig, Penalty, ReduceOp, Role, Transport,
     UniqueId,
 };
 use common::{group_name, local_config, run_ranks};
@@ -235,4 +235,50 @@ fn communicator_is_not_sync() {
     struct IsSync;
     impl<T: ?Sized + Sync> AmbiguousIfSync<IsSync> for T {}
     <Communicator as AmbiguousIfSync<_>>::check();
+}
+
+/// Sharded outer state and hierarchical co2 through the safe wrapper: 4 ranks (hierarchical: 2
+/// nodes of 2 by node id, gradients averaged inside the node), every rank ends with the same
+/// anchor bit for bit and holds less outer state than the replicated 3 model copies.
+#[test]
+fn sharded_and_hierarchical_engines_train_one_model() {
+    for hierarchical in [false, true] {
+        let group = group_name(if hierarchical { "hierarchical" } else { "sharded" });
+        let anchors: Vec<(Vec<u32>, f64)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|rank| {
+                    let group = group.clone();
+                    scope.spawn(move || {
+                        let comm = Communicator::new(&local_config(&group, rank, 4).node_id(Some(rank / 2))).unwrap();
+                        let config = EngineConfig::new().tau(2).outer_momentum(Some(0.5)).eager(Some(false));
+                        let config = if hierarchical { config.hierarchical(true) } else { config.shard_outer_state(true) };
+                        let mut w = vec![0.25f32; 1001];
+                        let mut engine = Engine::new(&comm, &config).unwrap();
+                        let tw = engine.register_tensor("w", &mut w, Role::Parameter).unwrap();
+                        engine.commit().unwrap();
+                        for step in 0..9 {
+                            let mut g: Vec<f32> = (0..1001).map(|i| ((i + step * 7 + rank as usize * 13) % 17) as f32 * 0.01).collect();
+                            if hierarchical {
+                                engine.reduce_gradients(&mut [&mut g]).unwrap();
+                            }
+                            for (p, d) in engine.tensor_mut(tw).iter_mut().zip(&g) {
+                                *p -= 0.1 * d;
+                            }
+                            engine.step().unwrap();
+                        }
+                        engine.finalize().unwrap();
+                        let mut anchor = vec![0f32; engine.num_elements().unwrap()];
+                        engine.consensus(Consensus::Anchor, &mut anchor).unwrap();
+                        let copies = engine.stats().unwrap().outer_state_bytes as f64 / (4.0 * 1001.0);
+                        (anchor.iter().map(|v| v.to_bits()).collect(), copies)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        });
+        for (anchor, copies) in &anchors {
+            assert_eq!(anchor, &anchors[0].0, "hierarchical {hierarchical}: the ranks' anchors differ");
+            assert!(*copies < 3.0, "hierarchical {hierarchical}: {copies} model copies of outer state");
+        }
+    }
 }
