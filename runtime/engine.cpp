@@ -164,10 +164,6 @@ void validate(const EngineConfig& c) {
             "shard_outer_state and hierarchical CO2 (which shards the outer state over a node's ranks) "
             "are implemented for co2; other algorithms keep no outer state to shard (or, for diloco, "
             "are not sharded yet): use CO2_ALGO_CO2, or shard_outer_state = 0 and CO2_HIERARCHY_FLAT");
-    require(c.penalty != Penalty::Gap && c.clip != Clip::Norm, Status::Unsupported,
-            "sharded outer state does not implement the gap penalty or norm clipping yet (they need "
-            "per-segment norms across shards): use the constant penalty or value clipping, or "
-            "shard_outer_state = 0");
     require(c.eager != Eager::On, Status::Unsupported,
             "the eager policy keeps a full-size offset per rank, which sharded outer state does not "
             "implement yet: use eager = 0 or CO2_EAGER_AUTO (delayed when sharded)");

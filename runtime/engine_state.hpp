@@ -173,6 +173,13 @@ decltype(auto) with_params(const Segment& seg, F&& f) {
   }
 }
 // --- shared by the host backends (host_backend.cpp, sharded_backend.cpp) ---
+// Lambda of one PARAMETER segment for an update; records g in the gap history `h`.
+double segment_lambda(const OuterSettings& o, GapHistory& h);
+// The coefficients update_coefficients sets, with lambda given and without norm clipping; and
+// norm clipping from the sum of squares of the segment's momentum candidate.
+void segment_coefficients(const OuterSettings& o, const Segment& seg, double lambda, bool momentum,
+                          PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum);
+void apply_norm_clip(const OuterSettings& o, double candidate_sum_squares, OuterCoefficients* k, UpdateSummary* sum);
 // Flags and coefficients of one segment's outer update. PARAMETER segments take the settings and
 // advance their gap history; BUFFER segments are only averaged: alpha = 1, beta = 0,
 // lambda = 1, no clip. m and c (the average) feed norm clipping.

@@ -20,19 +20,6 @@ namespace {
 
 using S = Engine::State;
 
-// Lambda of one PARAMETER segment for an update; records g in the gap history `h`.
-double segment_lambda(const OuterSettings& o, GapHistory& h) {
-  switch (o.penalty) {
-    case Penalty::None:
-      return 1.0;
-    case Penalty::Constant:
-      return 1.0 / o.penalty_constant;
-    case Penalty::Gap:
-      return gap_penalty_lambda(h.last_step_norm, &h.gap_sum, &h.updates);
-  }
-  return 1.0;
-}
-
 // 0 for a BUFFER segment whose values travel instead of its delta (co2), else 1.
 float buffer_anchor_weight(bool buffer_values, const Segment& seg) {
   return buffer_values && seg.role == Role::Buffer ? 0.0f : 1.0f;
@@ -49,28 +36,47 @@ DeltasFinite deltas(bool finite) { return finite ? DeltasFinite::Yes : DeltasFin
 
 }  // namespace
 
-void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
-                         const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
+double segment_lambda(const OuterSettings& o, GapHistory& h) {
+  switch (o.penalty) {
+    case Penalty::None:
+      return 1.0;
+    case Penalty::Constant:
+      return 1.0 / o.penalty_constant;
+    case Penalty::Gap:
+      return gap_penalty_lambda(h.last_step_norm, &h.gap_sum, &h.updates);
+  }
+  return 1.0;
+}
+
+void segment_coefficients(const OuterSettings& o, const Segment& seg, double lambda, bool momentum,
+                          PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
   flags->update = true;
   k->anchor_weight = buffer_anchor_weight(o.buffer_values, seg);
   if (seg.role != Role::Parameter) return;
-  const double lambda = segment_lambda(o, h);
   sum->penalty_min = std::min(sum->penalty_min, lambda);
   sum->penalty_max = std::max(sum->penalty_max, lambda);
   k->alpha = float(o.outer_lr);
   k->beta = float(o.beta);
   k->lambda = float(lambda);
-  flags->momentum = m != nullptr;
+  flags->momentum = momentum;
   flags->nesterov = o.nesterov;
   flags->value_clip = o.clip == Clip::Value;
   k->clip_value = float(o.clip_threshold);
-  if (o.clip == Clip::Norm) {
-    const double scale =
-        norm_clip_scale(momentum_candidate_sum_squares(m, c, seg.count, *k), o.clip_threshold);
-    k->norm_scale = float(scale);
-    sum->scale_min = std::min(sum->scale_min, scale);
-    sum->scaled_segments += scale < 1.0;
-  }
+}
+
+void apply_norm_clip(const OuterSettings& o, double candidate_sum_squares, OuterCoefficients* k, UpdateSummary* sum) {
+  const double scale = norm_clip_scale(candidate_sum_squares, o.clip_threshold);
+  k->norm_scale = float(scale);
+  sum->scale_min = std::min(sum->scale_min, scale);
+  sum->scaled_segments += scale < 1.0;
+}
+
+void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
+                         const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
+  const double lambda = seg.role == Role::Parameter ? segment_lambda(o, h) : 1.0;
+  segment_coefficients(o, seg, lambda, m != nullptr, flags, k, sum);
+  if (seg.role == Role::Parameter && o.clip == Clip::Norm)
+    apply_norm_clip(o, momentum_candidate_sum_squares(m, c, seg.count, *k), k, sum);
 }
 
 namespace {

@@ -84,6 +84,8 @@ class ShardedBackend final : public Backend {
     step_ = FloatBuffer(mine_.count());
     if (s.momentum_needed()) momentum_ = FloatBuffer(mine_.count());
     verdicts_ = FloatBuffer(size_t(w));
+    norm_partials_.assign(size_t(w) * s.segments.size(), 0.0);
+    step_partials_.assign(size_t(w) * s.segments.size(), 0.0);
     if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     // Rank 0's values become everyone's parameters and anchor.
     float* b = s.comm_buffer.data();
@@ -124,7 +126,7 @@ class ShardedBackend final : public Backend {
   }
 
   DeltasFinite apply_update_and_write_deltas() override {
-    commit_update(s_, s_.config.clip, &summary_);
+    adopt_update();
     return pass(/*params_take_anchor=*/true);
   }
   DeltasFinite write_deltas() override { return pass(/*params_take_anchor=*/true); }
@@ -136,7 +138,7 @@ class ShardedBackend final : public Backend {
 
   // finalize: the collected next anchor becomes the anchor and the parameters.
   void apply_update() override {
-    commit_update(s_, s_.config.clip, &summary_);
+    adopt_update();
     take_anchor_from_buffer();
     unpack_parameters(s_, s_.comm_buffer.data(), false);
   }
@@ -286,25 +288,42 @@ class ShardedBackend final : public Backend {
       s.stats.wire_bytes_last_round = s.outer_wire_bytes;
       s.stats.wire_bytes_total += s.outer_wire_bytes;
       reduced = s.inter->allreduce_then(b + mine_.begin, mine_.count(), DataType::F32, ReduceOp::Avg,
-                                        [this] { check_shard(); }, {s.inter_owner, Purpose::OuterAverage}, wire);
+                                        [this] { after_reduce(); }, {s.inter_owner, Purpose::OuterAverage}, wire);
     } else {
       const WireCompression wire = outer_wire(s, b);
       reduced = s.comm->reduce_scatter(b, s.state_count, DataType::F32, ReduceOp::Avg, s.id(Purpose::OuterAverage),
-                                       wire, [this] { check_shard(); });
+                                       wire, [this] { after_reduce(); });
     }
-    auto verdicts = s.comm->allgather_shards(verdicts_.data(), verdicts_.size(), DataType::F32,
-                                             s.id(Purpose::OuterAverage), [this] { update_shard(); }, reduced);
-    s.pending = shards_->allgather_shards(b, s.state_count, DataType::F32, {shard_owner_, Purpose::OuterAverage}, {},
-                                          verdicts);
+    s.pending = submit_after_reduce(reduced);
     s.stats.bytes_reduced += mine_.count() * sizeof(float);
     deltas_in_buffer_ = false;
   }
 
-  // reduce_scatter's on_result: c_J = B_J + w step_J, then whether it and its update are finite.
-  // With a momentum, which the update writes in place, a read-only pass decides and the update
-  // waits for every rank's verdict; without one the update runs here (B_J is restored from cur_J
-  // if another shard refuses).
-  void check_shard() {
+  // The rest of the chain, each collective started after the one before (`after`): the norms'
+  // partial sums (norm clipping), the verdicts, the step norms' partial sums (gap penalty), B.
+  std::shared_ptr<Request> submit_after_reduce(std::shared_ptr<Request> previous) {
+    S& s = s_;
+    const CollectiveId id = s.id(Purpose::OuterAverage);
+    if (needs_norms())
+      previous = s.comm->allgather_shards(norm_partials_.data(), norm_partials_.size(), DataType::F64, id,
+                                          [this] { after_norms(); }, previous);
+    previous = s.comm->allgather_shards(verdicts_.data(), verdicts_.size(), DataType::F32, id,
+                                        [this] { after_verdicts(); }, previous);
+    if (needs_steps())
+      previous = s.comm->allgather_shards(step_partials_.data(), step_partials_.size(), DataType::F64, id,
+                                          [this] { after_steps(); }, previous);
+    return shards_->allgather_shards(s.comm_buffer.data(), s.state_count, DataType::F32,
+                                     {shard_owner_, Purpose::OuterAverage}, {}, previous);
+  }
+
+  bool needs_norms() const { return s_.prepared.settings.clip == Clip::Norm; }
+  bool needs_steps() const { return s_.prepared.settings.penalty == Penalty::Gap; }
+  size_t segment_count() const { return s_.segments.size(); }
+
+  // 1. This shard of the average is known: c_J = B_J + w step_J. Every rank computes every
+  // segment's lambda from the (identical) gap history; with norm clipping this shard's part of
+  // each segment's norm goes to the others, otherwise the verdict is decided here.
+  void after_reduce() {
     S& s = s_;
     float* b = s.comm_buffer.data();
     bool finite = true;
@@ -315,13 +334,51 @@ class ShardedBackend final : public Backend {
       for (size_t i = 0; i < part.count; ++i) c[i] += w * step[i];
       finite = finite && all_finite(c, part.count);
     }
+    average_finite_ = finite;
+    next_history_ = s.history;
+    lambda_.assign(segment_count(), 1.0);
+    for (size_t i = 0; i < segment_count(); ++i)
+      if (s.segments[i].role == Role::Parameter) lambda_[i] = segment_lambda(s.prepared.settings, next_history_[i]);
+    scale_.assign(segment_count(), 1.0);
+    if (!needs_norms()) return decide();
+    const size_t row = size_t(s.comm->rank()) * segment_count();
+    std::fill(norm_partials_.begin() + long(row), norm_partials_.begin() + long(row + segment_count()), 0.0);
+    plan();
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const ShardPart& part = parts_[i];
+      if (s.segments[part.segment].role != Role::Parameter) continue;
+      const size_t off = part.begin - mine_.begin;
+      norm_partials_[row + part.segment] = momentum_candidate_sum_squares(
+          momentum_.empty() ? nullptr : momentum_.data() + off, b + part.begin, part.count, planned_[i].k);
+    }
+  }
+
+  // 1b. Every rank's parts of the norms, summed in rank order: the same scale on every rank.
+  void after_norms() {
+    S& s = s_;
+    const int w = s.comm->size();
+    for (size_t i = 0; i < segment_count(); ++i) {
+      if (s.segments[i].role != Role::Parameter) continue;
+      double sum = 0.0;
+      for (int r = 0; r < w; ++r) sum += norm_partials_[size_t(r) * segment_count() + i];
+      scale_[i] = norm_clip_scale(sum, s.prepared.settings.clip_threshold);
+    }
+    decide();
+  }
+
+  // Whether this shard's average and its update are finite. With a momentum, which the update
+  // writes in place, a read-only pass decides and the update waits for every rank's verdict;
+  // without one the update runs here (B_J is restored from cur_J if another shard refuses).
+  void decide() {
+    S& s = s_;
+    bool finite = average_finite_;
+    plan();
     if (finite && !momentum_.empty()) {
-      plan(/*summarise=*/false);
       for (size_t i = 0; i < parts_.size() && finite; ++i) {
         const ShardPart& part = parts_[i];
         const size_t off = part.begin - mine_.begin;
-        finite = update_result_finite(planned_[i].flags, cur_.data() + off, momentum_.data() + off, b + part.begin,
-                                      part.count, planned_[i].k);
+        finite = update_result_finite(planned_[i].flags, cur_.data() + off, momentum_.data() + off,
+                                      s.comm_buffer.data() + part.begin, part.count, planned_[i].k);
       }
     } else if (finite) {
       finite = update();
@@ -329,12 +386,15 @@ class ShardedBackend final : public Backend {
     verdicts_.data()[s.comm->rank()] = finite ? 1.0f : 0.0f;
   }
 
-  // The update of this shard: the momentum in place, the next anchor into B_J. False when the
-  // result is not finite.
+  // The update of this shard: the momentum in place, the next anchor into B_J, this shard's
+  // part of each segment's step norm. False when the result is not finite.
   bool update() {
     S& s = s_;
-    plan(/*summarise=*/true);
     bool finite = true;
+    const size_t row = size_t(s.comm->rank()) * segment_count();
+    if (needs_steps())
+      std::fill(step_partials_.begin() + long(row), step_partials_.begin() + long(row + segment_count()), 0.0);
+    summary_.clamped = summary_.trained_elements = 0;
     for (size_t i = 0; i < parts_.size(); ++i) {
       const ShardPart& part = parts_[i];
       const size_t off = part.begin - mine_.begin;
@@ -342,65 +402,81 @@ class ShardedBackend final : public Backend {
       const PassResult r = run_boundary_pass(planned_[i].flags, nullptr, cur_.data() + off, m,
                                              s.comm_buffer.data() + part.begin, part.count, planned_[i].k);
       finite = finite && r.result_finite;
-      if (s.segments[part.segment].role == Role::Parameter) {
-        summary_.clamped += r.clamped;
-        summary_.trained_elements += part.count;
-      }
+      if (s.segments[part.segment].role != Role::Parameter) continue;
+      summary_.clamped += r.clamped;
+      summary_.trained_elements += part.count;
+      if (needs_steps()) step_partials_[row + part.segment] = r.step_sum_squares;
     }
     return finite;
   }
 
-  // The verdicts' on_result: every shard finite -> the update (momentum in place, the next
-  // anchor into B_J); otherwise B_J <- cur_J, so that the all-gather brings the unchanged anchor.
-  void update_shard() {
+  // 2. Every rank's verdict: all finite -> the update; otherwise B_J <- cur_J, so that the
+  // all-gather brings the unchanged anchor.
+  void after_verdicts() {
     S& s = s_;
     bool all = true;
     for (size_t r = 0; r < verdicts_.size(); ++r) all = all && verdicts_.data()[r] == 1.0f;
-    if (all && !momentum_.empty()) update();  // checked finite by check_shard's read-only pass
+    if (all && !momentum_.empty()) update();  // checked finite by decide's read-only pass
     if (!all) std::memcpy(s.comm_buffer.data() + mine_.begin, cur_.data(), mine_.count() * sizeof(float));
     verdict_finite_.store(all);
   }
 
-  // Coefficients of every part (penalty none or constant, value clip: elementwise, so that a
-  // shard's update needs nothing of the other shards).
-  void plan(bool summarise) {
+  // 2b. The gap penalty's g of the next update: alpha ||s|| per segment, from every rank's part.
+  void after_steps() {
     S& s = s_;
-    planned_.assign(parts_.size(), Planned{});
-    if (summarise) summary_ = UpdateSummary{};
-    UpdateSummary unused;
-    for (size_t i = 0; i < parts_.size(); ++i) {
-      const ShardPart& part = parts_[i];
-      const size_t off = part.begin - mine_.begin;
-      GapHistory unchanged = s.history[part.segment];
-      planned_[i].flags.prepare = true;
-      update_coefficients(s.prepared.settings, s.segments[part.segment], unchanged,
-                          momentum_.empty() ? nullptr : momentum_.data() + off, s.comm_buffer.data() + part.begin,
-                          &planned_[i].flags, &planned_[i].k, summarise ? &summary_ : &unused);
+    if (!verdict_finite_.load()) return;
+    const int w = s.comm->size();
+    for (size_t i = 0; i < segment_count(); ++i) {
+      if (s.segments[i].role != Role::Parameter) continue;
+      double sum = 0.0;
+      for (int r = 0; r < w; ++r) sum += step_partials_[size_t(r) * segment_count() + i];
+      next_history_[i].last_step_norm = s.prepared.settings.outer_lr * std::sqrt(sum);
     }
   }
 
-  // A blob's raw average (not prepared): the update of this shard from it, then the next anchor
-  // gathered (blocking; every rank is at the same boundary). False when not finite.
+  // Coefficients of this shard's parts from lambda_ and scale_, the same on every rank, and the
+  // update's figures for the statistics (penalties and scales of every segment).
+  void plan() {
+    S& s = s_;
+    const OuterSettings& o = s.prepared.settings;
+    summary_ = UpdateSummary{};
+    for (size_t i = 0; i < segment_count(); ++i) {
+      if (s.segments[i].role != Role::Parameter) continue;
+      summary_.penalty_min = std::min(summary_.penalty_min, lambda_[i]);
+      summary_.penalty_max = std::max(summary_.penalty_max, lambda_[i]);
+      if (o.clip != Clip::Norm) continue;
+      summary_.scale_min = std::min(summary_.scale_min, scale_[i]);
+      summary_.scaled_segments += scale_[i] < 1.0;
+    }
+    planned_.assign(parts_.size(), Planned{});
+    UpdateSummary unused;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const Segment& seg = s.segments[parts_[i].segment];
+      planned_[i].flags.prepare = true;
+      segment_coefficients(o, seg, lambda_[parts_[i].segment], !momentum_.empty(), &planned_[i].flags,
+                           &planned_[i].k, &unused);
+      if (seg.role == Role::Parameter && o.clip == Clip::Norm) planned_[i].k.norm_scale = float(scale_[parts_[i].segment]);
+    }
+  }
+
+  // A blob's raw average (not prepared): the chain without its reduction, waited for (every rank
+  // is at the same boundary). False when not finite.
   bool prepare_loaded_average() {
     S& s = s_;
     s.prepared.settings = outer_settings_of(s);
     std::fill(step_.data(), step_.data() + step_.size(), 0.0f);
-    check_shard();
-    float* verdicts = verdicts_.data();
-    auto request = s.comm->allgather_shards(verdicts, verdicts_.size(), DataType::F32, s.id(Purpose::OuterAverage));
-    wait_charged(s, request);
-    update_shard();
-    request = shards_->allgather_shards(s.comm_buffer.data(), s.state_count, DataType::F32,
-                                        {shard_owner_, Purpose::OuterAverage});
+    after_reduce();
+    auto request = submit_after_reduce(nullptr);
     wait_charged(s, request);
     return verdict_finite_.load();
   }
 
-  // After a collect: what a save writes as the prepared update (the replicated format).
+  // After a collect: what a save writes as the prepared update (the replicated format), and
+  // what the next pass adopts.
   void remember_prepared(bool finite) {
     S& s = s_;
     s.prepared.ready = finite;
-    s.prepared.history = s.history;
+    s.prepared.history = finite ? next_history_ : s.history;
     s.prepared.summary = summary_;
     s.prepared.summary_known = true;
   }
@@ -428,6 +504,12 @@ class ShardedBackend final : public Backend {
         with_params(seg, [&](auto* p) { narrow_into(node_buffers_.data() + offset, p, seg.count); });
         offset += seg.count;
       }
+  }
+
+  // The collected update's gap history and statistics become the engine's.
+  void adopt_update() {
+    s_.history = s_.prepared.history;
+    commit_update(s_, s_.prepared.settings.clip, &s_.prepared.summary);
   }
 
   void take_anchor_from_buffer() {
@@ -463,6 +545,12 @@ class ShardedBackend final : public Backend {
   FloatBuffer cur_, step_, momentum_;  // this rank's shards
   FloatBuffer verdicts_;               // one per rank: 1 = its shard's average and update finite
   std::vector<Planned> planned_;       // written on the progress thread only
+  // Per rank and segment (rank-major): this rank's parts of the norm clipping's sums of squares
+  // and of the last update's step, all-gathered so that every rank combines them alike.
+  std::vector<double> norm_partials_, step_partials_;
+  std::vector<double> lambda_, scale_;  // per segment, for the update in flight
+  std::vector<GapHistory> next_history_;  // the gap history after the update in flight
+  bool average_finite_ = true;
   std::vector<float> node_buffers_;    // hierarchical: the BUFFER segments averaged in the node
   UpdateSummary summary_;              // of the last update; read after the chain completed
   std::atomic<bool> verdict_finite_{true};

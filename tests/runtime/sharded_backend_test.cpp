@@ -178,12 +178,29 @@ void expect_bitwise_equal_across_ranks(const std::vector<Rank>& ranks, const std
         << what << ": rank " << r << "'s anchor differs from rank 0's";
 }
 
+// The policies: constant penalty and value clipping (elementwise), the gap penalty and norm
+// clipping (per-segment norms from every shard's part), without a momentum.
+enum class Policy { ConstantValue, GapNorm, NoMomentum };
+
+EngineConfig with_policy(EngineConfig c, Policy p) {
+  if (p == Policy::GapNorm) {
+    c.penalty = Penalty::Gap;
+    c.clip = Clip::Norm;
+    c.clip_threshold = 0.5;  // low enough that some rounds clip
+  }
+  if (p == Policy::NoMomentum) {
+    c.outer_momentum = 0.0;
+    c.nesterov = false;
+  }
+  return c;
+}
+
 TEST(ShardedOuterState, EqualsTheReplicatedEngineAtEveryWorldSize) {
   for (int world = 1; world <= 4; ++world) {
-    for (bool momentum : {true, false}) {
-      EngineConfig replicated = co2_config(false), sharded = co2_config(true);
-      if (!momentum) replicated.outer_momentum = sharded.outer_momentum = 0.0, replicated.nesterov = sharded.nesterov = false;
-      const std::string what = "W=" + std::to_string(world) + (momentum ? " momentum" : " no momentum");
+    for (Policy policy : {Policy::ConstantValue, Policy::GapNorm, Policy::NoMomentum}) {
+      const EngineConfig replicated = with_policy(co2_config(false), policy);
+      const EngineConfig sharded = with_policy(co2_config(true), policy);
+      const std::string what = "W=" + std::to_string(world) + " policy " + std::to_string(int(policy));
       const auto a = train(world, replicated, Plan{});
       const auto b = train(world, sharded, Plan{});
       expect_bitwise_equal_across_ranks(b, what);
@@ -193,6 +210,9 @@ TEST(ShardedOuterState, EqualsTheReplicatedEngineAtEveryWorldSize) {
           expect_close(b[size_t(r)].params[t], a[size_t(r)].params[t], what + " rank " + std::to_string(r) + " " + kShapes[t].name);
       EXPECT_EQ(b[0].stats.outer_updates, a[0].stats.outer_updates) << what;
       EXPECT_GT(b[0].stats.outer_updates, 5u) << what;
+      EXPECT_NEAR(b[0].stats.last_penalty_min, a[0].stats.last_penalty_min, 1e-6) << what;
+      EXPECT_NEAR(b[0].stats.last_clip_scale_min, a[0].stats.last_clip_scale_min, 1e-6) << what;
+      if (policy == Policy::GapNorm) EXPECT_LT(a[0].stats.last_clip_scale_min, 1.0) << what << ": nothing was clipped";
     }
   }
 }
@@ -307,7 +327,6 @@ TEST(HierarchicalCo2, RanksOfANodeThatTrainDifferentModelsFailLoudly) {
 TEST(ShardedOuterState, RefusesWhatItDoesNotImplementNamingIt) {
   auto group = make_group(1);
   for (auto change : std::vector<std::function<void(EngineConfig&)>>{
-           [](EngineConfig& c) { c.penalty = Penalty::Gap; }, [](EngineConfig& c) { c.clip = Clip::Norm; },
            [](EngineConfig& c) { c.eager = Eager::On; }, [](EngineConfig& c) { c.algorithm = Algorithm::Diloco; }}) {
     EngineConfig c = co2_config(true);
     change(c);

@@ -74,6 +74,8 @@ const std::vector<AlgorithmCase>& algorithm_cases() {
        CO2_WIRE_FP32, 1, 1},
       {"co2_sharded_bf16_ef", CO2_ALGO_CO2, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.0,
        CO2_WIRE_BF16, 1, 1},
+      {"co2_sharded_gap_norm", CO2_ALGO_CO2, Storage::AllocFlat, CO2_PENALTY_GAP, CO2_CLIP_NORM, 1, 0.5,
+       CO2_WIRE_FP32, 1, 1},
   };
   return cases;
 }
