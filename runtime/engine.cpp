@@ -247,6 +247,12 @@ void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
   observe_collective(s, *request, start, end);
 }
 
+void wait_pending(Engine::State& s) {
+  auto request = std::move(s.pending);
+  s.pending.reset();
+  wait_charged(s, request);
+}
+
 // All ranks compare a 64-bit value; every rank learns of a difference.
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose) {
   const int w = s.comm->size();

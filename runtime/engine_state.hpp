@@ -197,6 +197,8 @@ uint64_t parameters_checksum(const Engine::State& s, bool trained_only = false);
 // residual buffer then receives this one's drops.
 WireCompression outer_wire(Engine::State& s, float* data);
 
+// Waits for the outer collective in flight (s.pending, then empty), as wait_charged does.
+void wait_pending(Engine::State& s);
 // Waits for `request`, charging the time to boundary_wait_ns; throws the collective's error.
 void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request);
 

@@ -136,9 +136,7 @@ class HostBackend final : public Backend {
     S& s = s_;
     Arrival a;
     if (s.pending) {
-      auto request = std::move(s.pending);
-      s.pending.reset();
-      wait_charged(s, request);
+      wait_pending(s);
       a.have = true;
       a.finite = s.pending_result_finite.load();
       s.average_ready = false;

@@ -106,9 +106,7 @@ class ShardedBackend final : public Backend {
     S& s = s_;
     Arrival a;
     if (s.pending) {
-      auto request = std::move(s.pending);
-      s.pending.reset();
-      wait_charged(s, request);
+      wait_pending(s);
       a.have = true;
       a.finite = verdict_finite_.load();
       s.average_ready = false;
@@ -149,9 +147,7 @@ class ShardedBackend final : public Backend {
     S& s = s_;
     pass(/*params_take_anchor=*/false);
     submit_chain();
-    auto request = std::move(s.pending);
-    s.pending.reset();
-    wait_charged(s, request);
+    wait_pending(s);
     return verdict_finite_.load();
   }
   void apply_blocking_update() override { apply_update(); }

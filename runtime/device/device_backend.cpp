@@ -615,12 +615,9 @@ class DeviceBackend final : public Backend {
         case OpKind::HostWaitEvent:
           event(op.event).synchronize();
           break;
-        case OpKind::HostWaitAverage: {
-          auto request = std::move(s.pending);
-          s.pending.reset();
-          wait_charged(s, request);  // throws when the collective failed: nothing is applied
+        case OpKind::HostWaitAverage:
+          wait_pending(s);  // throws when the collective failed: nothing is applied
           break;
-        }
         case OpKind::HostReadFinite:
           average_finite = averaging_ == Averaging::StagedHost ? !staged_average_nonfinite_.load()
                                                                : *average_flag_host_.as<int>() == 0;

@@ -16,19 +16,9 @@
 #include <vector>
 
 #include "co2/co2.h"
+#include "worker_checks.hpp"
 
 namespace {
-
-int failures = 0;
-
-#define CHECK_OK(call)                                                                             \
-  do {                                                                                             \
-    const co2_status_t s_ = (call);                                                                \
-    if (s_ != CO2_OK) {                                                                            \
-      std::fprintf(stderr, "%s -> %s: %s\n", #call, co2_status_string(s_), co2_last_error_message()); \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
 
 const size_t kCounts[] = {1003, 17, 9};  // the last one a BUFFER
 const bool kTrained[] = {true, true, false};
@@ -109,14 +99,6 @@ int64_t as_int(uint64_t v) {
   return out;
 }
 
-int reduce(co2_comm_t comm, int64_t* value, co2_reduce_op_t op) {
-  co2_request_t request = nullptr;
-  CHECK_OK(co2_allreduce(comm, value, 1, CO2_DTYPE_INT64, op, nullptr, &request));
-  CHECK_OK(co2_request_wait(request, 60000));
-  co2_request_free(request);
-  return 0;
-}
-
 }  // namespace
 
 int main() {
@@ -146,7 +128,7 @@ int main() {
     hash = (hash ^ bits) * 1099511628211ull;
   }
   int64_t lo = as_int(hash), hi = as_int(hash);
-  if (reduce(world, &lo, CO2_REDUCE_MIN) || reduce(world, &hi, CO2_REDUCE_MAX)) return 1;
+  if (reduce_over(world, &lo, CO2_REDUCE_MIN) || reduce_over(world, &hi, CO2_REDUCE_MAX)) return 1;
   if (lo != hi) {
     std::fprintf(stderr, "rank %d: the ranks' anchors differ\n", rank);
     ++failures;

@@ -1,4 +1,5 @@
-// What the split workers (split_worker.cpp, split_nodes_worker.cpp) share: a status check that
+// What the multi-process workers (split_worker.cpp, split_nodes_worker.cpp,
+// hierarchical_worker.cpp) share: a status check that
 // makes the caller return 1 with the reason, value checks that count failures, and a one-value
 // all-reduce.
 #pragma once
@@ -21,18 +22,20 @@ int failures = 0;
     }                                                                                              \
   } while (0)
 
-void expect(bool ok, const char* what, long got, long want) {
+inline void expect(bool ok, const char* what, long got, long want) {
   if (ok) return;
   std::fprintf(stderr, "mismatch: %s: got %ld, want %ld\n", what, got, want);
   ++failures;
 }
 
-int sum_over(co2_comm_t comm, int64_t* value) {
+inline int reduce_over(co2_comm_t comm, int64_t* value, co2_reduce_op_t op) {
   co2_request_t request = nullptr;
-  CHECK_OK(co2_allreduce(comm, value, 1, CO2_DTYPE_INT64, CO2_REDUCE_SUM, nullptr, &request));
+  CHECK_OK(co2_allreduce(comm, value, 1, CO2_DTYPE_INT64, op, nullptr, &request));
   CHECK_OK(co2_request_wait(request, 60000));
   co2_request_free(request);
   return 0;
 }
+
+inline int sum_over(co2_comm_t comm, int64_t* value) { return reduce_over(comm, value, CO2_REDUCE_SUM); }
 
 }  // namespace
