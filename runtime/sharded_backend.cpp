@@ -148,6 +148,7 @@ class ShardedBackend final : public Backend {
     pass(/*params_take_anchor=*/false);
     submit_chain();
     wait_pending(s);
+    remember_prepared(verdict_finite_.load());
     return verdict_finite_.load();
   }
   void apply_blocking_update() override { apply_update(); }
