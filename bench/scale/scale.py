@@ -256,10 +256,10 @@ def memory_table(args, out=sys.stdout):
           "\n    ZeRO-1 sharded where the ranks' gradients are equal every step; outer: co2's fp32 state"
           "\n    (anchor, momentum, comm buffer; sharded: N + 3N/k). Activations, fp32 master weights, a"
           "\n    compressed wire's residual (+1 copy) and framework buffers are not counted.\n", file=out)
-    head = "    configuration                            outer copies@16/@128  inner   outer   total   left"
-    print(head + "  |  inner   outer   total   left", file=out)
-    print("    " + " " * 38 + "                       ---------- 16 GPUs ----------  |  ---------- 128 GPUs ---------",
-          file=out)
+    cols = f"{'inner':>7} {'outer':>7} {'total':>7} {'left':>6}"
+    groups = "  |  ".join(f" {g} GPUs ".center(30, "-") for g in gpus)
+    print(f"    {'':<40} {'outer copies':>13}  {groups}", file=out)
+    print(f"    {'configuration':<40} {'@' + str(gpus[0]) + ' / @' + str(gpus[1]):>13}  {cols}  |  {cols}", file=out)
     result = {}
     by_g = {g: memory_rows(args, g) for g in gpus}
     for i, (label, _, _, _) in enumerate(by_g[gpus[0]]):
@@ -268,12 +268,12 @@ def memory_table(args, out=sys.stdout):
         for g in gpus:
             _, inner_b, c, outer_b = by_g[g][i]
             total = (inner_b + outer_b) / GIB
-            cells.append(f"{inner_b / GIB:6.1f}  {outer_b / GIB:6.1f}  {total:6.1f}  {cap - total:5.1f}")
+            cells.append(f"{inner_b / GIB:7.1f} {outer_b / GIB:7.1f} {total:7.1f} {cap - total:6.1f}")
             copies.append(c)
             result.setdefault(label, {})[g] = {"inner_gib": inner_b / GIB, "outer_copies": c,
                                                "outer_gib": outer_b / GIB, "total_gib": total,
                                                "left_gib": cap - total}
-        print(f"    {label:<40} {copies[0]:5.2f} / {copies[1]:5.2f}   " + "  |  ".join(cells), file=out)
+        print(f"    {label:<40} {copies[0]:5.2f} / {copies[1]:5.2f}  " + "  |  ".join(cells), file=out)
     return result
 
 
