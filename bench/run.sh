@@ -3,7 +3,7 @@
 #   bash bench/run.sh [run.py arguments, e.g. --transport model]
 # Builds co2 if needed (BUILD_DIR, default build), runs bench/overlap/run.py with the CPU-burn
 # and digits-MLP tables, then bench/scale/scale.py calibrated from what was just measured.
-# Tables go to stdout; bench/results/ gets overlap.json, overlap_ratio.png and scale.png.
+# Tables go to stdout; bench/results/ gets overlap.json, overlap_ratio.png, scale.json and scale.png.
 # Namespaces (when run as root) are always removed, also on Ctrl-C.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -19,6 +19,15 @@ Parts of the model:
                fused outer update (memory-bound on the GPU).
              The measured overlap efficiency (co2 where the all-reduce is shorter than tau steps,
              timed-wait table) scales the hidden part.
+  hierarchical CO2 (co2 across nodes, gradients averaged every step inside a node of L GPUs):
+             per step the intra-node gradient all-reduce 2 (L-1)/L * S / B_nvlink, bucketed and
+             overlapped with backward like DDP; per round local rank j all-reduces its N/L shard
+             across the n nodes (the L shards share the node's NIC, so the NIC carries
+             2 (n-1)/n * S per round, as in NCCL's hierarchical all-reduce), then the next anchor is
+             all-gathered inside the node in fp32: (L-1)/L * 4N / B_nvlink; both behind tau steps.
+  memory     per GPU: the inner state (bf16 parameters and gradients, fp32 Adam moments; ZeRO-1
+             shards the moments over ranks whose gradients are averaged every step) and co2's fp32
+             outer state: replicated 3 copies, sharded 1 + 3/W (flat) or 1 + 3/L (hierarchical).
 Throughput = tokens * G / T_step; the scalability ratio (the paper's definition) is
 throughput(128) / (8 * throughput(16)).
 
@@ -120,27 +129,62 @@ def calibrate(measured, default_eta):
     return eta, overlap_eff, validation
 
 
+def hierarchical_seconds(size_bytes, anchor_bytes, gpus, per_node, cluster, nvlink_bytes):
+    """Hierarchical CO2's communication: (intra-node gradient all-reduce per step, inter-node
+    all-reduce per round, intra-node all-gather of the anchor per round)."""
+    local = min(per_node, gpus)
+    nodes = max(1, gpus // per_node)
+    grad = 2 * (local - 1) / local * size_bytes / nvlink_bytes if local > 1 else 0.0
+    # Local rank j all-reduces shard j (S / L) across the nodes; the L rings share the node's NIC,
+    # so the NIC moves L * 2 (n-1)/n * S/L per round.
+    inter = 0.0
+    if nodes > 1:
+        inter = 2 * (nodes - 1) * cluster.alpha + 2 * (nodes - 1) / nodes * size_bytes / (cluster.eta * cluster.nic_bytes)
+    gather = (local - 1) / local * anchor_bytes / nvlink_bytes if local > 1 else 0.0
+    return grad, inter, gather
+
+
+# (label, algorithm, tau): the rows of the prediction and of the sensitivity sweep.
+ALGOS = [("DDP (AdamW)", "ddp", 1), ("CO2 tau=12", "co2", 12), ("CO2 tau=48", "co2", 48),
+         ("CO2 hier tau=12", "co2_hier", 12), ("CO2 hier tau=48", "co2_hier", 48)]
+BLOCKING = [("blocking tau=12", "localsgd", 12), ("blocking tau=48", "localsgd", 48)]
+
+
+def algo_step(args, algo, tau, gpus, t_c, cluster, overlap_eff):
+    """(seconds per step, seconds of the communication that step or round waits for or hides)."""
+    size = args.params * args.wire_bytes
+    nvlink = args.nvlink_gbs * 1e9
+    # The fused outer update on the GPU reads and writes p, anchor, momentum, comm buffer (fp32);
+    # charged to every CO2 row (the sharded boundary pass touches only p and B: 16 bytes).
+    t_pass = args.params * 32 / (args.hbm_gbs * 1e9)
+    if algo == "co2_hier":
+        grad, inter, gather = hierarchical_seconds(size, 4 * args.params, gpus, args.gpus_per_node, cluster, nvlink)
+        local = min(args.gpus_per_node, gpus)
+        bucket = 2 * (local - 1) / local * args.bucket_mb * 1e6 / nvlink if local > 1 else 0.0
+        inner = step_seconds("ddp", 1, t_c, grad, 0.0, bucket, overlap_eff)
+        return step_seconds("co2", tau, inner, inter + gather, t_pass, 0.0, overlap_eff), inter + gather
+    t_ar = allreduce_seconds(size, gpus, args.gpus_per_node, cluster, nvlink)
+    bucket = allreduce_seconds(args.bucket_mb * 1e6, gpus, args.gpus_per_node, cluster, nvlink)
+    return step_seconds(algo, tau, t_c, t_ar, t_pass, bucket, overlap_eff), t_ar
+
+
+def compute_seconds(args):
+    return 6 * args.params * args.tokens / (args.peak_tflops * 1e12 * args.mfu)
+
+
 def predict(args, eta_tcp, overlap_eff):
     clusters = [Cluster("80 Gbit/s TCP", 80, args.alpha_tcp, eta_tcp),
                 Cluster("800 Gbit/s RDMA", 800, args.alpha_rdma, args.eta_rdma)]
-    t_c = 6 * args.params * args.tokens / (args.peak_tflops * 1e12 * args.mfu)
-    size = args.params * args.wire_bytes
-    # The fused outer update on the GPU reads and writes p, anchor, momentum, comm buffer (fp32).
-    t_pass = args.params * 32 / (args.hbm_gbs * 1e9)
-    nvlink = args.nvlink_gbs * 1e9
+    t_c = compute_seconds(args)
     gpu_counts = [8, 16, 32, 64, 128, 256]
-    algos = [("DDP (AdamW)", "ddp", 1), ("CO2 tau=12", "co2", 12), ("CO2 tau=48", "co2", 48)]
-    out = {"t_c": t_c, "t_pass": t_pass, "clusters": {}}
+    out = {"t_c": t_c, "t_pass": args.params * 32 / (args.hbm_gbs * 1e9), "clusters": {}}
     for c in clusters:
         per = {}
-        for label, algo, tau in algos:
+        for label, algo, tau in ALGOS:
             series = []
             for g in gpu_counts:
-                t_ar = allreduce_seconds(size, g, args.gpus_per_node, c, nvlink)
-                bucket = allreduce_seconds(args.bucket_mb * 1e6, g, args.gpus_per_node, c, nvlink)
-                t = step_seconds(algo, tau, t_c, t_ar, t_pass, bucket, overlap_eff)
-                series.append({"gpus": g, "t_ar": t_ar, "t_step": t,
-                               "throughput": args.tokens * g / t})
+                t, comm = algo_step(args, algo, tau, g, t_c, c, overlap_eff)
+                series.append({"gpus": g, "t_ar": comm, "t_step": t, "throughput": args.tokens * g / t})
             th = {s["gpus"]: s["throughput"] for s in series}
             per[label] = {"series": series, "scalability": th[128] / (8 * th[16])}
         out["clusters"][c.name] = per
@@ -149,39 +193,88 @@ def predict(args, eta_tcp, overlap_eff):
 
 def sweep_compute(args, eta_tcp, overlap_eff):
     """Scalability on 80 Gbit/s TCP as T_c varies (the quantity the paper does not state)."""
-    return [(t_c, *scalability_tcp(args, eta_tcp, overlap_eff, t_c))
-            for t_c in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)]
+    return [(t_c, scalability_tcp(args, eta_tcp, overlap_eff, t_c)) for t_c in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)]
 
 
 def scalability_tcp(args, eta, overlap_eff, t_c):
+    """{label: throughput(128) / (8 throughput(16))} on 80 Gbit/s TCP, for ALGOS and BLOCKING."""
     c = Cluster("tcp", 80, args.alpha_tcp, eta)
-    size = args.params * args.wire_bytes
-    nvlink = args.nvlink_gbs * 1e9
-    t_pass = args.params * 32 / (args.hbm_gbs * 1e9)
-    vals = []
-    for algo, tau in (("ddp", 1), ("co2", 12), ("co2", 48), ("localsgd", 12), ("localsgd", 48)):
-        th = {}
-        for g in (16, 128):
-            t_ar = allreduce_seconds(size, g, args.gpus_per_node, c, nvlink)
-            bucket = allreduce_seconds(args.bucket_mb * 1e6, g, args.gpus_per_node, c, nvlink)
-            th[g] = g / step_seconds(algo, tau, t_c, t_ar, t_pass, bucket, overlap_eff)
-        vals.append(th[128] / (8 * th[16]))
+    vals = {}
+    for label, algo, tau in ALGOS + BLOCKING:
+        th = {g: g / algo_step(args, algo, tau, g, t_c, c, overlap_eff)[0] for g in (16, 128)}
+        vals[label] = th[128] / (8 * th[16])
     return vals
 
 
 def match_ddp(args, eta, overlap_eff, target):
     """The T_c at which the model's DDP scalability equals `target` (bisection; DDP's ratio
-    grows with T_c), with the CO2 ratios there. None if out of range."""
+    grows with T_c), with every ratio there. None if out of range."""
     lo, hi = 0.01, 100.0
-    if not (scalability_tcp(args, eta, overlap_eff, lo)[0] <= target <= scalability_tcp(args, eta, overlap_eff, hi)[0]):
+    ddp = lambda t: scalability_tcp(args, eta, overlap_eff, t)["DDP (AdamW)"]
+    if not (ddp(lo) <= target <= ddp(hi)):
         return None
     for _ in range(80):
         mid = math.sqrt(lo * hi)
-        if scalability_tcp(args, eta, overlap_eff, mid)[0] < target:
+        if ddp(mid) < target:
             lo = mid
         else:
             hi = mid
-    return (hi, *scalability_tcp(args, eta, overlap_eff, hi)[1:])
+    return hi, scalability_tcp(args, eta, overlap_eff, hi)
+
+
+GIB = float(1 << 30)
+
+
+def memory_rows(args, gpus):
+    """Per-GPU memory at `gpus` GPUs: (label, inner bytes, outer copies, outer bytes).
+    Inner state: bf16 parameters and gradients (4 B per parameter) and fp32 Adam moments (8 B).
+    ZeRO-1 shards the moments over ranks whose gradients are averaged every step: all G for DDP,
+    the node's L for hierarchical CO2, none for flat CO2 (each rank's moments are its own).
+    Outer state, fp32, in model copies: anchor + momentum + comm buffer replicated; sharded over
+    k ranks N + 3 N/k (the anchor, momentum and step shards; docs/algorithm.md)."""
+    p = args.params
+    local = min(args.gpus_per_node, gpus)
+
+    def inner(shards):
+        return 4 * p + 8 * p / shards
+
+    rows = [("DDP", inner(1), 0.0),
+            ("DDP, ZeRO-1 over G", inner(gpus), 0.0),
+            ("flat CO2, replicated", inner(1), 3.0),
+            ("flat CO2, sharded over G", inner(1), 1 + 3 / gpus),
+            ("hier CO2, replicated, ZeRO-1 over L", inner(local), 3.0),
+            ("hier CO2, sharded over L, ZeRO-1 over L", inner(local), 1 + 3 / local)]
+    return [(label, b, copies, copies * 4 * p) for label, b, copies in rows]
+
+
+def memory_table(args, out=sys.stdout):
+    gpus = (16, 128)
+    cap = args.gpu_memory_gib
+    print(f"\n## memory per GPU: {args.params / 1e9:.0f}B parameters, {cap:.0f} GiB GPUs, "
+          f"{args.gpus_per_node} GPUs per node (GiB)\n", file=out)
+    print("    inner: bf16 parameters + bf16 gradients + fp32 Adam moments = 12 B per parameter, the moments"
+          "\n    ZeRO-1 sharded where the ranks' gradients are equal every step; outer: co2's fp32 state"
+          "\n    (anchor, momentum, comm buffer; sharded: N + 3N/k). Activations, fp32 master weights, a"
+          "\n    compressed wire's residual (+1 copy) and framework buffers are not counted.\n", file=out)
+    cols = f"{'inner':>7} {'outer':>7} {'total':>7} {'left':>6}"
+    groups = "  |  ".join(f" {g} GPUs ".center(30, "-") for g in gpus)
+    print(f"    {'':<40} {'outer copies':>13}  {groups}", file=out)
+    print(f"    {'configuration':<40} {'@' + str(gpus[0]) + ' / @' + str(gpus[1]):>13}  {cols}  |  {cols}", file=out)
+    result = {}
+    by_g = {g: memory_rows(args, g) for g in gpus}
+    for i, (label, _, _, _) in enumerate(by_g[gpus[0]]):
+        cells = []
+        copies = []
+        for g in gpus:
+            _, inner_b, c, outer_b = by_g[g][i]
+            total = (inner_b + outer_b) / GIB
+            cells.append(f"{inner_b / GIB:7.1f} {outer_b / GIB:7.1f} {total:7.1f} {cap - total:6.1f}")
+            copies.append(c)
+            result.setdefault(label, {})[g] = {"inner_gib": inner_b / GIB, "outer_copies": c,
+                                               "outer_gib": outer_b / GIB, "total_gib": total,
+                                               "left_gib": cap - total}
+        print(f"    {label:<40} {copies[0]:5.2f} / {copies[1]:5.2f}  " + "  |  ".join(cells), file=out)
+    return result
 
 
 # Kale et al., "Eager Updates For Overlapped Communication and Computation in DiLoCo" (arXiv
@@ -278,14 +371,16 @@ def plot(pred, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.9), sharey=True)
-    colors = {"DDP (AdamW)": "tab:red", "CO2 tau=12": "tab:cyan", "CO2 tau=48": "tab:blue"}
+    colors = {"DDP (AdamW)": "tab:red", "CO2 tau=12": "tab:cyan", "CO2 tau=48": "tab:blue",
+              "CO2 hier tau=12": "tab:olive", "CO2 hier tau=48": "tab:green"}
     for ax, (cname, per) in zip(axes, pred["clusters"].items()):
         for label, d in per.items():
             s = d["series"]
             base = next(x for x in s if x["gpus"] == 16)["throughput"] / 16
             xs = [x["gpus"] for x in s]
             ys = [x["throughput"] / (x["gpus"] * base) for x in s]
-            ax.plot(xs, ys, "-o", color=colors[label], label=f"{label} (128/16: {d['scalability']:.2f})")
+            style = "--s" if "hier" in label else "-o"
+            ax.plot(xs, ys, style, color=colors[label], ms=4, label=f"{label} (128/16: {d['scalability']:.2f})")
         if "TCP" in cname:
             for label, v in PAPER_TCP80.items():
                 ax.plot([128], [v], marker="*", ms=12, color=colors[label], ls="none")
@@ -323,6 +418,7 @@ def main(argv):
     ap.add_argument("--eta-tcp", type=float, default=0.0, help="0: calibrate from --measured, else 0.9")
     ap.add_argument("--eta-rdma", type=float, default=0.9)
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket (its default)")
+    ap.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU (A100 80GB)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--bandwidth-table", action="store_true",
                     help="only the bandwidth needed for 95 %% compute utilization per wire format")
@@ -380,33 +476,55 @@ def main(argv):
     print(f"T_c = 6 P tokens / (peak MFU) = {pred['t_c']:.3f} s per step ({args.tokens:.0f} tokens per GPU, "
           f"{args.peak_tflops:.0f} TFLOP/s at MFU {args.mfu}); outer pass {pred['t_pass'] * 1e3:.0f} ms; "
           f"wire {args.wire_bytes:.0f} B per element ({args.params * args.wire_bytes / 1e9:.0f} GB per all-reduce)")
+    print("CO2: every GPU an outer participant (the all-reduce as NCCL's hierarchical one); CO2 hier: "
+          "co2 across nodes, gradients averaged every step inside the node")
+    memory = {g: {label: (inner + outer) / GIB for label, inner, _, outer in memory_rows(args, g)} for g in (16, 128)}
+    # The memory column: the sharded configuration of each row (DDP with ZeRO-1).
+    mem_label = {"ddp": "DDP, ZeRO-1 over G", "co2": "flat CO2, sharded over G",
+                 "co2_hier": "hier CO2, sharded over L, ZeRO-1 over L"}
     for cname, per in pred["clusters"].items():
         print(f"\n{cname}:")
         ar16 = per["DDP (AdamW)"]["series"][1]["t_ar"]
         ar128 = per["DDP (AdamW)"]["series"][4]["t_ar"]
-        print(f"  one all-reduce: {ar16:.2f} s at 16 GPUs, {ar128:.2f} s at 128")
-        print("  algorithm      step@16 s  step@128 s  scalability  paper (Table 3)")
-        for label, d in per.items():
+        h16 = per["CO2 hier tau=12"]["series"][1]["t_ar"]
+        h128 = per["CO2 hier tau=12"]["series"][4]["t_ar"]
+        print(f"  one all-reduce: {ar16:.2f} s at 16 GPUs, {ar128:.2f} s at 128; hierarchical round "
+              f"(inter-node shards + intra-node all-gather): {h16:.2f} s at 16, {h128:.2f} s at 128")
+        print("  algorithm        step@16 s  step@128 s  scalability  paper (Table 3)  GiB/GPU@16  @128 (sharded)")
+        for label, algo, _ in ALGOS:
+            d = per[label]
             s16 = d["series"][1]["t_step"]
             s128 = d["series"][4]["t_step"]
             paper = PAPER_TCP80.get(label) if "TCP" in cname else None
-            print(f"  {label:<13} {s16:9.3f}  {s128:10.3f}  {d['scalability']:11.3f}  "
-                  f"{paper if paper is not None else '-'}")
+            m = mem_label[algo]
+            print(f"  {label:<15} {s16:9.3f}  {s128:10.3f}  {d['scalability']:11.3f}  "
+                  f"{paper if paper is not None else '-':>15}  {memory[16][m]:10.1f}  {memory[128][m]:5.1f}")
     print("\n## sensitivity: scalability on 80 Gbit/s TCP against the per-step compute T_c\n")
     print("    (blocking outer step: the outer all-reduce not overlapped, as in localsgd/diloco and in")
     print("    the released CO2 code's default mode, DESIGN.md section 7)\n")
-    print("    T_c s   DDP    CO2 tau=12  CO2 tau=48   blocking tau=12  blocking tau=48")
-    for t_c, ddp, c12, c48, b12, b48 in sweep_compute(args, eta, overlap_eff):
-        print(f"    {t_c:5.2f}  {ddp:5.3f}  {c12:10.3f}  {c48:10.3f}   {b12:14.3f}  {b48:15.3f}")
-    print("    paper   0.82   0.86        1.06")
+    labels = [label for label, _, _ in ALGOS + BLOCKING]
+    short = {"DDP (AdamW)": "DDP", "CO2 tau=12": "CO2 12", "CO2 tau=48": "CO2 48", "CO2 hier tau=12": "hier 12",
+             "CO2 hier tau=48": "hier 48", "blocking tau=12": "block 12", "blocking tau=48": "block 48"}
+    print("    T_c s  " + "".join(f"{short[l]:>9}" for l in labels))
+    sweep = sweep_compute(args, eta, overlap_eff)
+    for t_c, vals in sweep:
+        print(f"    {t_c:5.2f}  " + "".join(f"{vals[l]:9.3f}" for l in labels))
+    print("    paper  " + "".join(f"{PAPER_TCP80[l]:9.2f}" if l in PAPER_TCP80 else f"{'':9}" for l in labels))
     t_match = match_ddp(args, eta, overlap_eff, PAPER_TCP80["DDP (AdamW)"])
     if t_match:
-        c12, c48, b12, b48 = t_match[1:5]
-        print(f"\nThe model's DDP reaches the paper's 0.82 at T_c = {t_match[0]:.2f} s; there it predicts "
-              f"CO2 tau=12 {c12:.3f} (paper 0.86) and CO2 tau=48 {c48:.3f} (paper 1.06); with a blocking "
-              f"outer step {b12:.3f} and {b48:.3f}.")
+        t, v = t_match
+        print(f"\nThe model's DDP reaches the paper's 0.82 at T_c = {t:.2f} s; there it predicts "
+              f"CO2 tau=12 {v['CO2 tau=12']:.3f} (paper 0.86) and CO2 tau=48 {v['CO2 tau=48']:.3f} (paper 1.06); "
+              f"hierarchical CO2 {v['CO2 hier tau=12']:.3f} and {v['CO2 hier tau=48']:.3f}; with a blocking "
+              f"outer step {v['blocking tau=12']:.3f} and {v['blocking tau=48']:.3f}.")
+    mem = memory_table(args)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "scale.json"), "w") as f:
+        json.dump({"eta_tcp": eta, "overlap_eff": overlap_eff, "prediction": pred,
+                   "sensitivity": [{"t_c": t, **v} for t, v in sweep],
+                   "ddp_matched": {"t_c": t_match[0], **t_match[1]} if t_match else None,
+                   "memory_gib": mem}, f, indent=1)
     if not args.no_plot:
-        os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "scale.png")
         plot(pred, path)
         print(f"\nwrote {path}", file=sys.stderr)
