@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/comm.hpp"
+#include "tests/runtime/thread_group.hpp"
 #include "transports/local/transport.hpp"
 
 namespace co2 {
@@ -30,20 +31,11 @@ std::vector<std::unique_ptr<Communicator>> make_group(int size,
                                                       const transport::local::LinkModel& link = {},
                                                       size_t chunk_bytes = size_t(1) << 20) {
   const std::string name = group_name();
-  std::vector<std::unique_ptr<transport::PointToPoint>> transports(static_cast<size_t>(size));
-  std::vector<std::thread> joiners;
-  for (int rank = 0; rank < size; ++rank)
-    joiners.emplace_back([&, rank] {
-      transports[size_t(rank)] = transport::local::join(name, rank, size, kWait, link);
-    });
-  for (auto& joiner : joiners) joiner.join();
   CommOptions options;
   options.timeout = milliseconds(60000);
   options.chunk_bytes = chunk_bytes;
-  std::vector<std::unique_ptr<Communicator>> group;
-  for (auto& transport : transports)
-    group.push_back(std::make_unique<Communicator>(std::move(transport), options));
-  return group;
+  return test::form_thread_group(
+      size, [&](int rank) { return transport::local::join(name, rank, size, kWait, link); }, options);
 }
 
 struct Outcome {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/engine.hpp"
+#include "tests/runtime/thread_group.hpp"
 #include "transports/local/transport.hpp"
 
 namespace co2 {
@@ -25,16 +26,11 @@ using std::chrono::milliseconds;
 std::vector<std::shared_ptr<Communicator>> make_group(int size) {
   static int counter = 0;
   const std::string name = "sharded#" + std::to_string(counter++);
-  std::vector<std::unique_ptr<transport::PointToPoint>> transports(static_cast<size_t>(size));
-  std::vector<std::thread> joiners;
-  for (int rank = 0; rank < size; ++rank)
-    joiners.emplace_back([&, rank] { transports[size_t(rank)] = transport::local::join(name, rank, size, milliseconds(20000), {}); });
-  for (auto& joiner : joiners) joiner.join();
   CommOptions options;
   options.timeout = milliseconds(30000);
-  std::vector<std::shared_ptr<Communicator>> group;
-  for (auto& transport : transports) group.push_back(std::make_shared<Communicator>(std::move(transport), options));
-  return group;
+  auto joined = test::form_thread_group(
+      size, [&](int rank) { return transport::local::join(name, rank, size, milliseconds(20000), {}); }, options);
+  return {std::make_move_iterator(joined.begin()), std::make_move_iterator(joined.end())};
 }
 
 // Uneven sizes: shards cut segments in the middle, and one rank's shard may hold no PARAMETER.

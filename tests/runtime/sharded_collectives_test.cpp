@@ -16,6 +16,8 @@
 
 #include "runtime/collectives.hpp"
 #include "runtime/comm.hpp"
+#include "tests/runtime/thread_group.hpp"
+#include "tests/transports/ucx_collectives.hpp"
 #include "transports/local/transport.hpp"
 #ifdef CO2_HAVE_UCX
 #include "runtime/store/store.hpp"
@@ -41,36 +43,21 @@ std::string group_name() {
 
 Group make_group(const std::string& kind, int size, milliseconds timeout = milliseconds(60000)) {
   const std::string name = group_name();
-  std::vector<std::unique_ptr<transport::PointToPoint>> transports(static_cast<size_t>(size));
-  std::vector<std::string> errors(static_cast<size_t>(size));
 #ifdef CO2_HAVE_UCX
   auto store = store::make_memory_store();
 #endif
-  std::vector<std::thread> joiners;
-  for (int rank = 0; rank < size; ++rank)
-    joiners.emplace_back([&, rank] {
-      try {
-#ifdef CO2_HAVE_UCX
-        if (kind == "ucx") {
-          transports[size_t(rank)] = transport::ucx::connect(*store, name + "/", rank, size, kWait);
-          return;
-        }
-#endif
-        transports[size_t(rank)] = transport::local::join(name, rank, size, kWait, {});
-      } catch (const std::exception& error) {
-        errors[size_t(rank)] = error.what();
-      }
-    });
-  for (auto& joiner : joiners) joiner.join();
-  for (const std::string& error : errors)
-    if (!error.empty()) throw std::runtime_error("forming the group failed: " + error);
   CommOptions options;
   options.timeout = timeout;
   options.chunk_bytes = kChunkBytes;
-  Group group;
-  for (auto& transport : transports)
-    group.push_back(std::make_unique<Communicator>(std::move(transport), options));
-  return group;
+  return test::form_thread_group(
+      size,
+      [&](int rank) -> std::unique_ptr<transport::PointToPoint> {
+#ifdef CO2_HAVE_UCX
+        if (kind == "ucx") return transport::ucx::connect(*store, name + "/", rank, size, kWait);
+#endif
+        return transport::local::join(name, rank, size, kWait, {});
+      },
+      options);
 }
 
 struct Outcome {
@@ -99,23 +86,10 @@ void wait_ok(const std::vector<std::shared_ptr<Request>>& requests, const std::s
   }
 }
 
-// Input of `rank` for one case: values with varied exponents, so that a different order of
-// operands shows in the bits.
+// Input of `rank` for one case: the UCX workload's (varied exponents, so that a different order
+// of operands shows in the bits).
 std::vector<char> input(DataType dtype, size_t count, int rank, int seed) {
-  std::mt19937_64 random(uint64_t(seed) * 1000003u + uint64_t(rank) * 7919u + 1u);
-  std::uniform_real_distribution<double> unit(-1.0, 1.0);
-  std::uniform_int_distribution<int> exponent(-20, 20);
-  std::vector<char> bytes(count * dtype_size(dtype));
-  for (size_t i = 0; i < count; ++i) {
-    const double value = std::ldexp(unit(random), exponent(random));
-    switch (dtype) {
-      case DataType::F32: { const float v = float(value); std::memcpy(&bytes[i * 4], &v, 4); break; }
-      case DataType::F64: std::memcpy(&bytes[i * 8], &value, 8); break;
-      case DataType::I32: { const int32_t v = int32_t(random() % 2000001) - 1000000; std::memcpy(&bytes[i * 4], &v, 4); break; }
-      case DataType::I64: { const int64_t v = int64_t(random() % 2000000001) - 1000000000; std::memcpy(&bytes[i * 8], &v, 8); break; }
-    }
-  }
-  return bytes;
+  return test::workload_input(dtype, count, rank, seed);
 }
 
 // Index of the first differing element, or -1.
