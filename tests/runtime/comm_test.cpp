@@ -16,6 +16,8 @@
 namespace co2 {
 namespace {
 
+using test::Outcome;
+
 using std::chrono::milliseconds;
 
 // A bound for every wait here: a mismatch must fail within it instead of hanging.
@@ -38,23 +40,7 @@ std::vector<std::unique_ptr<Communicator>> make_group(int size,
       size, [&](int rank) { return transport::local::join(name, rank, size, kWait, link); }, options);
 }
 
-struct Outcome {
-  Status status = Status::Ok;
-  std::string message;
-  bool finished = false;
-};
-
-Outcome outcome_of(const std::shared_ptr<Request>& request) {
-  Outcome outcome;
-  try {
-    outcome.finished = request->wait_for(kWait);
-  } catch (const Error& error) {
-    outcome.finished = true;
-    outcome.status = error.status();
-    outcome.message = error.what();
-  }
-  return outcome;
-}
+Outcome outcome_of(const std::shared_ptr<Request>& request) { return test::outcome_of(request, kWait); }
 
 // Rank r issues ids[r]; every other field is equal. Expects CollectiveMismatch on every rank,
 // with a message that names each of `needles`.

@@ -210,7 +210,9 @@ TEST(ShardedOuterState, EqualsTheReplicatedEngineAtEveryWorldSize) {
       EXPECT_GT(b[0].stats.outer_updates, 5u) << what;
       EXPECT_NEAR(b[0].stats.last_penalty_min, a[0].stats.last_penalty_min, 1e-6) << what;
       EXPECT_NEAR(b[0].stats.last_clip_scale_min, a[0].stats.last_clip_scale_min, 1e-6) << what;
-      if (policy == Policy::GapNorm || policy == Policy::GapNormWarmUp) EXPECT_LT(a[0].stats.last_clip_scale_min, 1.0) << what << ": nothing was clipped";
+      if (policy == Policy::GapNorm || policy == Policy::GapNormWarmUp) {
+        EXPECT_LT(a[0].stats.last_clip_scale_min, 1.0) << what << ": nothing was clipped";
+      }
     }
   }
 }
@@ -316,8 +318,9 @@ TEST(HierarchicalCo2, RanksOfANodeThatTrainDifferentModelsFailLoudly) {
   const auto h = train(4, co2_config(false), plan);
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(h[size_t(rank)].failed, Status::Ok) << "rank " << rank << " trained on";
-    if (h[size_t(rank)].failed == Status::AnchorMismatch)
+    if (h[size_t(rank)].failed == Status::AnchorMismatch) {
       EXPECT_NE(h[size_t(rank)].failure.find("averaged inside the node"), std::string::npos) << h[size_t(rank)].failure;
+    }
   }
   EXPECT_TRUE(std::any_of(h.begin(), h.end(), [](const Rank& r) { return r.failed == Status::AnchorMismatch; }));
 }

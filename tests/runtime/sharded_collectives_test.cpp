@@ -27,6 +27,8 @@
 namespace co2 {
 namespace {
 
+using test::Outcome;
+
 using std::chrono::milliseconds;
 using Group = std::vector<std::unique_ptr<Communicator>>;
 
@@ -60,23 +62,7 @@ Group make_group(const std::string& kind, int size, milliseconds timeout = milli
       options);
 }
 
-struct Outcome {
-  Status status = Status::Ok;
-  std::string message;
-  bool finished = false;
-};
-
-Outcome outcome_of(const std::shared_ptr<Request>& request) {
-  Outcome outcome;
-  try {
-    outcome.finished = request->wait_for(kWait);
-  } catch (const Error& error) {
-    outcome.finished = true;
-    outcome.status = error.status();
-    outcome.message = error.what();
-  }
-  return outcome;
-}
+Outcome outcome_of(const std::shared_ptr<Request>& request) { return test::outcome_of(request, kWait); }
 
 void wait_ok(const std::vector<std::shared_ptr<Request>>& requests, const std::string& what) {
   for (size_t rank = 0; rank < requests.size(); ++rank) {

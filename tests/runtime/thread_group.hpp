@@ -2,6 +2,7 @@
 // ranks arrived, so each runs on its own thread) and wrapped in Communicators.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -32,6 +33,25 @@ std::vector<std::unique_ptr<Communicator>> form_thread_group(int size, const Joi
   std::vector<std::unique_ptr<Communicator>> group;
   for (auto& transport : transports) group.push_back(std::make_unique<Communicator>(std::move(transport), options));
   return group;
+}
+
+// How a request ended within `wait`: its status and message, or not finished.
+struct Outcome {
+  Status status = Status::Ok;
+  std::string message;
+  bool finished = false;
+};
+
+inline Outcome outcome_of(const std::shared_ptr<Request>& request, std::chrono::milliseconds wait) {
+  Outcome outcome;
+  try {
+    outcome.finished = request->wait_for(wait);
+  } catch (const Error& error) {
+    outcome.finished = true;
+    outcome.status = error.status();
+    outcome.message = error.what();
+  }
+  return outcome;
 }
 
 }  // namespace co2::test
