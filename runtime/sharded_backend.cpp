@@ -85,7 +85,7 @@ class ShardedBackend final : public Backend {
     if (s.momentum_needed()) momentum_ = FloatBuffer(mine_.count());
     verdicts_ = FloatBuffer(size_t(w));
     norm_partials_.assign(size_t(w) * s.segments.size(), 0.0);
-    step_partials_.assign(size_t(w) * s.segments.size(), 0.0);
+    step_partials_.assign(size_t(w) * (s.segments.size() + 2), 0.0);
     if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     // Rank 0's values become everyone's parameters and anchor.
     float* b = s.comm_buffer.data();
@@ -292,7 +292,8 @@ class ShardedBackend final : public Backend {
                                        wire, [this] { after_reduce(); });
     }
     s.pending = submit_after_reduce(reduced);
-    s.stats.bytes_reduced += mine_.count() * sizeof(float);
+    // The payload this rank contributes to the reduction: all of B, or across nodes its shard.
+    s.stats.bytes_reduced += (s.hierarchical() ? mine_.count() : s.state_count) * sizeof(float);
     deltas_in_buffer_ = false;
   }
 
@@ -314,8 +315,14 @@ class ShardedBackend final : public Backend {
   }
 
   bool needs_norms() const { return s_.prepared.settings.clip == Clip::Norm; }
-  bool needs_steps() const { return s_.prepared.settings.penalty == Penalty::Gap; }
+  // The gap penalty needs each segment's step norm, value clipping's statistics the clamped count:
+  // both are sums over the shards.
+  bool needs_steps() const {
+    return s_.prepared.settings.penalty == Penalty::Gap || s_.prepared.settings.clip == Clip::Value;
+  }
   size_t segment_count() const { return s_.segments.size(); }
+  // A rank's row of step_partials_: Σs² per segment, then its clamped and trained element counts.
+  size_t step_row() const { return segment_count() + 2; }
 
   // 1. This shard of the average is known: c_J = B_J + w step_J. Every rank computes every
   // segment's lambda from the (identical) gap history; with norm clipping this shard's part of
@@ -388,9 +395,8 @@ class ShardedBackend final : public Backend {
   bool update() {
     S& s = s_;
     bool finite = true;
-    const size_t row = size_t(s.comm->rank()) * segment_count();
-    if (needs_steps())
-      std::fill(step_partials_.begin() + long(row), step_partials_.begin() + long(row + segment_count()), 0.0);
+    const size_t row = size_t(s.comm->rank()) * step_row();
+    std::fill(step_partials_.begin() + long(row), step_partials_.begin() + long(row + step_row()), 0.0);
     summary_.clamped = summary_.trained_elements = 0;
     for (size_t i = 0; i < parts_.size(); ++i) {
       const ShardPart& part = parts_[i];
@@ -402,8 +408,10 @@ class ShardedBackend final : public Backend {
       if (s.segments[part.segment].role != Role::Parameter) continue;
       summary_.clamped += r.clamped;
       summary_.trained_elements += part.count;
-      if (needs_steps()) step_partials_[row + part.segment] = r.step_sum_squares;
+      step_partials_[row + part.segment] = r.step_sum_squares;
     }
+    step_partials_[row + segment_count()] = double(summary_.clamped);
+    step_partials_[row + segment_count() + 1] = double(summary_.trained_elements);
     return finite;
   }
 
@@ -418,17 +426,24 @@ class ShardedBackend final : public Backend {
     verdict_finite_.store(all);
   }
 
-  // 2b. The gap penalty's g of the next update: alpha ||s|| per segment, from every rank's part.
+  // 2b. The gap penalty's g of the next update, alpha ||s|| per segment, and the clamped count
+  // of the whole update, from every rank's part.
   void after_steps() {
     S& s = s_;
     if (!verdict_finite_.load()) return;
     const int w = s.comm->size();
-    for (size_t i = 0; i < segment_count(); ++i) {
-      if (s.segments[i].role != Role::Parameter) continue;
+    auto total = [&](size_t column) {
       double sum = 0.0;
-      for (int r = 0; r < w; ++r) sum += step_partials_[size_t(r) * segment_count() + i];
-      next_history_[i].last_step_norm = s.prepared.settings.outer_lr * std::sqrt(sum);
-    }
+      for (int r = 0; r < w; ++r) sum += step_partials_[size_t(r) * step_row() + column];
+      return sum;
+    };
+    for (size_t i = 0; i < segment_count(); ++i)
+      if (s.segments[i].role == Role::Parameter)
+        next_history_[i].last_step_norm = s.prepared.settings.outer_lr * std::sqrt(total(i));
+    // Hierarchical: every node's ranks counted the same shards, so per node.
+    const double copies = s.hierarchical() ? double(s.inter->size()) : 1.0;
+    summary_.clamped = uint64_t(total(segment_count()) / copies);
+    summary_.trained_elements = uint64_t(total(segment_count() + 1) / copies);
   }
 
   // Coefficients of this shard's parts from lambda_ and scale_, the same on every rank, and the

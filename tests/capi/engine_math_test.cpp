@@ -65,6 +65,7 @@ struct MathCase {
   int rounds = 7;     // used when `script` is empty: rounds * tau steps
   uint64_t seed = 1;
   int eager = 0;
+  int shard = 0;  // shard_outer_state: the same reference, within the same rounding bound
   std::vector<Action> script;
 };
 
@@ -105,6 +106,7 @@ co2_engine_config_t engine_config(const MathCase& c) {
   e.clip = c.clip;
   e.clip_threshold = c.phi;
   e.eager = c.eager;
+  e.shard_outer_state = c.shard;
   return e;
 }
 
@@ -776,6 +778,20 @@ std::vector<MathCase> eager_cases() {
   return out;
 }
 
+// Sharded outer state: a twin of every co2 case of the lists above (the delayed schedule, the
+// only one sharding implements), against the same float64 reference.
+std::vector<MathCase> sharded_cases() {
+  std::vector<MathCase> out;
+  for (auto list : {sweep_cases, policy_cases, layout_cases, warmup_cases, script_cases})
+    for (MathCase c : list()) {
+      if (c.algo != CO2_ALGO_CO2) continue;
+      c.shard = 1;
+      c.label += "_sharded";
+      out.push_back(c);
+    }
+  return out;
+}
+
 class EngineMath : public ::testing::TestWithParam<MathCase> {};
 TEST_P(EngineMath, MatchesReference) { run_case(GetParam()); }
 
@@ -787,6 +803,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, EngineMath, ::testing::ValuesIn(layout_cases()
 INSTANTIATE_TEST_SUITE_P(Warmup, EngineMath, ::testing::ValuesIn(warmup_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Scripts, EngineMath, ::testing::ValuesIn(script_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Eager, EngineMath, ::testing::ValuesIn(eager_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Sharded, EngineMath, ::testing::ValuesIn(sharded_cases()), case_name);
 
 // ------------------------------------------------------------------------------------------
 // Specific properties
