@@ -113,12 +113,15 @@ class ShardedBackend final : public Backend {
       remember_prepared(a.finite);
       return a;
     }
-    if (s.average_ready) {  // collected by save, or restored from a checkpoint
+    if (s.average_ready) {  // collected by save (remembered then), or restored from a checkpoint
       s.average_ready = false;
       a.have = true;
       a.finite = s.ready_average_finite;
-      if (a.finite && !s.prepared.ready) a.finite = prepare_loaded_average();
-      remember_prepared(a.finite);
+      // A prepared blob brought its history and statistics; a raw average runs the chain here.
+      if (a.finite && !s.prepared.ready) {
+        a.finite = prepare_loaded_average();
+        remember_prepared(a.finite);
+      }
     }
     return a;
   }
@@ -483,7 +486,7 @@ class ShardedBackend final : public Backend {
     return verdict_finite_.load();
   }
 
-  // After a collect: what a save writes as the prepared update (the replicated format), and
+  // After a chain ran: what a save writes as the prepared update (the replicated format), and
   // what the next pass adopts.
   void remember_prepared(bool finite) {
     S& s = s_;
@@ -521,7 +524,7 @@ class ShardedBackend final : public Backend {
   // The collected update's gap history and statistics become the engine's.
   void adopt_update() {
     s_.history = s_.prepared.history;
-    commit_update(s_, s_.prepared.settings.clip, &s_.prepared.summary);
+    commit_update(s_, s_.prepared.settings.clip, s_.prepared.summary_known ? &s_.prepared.summary : nullptr);
   }
 
   void take_anchor_from_buffer() {
