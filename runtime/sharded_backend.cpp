@@ -93,7 +93,7 @@ class ShardedBackend final : public Backend {
     auto request = s.comm->broadcast(b, s.state_count, DataType::F32, 0, s.id(Purpose::InitialBroadcast));
     if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
     unpack_parameters(s, b, false);
-    std::memcpy(cur_.data(), b + mine_.begin, mine_.count() * sizeof(float));
+    copy_shard(cur_.data(), b + mine_.begin);
     count_state();
   }
 
@@ -216,13 +216,13 @@ class ShardedBackend final : public Backend {
   // or else the anchor.
   void stage_in() override {
     S& s = s_;
-    std::memcpy(cur_.data(), s.anchor.data() + mine_.begin, mine_.count() * sizeof(float));
+    copy_shard(cur_.data(), s.anchor.data() + mine_.begin);
     if (s.momentum_needed() && momentum_.empty()) momentum_ = FloatBuffer(mine_.count());
     if (!momentum_.empty()) {
       if (s.momentum.empty())
-        std::memset(momentum_.data(), 0, mine_.count() * sizeof(float));
+        std::fill(momentum_.data(), momentum_.data() + momentum_.size(), 0.0f);
       else
-        std::memcpy(momentum_.data(), s.momentum.data() + mine_.begin, mine_.count() * sizeof(float));
+        copy_shard(momentum_.data(), s.momentum.data() + mine_.begin);
     }
     if (s.comm_buffer.empty()) s.comm_buffer = FloatBuffer(s.state_count);
     if (!s.average_ready) std::memcpy(s.comm_buffer.data(), s.anchor.data(), s.state_count * sizeof(float));
@@ -425,7 +425,7 @@ class ShardedBackend final : public Backend {
     bool all = true;
     for (size_t r = 0; r < verdicts_.size(); ++r) all = all && verdicts_.data()[r] == 1.0f;
     if (all && !momentum_.empty()) update();  // checked finite by decide's read-only pass
-    if (!all) std::memcpy(s.comm_buffer.data() + mine_.begin, cur_.data(), mine_.count() * sizeof(float));
+    if (!all) copy_shard(s.comm_buffer.data() + mine_.begin, cur_.data());
     verdict_finite_.store(all);
   }
 
@@ -527,14 +527,17 @@ class ShardedBackend final : public Backend {
     commit_update(s_, s_.prepared.settings.clip, s_.prepared.summary_known ? &s_.prepared.summary : nullptr);
   }
 
+  // Copies this rank's shard (which may be empty: N < W leaves the last ranks none).
+  void copy_shard(float* dst, const float* src) const { std::copy(src, src + mine_.count(), dst); }
+
   void take_anchor_from_buffer() {
-    std::memcpy(cur_.data(), s_.comm_buffer.data() + mine_.begin, mine_.count() * sizeof(float));
+    copy_shard(cur_.data(), s_.comm_buffer.data() + mine_.begin);
   }
 
   // out[0, N) <- every rank's `shard` (blocking all-gather).
   void gather_shards(const FloatBuffer& shard, float* out, Purpose purpose) {
     S& s = s_;
-    std::memcpy(out + mine_.begin, shard.data(), mine_.count() * sizeof(float));
+    copy_shard(out + mine_.begin, shard.data());
     auto request = shards_->allgather_shards(out, s.state_count, DataType::F32, {shard_owner_, purpose});
     if (request->wait_status() != Status::Ok) fail(shards_->error_status(), shards_->error_message());
   }
