@@ -401,7 +401,7 @@ void Engine::load(const ReadFn& read) {
   s.config = config;
   s.eager_resolved = config.eager == Eager::On;
   s.beta_auto = (h.flags & kBetaAuto) != 0;
-  s.beta = s.beta_auto ? default_outer_momentum(s.comm->size()) : h.beta;
+  s.beta = s.beta_auto ? default_outer_momentum(s.outer_participants()) : h.beta;
   s.anchor = std::move(anchor);
   s.momentum = std::move(momentum);
   if (s.has_anchor() && s.momentum_needed() && s.momentum.empty() && !s.on_device())

@@ -299,7 +299,7 @@ void form_nodes(S& s) {
   s.intra_owner = s.intra->register_owner();
   s.inter_owner = s.inter->register_owner();
   if (s.beta_auto) {
-    s.beta = default_outer_momentum(s.inter->size());
+    s.beta = default_outer_momentum(s.outer_participants());
     s.stats.resolved_outer_momentum = s.beta;
   }
   log::info("hierarchical co2: node " + std::to_string(s.inter->rank()) + " of " + std::to_string(s.inter->size()) +

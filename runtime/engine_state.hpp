@@ -70,6 +70,8 @@ struct Engine::State {
   std::shared_ptr<Communicator> intra, inter;
   uint32_t intra_owner = 0, inter_owner = 0;
   bool hierarchical() const { return intra != nullptr; }
+  // Who an automatic beta counts: the nodes under hierarchical CO2, else the ranks.
+  int outer_participants() const { return hierarchical() ? inter->size() : comm->size(); }
   // The outer state is sharded (runtime/sharded_backend.cpp): over all ranks, or over a node's.
   bool sharded() const { return config.shard_outer_state || config.hierarchy == Hierarchy::Nodes; }
   // Where gradients are averaged (reduce_gradients): the node under hierarchical CO2, else all.

@@ -325,6 +325,37 @@ TEST(HierarchicalCo2, RanksOfANodeThatTrainDifferentModelsFailLoudly) {
   EXPECT_TRUE(std::any_of(h.begin(), h.end(), [](const Rank& r) { return r.failed == Status::AnchorMismatch; }));
 }
 
+// An automatic beta counts the outer participants: 8 nodes of 4 ranks resolve beta for 8 (0.0),
+// not for 32 ranks (0.2), at commit and again when a checkpoint is restored.
+TEST(HierarchicalCo2, AutomaticBetaCountsNodesAlsoAfterARestore) {
+  EngineConfig config = co2_config(false);
+  config.outer_momentum = -1.0;
+  Plan save;
+  save.reduce_gradients = true;
+  save.steps = 6;
+  save.save_after = 3;
+  std::vector<std::vector<char>> blobs(32);
+  save.saved = &blobs;
+  save.configure = [](int rank, EngineConfig& c) {
+    c.hierarchy = Hierarchy::Nodes;
+    c.node_id = rank / 4;
+  };
+  // A node's ranks must move together: every rank of node n takes rank 4n's gradients.
+  save.gradient_of = [](size_t t, size_t i, int step, int rank) { return gradient(t, i, step, rank / 4); };
+  const auto saved = train(32, config, save);
+  ASSERT_EQ(saved[0].failed, Status::Ok) << saved[0].failure;
+  EXPECT_EQ(saved[0].stats.resolved_outer_momentum, default_outer_momentum(8));
+  EXPECT_NE(default_outer_momentum(8), default_outer_momentum(32));
+  Plan resume = save;
+  resume.save_after = -1;
+  resume.saved = nullptr;
+  resume.restore = &blobs;
+  resume.first_step = 3;
+  const auto resumed = train(32, config, resume);
+  ASSERT_EQ(resumed[0].failed, Status::Ok) << resumed[0].failure;
+  EXPECT_EQ(resumed[0].stats.resolved_outer_momentum, default_outer_momentum(8));
+}
+
 TEST(ShardedOuterState, RefusesWhatItDoesNotImplementNamingIt) {
   auto group = make_group(1);
   for (auto change : std::vector<std::function<void(EngineConfig&)>>{
