@@ -3,7 +3,7 @@
 # link capped at RATE in each direction (tc tbf on both ends of its veth pair), like a host with
 # a full-duplex NIC of that rate.
 #
-#   netns.sh run --ranks W [--rate RATE] [--prefix P] -- COMMAND [ARGS...]
+#   netns.sh run --ranks W [--rate RATE] [--nodes K] [--prefix P] -- COMMAND [ARGS...]
 #       Sets up, runs COMMAND in the root namespace with the environment below, and removes
 #       everything it created when COMMAND ends, fails, or the script is interrupted.
 #   netns.sh down [--prefix P]   removes leftovers of a killed run (namespaces named P*)
@@ -16,6 +16,14 @@
 # RATE is tc's syntax (100mbit, 1gbit) or "none" for uncapped veth. Topology: namespace
 # ${P}br holds bridge br0; namespace ${P}r$i holds eth$i = 10.77.0.(i+1)/24 whose peer is a port of
 # br0. Everything lives in namespaces of its own: the host's interfaces are never touched.
+#
+# --nodes K (hierarchical benchmarks): the W ranks form K nodes of W/K consecutive ranks. Each
+# node is a bridge of its own (namespace ${P}n$k, bridge nbr) whose rank ports are uncapped: the
+# ranks of a node talk at veth speed. Each node bridge has one uplink (veth) to the core bridge
+# (br0 in ${P}br), capped at RATE on both ends: the node's NIC, shared by its ranks, full duplex.
+# Traffic between nodes crosses two such uplinks (its node's and the other's), so each direction
+# of a node's traffic is capped at RATE. All addresses stay in one subnet (layer 2 throughout).
+# COMMAND also sees CO2_NETNS_NODES=K (1 without --nodes).
 set -euo pipefail
 
 PREFIX_DEFAULT="co2b"
@@ -73,6 +81,44 @@ tc_rate_bits() {
   esac
 }
 
+# --nodes: per node a bridge, uncapped rank ports, one capped uplink to the core bridge br0.
+setup_nodes() {
+  local prefix="$1" ranks="$2" rate="$3" nodes="$4" i k ns nb
+  ip netns add "${prefix}br"
+  ip -n "${prefix}br" link add br0 type bridge
+  ip -n "${prefix}br" link set br0 up
+  ip -n "${prefix}br" link set lo up
+  for (( k = 0; k < nodes; k++ )); do
+    nb="${prefix}n$k"
+    ip netns add "$nb"
+    ip -n "$nb" link set lo up
+    ip -n "$nb" link add nbr type bridge
+    ip -n "$nb" link set nbr up
+    ip -n "$nb" link add "up$k" type veth peer name "node$k" netns "${prefix}br"
+    ip -n "$nb" link set "up$k" master nbr
+    ip -n "$nb" link set "up$k" up
+    ip -n "${prefix}br" link set "node$k" master br0
+    ip -n "${prefix}br" link set "node$k" up
+    if [[ "$rate" != "none" ]]; then
+      # shellcheck disable=SC2046
+      tc -n "$nb" qdisc add dev "up$k" root tbf $(tbf_args "$rate")
+      # shellcheck disable=SC2046
+      tc -n "${prefix}br" qdisc add dev "node$k" root tbf $(tbf_args "$rate")
+    fi
+  done
+  for (( i = 0; i < ranks; i++ )); do
+    ns="${prefix}r$i"
+    nb="${prefix}n$(( i / (ranks / nodes) ))"
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link add "eth$i" type veth peer name "port$i" netns "$nb"
+    ip -n "$ns" addr add "${SUBNET}.$(( i + 1 ))/24" dev "eth$i"
+    ip -n "$ns" link set "eth$i" up
+    ip -n "$nb" link set "port$i" master nbr
+    ip -n "$nb" link set "port$i" up
+  done
+}
+
 setup() {
   local prefix="$1" ranks="$2" rate="$3" i ns
   ip netns add "${prefix}br"
@@ -103,11 +149,13 @@ shift
 prefix="$PREFIX_DEFAULT"
 ranks=""
 rate="none"
+nodes=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --ranks) ranks="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
     --prefix) prefix="$2"; shift 2 ;;
+    --nodes) nodes="$2"; shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
     *) die "unknown argument '$1'" ;;
@@ -125,6 +173,9 @@ case "$cmd" in
   run)
     [[ "$ranks" =~ ^[0-9]+$ && "$ranks" -ge 1 && "$ranks" -le 64 ]] || die "--ranks must be 1..64"
     [[ $# -gt 0 ]] || die "run needs a command after --"
+    [[ "$nodes" =~ ^[0-9]+$ && "$nodes" -ge 1 && $(( ranks % nodes )) -eq 0 ]] \
+      || die "--nodes must be >= 1 and divide --ranks"
+
     [[ "$rate" == "none" ]] || tc_rate_bits "$rate" >/dev/null
     check_privilege || exit $?
     if ip netns list | awk '{print $1}' | grep -q "^${prefix}"; then
@@ -139,7 +190,12 @@ case "$cmd" in
     trap 'stop_child; exit 130' INT
     trap 'stop_child; exit 143' TERM
     trap 'stop_child; exit 129' HUP
-    setup "$prefix" "$ranks" "$rate"
+    if (( nodes > 1 )); then
+      setup_nodes "$prefix" "$ranks" "$rate" "$nodes"
+    else
+      setup "$prefix" "$ranks" "$rate"
+    fi
+    export CO2_NETNS_NODES="$nodes"
     export CO2_NETNS_RANKS="$ranks" CO2_NETNS_PREFIX="$prefix" CO2_NETNS_RATE="$rate"
     for (( i = 0; i < ranks; i++ )); do
       export "CO2_NETNS_ADDR_$i=${SUBNET}.$(( i + 1 ))"

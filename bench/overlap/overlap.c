@@ -10,7 +10,10 @@
  *         amount of CPU work; --calibrate-burn US prints the count that takes US alone). Here
  *         compute and communication compete for the same cores: the secondary model.
  * Each step also writes a few parameters (so deltas are not zero) and, under sync, hands the
- * full gradient to co2_engine_reduce_gradients (blocking, like DDP without bucketing).
+ * full gradient to co2_engine_reduce_gradients (blocking, like DDP without bucketing). Under
+ * --hierarchy nodes (hierarchical co2) the same per-step call averages the gradient inside the
+ * node, as the engine requires; it is part of the measured step. Every rank writes the same
+ * parameters, so a node's ranks stay equal as hierarchical co2 checks.
  *
  * Ranks: --mode threads runs --world ranks as threads on the in-process local transport, whose
  * link model (--bandwidth bytes/s per directed link, CO2_LOCAL_TEST_BANDWIDTH) stands in for a
@@ -51,6 +54,10 @@ struct options {
     uint32_t timeout_ms;
     int wire_format; /* co2_wire_format_t of the outer all-reduce */
     int error_feedback;
+    int shard_outer_state; /* co2_engine_config_t.shard_outer_state */
+    int hierarchy;         /* CO2_HIERARCHY_FLAT / NODES; NODES: nodes from GROUP_RANK (process
+                              mode) or --ranks-per-node (threads mode) */
+    int ranks_per_node;    /* threads mode with --hierarchy nodes: node id = rank / this */
 };
 
 struct rank_result {
@@ -71,6 +78,7 @@ static void usage(void) {
             "               [--steps S] [--warmup-steps S0]\n"
             "               [--mode threads|process] [--world W] [--bandwidth BYTES_PER_S]\n"
             "               [--timeout-ms MS] [--wire-format fp32|bf16|int8] [--no-error-feedback]\n"
+            "               [--shard] [--hierarchy flat|nodes] [--ranks-per-node L]\n"
             "       overlap --calibrate-burn US\n");
 }
 
@@ -173,6 +181,8 @@ static int train(const struct options *o, co2_comm_t comm, int rank, struct rank
         cfg.tau = o->algo == CO2_ALGO_SYNC ? 1 : o->tau;
         cfg.wire_format = o->wire_format;
         cfg.error_feedback = o->error_feedback;
+        cfg.shard_outer_state = o->shard_outer_state;
+        cfg.hierarchy = o->hierarchy;
         if (!check(co2_engine_create(comm, &cfg, &engine), "co2_engine_create", rank)) goto done;
         if (!check(co2_engine_alloc_flat(engine, o->params, CO2_DTYPE_FP32, CO2_DEVICE_HOST, 0, &flat),
                    "co2_engine_alloc_flat", rank))
@@ -182,7 +192,7 @@ static int train(const struct options *o, co2_comm_t comm, int rank, struct rank
         seg.count = o->params;
         if (!check(co2_engine_add_segment(engine, &seg), "co2_engine_add_segment", rank)) goto done;
         if (!check(co2_engine_commit(engine), "co2_engine_commit", rank)) goto done;
-        if (o->algo == CO2_ALGO_SYNC) {
+        if (o->algo == CO2_ALGO_SYNC || o->hierarchy == CO2_HIERARCHY_NODES) {
             grad = malloc(o->params * sizeof(float));
             if (!grad) {
                 fprintf(stderr, "overlap: rank %d: out of memory for the gradient\n", rank);
@@ -252,7 +262,8 @@ static void print_result(const struct options *o, int rank, int world, const str
            "\"seconds\": %.6f, \"steps_per_s\": %.4f, \"boundary_wait_ms\": %.3f, "
            "\"collective_ms\": %.3f, \"allreduces\": %.0f, \"step_time_ms\": %.4f, "
            "\"allreduce_time_ms\": %.4f, \"advised_tau\": %u, \"engine_ms\": %.3f, "
-           "\"boundaries\": %lld, \"late_ms\": %.3f, \"wire_bytes_per_round\": %llu}\n",
+           "\"boundaries\": %lld, \"late_ms\": %.3f, \"wire_bytes_per_round\": %llu, "
+           "\"shard\": %d, \"hierarchy\": \"%s\", \"outer_state_bytes\": %llu}\n",
            rank, world, o->algo_name, o->algo == CO2_ALGO_SYNC ? 1u : o->tau, o->params,
            o->work == WORK_WAIT ? "wait" : "burn", (long long)o->step_us,
            (unsigned long long)o->burn_iters, (long long)r->measured_steps, r->seconds,
@@ -260,7 +271,9 @@ static void print_result(const struct options *o, int rank, int world, const str
            (double)s->boundary_wait_ns / 1e6, (double)s->collective_ns / 1e6, allreduces,
            (double)s->step_time_ns / 1e6, (double)s->allreduce_time_ns / 1e6, s->advised_tau,
            r->engine_seconds * 1e3, (long long)r->boundaries, r->late_seconds * 1e3,
-           (unsigned long long)s->wire_bytes_last_round);
+           (unsigned long long)s->wire_bytes_last_round, o->shard_outer_state,
+           o->hierarchy == CO2_HIERARCHY_NODES ? "nodes" : "flat",
+           (unsigned long long)s->outer_state_bytes);
     fflush(stdout);
 }
 
@@ -281,6 +294,7 @@ static void *rank_thread(void *p) {
         cc.world_size = a->o->world;
         cc.group_name = a->group;
         cc.timeout_ms = a->o->timeout_ms;
+        if (a->o->hierarchy == CO2_HIERARCHY_NODES) cc.node_id = a->rank / a->o->ranks_per_node;
         if (!check(co2_comm_create(&cc, &comm), "co2_comm_create", a->rank)) {
             a->result.ok = 0;
             return NULL;
@@ -418,6 +432,13 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--wire-format") == 0 && v &&
                    (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0 || strcmp(v, "int8") == 0)) {
             o.wire_format = strcmp(v, "fp32") == 0 ? CO2_WIRE_FP32 : strcmp(v, "bf16") == 0 ? CO2_WIRE_BF16 : CO2_WIRE_INT8;
+        } else if (strcmp(a, "--shard") == 0) {
+            o.shard_outer_state = 1;
+            continue; /* takes no value */
+        } else if (strcmp(a, "--hierarchy") == 0 && v && (strcmp(v, "flat") == 0 || strcmp(v, "nodes") == 0)) {
+            o.hierarchy = strcmp(v, "flat") == 0 ? CO2_HIERARCHY_FLAT : CO2_HIERARCHY_NODES;
+        } else if (strcmp(a, "--ranks-per-node") == 0 && v && parse_i64(v, 1, 256, &n)) {
+            o.ranks_per_node = (int)n;
         } else if (strcmp(a, "--no-error-feedback") == 0) {
             o.error_feedback = 0;
             continue; /* takes no value */
@@ -433,6 +454,12 @@ int main(int argc, char **argv) {
     if (!o.algo_name || o.algo == -2) {
         fprintf(stderr, "overlap: --algo must be one of none, sync, localsgd, diloco, co2\n");
         usage();
+        return 2;
+    }
+    if (o.hierarchy == CO2_HIERARCHY_NODES && o.mode == MODE_THREADS &&
+        (o.ranks_per_node < 1 || o.world % o.ranks_per_node != 0)) {
+        fprintf(stderr, "overlap: --hierarchy nodes in threads mode needs --ranks-per-node L dividing "
+                        "--world (process mode takes the node from GROUP_RANK)\n");
         return 2;
     }
     if (o.work == WORK_BURN && o.burn_iters == 0) {

@@ -22,6 +22,12 @@ MASTER_PORT and gloo at MASTER_PORT + 1, through bench/overlap/run.py's launcher
 the namespaces). Each rank uses one torch thread. Wall time is rank 0's training time; the
 evaluations (every rank evaluates the same held-out windows) are taken out of it.
 
+    quality.py --nodes 2 --world 4 [--seeds 3] [--taus 12,48]
+        Hierarchical co2 (issue 16): per tau, flat co2 over the W ranks against hierarchical co2
+        (hierarchy="nodes", the gradients averaged inside each node of W/K ranks every step by
+        co2), both with the engine's defaults otherwise, at equal steps. Each rank gets
+        GROUP_RANK = rank // (W/K), as co2run --nnodes K sets it. Writes DIR/quality_hierarchy.json.
+
 The eager outer policy is the engine key `eager`; in a build whose Python binding lacks it the
 eager rows are reported as unavailable.
 """
@@ -78,6 +84,18 @@ def wire_configurations(tau):
             configs.append((f"co2+eager t{tau} {wire}" + ("" if feedback else " no-ef"), "co2",
                             {"tau": tau, "eager": True, "wire_format": wire,
                              "error_feedback": feedback}))
+    return configs
+
+
+def hierarchy_configurations(taus):
+    """Flat co2 against hierarchical co2 at each tau (--nodes), the engine's defaults otherwise.
+    The default outer policy is eager on host tensors for flat co2 but delayed for hierarchical
+    (sharded) co2, so flat also runs delayed: the row that differs from hier only in hierarchy."""
+    configs = []
+    for tau in taus:
+        configs += [(f"co2 t{tau} flat", "co2", {"tau": tau}),
+                    (f"co2 t{tau} flat delayed", "co2", {"tau": tau, "eager": False}),
+                    (f"co2 t{tau} hier", "co2", {"tau": tau, "hierarchy": "nodes"})]
     return configs
 
 
@@ -147,7 +165,10 @@ def launch_seed(args, seed, configs, prefix=None, rate="none"):
             "--steps", str(args.steps), "--size", args.size, "--eval-every", str(args.eval_every),
             "--plan", json.dumps(configs)] + (["--batch", str(args.batch)] if args.batch else [])
     env = overlap.digits_env(args)
-    lines = runner._launch(lambda r: argv, args.timeout, ports=2, extra_env={
+    # --nodes: the node index per rank, as co2run --nnodes sets it (co2's split_nodes reads it).
+    per_node = args.world // args.nodes
+    of_rank = (lambda r: ["env", f"GROUP_RANK={r // per_node}"] + argv) if args.nodes > 1 else (lambda r: argv)
+    lines = runner._launch(of_rank, args.timeout, ports=2, extra_env={
         k: env[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS")})
     for line in lines:
         line["seed"] = seed
@@ -403,6 +424,8 @@ def parse_args(argv):
     ap.add_argument("--wire-formats", action="store_true",
                     help="co2+eager at the first of --taus with each wire format (fp32, bf16, "
                          "int8), with and without error feedback, against fp32")
+    ap.add_argument("--nodes", type=int, default=1,
+                    help="K >= 2: flat against hierarchical co2 with the W ranks in K nodes")
     ap.add_argument("--only", help="comma-separated configuration names (as in the table)")
     ap.add_argument("--links", help="e.g. 100mbit,1gbit: the time-to-quality mode (root)")
     ap.add_argument("--target", type=float, help="target validation loss (default: DDP's final)")
@@ -435,6 +458,8 @@ def parse_args(argv):
     for rate in args.links or ():
         if rate not in overlap.RATES_BITS:
             ap.error(f"--links: {rate} is not one of {', '.join(overlap.RATES_BITS)}")
+    if args.nodes < 1 or args.world % args.nodes != 0:
+        ap.error("--nodes must be >= 1 and divide --world")
     if args.steps < 1 or args.seeds < 1 or args.eval_every < 1:
         ap.error("--steps, --seeds and --eval-every must be >= 1")
     return args
@@ -446,6 +471,7 @@ def main(argv):
         return rank_main(args)
     configs = (tuning_configurations(args.taus[0]) if args.tune
                else wire_configurations(args.taus[0]) if args.wire_formats
+               else hierarchy_configurations(args.taus) if args.nodes > 1
                else configurations(args.taus, args.quick))
     if args.only:
         wanted = set(args.only.split(","))
@@ -469,18 +495,26 @@ def main(argv):
     runs = run_all(args, configs)
     base = names[0] if args.wire_formats else "ddp"
     table = summarize(runs, names, base)
+    if args.nodes > 1:
+        # Each row against the first (flat) row of its tau.
+        table = {}
+        for tau in args.taus:
+            mine = [n for n in names if n.startswith(f"co2 t{tau} ")]
+            if mine:
+                table.update(summarize(runs, mine, mine[0]))
     import model
     size = model.SIZES[args.size]
     print(f"# LM quality, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.size} "
           f"({size.parameters():,} parameters, batch {args.batch or size.batch} x "
           f"{size.context} bytes per rank), W={args.world}, {args.steps} steps, seeds "
           f"{args.seed_list}; {time.monotonic() - started:.0f} s")
-    print_table(table, base_label="fp32" if args.wire_formats else "DDP")
+    print_table(table, base_label="fp32" if args.wire_formats else "flat" if args.nodes > 1 else "DDP")
     os.makedirs(args.out, exist_ok=True)
-    stem = "quality_tune" if args.tune else "quality_wire" if args.wire_formats else "quality"
+    stem = ("quality_tune" if args.tune else "quality_wire" if args.wire_formats
+            else "quality_hierarchy" if args.nodes > 1 else "quality")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"command": " ".join(sys.argv), "steps": args.steps, "size": args.size,
-                   "world": args.world, "seeds": args.seed_list, "summary": table,
+                   "world": args.world, "nodes": args.nodes, "seeds": args.seed_list, "summary": table,
                    "runs": runs}, f, indent=1)
     if not args.no_plot:
         plot(runs, names, os.path.join(args.out, stem + ".png"), ["step", "seconds"],
