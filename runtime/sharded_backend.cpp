@@ -83,6 +83,11 @@ class ShardedBackend final : public Backend {
     cur_ = FloatBuffer(mine_.count());
     step_ = FloatBuffer(mine_.count());
     if (s.momentum_needed()) momentum_ = FloatBuffer(mine_.count());
+    if (s.eager()) {
+      eager_offset_ = FloatBuffer(mine_.count());
+      if (s.momentum_needed()) eager_momentum_ = FloatBuffer(mine_.count());
+      round_start_ = FloatBuffer(s.state_count);
+    }
     verdicts_ = FloatBuffer(size_t(w));
     norm_partials_.assign(size_t(w) * s.segments.size(), 0.0);
     step_partials_.assign(size_t(w) * (s.segments.size() + 2), 0.0);
@@ -99,6 +104,7 @@ class ShardedBackend final : public Backend {
 
   void momentum_needed() override {
     if (momentum_.empty()) momentum_ = FloatBuffer(mine_.count());
+    if (s_.eager() && eager_momentum_.empty()) eager_momentum_ = FloatBuffer(mine_.count());
     count_state();
   }
 
@@ -131,8 +137,67 @@ class ShardedBackend final : public Backend {
     return pass(/*params_take_anchor=*/true);
   }
   DeltasFinite write_deltas() override { return pass(/*params_take_anchor=*/true); }
-  DeltasFinite eager_pass(bool) override {
-    fail(Status::Unsupported, "the eager policy with sharded outer state");  // refused at commit
+  // The eager policy, hierarchical CO2 only (refused at commit for flat sharding: there each
+  // rank's offset is its own and full-size). A node's ranks hold the same parameters and deltas,
+  // so the offset e and its momentum q are sharded like the anchor: the owner of J computes
+  // d_J = (a_J + e_J) - p_J from the anchor in effect, updates q_J and e_J (docs/algorithm.md,
+  // "The eager policy"; W there is the number of nodes), sends d_J across the nodes, and the node
+  // all-gathers its next round's start a' + e (blocking, inside the node) into the parameters.
+  DeltasFinite eager_pass(bool update) override {
+    S& s = s_;
+    const TraceSpan trace(s.trace.get(), "sharded eager pass");
+    if (update) adopt_update();
+    average_buffers_in_node();
+    const OuterSettings o = outer_settings_of(s);
+    EagerCoefficients k;
+    k.beta = float(o.beta);
+    k.scale = float(o.outer_lr / double(s.inter->size()));
+    k.momentum = !eager_momentum_.empty();
+    k.nesterov = o.nesterov;
+    float* b = s.comm_buffer.data();  // the next anchor a' (or the unchanged one) everywhere
+    float* start = round_start_.data();
+    bool finite = true;
+    for (const ShardPart& part : parts_) {
+      const Segment& seg = s.segments[part.segment];
+      const size_t off = part.begin - mine_.begin, first = part.begin - seg.state_offset;
+      float* next = b + part.begin;  // a'_J in, this round's delta d_J out (sent across the nodes)
+      float* a = cur_.data() + off;  // a_J in, a'_J out
+      float* e = eager_offset_.data() + off;
+      float* q = eager_momentum_.empty() ? nullptr : eager_momentum_.data() + off;
+      const bool trained = seg.role == Role::Parameter;
+      finite = with_params(seg, [&](auto* p) {
+                 bool ok = true;
+                 for (size_t i = 0; i < part.count; ++i) {
+                   const float x = widen(p[first + i]), following = next[i];
+                   float d = -x, offset = 0.0f;  // BUFFER values travel (w = 0)
+                   if (trained) {
+                     d = (a[i] + e[i]) - x;
+                     const float filtered = q ? (q[i] = k.beta * q[i] + d) : d;
+                     offset = e[i] = -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
+                   }
+                   start[part.begin + i] = following + offset;
+                   a[i] = following;
+                   next[i] = d;
+                   ok = ok && std::isfinite(d);
+                 }
+                 return ok;
+               }) && finite;
+    }
+    std::fill(step_.data(), step_.data() + step_.size(), 0.0f);  // B_J holds d itself
+    auto request = shards_->allgather_shards(start, s.state_count, DataType::F32,
+                                             {shard_owner_, Purpose::ParameterAverage});
+    wait_charged(s, request);
+    if (!all_finite(start, s.state_count)) {
+      // A NaN in this node's deltas travels across the nodes and every rank skips that average;
+      // meanwhile the node restarts from the anchor a' instead of carrying it in its offsets.
+      clear_eager_state();
+      std::copy(b, b + s.state_count, start);  // a' outside this shard
+      copy_shard(start + mine_.begin, cur_.data());
+    }
+    unpack_parameters(s, start, false);
+    anchor_outside_shard_ = true;
+    deltas_in_buffer_ = true;
+    return finite ? DeltasFinite::Yes : DeltasFinite::No;
   }
 
   void submit_average() override { submit_chain(); }
@@ -143,7 +208,10 @@ class ShardedBackend final : public Backend {
     take_anchor_from_buffer();
     unpack_parameters(s_, s_.comm_buffer.data(), false);
   }
-  void clear_eager_state() override {}
+  void clear_eager_state() override {
+    std::fill(eager_offset_.data(), eager_offset_.data() + eager_offset_.size(), 0.0f);
+    std::fill(eager_momentum_.data(), eager_momentum_.data() + eager_momentum_.size(), 0.0f);
+  }
 
   // co2's warm-up rounds: the same chain, waited for at once.
   bool average_deltas_blocking() override {
@@ -165,9 +233,16 @@ class ShardedBackend final : public Backend {
   // Right after a boundary's pass B holds deltas and the parameters hold the anchor; otherwise B
   // holds it. Either is the same on every rank that trains the same model.
   uint64_t consensus_checksum() override {
-    if (deltas_in_buffer_) return parameters_checksum(s_);
+    if (deltas_in_buffer_ && !anchor_outside_shard_) return parameters_checksum(s_);
     WordHasher hasher;
-    hasher.update(s_.comm_buffer.data(), s_.state_count);
+    const float* b = s_.comm_buffer.data();
+    if (!deltas_in_buffer_) {
+      hasher.update(b, s_.state_count);
+    } else {  // the eager pass: B holds a' outside this rank's shard, the shard's a' is cur_
+      hasher.update(b, mine_.begin);
+      hasher.update(cur_.data(), mine_.count());
+      hasher.update(b + mine_.end, s_.state_count - mine_.end);
+    }
     return hasher.digest();
   }
 
@@ -195,6 +270,14 @@ class ShardedBackend final : public Backend {
       s.momentum = FloatBuffer(s.state_count);
       gather_shards(momentum_, s.momentum.data(), Purpose::Consensus);
     }
+    if (s.eager()) {  // the node's offsets, as a rank of the replicated engine keeps its own
+      s.eager_offset = FloatBuffer(s.state_count);
+      gather_shards(eager_offset_, s.eager_offset.data(), Purpose::Consensus);
+      if (!eager_momentum_.empty()) {
+        s.eager_momentum = FloatBuffer(s.state_count);
+        gather_shards(eager_momentum_, s.eager_momentum.data(), Purpose::Consensus);
+      }
+    }
     // A refused average left B holding the unchanged anchor; a blob says "not finite" by its
     // values, so the average slot gets a NaN for the save.
     poisoned_ = s.average_ready && !s.ready_average_finite;
@@ -207,6 +290,8 @@ class ShardedBackend final : public Backend {
   void release_staged() override {
     s_.anchor = FloatBuffer();
     s_.momentum = FloatBuffer();
+    s_.eager_offset = FloatBuffer();
+    s_.eager_momentum = FloatBuffer();
     if (poisoned_) s_.comm_buffer.data()[0] = saved_first_;
     poisoned_ = false;
   }
@@ -226,10 +311,25 @@ class ShardedBackend final : public Backend {
     }
     if (s.comm_buffer.empty()) s.comm_buffer = FloatBuffer(s.state_count);
     if (!s.average_ready) std::memcpy(s.comm_buffer.data(), s.anchor.data(), s.state_count * sizeof(float));
-    deltas_in_buffer_ = false;
-    unpack_parameters(s, s.anchor.data(), false);
+    deltas_in_buffer_ = anchor_outside_shard_ = false;
+    // The eager state: this rank's shards of what the blob restored (its node's offsets), else
+    // zero (the next round starts from the anchor, as after finalize).
+    if (s.eager() && eager_offset_.empty()) {
+      eager_offset_ = FloatBuffer(mine_.count());
+      round_start_ = FloatBuffer(s.state_count);
+    }
+    if (s.eager() && s.momentum_needed() && eager_momentum_.empty()) eager_momentum_ = FloatBuffer(mine_.count());
+    clear_eager_state();
+    if (!s.eager_offset.empty()) copy_shard(eager_offset_.data(), s.eager_offset.data() + mine_.begin);
+    if (!s.eager_momentum.empty() && !eager_momentum_.empty())
+      copy_shard(eager_momentum_.data(), s.eager_momentum.data() + mine_.begin);
+    std::vector<float> start(s.anchor.data(), s.anchor.data() + s.state_count);
+    for (size_t i = 0; !s.eager_offset.empty() && i < s.state_count; ++i) start[i] += s.eager_offset.data()[i];
+    unpack_parameters(s, start.data(), false);  // p <- a + e, as the replicated engine restores
     s.anchor = FloatBuffer();
     s.momentum = FloatBuffer();
+    s.eager_offset = FloatBuffer();
+    s.eager_momentum = FloatBuffer();
     count_state();
   }
 
@@ -265,6 +365,7 @@ class ShardedBackend final : public Backend {
                }) && finite;
     }
     deltas_in_buffer_ = true;
+    anchor_outside_shard_ = false;
     return finite ? DeltasFinite::Yes : DeltasFinite::No;
   }
 
@@ -298,6 +399,7 @@ class ShardedBackend final : public Backend {
     // The payload this rank contributes to the reduction: all of B, or across nodes its shard.
     s.stats.bytes_reduced += (s.hierarchical() ? mine_.count() : s.state_count) * sizeof(float);
     deltas_in_buffer_ = false;
+    anchor_outside_shard_ = false;
   }
 
   // The rest of the chain, each collective started after the one before (`after`): the norms'
@@ -545,7 +647,7 @@ class ShardedBackend final : public Backend {
   void count_state() {
     const S& s = s_;
     const size_t floats = s.comm_buffer.size() + cur_.size() + step_.size() + momentum_.size() + verdicts_.size() +
-                          s.residual.size();
+                          s.residual.size() + eager_offset_.size() + eager_momentum_.size() + round_start_.size();
     s_.stats.outer_state_bytes = floats * sizeof(float);
   }
 
@@ -573,6 +675,10 @@ class ShardedBackend final : public Backend {
   UpdateSummary summary_;              // of the last update; read after the chain completed
   std::atomic<bool> verdict_finite_{true};
   bool deltas_in_buffer_ = false;
+  bool anchor_outside_shard_ = false;  // after the eager pass: only B_J holds deltas
+  // The eager policy (hierarchical): this rank's shards of the node's offset and its momentum,
+  // and the full round start a' + e the node gathers at a boundary.
+  FloatBuffer eager_offset_, eager_momentum_, round_start_;
   bool poisoned_ = false;
   float saved_first_ = 0.0f;
 };

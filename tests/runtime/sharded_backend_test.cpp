@@ -113,8 +113,11 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
         std::vector<void*> trained;
         for (size_t t = 0; t < me.params.size(); ++t) {
           g[t].resize(me.params[t].size());
+          // A pull towards 0 makes the trajectory depend on where each round starts (the eager
+          // offset, the anchor), not only on the sum of the data's gradients.
           for (size_t i = 0; i < g[t].size(); ++i)
-            g[t][i] = plan.gradient_of ? plan.gradient_of(t, i, step, rank) : gradient(t, i, step, rank);
+            g[t][i] = (plan.gradient_of ? plan.gradient_of(t, i, step, rank) : gradient(t, i, step, rank)) +
+                      0.5f * me.params[t][i];
           if (kShapes[t].role == 0) trained.push_back(g[t].data());
         }
         if (plan.reduce_gradients) engine.reduce_gradients(trained.data(), trained.size(), nullptr);
@@ -280,6 +283,51 @@ TEST(ShardedOuterState, CheckpointsMoveBetweenShardedAndReplicatedAndAcrossWorld
 
 // Hierarchical CO2, 2 nodes x 2 ranks (node = rank / 2), gradients averaged inside each node: the
 // same training as flat co2 over 2 ranks whose gradients are their node's average.
+// The same under the eager policy: a node's ranks share one offset, sharded like the anchor.
+TEST(HierarchicalCo2, EagerEqualsFlatEagerCo2OverTheNodesAverageGradients) {
+  auto node_of = [](int rank) { return rank / 2; };
+  Plan hierarchical;
+  hierarchical.reduce_gradients = true;
+  hierarchical.configure = [&](int rank, EngineConfig& c) {
+    c.hierarchy = Hierarchy::Nodes;
+    c.node_id = node_of(rank);
+  };
+  Plan flat;
+  flat.gradient_of = [&](size_t t, size_t i, int step, int node) {
+    return (gradient(t, i, step, 2 * node) + gradient(t, i, step, 2 * node + 1)) * 0.5f;
+  };
+  for (bool nesterov : {true, false}) {
+    EngineConfig config = co2_config(false);
+    config.eager = Eager::On;
+    config.nesterov = nesterov;
+    const auto h = train(4, config, hierarchical);
+    const auto f = train(2, config, flat);
+    const std::string what = std::string("eager, nesterov ") + (nesterov ? "on" : "off");
+    for (const Rank& r : h) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+    expect_bitwise_equal_across_ranks(h, what);
+    expect_close(h[0].anchor, f[0].anchor, what + " anchor");
+    for (int rank = 0; rank < 4; ++rank)
+      for (size_t t = 0; t < std::size(kShapes); ++t)
+        expect_close(h[size_t(rank)].params[t], f[size_t(node_of(rank))].params[t],
+                     what + " rank " + std::to_string(rank) + " " + kShapes[t].name);
+  }
+  // Checkpoints keep the node's offsets: resumed at a boundary, the same as straight through.
+  std::vector<std::vector<char>> blobs(4);
+  Plan save = hierarchical;
+  save.save_after = 12;
+  save.saved = &blobs;
+  EngineConfig config = co2_config(false);
+  config.eager = Eager::On;
+  const auto straight = train(4, config, save);
+  Plan resume = hierarchical;
+  resume.restore = &blobs;
+  resume.first_step = 12;
+  const auto resumed = train(4, config, resume);
+  for (const Rank& r : resumed) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+  expect_close(resumed[0].anchor, straight[0].anchor, "eager resumed");
+  for (size_t t = 0; t < std::size(kShapes); ++t) expect_close(resumed[1].params[t], straight[1].params[t], "eager resumed params");
+}
+
 TEST(HierarchicalCo2, EqualsFlatCo2OverTheNodesAverageGradients) {
   auto node_of = [](int rank) { return rank / 2; };
   // BUFFER segments are not averaged by reduce_gradients: each rank's differ, and the boundary

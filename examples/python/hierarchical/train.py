@@ -51,7 +51,7 @@ def main():
 
     torch.manual_seed(0)  # the same initial model on every rank (co2 broadcasts rank 0's anyway)
     model = torch.nn.Sequential(torch.nn.Linear(DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    engine_options = dict(algorithm="co2", tau=args.tau, outer_lr=0.8, hierarchy="nodes", eager=False)
+    engine_options = dict(algorithm="co2", tau=args.tau, outer_lr=0.8, hierarchy="nodes")
     if args.intra == "none":
         trainer = co2.torch.distribute(model, intra_node_average="framework", anchor_check_interval=1,
                                        **engine_options)

@@ -28,13 +28,13 @@ float gradient(size_t t, size_t i, int step, int who) {
   return std::sin(0.013f * float(i) + 0.31f * float(step) + 0.7f * float(who) + float(t));
 }
 
-co2_engine_config_t config_of(int hierarchy) {
+co2_engine_config_t config_of(int hierarchy, int eager) {
   co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
   c.tau = kTau;
   c.outer_lr = 0.7;
   c.outer_momentum = 0.6;
   c.nesterov = 1;
-  c.eager = 0;
+  c.eager = eager;
   c.anchor_check_interval = 2;
   c.hierarchy = hierarchy;
   return c;
@@ -69,6 +69,7 @@ co2_status_t train(co2_comm_t comm, const co2_engine_config_t& config, bool aver
         if (!kTrained[t]) g[t][i] = gradient(t, i, step, node);  // a node's buffers move together
         else if (reference) g[t][i] = (gradient(t, i, step, 2 * node) + gradient(t, i, step, 2 * node + 1)) * 0.5f;
         else g[t][i] = gradient(t, i, step, rank);
+        g[t][i] += 0.5f * p[t][i];  // the trajectory depends on where each round starts
       }
       if (kTrained[t]) trained.push_back(g[t].data());
     }
@@ -115,63 +116,69 @@ int main() {
     return 1;
   }
 
-  // 1. Hierarchical co2 over UCX processes.
-  std::vector<float> anchor;
-  uint64_t state_bytes = 0;
-  CHECK_OK(train(world, config_of(CO2_HIERARCHY_NODES), true, rank, node, false, &anchor, &state_bytes));
+  // The delayed update, then the eager policy (a node's ranks share one offset, sharded).
+  uint64_t hash = 0;
+  for (int eager : {0, 1}) {
+    // 1. Hierarchical co2 over UCX processes.
+    std::vector<float> anchor;
+    uint64_t state_bytes = 0;
+    CHECK_OK(train(world, config_of(CO2_HIERARCHY_NODES, eager), true, rank, node, false, &anchor, &state_bytes));
 
-  // 2. The same anchor on every rank, bit for bit (a hash, min and max over the ranks).
-  uint64_t hash = 1469598103934665603ull;
-  for (float v : anchor) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    hash = (hash ^ bits) * 1099511628211ull;
-  }
-  int64_t lo = as_int(hash), hi = as_int(hash);
-  if (reduce_over(world, &lo, CO2_REDUCE_MIN) || reduce_over(world, &hi, CO2_REDUCE_MAX)) return 1;
-  if (lo != hi) {
-    std::fprintf(stderr, "rank %d: the ranks' anchors differ\n", rank);
-    ++failures;
-  }
-
-  // 3. Flat co2 over two ranks (threads, local transport) with the nodes' average gradients.
-  std::vector<std::vector<float>> reference(2);
-  std::vector<co2_status_t> statuses(2, CO2_OK);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      co2_comm_config_t local = CO2_COMM_CONFIG_INIT;
-      local.transport = CO2_TRANSPORT_LOCAL;
-      local.rank = r;
-      local.world_size = 2;
-      const std::string name = "hierarchical-reference-" + std::to_string(rank);
-      local.group_name = name.c_str();
-      co2_comm_t comm = nullptr;
-      statuses[size_t(r)] = co2_comm_create(&local, &comm);
-      if (statuses[size_t(r)] == CO2_OK)
-        statuses[size_t(r)] = train(comm, config_of(CO2_HIERARCHY_FLAT), false, r, r, true, &reference[size_t(r)], nullptr);
-      co2_comm_destroy(comm);
-    });
-  for (auto& t : threads) t.join();
-  for (co2_status_t s : statuses) CHECK_OK(s);
-  for (size_t i = 0; i < anchor.size(); ++i)
-    if (std::fabs(anchor[i] - reference[0][i]) > 2e-5f * (1.0f + std::fabs(reference[0][i]))) {
-      std::fprintf(stderr, "rank %d: anchor element %zu is %.9g, flat co2 over the nodes gives %.9g\n", rank, i,
-                   double(anchor[i]), double(reference[0][i]));
+    // 2. The same anchor on every rank, bit for bit (a hash, min and max over the ranks).
+    hash = 1469598103934665603ull;
+    for (float v : anchor) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      hash = (hash ^ bits) * 1099511628211ull;
+    }
+    int64_t lo = as_int(hash), hi = as_int(hash);
+    if (reduce_over(world, &lo, CO2_REDUCE_MIN) || reduce_over(world, &hi, CO2_REDUCE_MAX)) return 1;
+    if (lo != hi) {
+      std::fprintf(stderr, "rank %d: the ranks' anchors differ\n", rank);
       ++failures;
-      break;
     }
 
-  // 4. Sharded over the node's two ranks: one model copy plus three half-size shards.
-  const double copies = double(state_bytes) / double(anchor.size() * sizeof(float));
-  if (copies > 1.0 + 3.0 / 2 + 0.01) {
-    std::fprintf(stderr, "rank %d: outer state %.3f model copies, expected <= 2.5\n", rank, copies);
-    ++failures;
+    // 3. Flat co2 over two ranks (threads, local transport) with the nodes' average gradients.
+    std::vector<std::vector<float>> reference(2);
+    std::vector<co2_status_t> statuses(2, CO2_OK);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        co2_comm_config_t local = CO2_COMM_CONFIG_INIT;
+        local.transport = CO2_TRANSPORT_LOCAL;
+        local.rank = r;
+        local.world_size = 2;
+        const std::string name = "hierarchical-reference-" + std::to_string(rank) + "-" + std::to_string(eager);
+        local.group_name = name.c_str();
+        co2_comm_t comm = nullptr;
+        statuses[size_t(r)] = co2_comm_create(&local, &comm);
+        if (statuses[size_t(r)] == CO2_OK)
+          statuses[size_t(r)] = train(comm, config_of(CO2_HIERARCHY_FLAT, eager), false, r, r, true, &reference[size_t(r)], nullptr);
+        co2_comm_destroy(comm);
+      });
+    for (auto& t : threads) t.join();
+    for (co2_status_t s : statuses) CHECK_OK(s);
+    for (size_t i = 0; i < anchor.size(); ++i)
+      if (std::fabs(anchor[i] - reference[0][i]) > 2e-5f * (1.0f + std::fabs(reference[0][i]))) {
+        std::fprintf(stderr, "rank %d (eager %d): anchor element %zu is %.9g, flat co2 over the nodes gives %.9g\n", rank, eager, i,
+                     double(anchor[i]), double(reference[0][i]));
+        ++failures;
+        break;
+      }
+
+    // 4. Sharded over the node's two ranks: one model copy plus three half-size shards; eager
+    // adds the round start's buffer and the offset and its momentum as shards (replicated: 3, 5).
+    const double copies = double(state_bytes) / double(anchor.size() * sizeof(float));
+    const double bound = eager ? 2.0 + 5.0 / 2 : 1.0 + 3.0 / 2;
+    if (copies > bound + 0.01) {
+      std::fprintf(stderr, "rank %d: outer state %.3f model copies, expected <= %.2f\n", rank, copies, bound);
+      ++failures;
+    }
   }
 
   // 5. Without the intra-node average the ranks of a node train different models: every rank
   // fails at the first check with a message that names the cause.
-  const co2_status_t diverged = train(world, config_of(CO2_HIERARCHY_NODES), false, rank, node, false, nullptr, nullptr);
+  const co2_status_t diverged = train(world, config_of(CO2_HIERARCHY_NODES, 0), false, rank, node, false, nullptr, nullptr);
   const std::string message = co2_last_error_message();
   if (diverged == CO2_OK || (diverged == CO2_ERR_ANCHOR_MISMATCH && message.find("averaged inside the node") == std::string::npos)) {
     std::fprintf(stderr, "rank %d: a node whose ranks diverged gave %s: %s\n", rank, co2_status_string(diverged),
