@@ -88,9 +88,9 @@ def wire_configurations(tau):
 
 
 def hierarchy_configurations(taus):
-    """Flat co2 against hierarchical co2 at each tau (--nodes), the engine's defaults otherwise.
-    The default outer policy is eager on host tensors for flat co2 but delayed for hierarchical
-    (sharded) co2, so flat also runs delayed: the row that differs from hier only in hierarchy."""
+    """Flat co2 against hierarchical co2 at each tau (--nodes), the engine's defaults otherwise
+    (the eager policy on host tensors, hierarchical co2 included since it shards the offsets); the
+    delayed rows (eager=False) compare the delayed update of both."""
     configs = []
     for tau in taus:
         configs += [(f"co2 t{tau} flat", "co2", {"tau": tau}),

@@ -16,8 +16,9 @@ Run (2 simulated nodes of 2 processes on one machine; on a cluster, co2run --nno
 
 Each rank draws its own minibatches of a synthetic regression task (y = a teacher MLP's output);
 the ranks of a node see different data, the node's average gradient is what its model follows.
---check asserts what the tests check: the loss went down, every rank ends with the same model,
-and the outer state held is below the replicated engine's 3 model copies.
+--check asserts what the tests check: the loss went down and every rank ends with the same model.
+The outer state each rank holds is printed in model copies (docs/capi.md gives the formula: with
+L ranks per node, 1 + 3/L delayed, 2 + 5/L eager — the default —, fewer without outer momentum).
 """
 import argparse
 import os
@@ -99,7 +100,6 @@ def main():
         trainer.comm.allreduce(low, op="min")
         trainer.comm.allreduce(high, op="max")
         assert torch.equal(low, high), "the ranks ended with different models"
-        assert state_copies < 3.0, f"outer state {state_copies:.2f} copies, not sharded"
     trainer.close()
     if args.intra == "ddp":
         torch.distributed.destroy_process_group()
