@@ -95,7 +95,8 @@ def hierarchy_configurations(taus):
     for tau in taus:
         configs += [(f"co2 t{tau} flat", "co2", {"tau": tau}),
                     (f"co2 t{tau} flat delayed", "co2", {"tau": tau, "eager": False}),
-                    (f"co2 t{tau} hier", "co2", {"tau": tau, "hierarchy": "nodes"})]
+                    (f"co2 t{tau} hier", "co2", {"tau": tau, "hierarchy": "nodes"}),
+                    (f"co2 t{tau} hier delayed", "co2", {"tau": tau, "hierarchy": "nodes", "eager": False})]
     return configs
 
 
