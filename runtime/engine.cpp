@@ -164,10 +164,6 @@ void validate(const EngineConfig& c) {
             "shard_outer_state and hierarchical CO2 (which shards the outer state over a node's ranks) "
             "are implemented for co2; other algorithms keep no outer state to shard (or, for diloco, "
             "are not sharded yet): use CO2_ALGO_CO2, or shard_outer_state = 0 and CO2_HIERARCHY_FLAT");
-    require(c.eager != Eager::On || c.hierarchy == Hierarchy::Nodes, Status::Unsupported,
-            "the eager policy keeps a full-size offset per rank, which flat sharded outer state does "
-            "not implement: use eager = 0 or CO2_EAGER_AUTO (delayed when sharded), or hierarchical "
-            "co2 (where a node's ranks share one offset and shard it)");
   }
   require(c.wire_format == WireFormat::F32 || c.algorithm == Algorithm::Co2 || c.algorithm == Algorithm::Diloco,
           Status::InvalidArgument,
@@ -591,10 +587,7 @@ void Engine::commit() {
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning);
-  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device() &&
-                                                 (!s.sharded() || s.config.hierarchy == Hierarchy::Nodes));
-  if (s.config.eager == Eager::Auto && s.sharded() && !s.eager_resolved && s.config.algorithm == Algorithm::Co2)
-    log::info("eager policy: not implemented with flat sharded outer state; this engine runs the delayed update");
+  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device());
   if (s.on_device()) {
     require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,
             "the eager policy is implemented on the host only: CUDA tensors need eager = 0 or "

@@ -83,11 +83,7 @@ class ShardedBackend final : public Backend {
     cur_ = FloatBuffer(mine_.count());
     step_ = FloatBuffer(mine_.count());
     if (s.momentum_needed()) momentum_ = FloatBuffer(mine_.count());
-    if (s.eager()) {
-      eager_offset_ = FloatBuffer(mine_.count());
-      if (s.momentum_needed()) eager_momentum_ = FloatBuffer(mine_.count());
-      round_start_ = FloatBuffer(s.state_count);
-    }
+    allocate_eager_state();
     verdicts_ = FloatBuffer(size_t(w));
     norm_partials_.assign(size_t(w) * s.segments.size(), 0.0);
     step_partials_.assign(size_t(w) * (s.segments.size() + 2), 0.0);
@@ -99,13 +95,25 @@ class ShardedBackend final : public Backend {
     if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
     unpack_parameters(s, b, false);
     copy_shard(cur_.data(), b + mine_.begin);
+    if (rank_eager()) std::copy(b, b + s.state_count, round_start_.data());
     count_state();
   }
 
   void momentum_needed() override {
     if (momentum_.empty()) momentum_ = FloatBuffer(mine_.count());
-    if (s_.eager() && eager_momentum_.empty()) eager_momentum_ = FloatBuffer(mine_.count());
+    allocate_eager_state();
     count_state();
+  }
+
+  // Hierarchical: shards of the node's offset and momentum, and the round start the node
+  // gathers; flat: this rank's round start and momentum, full-size.
+  void allocate_eager_state() {
+    const S& s = s_;
+    if (!s.eager()) return;
+    const size_t per_rank = s.hierarchical() ? mine_.count() : s.state_count;
+    if (s.hierarchical() && eager_offset_.empty()) eager_offset_ = FloatBuffer(per_rank);
+    if (s.momentum_needed() && eager_momentum_.empty()) eager_momentum_ = FloatBuffer(per_rank);
+    if (round_start_.empty()) round_start_ = FloatBuffer(s.state_count);
   }
 
   Arrival collect_average() override {
@@ -144,6 +152,77 @@ class ShardedBackend final : public Backend {
   // "The eager policy"; W there is the number of nodes), sends d_J across the nodes, and the node
   // all-gathers its next round's start a' + e (blocking, inside the node) into the parameters.
   DeltasFinite eager_pass(bool update) override {
+    return s_.hierarchical() ? node_eager_pass(update) : rank_eager_pass(update);
+  }
+
+  // The eager policy with flat sharding: each rank's offset is its own, so it keeps its round
+  // start R = a + e (full-size) and the momentum q of its own deltas (full-size) instead of the
+  // replicated engine's e and q: d = R - p needs no full anchor, and the next start is a' + e'
+  // with a' = B. Outer state N (B) + N (R) [+ N (q)] + 3N/W, against the replicated eager 5N.
+  DeltasFinite rank_eager_pass(bool update) {
+    S& s = s_;
+    const TraceSpan trace(s.trace.get(), "sharded eager pass");
+    if (update) adopt_update();
+    const OuterSettings o = outer_settings_of(s);
+    EagerCoefficients k;
+    k.beta = float(o.beta);
+    k.scale = float(o.outer_lr / double(s.comm->size()));
+    k.momentum = !eager_momentum_.empty();
+    k.nesterov = o.nesterov;
+    float* b = s.comm_buffer.data();  // a' in, this round's deltas out
+    float* r = round_start_.data();
+    float* q = k.momentum ? eager_momentum_.data() : nullptr;
+    copy_shard(cur_.data(), b + mine_.begin);
+    std::fill(step_.data(), step_.data() + step_.size(), 0.0f);  // B holds the deltas themselves
+    // The anchor a' for the anchor check, hashed before the pass overwrites it (when the check is
+    // due at this boundary: engine.cpp's check_anchor_when_due rule).
+    const uint32_t every = s.config.anchor_check_interval;
+    const bool hash = every && s.stats.rounds % every == 0;
+    WordHasher hasher;
+    // A non-finite delta: the NaN still travels (every rank skips that average), and this rank
+    // restarts from the anchor with its eager state cleared, as the replicated engine does.
+    bool finite = true;
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded || seg.role == Role::Buffer) continue;
+      const float* rs = r + seg.state_offset;
+      finite = with_params(seg, [&](auto* p) {
+                 for (size_t i = 0; i < seg.count; ++i)
+                   if (!std::isfinite(rs[i] - widen(p[i]))) return false;
+                 return true;
+               }) && finite;
+    }
+    if (!finite) clear_eager_state();
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      const size_t off = seg.state_offset;
+      if (hash) hasher.update(b + off, seg.count);
+      const bool trained = seg.role == Role::Parameter;
+      with_params(seg, [&](auto* p) {
+        using P = std::remove_pointer_t<decltype(p)>;
+        for (size_t i = 0; i < seg.count; ++i) {
+          const float following = b[off + i], x = widen(p[i]);
+          float d = -x, start = following;  // BUFFER values travel (w = 0)
+          if (trained) {
+            d = r[off + i] - x;
+            if (finite) {
+              const float filtered = q ? (q[off + i] = k.beta * q[off + i] + d) : d;
+              start = following - k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
+            }
+          }
+          r[off + i] = start;
+          b[off + i] = d;
+          p[i] = narrow<P>(start);
+        }
+      });
+    }
+    pass_anchor_hash_ = hasher.digest();
+    deltas_in_buffer_ = true;
+    anchor_outside_shard_ = false;
+    return finite ? DeltasFinite::Yes : DeltasFinite::No;
+  }
+
+  // The eager policy, hierarchical CO2.
+  DeltasFinite node_eager_pass(bool update) {
     S& s = s_;
     const TraceSpan trace(s.trace.get(), "sharded eager pass");
     if (update) adopt_update();
@@ -206,12 +285,16 @@ class ShardedBackend final : public Backend {
   void apply_update() override {
     adopt_update();
     take_anchor_from_buffer();
-    unpack_parameters(s_, s_.comm_buffer.data(), false);
+    set_parameters_to_anchor();
   }
+  // The next round starts from the anchor: the offsets (hierarchical: their shards; flat: the
+  // round start takes the anchor when the parameters do) and their momentum are zero.
   void clear_eager_state() override {
     std::fill(eager_offset_.data(), eager_offset_.data() + eager_offset_.size(), 0.0f);
     std::fill(eager_momentum_.data(), eager_momentum_.data() + eager_momentum_.size(), 0.0f);
   }
+
+  bool rank_eager() const { return s_.eager() && !s_.hierarchical(); }
 
   // co2's warm-up rounds: the same chain, waited for at once.
   bool average_deltas_blocking() override {
@@ -228,11 +311,15 @@ class ShardedBackend final : public Backend {
   bool average_gradients(void* const* grads, size_t n) override { return host_->average_gradients(grads, n); }
 
   // Only where B holds the anchor: after a collect, or when nothing was submitted yet.
-  void set_parameters_to_anchor() override { unpack_parameters(s_, s_.comm_buffer.data(), false); }
+  void set_parameters_to_anchor() override {
+    unpack_parameters(s_, s_.comm_buffer.data(), false);
+    if (rank_eager()) std::copy(s_.comm_buffer.data(), s_.comm_buffer.data() + s_.state_count, round_start_.data());
+  }
 
   // Right after a boundary's pass B holds deltas and the parameters hold the anchor; otherwise B
   // holds it. Either is the same on every rank that trains the same model.
   uint64_t consensus_checksum() override {
+    if (deltas_in_buffer_ && !anchor_outside_shard_ && rank_eager()) return pass_anchor_hash_;
     if (deltas_in_buffer_ && !anchor_outside_shard_) return parameters_checksum(s_);
     WordHasher hasher;
     const float* b = s_.comm_buffer.data();
@@ -270,12 +357,19 @@ class ShardedBackend final : public Backend {
       s.momentum = FloatBuffer(s.state_count);
       gather_shards(momentum_, s.momentum.data(), Purpose::Consensus);
     }
-    if (s.eager()) {  // the node's offsets, as a rank of the replicated engine keeps its own
+    if (s.eager() && s.hierarchical()) {  // the node's offsets, as a replicated rank keeps its own
       s.eager_offset = FloatBuffer(s.state_count);
       gather_shards(eager_offset_, s.eager_offset.data(), Purpose::Consensus);
       if (!eager_momentum_.empty()) {
         s.eager_momentum = FloatBuffer(s.state_count);
         gather_shards(eager_momentum_, s.eager_momentum.data(), Purpose::Consensus);
+      }
+    } else if (s.eager()) {  // this rank's: e = R - a
+      s.eager_offset = FloatBuffer(s.state_count);
+      for (size_t i = 0; i < s.state_count; ++i) s.eager_offset.data()[i] = round_start_.data()[i] - s.anchor.data()[i];
+      if (!eager_momentum_.empty()) {
+        s.eager_momentum = FloatBuffer(s.state_count);
+        std::copy(eager_momentum_.data(), eager_momentum_.data() + s.state_count, s.eager_momentum.data());
       }
     }
     // A refused average left B holding the unchanged anchor; a blob says "not finite" by its
@@ -314,18 +408,18 @@ class ShardedBackend final : public Backend {
     deltas_in_buffer_ = anchor_outside_shard_ = false;
     // The eager state: this rank's shards of what the blob restored (its node's offsets), else
     // zero (the next round starts from the anchor, as after finalize).
-    if (s.eager() && eager_offset_.empty()) {
-      eager_offset_ = FloatBuffer(mine_.count());
-      round_start_ = FloatBuffer(s.state_count);
-    }
-    if (s.eager() && s.momentum_needed() && eager_momentum_.empty()) eager_momentum_ = FloatBuffer(mine_.count());
+    allocate_eager_state();
     clear_eager_state();
-    if (!s.eager_offset.empty()) copy_shard(eager_offset_.data(), s.eager_offset.data() + mine_.begin);
+    const size_t from = s.hierarchical() ? mine_.begin : 0;  // a shard of the node's, or all
+    if (!s.eager_offset.empty() && !eager_offset_.empty())
+      std::copy(s.eager_offset.data() + from, s.eager_offset.data() + from + eager_offset_.size(), eager_offset_.data());
     if (!s.eager_momentum.empty() && !eager_momentum_.empty())
-      copy_shard(eager_momentum_.data(), s.eager_momentum.data() + mine_.begin);
+      std::copy(s.eager_momentum.data() + from, s.eager_momentum.data() + from + eager_momentum_.size(),
+                eager_momentum_.data());
     std::vector<float> start(s.anchor.data(), s.anchor.data() + s.state_count);
     for (size_t i = 0; !s.eager_offset.empty() && i < s.state_count; ++i) start[i] += s.eager_offset.data()[i];
     unpack_parameters(s, start.data(), false);  // p <- a + e, as the replicated engine restores
+    if (rank_eager()) std::copy(start.begin(), start.end(), round_start_.data());
     s.anchor = FloatBuffer();
     s.momentum = FloatBuffer();
     s.eager_offset = FloatBuffer();
@@ -676,6 +770,7 @@ class ShardedBackend final : public Backend {
   std::atomic<bool> verdict_finite_{true};
   bool deltas_in_buffer_ = false;
   bool anchor_outside_shard_ = false;  // after the eager pass: only B_J holds deltas
+  uint64_t pass_anchor_hash_ = 0;      // flat eager: a' hashed by the pass that overwrote it
   // The eager policy (hierarchical): this rank's shards of the node's offset and its momentum,
   // and the full round start a' + e the node gathers at a boundary.
   FloatBuffer eager_offset_, eager_momentum_, round_start_;

@@ -5,9 +5,10 @@
 // the largest over the ranks) and, as a cross-check, the process's resident-set growth per rank
 // (/proc/self/statm around the engines' life, divided by W; the parameters themselves are
 // allocated before the first reading, so the growth is the engines' and the transport's).
-// Three modes per W: replicated with the default policy (eager on host tensors: 2 more full
-// copies, the offset and its momentum), replicated delayed (eager = 0: anchor, momentum, comm
-// buffer), sharded (always delayed), so that sharded compares with the same update policy.
+// Four modes per W: replicated and sharded, each with the default policy (eager on host tensors:
+// replicated keeps 2 more full copies, the offset and its momentum; sharded keeps each rank's round
+// start and momentum full-size) and delayed (eager = 0), so that each compares with the same
+// update policy.
 //   outer_state [--params N] [--worlds 2,4,8] [--tau T] [--steps S]
 // A configuration the engine refuses (sharding not implemented yet for it) prints its status and
 // message in place of its row; the run goes on.
@@ -144,13 +145,14 @@ struct RankResult {
   uint64_t outer_state_bytes = 0;
 };
 
-enum class Mode { ReplicatedDefault, ReplicatedDelayed, Sharded };
+enum class Mode { ReplicatedDefault, ReplicatedDelayed, Sharded, ShardedDelayed };
 
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::ReplicatedDefault: return "replicated";
     case Mode::ReplicatedDelayed: return "repl.delayed";
     case Mode::Sharded: return "sharded";
+    case Mode::ShardedDelayed: return "shard.delayed";
   }
   return "?";
 }
@@ -182,9 +184,9 @@ void run_rank(const Options& o, int world, Mode mode, const std::string& group, 
     ec.algorithm = CO2_ALGO_CO2;
     ec.tau = o.tau;
     ec.outer_momentum = kOuterMomentum;
-    ec.shard_outer_state = mode == Mode::Sharded ? 1 : 0;
-    // The default (CO2_EAGER_AUTO) is eager on host tensors when replicated, delayed when sharded.
-    if (mode == Mode::ReplicatedDelayed) ec.eager = 0;
+    ec.shard_outer_state = mode == Mode::Sharded || mode == Mode::ShardedDelayed ? 1 : 0;
+    // The default (CO2_EAGER_AUTO) is eager on host tensors.
+    if (mode == Mode::ReplicatedDelayed || mode == Mode::ShardedDelayed) ec.eager = 0;
     good = ok(co2_engine_create(comm, &ec, &engine), "co2_engine_create");
   }
   if (good) {
@@ -275,6 +277,7 @@ int main(int argc, char** argv) {
     run_world(o, world, Mode::ReplicatedDefault);
     run_world(o, world, Mode::ReplicatedDelayed);
     run_world(o, world, Mode::Sharded);
+    run_world(o, world, Mode::ShardedDelayed);
   }
   return 0;
 }

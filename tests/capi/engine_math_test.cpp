@@ -778,11 +778,11 @@ std::vector<MathCase> eager_cases() {
   return out;
 }
 
-// Sharded outer state: a twin of every co2 case of the lists above (the delayed schedule, the
-// only one sharding implements), against the same float64 reference.
+// Sharded outer state: a twin of every co2 case of the lists above, delayed and eager, against
+// the same float64 reference.
 std::vector<MathCase> sharded_cases() {
   std::vector<MathCase> out;
-  for (auto list : {sweep_cases, policy_cases, layout_cases, warmup_cases, script_cases})
+  for (auto list : {sweep_cases, policy_cases, layout_cases, warmup_cases, script_cases, eager_cases})
     for (MathCase c : list()) {
       if (c.algo != CO2_ALGO_CO2) continue;
       c.shard = 1;
