@@ -619,11 +619,6 @@ TEST_F(BadInput, HierarchyIsFlatOrNodesAndShardsOnlyCo2) {
   diloco.hierarchy = CO2_HIERARCHY_NODES;
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_create(comm_, &diloco, &e));
   EXPECT_NE(std::string(co2_last_error_message()).find("co2"), std::string::npos) << co2_last_error_message();
-  co2_engine_config_t eager = engine_config();
-  eager.shard_outer_state = 1;
-  eager.eager = 1;
-  EXPECT_STATUS(CO2_ERR_UNSUPPORTED, co2_engine_create(comm_, &eager, &e));
-  EXPECT_NE(std::string(co2_last_error_message()).find("eager"), std::string::npos) << co2_last_error_message();
   EXPECT_EQ(e, kSentinelEngine);
 }
 
