@@ -284,45 +284,63 @@ TEST(ShardedOuterState, CheckpointsMoveBetweenShardedAndReplicatedAndAcrossWorld
   expect_close(moved[0].anchor, reference[0].anchor, "sharded W 2 -> sharded W 3");
 }
 
-// Hierarchical CO2, 2 nodes x 2 ranks (node = rank / 2), gradients averaged inside each node: the
-// same training as flat co2 over 2 ranks whose gradients are their node's average.
-// The same under the eager policy: a node's ranks share one offset, sharded like the anchor.
-TEST(HierarchicalCo2, EagerEqualsFlatEagerCo2OverTheNodesAverageGradients) {
-  auto node_of = [](int rank) { return rank / 2; };
-  Plan hierarchical;
-  hierarchical.reduce_gradients = true;
-  hierarchical.configure = [&](int rank, EngineConfig& c) {
+// Hierarchical CO2, 2 nodes x 2 ranks (node = rank / 2), gradients averaged inside each node.
+// BUFFER segments are not averaged by reduce_gradients: each rank's differ, and the boundary
+// averages them inside the node (they move linearly, so that is the node-averaged update).
+int node_of(int rank) { return rank / 2; }
+
+Plan hierarchical_2x2() {
+  Plan plan;
+  plan.reduce_gradients = true;
+  plan.configure = [](int rank, EngineConfig& c) {
     c.hierarchy = Hierarchy::Nodes;
     c.node_id = node_of(rank);
   };
+  return plan;
+}
+
+// The same training as flat co2 over 2 ranks whose gradients are their node's average: checks
+// it (every rank against its node's flat rank) and returns the hierarchical run.
+std::vector<Rank> expect_equal_to_flat_over_the_nodes(const EngineConfig& config, const std::string& what) {
   Plan flat;
-  flat.gradient_of = [&](size_t t, size_t i, int step, int node) {
+  flat.gradient_of = [](size_t t, size_t i, int step, int node) {
     return (gradient(t, i, step, 2 * node) + gradient(t, i, step, 2 * node + 1)) * 0.5f;
   };
+  const auto h = train(4, config, hierarchical_2x2());
+  const auto f = train(2, config, flat);
+  for (const Rank& r : h) EXPECT_EQ(r.failed, Status::Ok) << what << ": " << r.failure;
+  expect_bitwise_equal_across_ranks(h, what);
+  expect_close(h[0].anchor, f[0].anchor, what + " anchor");
+  for (int rank = 0; rank < 4; ++rank)
+    for (size_t t = 0; t < std::size(kShapes); ++t)
+      expect_close(h[size_t(rank)].params[t], f[size_t(node_of(rank))].params[t],
+                   what + " rank " + std::to_string(rank) + " " + kShapes[t].name);
+  EXPECT_EQ(h[0].stats.outer_updates, f[0].stats.outer_updates) << what;
+  return h;
+}
+
+TEST(HierarchicalCo2, EqualsFlatCo2OverTheNodesAverageGradients) {
+  const auto h = expect_equal_to_flat_over_the_nodes(co2_config(false), "hierarchical 2 x 2");
+  size_t n = 0;
+  for (const Shape& s : kShapes) n += s.count;
+  EXPECT_LE(double(h[0].stats.outer_state_bytes) / double(n * sizeof(float)), 1.0 + 3.0 / 2 + 0.02);
+}
+
+// The same under the eager policy: a node's ranks share one offset, sharded like the anchor.
+TEST(HierarchicalCo2, EagerEqualsFlatEagerCo2OverTheNodesAverageGradients) {
+  EngineConfig config = co2_config(false);
+  config.eager = Eager::On;
   for (bool nesterov : {true, false}) {
-    EngineConfig config = co2_config(false);
-    config.eager = Eager::On;
     config.nesterov = nesterov;
-    const auto h = train(4, config, hierarchical);
-    const auto f = train(2, config, flat);
-    const std::string what = std::string("eager, nesterov ") + (nesterov ? "on" : "off");
-    for (const Rank& r : h) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
-    expect_bitwise_equal_across_ranks(h, what);
-    expect_close(h[0].anchor, f[0].anchor, what + " anchor");
-    for (int rank = 0; rank < 4; ++rank)
-      for (size_t t = 0; t < std::size(kShapes); ++t)
-        expect_close(h[size_t(rank)].params[t], f[size_t(node_of(rank))].params[t],
-                     what + " rank " + std::to_string(rank) + " " + kShapes[t].name);
+    expect_equal_to_flat_over_the_nodes(config, std::string("eager, nesterov ") + (nesterov ? "on" : "off"));
   }
   // Checkpoints keep the node's offsets: resumed at a boundary, the same as straight through.
   std::vector<std::vector<char>> blobs(4);
-  Plan save = hierarchical;
+  Plan save = hierarchical_2x2();
   save.save_after = 12;
   save.saved = &blobs;
-  EngineConfig config = co2_config(false);
-  config.eager = Eager::On;
   const auto straight = train(4, config, save);
-  Plan resume = hierarchical;
+  Plan resume = hierarchical_2x2();
   resume.restore = &blobs;
   resume.first_step = 12;
   const auto resumed = train(4, config, resume);
@@ -331,41 +349,9 @@ TEST(HierarchicalCo2, EagerEqualsFlatEagerCo2OverTheNodesAverageGradients) {
   for (size_t t = 0; t < std::size(kShapes); ++t) expect_close(resumed[1].params[t], straight[1].params[t], "eager resumed params");
 }
 
-TEST(HierarchicalCo2, EqualsFlatCo2OverTheNodesAverageGradients) {
-  auto node_of = [](int rank) { return rank / 2; };
-  // BUFFER segments are not averaged by reduce_gradients: each rank's differ, and the boundary
-  // averages them inside the node (they move linearly, so that is the node-averaged update).
-  Plan hierarchical;
-  hierarchical.reduce_gradients = true;
-  hierarchical.configure = [&](int rank, EngineConfig& c) {
-    c.hierarchy = Hierarchy::Nodes;
-    c.node_id = node_of(rank);
-  };
-  Plan flat;
-  flat.gradient_of = [&](size_t t, size_t i, int step, int node) {
-    return (gradient(t, i, step, 2 * node) + gradient(t, i, step, 2 * node + 1)) * 0.5f;
-  };
-  const auto h = train(4, co2_config(false), hierarchical);
-  const auto f = train(2, co2_config(false), flat);
-  for (const Rank& r : h) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
-  expect_bitwise_equal_across_ranks(h, "hierarchical 2 x 2");
-  expect_close(h[0].anchor, f[0].anchor, "hierarchical anchor");
-  for (int rank = 0; rank < 4; ++rank)
-    for (size_t t = 0; t < std::size(kShapes); ++t)
-      expect_close(h[size_t(rank)].params[t], f[size_t(node_of(rank))].params[t],
-                   "rank " + std::to_string(rank) + " " + kShapes[t].name);
-  EXPECT_EQ(h[0].stats.outer_updates, f[0].stats.outer_updates);
-  size_t n = 0;
-  for (const Shape& s : kShapes) n += s.count;
-  EXPECT_LE(double(h[0].stats.outer_state_bytes) / double(n * sizeof(float)), 1.0 + 3.0 / 2 + 0.02);
-}
-
 TEST(HierarchicalCo2, RanksOfANodeThatTrainDifferentModelsFailLoudly) {
-  Plan plan;  // no intra-node average: each rank follows its own gradients
-  plan.configure = [](int rank, EngineConfig& c) {
-    c.hierarchy = Hierarchy::Nodes;
-    c.node_id = rank / 2;
-  };
+  Plan plan = hierarchical_2x2();
+  plan.reduce_gradients = false;  // no intra-node average: each rank follows its own gradients
   const auto h = train(4, co2_config(false), plan);
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(h[size_t(rank)].failed, Status::Ok) << "rank " << rank << " trained on";
