@@ -252,12 +252,15 @@ void wait_pending(Engine::State& s) {
 
 // All ranks compare a 64-bit value; every rank learns of a difference.
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose) {
-  const int w = s.comm->size();
-  std::vector<int64_t> all(size_t(w), 0);
+  return same_on_every_rank_of(s, *s.comm, {s.owner, purpose}, value);
+}
+
+bool same_on_every_rank_of(Engine::State& s, Communicator& comm, CollectiveId id, uint64_t value) {
+  std::vector<int64_t> all(size_t(comm.size()), 0);
   int64_t mine;
   std::memcpy(&mine, &value, sizeof mine);
-  auto request = s.comm->allgather(&mine, all.data(), 1, DataType::I64, s.id(purpose));
-  if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+  auto request = comm.allgather(&mine, all.data(), 1, DataType::I64, id);
+  if (request->wait_status() != Status::Ok) fail(comm.error_status(), comm.error_message());
   observe_control_collective(s, *request);
   return std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; });
 }
@@ -311,13 +314,8 @@ void form_nodes(S& s) {
 void check_node_parameters_when_due(S& s) {
   const uint32_t k = s.config.anchor_check_interval;
   if (!s.hierarchical() || !k || s.stats.rounds % k != 0) return;
-  const uint64_t mine = parameters_checksum(s, /*trained_only=*/true);
-  std::vector<int64_t> all(size_t(s.intra->size()), 0);
-  int64_t value;
-  std::memcpy(&value, &mine, sizeof value);
-  auto request = s.intra->allgather(&value, all.data(), 1, DataType::I64, {s.intra_owner, Purpose::AnchorCheck});
-  if (request->wait_status() != Status::Ok) fail(s.intra->error_status(), s.intra->error_message());
-  if (!std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; }))
+  if (!same_on_every_rank_of(s, *s.intra, {s.intra_owner, Purpose::AnchorCheck},
+                             parameters_checksum(s, /*trained_only=*/true)))
     fail(Status::AnchorMismatch,
          "the ranks of node " + std::to_string(s.inter->rank()) +
              " hold different parameters at a boundary: hierarchical co2 trains one model per node, so "

@@ -157,6 +157,8 @@ void commit_update(Engine::State& s, Clip clip, const UpdateSummary* sum);
 bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
                     PreparedUpdate& prepared, bool params_follow = false);
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose);
+// The same over another of the engine's communicators (a node's: hierarchical CO2).
+bool same_on_every_rank_of(Engine::State& s, Communicator& comm, CollectiveId id, uint64_t value);
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
 void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_check_interval rounds
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
