@@ -80,6 +80,11 @@ Status Request::wait_status() {
   return status_;
 }
 
+std::string Request::message() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return message_;
+}
+
 Clock::time_point Request::completed_at() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_at_;
@@ -116,6 +121,14 @@ constexpr auto kReleaseLimit = std::chrono::seconds(5);
 // Chunks (segments of an all-reduce) in flight per collective: enough to keep every link busy
 // while one chunk is being reduced, few enough to bound the scratch memory.
 constexpr size_t kChunksInFlight = 4;
+
+// The message of a collective that never started because one it follows failed: the first
+// failed link's error, named once however long the chain behind it.
+std::string chain_stopped_message(const std::string& collective, const std::string& cause) {
+  static const std::string kStopped = " was not started: the collective it follows failed: ";
+  const size_t nested = cause.find(kStopped);
+  return collective + kStopped + (nested == std::string::npos ? cause : cause.substr(nested + kStopped.size()));
+}
 
 }  // namespace
 
@@ -292,6 +305,15 @@ bool CollectiveEngine::advance_all(std::vector<Active>& active) {
         it->last_progress = Clock::now();
         ++it;
         continue;
+      }
+      // A chain stops at its first failed link: what follows would work on a result that never
+      // came (a partly reduced shard). Failing the communicator, not only this collective, ends
+      // the peers' side of it at once instead of after their timeout.
+      const Status before = it->submitted.after->wait_status();
+      if (before != Status::Ok) {
+        fail(before, chain_stopped_message(it->submitted.collective->descriptor().to_string() + " on " + where(),
+                                           it->submitted.after->message()));
+        return progressed;  // the next turn of the loop fails everything
       }
       it->submitted.after.reset();
     }

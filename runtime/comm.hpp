@@ -81,6 +81,8 @@ class Request {
   bool wait_for(std::chrono::milliseconds timeout);
   // Like wait_for(-1) but never throws: the final status.
   Status wait_status();
+  // Why it failed (empty while running or after success).
+  std::string message() const;
 
   Clock::time_point submitted_at() const { return submitted_at_; }
   Clock::time_point completed_at() const;  // valid once finished
@@ -176,7 +178,10 @@ class Communicator {
   // `after` (may be empty; point-to-point transports only): the all-gather starts only once that
   // earlier request of this communicator completed here, so that a chain submitted at once —
   // reduce_scatter whose on_result rewrites this rank's shard, then allgather_shards — gathers
-  // the rewritten shards. Waiting for it counts as progress (no timeout of its own).
+  // the rewritten shards. Waiting for it counts as progress (no timeout of its own). If that
+  // request failed, this collective never starts: the communicator fails with its status and a
+  // message that quotes its error, here and (through the transport's abort) at the peers, so a
+  // failed link fails the rest of its chain on every rank.
   std::shared_ptr<Request> allgather_shards(void* buffer, size_t count, DataType dtype,
                                             CollectiveId id = {},
                                             std::function<void()> on_result = {},

@@ -191,8 +191,11 @@ void require_committed(const S& s) {
           "the layout is not committed yet: register tensors, then call co2_engine_commit");
 }
 
+// Every communicator the engine runs collectives on: hierarchical CO2's node groups fail on
+// their own (an inter-node link), and their error must stop the engine as the main one's does.
 void check_comm(const S& s) {
-  if (s.comm->error_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+  for (const Communicator* comm : {s.comm.get(), s.intra.get(), s.inter.get()})
+    if (comm && comm->error_status() != Status::Ok) fail(comm->error_status(), comm->error_message());
 }
 
 
@@ -235,7 +238,9 @@ void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
   s.stats.boundary_wait_ns += waited;
   s.stats.last_boundary_wait_ns = waited;
   if (status != Status::Ok) {
-    const std::string message = s.comm->error_message();
+    // The request's own message: it may have run on a node group, not on s.comm.
+    std::string message = request->message();
+    if (message.empty()) message = s.comm->error_message();
     fail(status, message.empty() ? "collective failed" : message);
   }
   const uint64_t collective = elapsed_ns(request->submitted_at(), request->completed_at());
@@ -779,6 +784,10 @@ EngineStats Engine::stats() const {
 }
 
 float* Engine::anchor_for_testing() { return state_->anchor.data(); }
+
+std::shared_ptr<Communicator> Engine::node_communicator_for_testing(bool inter) {
+  return inter ? state_->inter : state_->intra;
+}
 
 void Engine::use_backend_for_testing(const std::function<std::unique_ptr<Backend>(State&)>& make) {
   require(state_->segments.empty() && !state_->flat, Status::InvalidState, "the backend is chosen before the layout");

@@ -157,6 +157,10 @@ class Engine {
   // Defined in runtime/engine_state.hpp, for engine.cpp, checkpoint.cpp and the backends only.
   struct State;
 
+  // For fault tests of hierarchical CO2 only: the node's communicator (intra) or this local
+  // index's across the nodes (inter); null before commit or without hierarchy.
+  std::shared_ptr<Communicator> node_communicator_for_testing(bool inter);
+
   // For tests of the round logic only (tests/runtime/engine_rounds_test.cpp): the backend made
   // by `make` replaces the host backend; before any tensor is registered.
   void use_backend_for_testing(const std::function<std::unique_ptr<Backend>(State&)>& make);

@@ -23,13 +23,13 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::vector<std::shared_ptr<Communicator>> make_group(int size) {
+std::vector<std::shared_ptr<Communicator>> make_group(int size, const transport::local::LinkModel& link = {}) {
   static int counter = 0;
   const std::string name = "sharded#" + std::to_string(counter++);
   CommOptions options;
   options.timeout = milliseconds(30000);
   auto joined = test::form_thread_group(
-      size, [&](int rank) { return transport::local::join(name, rank, size, milliseconds(20000), {}); }, options);
+      size, [&](int rank) { return transport::local::join(name, rank, size, milliseconds(20000), link); }, options);
   return {std::make_move_iterator(joined.begin()), std::make_move_iterator(joined.end())};
 }
 
@@ -67,10 +67,14 @@ struct Plan {
   std::function<float(size_t t, size_t i, int step, int rank)> gradient_of;
   bool reduce_gradients = false;
   std::function<void(int rank, EngineConfig&)> configure;
+  // Called after each engine.step (returned: whether it was a boundary).
+  std::function<void(int step, int rank, bool boundary, Engine&)> after_step;
+  transport::local::LinkModel link;  // a slowed link keeps a chain in flight longer
+  bool abort_group_on_error = true;  // off: every rank must learn of a failure from the engine
 };
 
 std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
-  auto group = make_group(world);
+  auto group = make_group(world, plan.link);
   std::vector<Rank> out(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank)
@@ -125,12 +129,14 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
           for (size_t i = 0; i < me.params[t].size(); ++i)
             me.params[t][i] -= (kShapes[t].role == 1 ? 0.02f : 0.05f) * g[t][i];
         if (plan.before_step) plan.before_step(step, rank, me.params);
+        bool boundary = false;
         try {
-          engine.step(nullptr);
+          boundary = engine.step(nullptr);
         } catch (const Error& e) {
           if (e.status() != Status::NonFinite) throw;
           me.nonfinite_steps.push_back(step);
         }
+        if (plan.after_step) plan.after_step(step, rank, boundary, engine);
       }
       engine.finalize();
       me.anchor.resize(engine.num_elements());
@@ -139,7 +145,7 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
       } catch (const Error& e) {
         me.failed = e.status();
         me.failure = e.what();
-        group[size_t(rank)]->abort();  // the others fail promptly instead of waiting
+        if (plan.abort_group_on_error) group[size_t(rank)]->abort();  // the others fail promptly
       }
     });
   for (auto& thread : threads) thread.join();
@@ -360,6 +366,26 @@ TEST(HierarchicalCo2, RanksOfANodeThatTrainDifferentModelsFailLoudly) {
     }
   }
   EXPECT_TRUE(std::any_of(h.begin(), h.end(), [](const Rank& r) { return r.failed == Status::AnchorMismatch; }));
+}
+
+// A node's link across the nodes fails alone (rank 0's inter-node communicator, aborted right
+// after a boundary, while or after that boundary's chain runs): the rest of the chain does not
+// run on a partly reduced shard, and every rank fails with that link's error at its next
+// engine call, through the engine alone (no rank aborts its own communicator here).
+TEST(HierarchicalCo2, AFailedInterNodeLinkFailsTheEngineOnEveryRank) {
+  Plan plan = hierarchical_2x2();
+  plan.abort_group_on_error = false;
+  plan.after_step = [](int step, int rank, bool boundary, Engine& engine) {
+    if (boundary && step == 8 && rank == 0) engine.node_communicator_for_testing(/*inter=*/true)->abort();
+  };
+  const auto h = train(4, co2_config(false), plan);
+  for (int rank = 0; rank < 4; ++rank) {
+    const Rank& r = h[size_t(rank)];
+    EXPECT_TRUE(r.failed == Status::Aborted || r.failed == Status::PeerLost)
+        << "rank " << rank << ": status " << int(r.failed) << ": " << r.failure;
+    EXPECT_NE(r.failure.find("communicator aborted on rank 0"), std::string::npos)
+        << "rank " << rank << " does not name the failed link: " << r.failure;
+  }
 }
 
 // An automatic beta counts the outer participants: 8 nodes of 4 ranks resolve beta for 8 (0.0),

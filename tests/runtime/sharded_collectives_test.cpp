@@ -263,6 +263,36 @@ void expect_abort_ends(const std::string& kind, bool reduce) {
 TEST_P(Sharded, AnAbortedPeerEndsReduceScatter) { expect_abort_ends(GetParam(), true); }
 TEST_P(Sharded, AnAbortedPeerEndsAllGatherShards) { expect_abort_ends(GetParam(), false); }
 
+// A chain across two communicators (as hierarchical co2's: an inter-node all-reduce, then a
+// gather over all ranks `after` it) whose first link fails on one rank only: the gated gather
+// must not start on a result that never came. It fails at once with the first link's status and
+// message, and the peer, whose own first link was fine, ends too instead of completing.
+TEST_P(Sharded, AFailedLinkFailsTheRestOfItsChainOnEveryRank) {
+  Group first = make_group(GetParam(), 2);
+  Group second = make_group(GetParam(), 2);
+  const size_t count = 100000;
+  std::vector<std::vector<float>> buffers(2, std::vector<float>(count, 1.0f));
+  std::vector<std::vector<float>> gathered(2, std::vector<float>(count, 2.0f));
+  auto link = first[0]->reduce_scatter(buffers[0].data(), count, DataType::F32, ReduceOp::Avg);
+  first[1]->abort();
+  const Outcome failed_link = outcome_of(link);
+  ASSERT_TRUE(failed_link.finished);
+  ASSERT_NE(failed_link.status, Status::Ok);
+  std::vector<std::shared_ptr<Request>> chain = {
+      second[0]->allgather_shards(gathered[0].data(), count, DataType::F32, {}, {}, link),
+      second[1]->allgather_shards(gathered[1].data(), count, DataType::F32)};
+  const Outcome mine = outcome_of(chain[0]);
+  ASSERT_TRUE(mine.finished) << "the gated collective hangs";
+  EXPECT_EQ(mine.status, failed_link.status) << mine.message;
+  EXPECT_NE(mine.message.find(failed_link.message), std::string::npos)
+      << "'" << mine.message << "' does not quote the failed link's '" << failed_link.message << "'";
+  EXPECT_NE(mine.message.find("was not started"), std::string::npos) << mine.message;
+  const Outcome peer = outcome_of(chain[1]);
+  ASSERT_TRUE(peer.finished) << "the peer hangs";
+  EXPECT_NE(peer.status, Status::Ok) << "the peer's collective completed without this rank's part";
+  EXPECT_EQ(second[0]->error_status(), failed_link.status);
+}
+
 TEST_P(Sharded, APeerThatNeverIssuesTimesOut) {
   std::vector<float> buffer(5000, 1.0f);
   for (bool reduce : {true, false}) {
