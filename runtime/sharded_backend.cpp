@@ -85,8 +85,10 @@ class ShardedBackend final : public Backend {
     if (s.momentum_needed()) momentum_ = FloatBuffer(mine_.count());
     allocate_eager_state();
     verdicts_ = FloatBuffer(size_t(w));
-    norm_partials_.assign(size_t(w) * s.segments.size(), 0.0);
-    step_partials_.assign(size_t(w) * (s.segments.size() + 2), 0.0);
+    // One row per shard: under hierarchy every node holds the same shards, so the sums run over
+    // one node's shards (the node's ranks), not over every rank (nodes copies of each).
+    norm_partials_.assign(size_t(shards_->size()) * s.segments.size(), 0.0);
+    step_partials_.assign(size_t(shards_->size()) * (s.segments.size() + 2), 0.0);
     if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     // Rank 0's values become everyone's parameters and anchor.
     float* b = s.comm_buffer.data();
@@ -501,16 +503,18 @@ class ShardedBackend final : public Backend {
   std::shared_ptr<Request> submit_after_reduce(std::shared_ptr<Request> previous) {
     S& s = s_;
     const CollectiveId id = s.id(Purpose::OuterAverage);
+    // The partial sums travel among the shards' holders (a node's ranks under hierarchy: every
+    // node computes the same sums from equal shards); the verdicts among all ranks.
+    const CollectiveId shard_id{shard_owner_, Purpose::OuterAverage};
     if (needs_norms())
-      previous = s.comm->allgather_shards(norm_partials_.data(), norm_partials_.size(), DataType::F64, id,
-                                          [this] { after_norms(); }, previous);
+      previous = shards_->allgather_shards(norm_partials_.data(), norm_partials_.size(), DataType::F64, shard_id,
+                                           [this] { after_norms(); }, previous);
     previous = s.comm->allgather_shards(verdicts_.data(), verdicts_.size(), DataType::F32, id,
                                         [this] { after_verdicts(); }, previous);
     if (needs_steps())
-      previous = s.comm->allgather_shards(step_partials_.data(), step_partials_.size(), DataType::F64, id,
-                                          [this] { after_steps(); }, previous);
-    return shards_->allgather_shards(s.comm_buffer.data(), s.state_count, DataType::F32,
-                                     {shard_owner_, Purpose::OuterAverage}, {}, previous);
+      previous = shards_->allgather_shards(step_partials_.data(), step_partials_.size(), DataType::F64, shard_id,
+                                           [this] { after_steps(); }, previous);
+    return shards_->allgather_shards(s.comm_buffer.data(), s.state_count, DataType::F32, shard_id, {}, previous);
   }
 
   bool needs_norms() const { return s_.prepared.settings.clip == Clip::Norm; }
@@ -544,7 +548,7 @@ class ShardedBackend final : public Backend {
       if (s.segments[i].role == Role::Parameter) lambda_[i] = segment_lambda(s.prepared.settings, next_history_[i]);
     scale_.assign(segment_count(), 1.0);
     if (!needs_norms()) return decide();
-    const size_t row = size_t(s.comm->rank()) * segment_count();
+    const size_t row = size_t(shards_->rank()) * segment_count();
     std::fill(norm_partials_.begin() + long(row), norm_partials_.begin() + long(row + segment_count()), 0.0);
     plan();
     for (size_t i = 0; i < parts_.size(); ++i) {
@@ -556,10 +560,10 @@ class ShardedBackend final : public Backend {
     }
   }
 
-  // 1b. Every rank's parts of the norms, summed in rank order: the same scale on every rank.
+  // 1b. Every shard's parts of the norms, summed in shard order: the same scale on every rank.
   void after_norms() {
     S& s = s_;
-    const int w = s.comm->size();
+    const int w = shards_->size();
     for (size_t i = 0; i < segment_count(); ++i) {
       if (s.segments[i].role != Role::Parameter) continue;
       double sum = 0.0;
@@ -594,7 +598,7 @@ class ShardedBackend final : public Backend {
   bool update() {
     S& s = s_;
     bool finite = true;
-    const size_t row = size_t(s.comm->rank()) * step_row();
+    const size_t row = size_t(shards_->rank()) * step_row();
     std::fill(step_partials_.begin() + long(row), step_partials_.begin() + long(row + step_row()), 0.0);
     summary_.clamped = summary_.trained_elements = 0;
     for (size_t i = 0; i < parts_.size(); ++i) {
@@ -630,7 +634,7 @@ class ShardedBackend final : public Backend {
   void after_steps() {
     S& s = s_;
     if (!verdict_finite_.load()) return;
-    const int w = s.comm->size();
+    const int w = shards_->size();
     auto total = [&](size_t column) {
       double sum = 0.0;
       for (int r = 0; r < w; ++r) sum += step_partials_[size_t(r) * step_row() + column];
@@ -639,10 +643,8 @@ class ShardedBackend final : public Backend {
     for (size_t i = 0; i < segment_count(); ++i)
       if (s.segments[i].role == Role::Parameter)
         next_history_[i].last_step_norm = s.prepared.settings.outer_lr * std::sqrt(total(i));
-    // Hierarchical: every node's ranks counted the same shards, so per node.
-    const double copies = s.hierarchical() ? double(s.inter->size()) : 1.0;
-    summary_.clamped = uint64_t(total(segment_count()) / copies);
-    summary_.trained_elements = uint64_t(total(segment_count() + 1) / copies);
+    summary_.clamped = uint64_t(total(segment_count()));
+    summary_.trained_elements = uint64_t(total(segment_count() + 1));
   }
 
   // Coefficients of this shard's parts from lambda_ and scale_, the same on every rank, and the

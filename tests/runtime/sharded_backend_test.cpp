@@ -332,6 +332,35 @@ TEST(HierarchicalCo2, EqualsFlatCo2OverTheNodesAverageGradients) {
   EXPECT_LE(double(h[0].stats.outer_state_bytes) / double(n * sizeof(float)), 1.0 + 3.0 / 2 + 0.02);
 }
 
+// Norm clipping and the gap penalty: a segment's norm and its step's norm are sums over one
+// node's shards (every node holds the same ones), so the clip scale and the gap history are flat
+// co2's over the nodes. The history is checked through a checkpoint: resumed as flat co2 over
+// the nodes, the run goes on as the flat one straight through (the penalty of the updates after
+// the restore mixes the stored history with new steps).
+TEST(HierarchicalCo2, NormClippingAndTheGapHistoryEqualFlatCo2OverTheNodes) {
+  const EngineConfig config = with_policy(co2_config(false), Policy::GapNorm);
+  const auto h = expect_equal_to_flat_over_the_nodes(config, "hierarchical 2 x 2, gap penalty, norm clipping");
+  EXPECT_LT(h[0].stats.last_clip_scale_min, 1.0) << "nothing was clipped";
+  Plan flat;
+  flat.gradient_of = [](size_t t, size_t i, int step, int node) {
+    return (gradient(t, i, step, 2 * node) + gradient(t, i, step, 2 * node + 1)) * 0.5f;
+  };
+  const auto straight = train(2, config, flat);
+  std::vector<std::vector<char>> blobs(4);
+  Plan save = hierarchical_2x2();
+  save.save_after = 12;
+  save.saved = &blobs;
+  train(4, config, save);
+  const std::vector<std::vector<char>> node_blobs = {blobs[0], blobs[2]};
+  Plan resume = flat;
+  resume.restore = &node_blobs;
+  resume.first_step = 12;
+  const auto resumed = train(2, config, resume);
+  for (const Rank& r : resumed) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+  expect_close(resumed[0].anchor, straight[0].anchor, "hierarchical checkpoint resumed flat");
+  EXPECT_NEAR(resumed[0].stats.last_penalty_min, straight[0].stats.last_penalty_min, 1e-6);
+}
+
 // The same under the eager policy: a node's ranks share one offset, sharded like the anchor.
 TEST(HierarchicalCo2, EagerEqualsFlatEagerCo2OverTheNodesAverageGradients) {
   EngineConfig config = co2_config(false);
