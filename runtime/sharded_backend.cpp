@@ -468,7 +468,7 @@ class ShardedBackend final : public Backend {
   // The chain of the top of the file, on the progress thread; s.pending is its last request.
   void submit_chain() {
     S& s = s_;
-    s.prepared.settings = outer_settings_of(s);
+    fix_chain_inputs();
     verdict_finite_.store(false);
     float* b = s.comm_buffer.data();
     std::shared_ptr<Request> reduced;
@@ -496,6 +496,15 @@ class ShardedBackend final : public Backend {
     s.stats.bytes_reduced += (s.hierarchical() ? mine_.count() : s.state_count) * sizeof(float);
     deltas_in_buffer_ = false;
     anchor_outside_shard_ = false;
+  }
+
+  // Everything the chain's hooks read from the training thread's side, fixed when it is
+  // submitted, as the replicated engine does: the settings (beta, alpha, clip, penalty) and
+  // whether a momentum takes part. set_param(OUTER_MOMENTUM) from 0 while the chain runs
+  // allocates momentum_ for the next chain; this one neither sees nor writes it.
+  void fix_chain_inputs() {
+    s_.prepared.settings = outer_settings_of(s_);
+    chain_momentum_ = momentum_.empty() ? nullptr : momentum_.data();
   }
 
   // The rest of the chain, each collective started after the one before (`after`): the norms'
@@ -556,7 +565,7 @@ class ShardedBackend final : public Backend {
       if (s.segments[part.segment].role != Role::Parameter) continue;
       const size_t off = part.begin - mine_.begin;
       norm_partials_[row + part.segment] = momentum_candidate_sum_squares(
-          momentum_.empty() ? nullptr : momentum_.data() + off, b + part.begin, part.count, planned_[i].k);
+          chain_momentum_ ? chain_momentum_ + off : nullptr, b + part.begin, part.count, planned_[i].k);
     }
   }
 
@@ -580,11 +589,11 @@ class ShardedBackend final : public Backend {
     S& s = s_;
     bool finite = average_finite_;
     plan();
-    if (finite && !momentum_.empty()) {
+    if (finite && chain_momentum_) {
       for (size_t i = 0; i < parts_.size() && finite; ++i) {
         const ShardPart& part = parts_[i];
         const size_t off = part.begin - mine_.begin;
-        finite = update_result_finite(planned_[i].flags, cur_.data() + off, momentum_.data() + off,
+        finite = update_result_finite(planned_[i].flags, cur_.data() + off, chain_momentum_ + off,
                                       s.comm_buffer.data() + part.begin, part.count, planned_[i].k);
       }
     } else if (finite) {
@@ -604,7 +613,7 @@ class ShardedBackend final : public Backend {
     for (size_t i = 0; i < parts_.size(); ++i) {
       const ShardPart& part = parts_[i];
       const size_t off = part.begin - mine_.begin;
-      float* m = momentum_.empty() ? nullptr : momentum_.data() + off;
+      float* m = chain_momentum_ ? chain_momentum_ + off : nullptr;
       const PassResult r = run_boundary_pass(planned_[i].flags, nullptr, cur_.data() + off, m,
                                              s.comm_buffer.data() + part.begin, part.count, planned_[i].k);
       finite = finite && r.result_finite;
@@ -624,7 +633,7 @@ class ShardedBackend final : public Backend {
     S& s = s_;
     bool all = true;
     for (size_t r = 0; r < verdicts_.size(); ++r) all = all && verdicts_.data()[r] == 1.0f;
-    if (all && !momentum_.empty()) update();  // checked finite by decide's read-only pass
+    if (all && chain_momentum_) update();  // checked finite by decide's read-only pass
     if (!all) copy_shard(s.comm_buffer.data() + mine_.begin, cur_.data());
     verdict_finite_.store(all);
   }
@@ -666,7 +675,7 @@ class ShardedBackend final : public Backend {
     for (size_t i = 0; i < parts_.size(); ++i) {
       const Segment& seg = s.segments[parts_[i].segment];
       planned_[i].flags.prepare = true;
-      segment_coefficients(o, seg, lambda_[parts_[i].segment], !momentum_.empty(), &planned_[i].flags,
+      segment_coefficients(o, seg, lambda_[parts_[i].segment], chain_momentum_ != nullptr, &planned_[i].flags,
                            &planned_[i].k, &unused);
       if (seg.role == Role::Parameter && o.clip == Clip::Norm) planned_[i].k.norm_scale = float(scale_[parts_[i].segment]);
     }
@@ -676,7 +685,7 @@ class ShardedBackend final : public Backend {
   // is at the same boundary). False when not finite.
   bool prepare_loaded_average() {
     S& s = s_;
-    s.prepared.settings = outer_settings_of(s);
+    fix_chain_inputs();
     std::fill(step_.data(), step_.data() + step_.size(), 0.0f);
     after_reduce();
     auto request = submit_after_reduce(nullptr);
@@ -759,6 +768,7 @@ class ShardedBackend final : public Backend {
   ShardRange mine_;
   std::vector<ShardPart> parts_;
   FloatBuffer cur_, step_, momentum_;  // this rank's shards
+  float* chain_momentum_ = nullptr;     // momentum_ as the chain in flight found it (or none)
   FloatBuffer verdicts_;               // one per rank: 1 = its shard's average and update finite
   std::vector<Planned> planned_;       // written on the progress thread only
   // Per rank and segment (rank-major): this rank's parts of the norm clipping's sums of squares

@@ -261,6 +261,31 @@ TEST(ShardedOuterState, ANonFiniteDeltaIsRefusedAtTheSameBoundaryAsReplicated) {
   }
 }
 
+// beta set while a round's chain is in flight (right after a boundary, over a slowed link that
+// keeps the chain running): the update in flight takes the settings and the momentum buffer of
+// the moment its deltas were submitted, as the replicated engine's does, and the next one the new
+// beta, whenever the call lands. From beta 0, the momentum is allocated mid-chain.
+TEST(ShardedOuterState, BetaChangedWhileAChainIsInFlightActsAsReplicated) {
+  for (double beta : {0.0, 0.3}) {
+    Plan plan;
+    plan.link.bytes_per_second = 200e3;  // the chain takes tens of ms, set_param microseconds
+    plan.after_step = [](int step, int, bool boundary, Engine& engine) {
+      if (boundary && step == 5) engine.set_param(Param::OuterMomentum, 0.7);
+    };
+    EngineConfig replicated = with_policy(co2_config(false), Policy::NoMomentum);
+    replicated.outer_momentum = beta;
+    EngineConfig sharded = replicated;
+    sharded.shard_outer_state = true;
+    const std::string what = "beta " + std::to_string(beta) + " -> 0.7";
+    const auto a = train(2, replicated, plan);
+    const auto b = train(2, sharded, plan);
+    for (const Rank& r : b) ASSERT_EQ(r.failed, Status::Ok) << what << ": " << r.failure;
+    expect_bitwise_equal_across_ranks(b, what);
+    expect_close(b[0].anchor, a[0].anchor, what);
+    EXPECT_EQ(b[0].stats.resolved_outer_momentum, 0.7) << what;
+  }
+}
+
 // Saved at a boundary with the average in flight (steps 12 = 4 rounds of 3) and resumed.
 std::vector<Rank> save_then_resume(int save_world, bool save_sharded, int load_world, bool load_sharded) {
   std::vector<std::vector<char>> blobs(static_cast<size_t>(save_world));
