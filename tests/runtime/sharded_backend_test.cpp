@@ -442,6 +442,41 @@ TEST(HierarchicalCo2, AFailedInterNodeLinkFailsTheEngineOnEveryRank) {
   }
 }
 
+// Saved while a refused (non-finite) average is in flight (a NaN delta at the last step of round
+// 3, step 8, saved after that boundary) and restored by the same engine kind: the restored run refuses
+// that average at the same boundary and then trains on exactly as the run that never stopped,
+// with a finite model (the blob marks the refusal with a NaN in its average slot, which must
+// never become the anchor).
+TEST(ShardedOuterState, ARefusedAverageSavedInFlightIsRefusedAgainAfterARestore) {
+  for (bool hierarchical : {false, true}) {
+    const std::string what = hierarchical ? "hierarchical 2 x 2" : "sharded W 4";
+    Plan straight = hierarchical ? hierarchical_2x2() : Plan{};
+    straight.before_step = [hierarchical](int step, int rank, std::vector<std::vector<float>>& p) {
+      // Hierarchical: both ranks of node 0, whose parameters stay equal (the shard owning
+      // element 500 sends it).
+      if (step == 8 && (hierarchical ? node_of(rank) == 0 : rank == 1)) p[0][500] = std::nanf("");
+    };
+    std::vector<std::vector<char>> blobs(4);
+    straight.save_after = 9;
+    straight.saved = &blobs;
+    const EngineConfig config = co2_config(!hierarchical);
+    const auto a = train(4, config, straight);
+    Plan resume = hierarchical ? hierarchical_2x2() : Plan{};
+    resume.restore = &blobs;
+    resume.first_step = 9;
+    const auto b = train(4, config, resume);
+    for (int rank = 0; rank < 4; ++rank) {
+      ASSERT_EQ(a[size_t(rank)].failed, Status::Ok) << what << ": " << a[size_t(rank)].failure;
+      ASSERT_EQ(b[size_t(rank)].failed, Status::Ok) << what << ": " << b[size_t(rank)].failure;
+      EXPECT_EQ(a[size_t(rank)].nonfinite_steps, std::vector<int>{11}) << what << " rank " << rank;
+      EXPECT_EQ(b[size_t(rank)].nonfinite_steps, std::vector<int>{11}) << what << " rank " << rank;
+      for (float x : b[size_t(rank)].anchor) ASSERT_TRUE(std::isfinite(x)) << what << " rank " << rank;
+    }
+    expect_bitwise_equal_across_ranks(b, what + " resumed");
+    expect_close(b[0].anchor, a[0].anchor, what + " resumed after a refused average");
+  }
+}
+
 // An automatic beta counts the outer participants: 8 nodes of 4 ranks resolve beta for 8 (0.0),
 // not for 32 ranks (0.2), at commit and again when a checkpoint is restored.
 TEST(HierarchicalCo2, AutomaticBetaCountsNodesAlsoAfterARestore) {
