@@ -75,6 +75,8 @@ class Sink {
  public:
   explicit Sink(const WriteFn* write) : write_(write) {}
   void bytes(const void* data, size_t length) {
+    if (write_ && !data && length)
+      fail(Status::Internal, "checkpoint writer: a state buffer was not staged for the save");
     if (write_) crc_ = crc32_update(crc_, data, length);
     total_ += length;
     if (write_ && *write_ && !(*write_)(data, length))
@@ -195,14 +197,19 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
     out.value(history[i].gap_sum);
     out.value(history[i].updates);
     const size_t bytes = seg.count * sizeof(float);
-    if (h.flags & kHasAnchor) out.bytes(s.anchor.data() + seg.state_offset, bytes);
-    if (h.flags & kHasMomentum) out.bytes(s.momentum.data() + seg.state_offset, bytes);
-    if (h.flags & kHasAverage) out.bytes(s.comm_buffer.data() + seg.state_offset, bytes);
+    // A counting Sink (state_size) runs over a sharded engine whose full-size copies are not
+    // staged: no pointer is formed into an empty buffer (null + offset is undefined).
+    const auto at = [&](const FloatBuffer& buffer) {
+      return buffer.empty() ? nullptr : buffer.data() + seg.state_offset;
+    };
+    if (h.flags & kHasAnchor) out.bytes(at(s.anchor), bytes);
+    if (h.flags & kHasMomentum) out.bytes(at(s.momentum), bytes);
+    if (h.flags & kHasAverage) out.bytes(at(s.comm_buffer), bytes);
     if ((h.flags & kEager) && seg.role == Role::Parameter) {
-      out.bytes(s.eager_offset.data() + seg.state_offset, bytes);
-      if (h.flags & kHasMomentum) out.bytes(s.eager_momentum.data() + seg.state_offset, bytes);
+      out.bytes(at(s.eager_offset), bytes);
+      if (h.flags & kHasMomentum) out.bytes(at(s.eager_momentum), bytes);
     }
-    if (h.flags & kErrorFeedback) out.bytes(s.residual.data() + seg.state_offset, bytes);
+    if (h.flags & kErrorFeedback) out.bytes(at(s.residual), bytes);
   }
   out.value(out.crc());
   out.bytes(kTrailer, sizeof kTrailer);

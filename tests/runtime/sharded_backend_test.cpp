@@ -442,6 +442,31 @@ TEST(HierarchicalCo2, AFailedInterNodeLinkFailsTheEngineOnEveryRank) {
   }
 }
 
+// state_size of a sharded or hierarchical engine (whose full-size copies exist only during a
+// save) with an average in flight is the size of the blob save writes; under UBSan
+// (CO2_SANITIZE=1) it also proves that counting forms no pointer into an absent buffer.
+TEST(ShardedOuterState, StateSizeIsTheSizeOfTheSavedBlob) {
+  for (bool hierarchical : {false, true}) {
+    Plan plan = hierarchical ? hierarchical_2x2() : Plan{};
+    std::vector<size_t> counted(4, 0), written(4, 0);
+    plan.after_step = [&](int step, int rank, bool boundary, Engine& engine) {
+      if (!boundary || step != 5) return;
+      counted[size_t(rank)] = engine.state_size();
+      engine.save([&](const void*, size_t length) {
+        written[size_t(rank)] += length;
+        return true;
+      });
+    };
+    const auto ranks = train(4, co2_config(!hierarchical), plan);
+    for (int rank = 0; rank < 4; ++rank) {
+      ASSERT_EQ(ranks[size_t(rank)].failed, Status::Ok) << ranks[size_t(rank)].failure;
+      EXPECT_GT(counted[size_t(rank)], 0u);
+      EXPECT_EQ(counted[size_t(rank)], written[size_t(rank)]) << (hierarchical ? "hierarchical" : "sharded")
+                                                               << " rank " << rank;
+    }
+  }
+}
+
 // Saved while a refused (non-finite) average is in flight (a NaN delta at the last step of round
 // 3, step 8, saved after that boundary) and restored by the same engine kind: the restored run refuses
 // that average at the same boundary and then trains on exactly as the run that never stopped,
