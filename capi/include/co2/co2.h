@@ -360,7 +360,9 @@ typedef struct co2_engine_config {
     int32_t shard_outer_state;     /* 0 = every rank holds the whole anchor and momentum (default);
                                       1 = each rank holds only its shard of them (reduce-scatter,
                                       shard update, all-gather; docs/capi.md). The engine refuses
-                                      what sharding does not implement yet, naming it */
+                                      what sharding does not implement yet, naming it. The anchor
+                                      check cannot see a shard its owner computed wrongly
+                                      (docs/algorithm.md, "The invariant") */
     int32_t hierarchy;             /* CO2_HIERARCHY_FLAT (default): every rank is an outer
                                       participant; CO2_HIERARCHY_NODES: sync inside a node
                                       (average every step's gradients over the node's ranks:
