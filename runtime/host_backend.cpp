@@ -157,7 +157,7 @@ class HostBackend final : public Backend {
 
   DeltasFinite apply_update_and_write_deltas() override { return deltas(apply_prepared(/*write_delta=*/true)); }
 
-  // comm_buffer <- a - p, p <- a.
+  // comm_buffer <- R(a) - p, p <- a.
   DeltasFinite write_deltas() override {
     S& s = s_;
     const TraceSpan pass(s.trace.get(), "delta pass");
@@ -255,7 +255,7 @@ class HostBackend final : public Backend {
     if (!s.eager_momentum.empty()) std::memset(s.eager_momentum.data(), 0, s.state_count * sizeof(float));
   }
 
-  // c = a - p (a co2 engine's warm-up: -p for BUFFER segments), averaged with a blocking
+  // c = R(a) - p (a co2 engine's warm-up: -p for BUFFER segments), averaged with a blocking
   // all-reduce, then prepared like co2's update, so that a result that overflows is found before
   // the anchor takes it. The parameters take the next anchor in the same pass.
   bool average_deltas_blocking() override {
@@ -267,7 +267,8 @@ class HostBackend final : public Backend {
       float* c = comm + seg.state_offset;
       const float w = delta_coefficients(s, seg).anchor_weight;
       with_params(seg, [&](auto* p) {
-        for (size_t i = 0; i < seg.count; ++i) c[i] = w * a[i] - widen(p[i]);
+        using P = std::remove_pointer_t<decltype(p)>;
+        for (size_t i = 0; i < seg.count; ++i) c[i] = stored_value<P>(w * a[i]) - widen(p[i]);
       });
     }
     s.prepared.settings = outer_settings_of(s);
