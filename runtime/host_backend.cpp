@@ -465,15 +465,35 @@ uint64_t parameters_checksum(const Engine::State& s, bool trained_only) {
   return hasher.digest();
 }
 
+SegmentStarts wire_segments(const Engine::State& s, size_t origin) {
+  return SegmentStarts{s.segment_starts.data(), s.segment_starts.size(), origin};
+}
+
+namespace {
+// Only a segment whose averages accumulate in the anchor makes up in the next round what this
+// one's encodings dropped. co2's BUFFER values replace the anchor's (anchor weight 0): a
+// residual added to them would shift every later value and never cancel.
+bool fed_back(const Engine::State& s, const Segment& seg) {
+  return seg.role != Role::Excluded && buffer_anchor_weight(s.config.algorithm == Algorithm::Co2, seg) == 1.0f;
+}
+}  // namespace
+
 // A non-finite residual (the round after a NaN or Inf delta) is not fed back: it would make
 // every later average non-finite too.
-WireCompression outer_wire(Engine::State& s, float* data) {
+WireCompression outer_wire(Engine::State& s, float* state, size_t begin, size_t count) {
+  count = std::min(count, s.state_count - begin);
   WireCompression wire;
   wire.format = s.config.wire_format;
+  wire.segments = wire_segments(s, begin);
   if (s.error_feedback()) {
     const float* dropped = s.residual.data();
-    for (size_t i = 0; i < s.state_count; ++i) data[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
-    wire.residual = s.residual.data();
+    for (const Segment& seg : s.segments) {
+      if (!fed_back(s, seg)) continue;
+      const size_t first = std::max(seg.state_offset, begin);
+      const size_t last = std::min(seg.state_offset + seg.count, begin + count);
+      for (size_t i = first; i < last; ++i) state[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
+    }
+    wire.residual = s.residual.data() + begin;
   }
   s.stats.wire_bytes_last_round = s.outer_wire_bytes;
   s.stats.wire_bytes_total += s.outer_wire_bytes;

@@ -69,9 +69,10 @@ class ShardedBackend final : public Backend {
     tuning.chunk_bytes = s.comm->options().chunk_bytes;
     s.outer_wire_bytes =
         (s.hierarchical()
-             ? collectives::allreduce_wire_bytes(s.inter->rank(), s.inter->size(), mine_.count(), s.config.wire_format, tuning)
+             ? collectives::allreduce_wire_bytes(s.inter->rank(), s.inter->size(), mine_.count(), s.config.wire_format,
+                                                 tuning, wire_segments(s, mine_.begin))
              : collectives::reduce_scatter_wire_bytes(s.comm->rank(), w, s.state_count, s.config.wire_format,
-                                                      tuning)) +
+                                                      tuning, wire_segments(s))) +
         collectives::allgather_shards_wire_bytes(shards_->rank(), shards_->size(), s.state_count, tuning);
     for (size_t i = 0; i < s.segments.size(); ++i) {
       const Segment& seg = s.segments[i];
@@ -481,16 +482,7 @@ class ShardedBackend final : public Backend {
     std::shared_ptr<Request> reduced;
     if (s.hierarchical()) {
       // Only this rank's shard travels across the nodes; its node's other ranks send theirs.
-      WireCompression wire;
-      wire.format = s.config.wire_format;
-      if (s.error_feedback()) {
-        float* shard = b + mine_.begin;
-        const float* dropped = s.residual.data() + mine_.begin;
-        for (size_t i = 0; i < mine_.count(); ++i) shard[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
-        wire.residual = s.residual.data() + mine_.begin;
-      }
-      s.stats.wire_bytes_last_round = s.outer_wire_bytes;
-      s.stats.wire_bytes_total += s.outer_wire_bytes;
+      const WireCompression wire = outer_wire(s, b, mine_.begin, mine_.count());
       reduced = s.inter->allreduce_then(b + mine_.begin, mine_.count(), DataType::F32, ReduceOp::Avg,
                                         [this] { after_reduce(); }, {s.inter_owner, Purpose::OuterAverage}, wire);
     } else {
