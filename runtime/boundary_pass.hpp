@@ -108,6 +108,7 @@ struct PassResult {
 
 // One segment. p: the framework's params (fp32, bf16 or fp16: read widened, written rounded);
 // a: anchor; m: momentum (may be null when !momentum); c: the comm buffer (average in, delta out).
+// The delta is R(w*a) - p: from the rounded start the rank trained from (stored_value).
 template <bool kUpdate, bool kMomentum, bool kNesterov, bool kValueClip, bool kWriteDelta,
           bool kPrepare = false, typename P = float>
 PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float* __restrict__ m,
@@ -150,7 +151,7 @@ PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float
     }
     if (kWriteDelta) {
       for (int l = 0; l < lanes; ++l) {
-        const float delta = base_value[l] - widen(p[base + l]);
+        const float delta = stored_value<P>(base_value[l]) - widen(p[base + l]);
         nan_probe[first_lane + l] += delta * 0.0f;  // stays 0 unless delta is NaN or infinite
         c[base + l] = delta;
       }
@@ -211,7 +212,7 @@ inline PassResult run_boundary_pass(const PassFlags& flags, std::nullptr_t, floa
 double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
                                       const OuterCoefficients& k);
 
-// The second half of the split pass, at the boundary: a <- w*a - p (the delta, written into the
+// The second half of the split pass, at the boundary: a <- R(w*a) - p (the delta, written into the
 // anchor's buffer, which the engine then swaps with the comm buffer; w = anchor_weight), p <- c
 // (the prepared next anchor). Returns whether every delta was finite.
 template <typename P>
@@ -227,7 +228,7 @@ struct EagerCoefficients {
 
 // One PARAMETER segment of a co2 boundary under the eager policy. `a` is the anchor the round
 // started from, `next` the anchor the next round starts from (`a` itself when nothing is
-// applied). Per element: d = (a + e) - p into `delta` (which may be `a`: the split pass writes
+// applied). Per element: d = R(a + e) - p into `delta` (which may be `a`: the split pass writes
 // the delta into the anchor's buffer); q <- beta*q + d (q may be null: then q = d);
 // e <- -scale * (nesterov ? beta*q + d : q); p <- next + e. Returns whether every d was finite.
 template <typename P>

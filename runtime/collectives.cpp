@@ -331,7 +331,8 @@ class AllReduceSchedule final : public RingSchedule {
 class CompressedAllReduceSchedule final : public RingSchedule {
  public:
   CompressedAllReduceSchedule(int rank, int ranks, const Descriptor& descriptor, void* buffer,
-                              float* residual, const Tuning& tuning, Phases phases)
+                              float* residual, const SegmentStarts& segments, const Tuning& tuning,
+                              Phases phases)
       : rank_(rank),
         ranks_(ranks),
         average_(descriptor.op == ReduceOp::Avg),
@@ -339,19 +340,20 @@ class CompressedAllReduceSchedule final : public RingSchedule {
         count_(descriptor.count),
         buffer_(static_cast<float*>(buffer)),
         residual_(residual),
+        segments_(segments),
         block_elements_(chunk_elements(tuning, wire_element_bytes(wire_),
                                        ceil_div(count_, size_t(ranks)))),
-        encoded_bytes_(wire_bytes(wire_, block_elements_)),
+        encoded_bytes_(wire_bytes_bound(wire_, block_elements_, segments_)),
         steps_(step_count(phases, ranks)) {}
 
   size_t chunk_count() const override { return segment_count(count_, ranks_, block_elements_); }
   int steps_per_chunk() const override { return steps_; }
   size_t scratch_bytes() const override { return 2 * encoded_bytes_; }
 
+  // One rank has nothing to send: its sum and its average are its input, exactly, and no
+  // encoding drops anything (quantizing there would only add error).
   void start() override {
-    if (ranks_ > 1) return;
-    std::vector<std::byte> message(wire_bytes(wire_, count_));
-    encode(0, count_, message.data(), /*owner=*/true);
+    if (ranks_ == 1 && residual_) std::fill(residual_, residual_ + count_, 0.0f);
   }
 
   StepTransfers transfers(size_t chunk, int step, std::byte* scratch) override {
@@ -363,9 +365,9 @@ class CompressedAllReduceSchedule final : public RingSchedule {
     std::byte* outgoing = half(scratch, step);
     if (step == 0) encode(sent.offset, sent.count, outgoing, /*owner=*/false);  // own values
     io.send = outgoing;
-    io.send_bytes = wire_bytes(wire_, sent.count);
+    io.send_bytes = wire_bytes(wire_, sent.count, segments_, sent.offset);
     io.recv = half(scratch, step + 1);
-    io.recv_bytes = wire_bytes(wire_, received.count);
+    io.recv_bytes = wire_bytes(wire_, received.count, segments_, received.offset);
     return io;
   }
 
@@ -374,10 +376,10 @@ class CompressedAllReduceSchedule final : public RingSchedule {
     std::byte* message = half(scratch, step + 1);
     float* values = buffer_ + got.offset;
     if (step >= ranks_ - 1) {  // all-gather: the owner's bytes, forwarded next step as they are
-      wire_decode(wire_, message, got.count, values, /*accumulate=*/false);
+      wire_decode(wire_, message, got.count, values, /*accumulate=*/false, segments_, got.offset);
       return;
     }
-    wire_decode(wire_, message, got.count, values, /*accumulate=*/true);  // partial + own
+    wire_decode(wire_, message, got.count, values, /*accumulate=*/true, segments_, got.offset);  // partial + own
     encode(got.offset, got.count, message, /*owner=*/step == ranks_ - 2);
   }
 
@@ -397,7 +399,7 @@ class CompressedAllReduceSchedule final : public RingSchedule {
     if (owner && average_) divide_typed(values, count, ranks_);
     const float scale = owner && average_ ? float(ranks_) : 1.0f;
     wire_encode(wire_, values, count, out, residual_ ? residual_ + offset : nullptr, scale,
-                owner ? values : nullptr);
+                owner ? values : nullptr, segments_, offset);
   }
 
   const int rank_;
@@ -407,6 +409,7 @@ class CompressedAllReduceSchedule final : public RingSchedule {
   const size_t count_;
   float* const buffer_;
   float* const residual_;
+  const SegmentStarts segments_;
   const size_t block_elements_;
   const size_t encoded_bytes_;
   const int steps_;  // the reduce-scatter alone, or with the all-gather
@@ -818,7 +821,7 @@ namespace {
 // schedule).
 std::unique_ptr<Collective> make_reduction(PointToPoint& transport, const Descriptor& agreed,
                                            void* buffer, const Tuning& tuning, float* residual,
-                                           Phases phases) {
+                                           const SegmentStarts& segments, Phases phases) {
   check_common(transport, agreed, 1);
   if (agreed.wire == WireFormat::F32) {
     require(residual == nullptr, Status::InvalidArgument,
@@ -833,13 +836,13 @@ std::unique_ptr<Collective> make_reduction(PointToPoint& transport, const Descri
           Status::InvalidArgument,
           agreed.to_string() + ": a compressed reduction takes f32 data and sum or avg");
   auto schedule = std::make_unique<CompressedAllReduceSchedule>(
-      transport.rank(), transport.size(), agreed, buffer, residual, tuning, phases);
+      transport.rank(), transport.size(), agreed, buffer, residual, segments, tuning, phases);
   return std::make_unique<RingCollective>(transport, agreed, std::move(schedule), tuning);
 }
 
 // Bytes `rank` sends in the steps of `phases`, every block in `format`.
 uint64_t ring_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
-                         const Tuning& tuning, Phases phases) {
+                         const Tuning& tuning, Phases phases, const SegmentStarts& segments = {}) {
   if (ranks <= 1 || count == 0) return 0;
   const size_t block_elements =
       chunk_elements(tuning, wire_element_bytes(format), ceil_div(count, size_t(ranks)));
@@ -847,8 +850,8 @@ uint64_t ring_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
   uint64_t bytes = 0;
   for (size_t chunk = 0; chunk < segment_count(count, ranks, block_elements); ++chunk)
     for (int step = first; step < first + step_count(phases, ranks); ++step) {
-      const int index = allreduce_send_block(rank, ranks, step);
-      bytes += wire_bytes(format, segment_block(count, block_elements, ranks, chunk, index).count);
+      const Block sent = segment_block(count, block_elements, ranks, chunk, allreduce_send_block(rank, ranks, step));
+      bytes += wire_bytes(format, sent.count, segments, sent.offset);
     }
   return bytes;
 }
@@ -856,16 +859,18 @@ uint64_t ring_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
 }  // namespace
 
 std::unique_ptr<Collective> make_allreduce(PointToPoint& transport, const Descriptor& descriptor,
-                                           void* buffer, const Tuning& tuning, float* residual) {
+                                           void* buffer, const Tuning& tuning, float* residual,
+                                           const SegmentStarts& segments) {
   return make_reduction(transport, normalised(descriptor, Kind::AllReduce), buffer, tuning,
-                        residual, Phases::Both);
+                        residual, segments, Phases::Both);
 }
 
 std::unique_ptr<Collective> make_reduce_scatter(PointToPoint& transport,
                                                 const Descriptor& descriptor, void* buffer,
-                                                const Tuning& tuning, float* residual) {
+                                                const Tuning& tuning, float* residual,
+                                                const SegmentStarts& segments) {
   return make_reduction(transport, normalised(descriptor, Kind::ReduceScatter), buffer, tuning,
-                        residual, Phases::ReduceScatter);
+                        residual, segments, Phases::ReduceScatter);
 }
 
 std::unique_ptr<Collective> make_allgather_shards(PointToPoint& transport,
@@ -875,17 +880,17 @@ std::unique_ptr<Collective> make_allgather_shards(PointToPoint& transport,
   require(agreed.wire == WireFormat::F32, Status::Unsupported,
           agreed.to_string() + ": the shard all-gather sends fp32 only (the owner's shard "
                                "already holds the decoded values of a compressed reduce-scatter)");
-  return make_reduction(transport, agreed, buffer, tuning, nullptr, Phases::AllGather);
+  return make_reduction(transport, agreed, buffer, tuning, nullptr, {}, Phases::AllGather);
 }
 
 uint64_t allreduce_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
-                              const Tuning& tuning) {
-  return ring_wire_bytes(rank, ranks, count, format, tuning, Phases::Both);
+                              const Tuning& tuning, const SegmentStarts& segments) {
+  return ring_wire_bytes(rank, ranks, count, format, tuning, Phases::Both, segments);
 }
 
 uint64_t reduce_scatter_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
-                                   const Tuning& tuning) {
-  return ring_wire_bytes(rank, ranks, count, format, tuning, Phases::ReduceScatter);
+                                   const Tuning& tuning, const SegmentStarts& segments) {
+  return ring_wire_bytes(rank, ranks, count, format, tuning, Phases::ReduceScatter, segments);
 }
 
 uint64_t allgather_shards_wire_bytes(int rank, int ranks, uint64_t count, const Tuning& tuning) {

@@ -145,10 +145,12 @@ class Collective {
 // element exactly once per all-reduce. If `residual` is not null it receives, per element, what
 // this rank's encoding dropped, in units of the sum (the owner's drop from the average times W):
 // sum_r input_r - sum_r residual_r = W * result (Avg) or result (Sum), up to fp32 rounding.
-// A single rank runs the format's round trip alone (result = decode(encode(input))).
+// A single rank sends nothing and encodes nothing: the result is its input bit for bit and the
+// residual is zero. `segments`: where int8 groups must start (wire_format.hpp, SegmentStarts).
 std::unique_ptr<Collective> make_allreduce(transport::PointToPoint& transport,
                                            const Descriptor& descriptor, void* buffer,
-                                           const Tuning& tuning, float* residual = nullptr);
+                                           const Tuning& tuning, float* residual = nullptr,
+                                           const SegmentStarts& segments = {});
 
 // The all-reduce's first half: in place on `count` elements of `buffer`; afterwards this rank's
 // shard_range(count, W, rank) holds exactly what the all-reduce would have left there (the same
@@ -157,7 +159,8 @@ std::unique_ptr<Collective> make_allreduce(transport::PointToPoint& transport,
 // of `buffer` holds partial sums: unspecified.
 std::unique_ptr<Collective> make_reduce_scatter(transport::PointToPoint& transport,
                                                 const Descriptor& descriptor, void* buffer,
-                                                const Tuning& tuning, float* residual = nullptr);
+                                                const Tuning& tuning, float* residual = nullptr,
+                                                const SegmentStarts& segments = {});
 // The all-reduce's second half: in place, every rank's shard_range of `buffer` goes to every
 // other rank, as it is (fp32 on the wire: descriptor.wire must be F32). After a compressed
 // reduce-scatter the owner's shard already holds the decoded values, so the result is still the
@@ -169,9 +172,9 @@ std::unique_ptr<Collective> make_allgather_shards(transport::PointToPoint& trans
 // Bytes rank `rank` of `ranks` sends in an all-reduce of `count` f32 elements in `format`
 // (payload only, without the descriptor), and in each of its halves run alone.
 uint64_t allreduce_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
-                              const Tuning& tuning);
+                              const Tuning& tuning, const SegmentStarts& segments = {});
 uint64_t reduce_scatter_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
-                                   const Tuning& tuning);
+                                   const Tuning& tuning, const SegmentStarts& segments = {});
 uint64_t allgather_shards_wire_bytes(int rank, int ranks, uint64_t count, const Tuning& tuning);
 std::unique_ptr<Collective> make_broadcast(transport::PointToPoint& transport,
                                            const Descriptor& descriptor, void* buffer,

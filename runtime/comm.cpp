@@ -481,10 +481,11 @@ std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count
       return t.post_allreduce(buffer, buffer, count, element_of(dtype), transport::Reduction(int(op)));
     }, std::move(on_result));
   float* residual = wire.residual;
-  return engine_->submit(descriptor, [buffer, residual](transport::PointToPoint& transport,
-                                                        const collectives::Descriptor& agreed,
-                                                        const collectives::Tuning& tuning) {
-    return collectives::make_allreduce(transport, agreed, buffer, tuning, residual);
+  const SegmentStarts segments = wire.segments;
+  return engine_->submit(descriptor, [buffer, residual, segments](transport::PointToPoint& transport,
+                                                                  const collectives::Descriptor& agreed,
+                                                                  const collectives::Tuning& tuning) {
+    return collectives::make_allreduce(transport, agreed, buffer, tuning, residual, segments);
   }, std::move(on_result));
 }
 
@@ -539,10 +540,11 @@ std::shared_ptr<Request> Communicator::reduce_scatter(void* buffer, size_t count
       return t.post_reduce_scatter(buffer, count, element_of(dtype), transport::Reduction(int(op)));
     }, std::move(on_result));
   float* residual = wire.residual;
-  return engine_->submit(descriptor, [buffer, residual](transport::PointToPoint& transport,
-                                                        const collectives::Descriptor& agreed,
-                                                        const collectives::Tuning& tuning) {
-    return collectives::make_reduce_scatter(transport, agreed, buffer, tuning, residual);
+  const SegmentStarts segments = wire.segments;
+  return engine_->submit(descriptor, [buffer, residual, segments](transport::PointToPoint& transport,
+                                                                  const collectives::Descriptor& agreed,
+                                                                  const collectives::Tuning& tuning) {
+    return collectives::make_reduce_scatter(transport, agreed, buffer, tuning, residual, segments);
   }, std::move(on_result));
 }
 

@@ -122,10 +122,12 @@ struct CommOptions {
 
 // How an f32 all-reduce travels (runtime/collectives.hpp, make_allreduce): `format` other than
 // F32 compresses every message; `residual` (optional, `count` floats, valid until the request
-// finished) receives what this rank's encodings dropped. Point-to-point transports only.
+// finished) receives what this rank's encodings dropped; `segments` (valid until the request
+// finished) where int8 groups must start. Point-to-point transports only.
 struct WireCompression {
   WireFormat format = WireFormat::F32;
   float* residual = nullptr;
+  SegmentStarts segments;
 };
 
 class CollectiveEngine;  // defined in comm.cpp: the progress thread and the active collectives

@@ -556,6 +556,7 @@ void Engine::commit() {
   size_t offset = 0;
   s.num_trained = 0;
   s.trained_count = 0;
+  s.segment_starts.clear();
   for (Segment& seg : s.segments) {
     layout.update_string(seg.name);
     layout.update_u64(seg.count);
@@ -563,6 +564,7 @@ void Engine::commit() {
     layout.update_u64(uint64_t(seg.dtype));
     if (seg.role == Role::Excluded) continue;
     seg.state_offset = offset;
+    s.segment_starts.push_back(offset);
     offset += seg.count;
     if (seg.role == Role::Parameter) {
       ++s.num_trained;
@@ -589,7 +591,7 @@ void Engine::commit() {
   collectives::Tuning tuning;
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
-                                                         s.config.wire_format, tuning);
+                                                         s.config.wire_format, tuning, wire_segments(s));
   s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device());
   if (s.on_device()) {
     require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,

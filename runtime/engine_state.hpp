@@ -109,6 +109,9 @@ struct Engine::State {
   // next round's delta. Allocated at commit when error_feedback() holds.
   FloatBuffer residual;
   uint64_t outer_wire_bytes = 0;  // bytes this rank sends per outer all-reduce (fixed at commit)
+  // The state offset of every PARAMETER and BUFFER segment (fixed at commit): where a compressed
+  // wire's int8 groups start (wire_segments).
+  std::vector<size_t> segment_starts;
 
   // Round state.
   uint32_t round_tau = 12;  // tau of the round in progress
@@ -196,10 +199,14 @@ void unpack_parameters(Engine::State& s, const float* in, bool buffers_only);
 // The anchor checksum's hash of the parameters (as fp32 words); trained_only: PARAMETER
 // segments only.
 uint64_t parameters_checksum(const Engine::State& s, bool trained_only = false);
-// The outer average's wire (co2, diloco): compressed as configured; with error feedback the
-// deltas in `data` first take what the previous outer all-reduce's encodings dropped, and the
-// residual buffer then receives this one's drops.
-WireCompression outer_wire(Engine::State& s, float* data);
+// The outer average's wire (co2, diloco) for the state elements [begin, begin + count) (all of
+// them by default) of `state` (a full-size buffer): compressed as configured, int8 groups cut at
+// every segment; with error feedback the accumulated elements (fed_back) first take what the
+// previous outer all-reduce's encodings dropped, and the residual buffer then receives this
+// one's drops. The collective reduces state + begin.
+WireCompression outer_wire(Engine::State& s, float* state, size_t begin = 0, size_t count = SIZE_MAX);
+// The segments of the state for a collective over the state elements from `origin` on.
+SegmentStarts wire_segments(const Engine::State& s, size_t origin = 0);
 
 // Waits for the outer collective in flight (s.pending, then empty), as wait_charged does.
 void wait_pending(Engine::State& s);

@@ -157,7 +157,7 @@ class HostBackend final : public Backend {
 
   DeltasFinite apply_update_and_write_deltas() override { return deltas(apply_prepared(/*write_delta=*/true)); }
 
-  // comm_buffer <- a - p, p <- a.
+  // comm_buffer <- R(a) - p, p <- a.
   DeltasFinite write_deltas() override {
     S& s = s_;
     const TraceSpan pass(s.trace.get(), "delta pass");
@@ -255,7 +255,7 @@ class HostBackend final : public Backend {
     if (!s.eager_momentum.empty()) std::memset(s.eager_momentum.data(), 0, s.state_count * sizeof(float));
   }
 
-  // c = a - p (a co2 engine's warm-up: -p for BUFFER segments), averaged with a blocking
+  // c = R(a) - p (a co2 engine's warm-up: -p for BUFFER segments), averaged with a blocking
   // all-reduce, then prepared like co2's update, so that a result that overflows is found before
   // the anchor takes it. The parameters take the next anchor in the same pass.
   bool average_deltas_blocking() override {
@@ -267,7 +267,8 @@ class HostBackend final : public Backend {
       float* c = comm + seg.state_offset;
       const float w = delta_coefficients(s, seg).anchor_weight;
       with_params(seg, [&](auto* p) {
-        for (size_t i = 0; i < seg.count; ++i) c[i] = w * a[i] - widen(p[i]);
+        using P = std::remove_pointer_t<decltype(p)>;
+        for (size_t i = 0; i < seg.count; ++i) c[i] = stored_value<P>(w * a[i]) - widen(p[i]);
       });
     }
     s.prepared.settings = outer_settings_of(s);
@@ -464,15 +465,35 @@ uint64_t parameters_checksum(const Engine::State& s, bool trained_only) {
   return hasher.digest();
 }
 
+SegmentStarts wire_segments(const Engine::State& s, size_t origin) {
+  return SegmentStarts{s.segment_starts.data(), s.segment_starts.size(), origin};
+}
+
+namespace {
+// Only a segment whose averages accumulate in the anchor makes up in the next round what this
+// one's encodings dropped. co2's BUFFER values replace the anchor's (anchor weight 0): a
+// residual added to them would shift every later value and never cancel.
+bool fed_back(const Engine::State& s, const Segment& seg) {
+  return seg.role != Role::Excluded && buffer_anchor_weight(s.config.algorithm == Algorithm::Co2, seg) == 1.0f;
+}
+}  // namespace
+
 // A non-finite residual (the round after a NaN or Inf delta) is not fed back: it would make
 // every later average non-finite too.
-WireCompression outer_wire(Engine::State& s, float* data) {
+WireCompression outer_wire(Engine::State& s, float* state, size_t begin, size_t count) {
+  count = std::min(count, s.state_count - begin);
   WireCompression wire;
   wire.format = s.config.wire_format;
+  wire.segments = wire_segments(s, begin);
   if (s.error_feedback()) {
     const float* dropped = s.residual.data();
-    for (size_t i = 0; i < s.state_count; ++i) data[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
-    wire.residual = s.residual.data();
+    for (const Segment& seg : s.segments) {
+      if (!fed_back(s, seg)) continue;
+      const size_t first = std::max(seg.state_offset, begin);
+      const size_t last = std::min(seg.state_offset + seg.count, begin + count);
+      for (size_t i = first; i < last; ++i) state[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
+    }
+    wire.residual = s.residual.data() + begin;
   }
   s.stats.wire_bytes_last_round = s.outer_wire_bytes;
   s.stats.wire_bytes_total += s.outer_wire_bytes;

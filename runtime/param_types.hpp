@@ -91,6 +91,14 @@ inline Fp16 narrow<Fp16>(float x) {
   return Fp16{uint16_t(out | sign)};
 }
 
+// R(x) widened: the value a P parameter holds once it is set to x. A round's deltas are taken
+// from it, the start the rank really trained from (a master copy's delta, docs/algorithm.md,
+// "Mixed precision"), never from the fp32 x itself. The identity for fp32.
+template <typename P>
+inline float stored_value(float x) {
+  return widen(narrow<P>(x));
+}
+
 // dst[i] = widen(src[i]); for fp32 a copy.
 template <typename P>
 void widen_into(const P* src, float* dst, size_t n) {

@@ -6,6 +6,7 @@
 // current one, or the next one once its all-gather arrived). At a boundary:
 //   step_J  <- cur_J - B_J, cur_J <- B_J            (the update this boundary applies)
 //   B       <- w * B - p, p <- B (old)              (w: anchor_weight, 0 for co2's BUFFERs)
+// (16-bit parameters: read cur, B and w * B as R(x), the values the parameters held; see pass.)
 // so that B holds d - s (this round's deltas minus the step just applied; s is the same on every
 // rank, so the average of d - s is the average of d minus s), and then, in the background, one
 // chain of collectives on the communicator:
@@ -68,9 +69,10 @@ class ShardedBackend final : public Backend {
     tuning.chunk_bytes = s.comm->options().chunk_bytes;
     s.outer_wire_bytes =
         (s.hierarchical()
-             ? collectives::allreduce_wire_bytes(s.inter->rank(), s.inter->size(), mine_.count(), s.config.wire_format, tuning)
+             ? collectives::allreduce_wire_bytes(s.inter->rank(), s.inter->size(), mine_.count(), s.config.wire_format,
+                                                 tuning, wire_segments(s, mine_.begin))
              : collectives::reduce_scatter_wire_bytes(s.comm->rank(), w, s.state_count, s.config.wire_format,
-                                                      tuning)) +
+                                                      tuning, wire_segments(s))) +
         collectives::allgather_shards_wire_bytes(shards_->rank(), shards_->size(), s.state_count, tuning);
     for (size_t i = 0; i < s.segments.size(); ++i) {
       const Segment& seg = s.segments[i];
@@ -188,8 +190,9 @@ class ShardedBackend final : public Backend {
       if (seg.role == Role::Excluded || seg.role == Role::Buffer) continue;
       const float* rs = r + seg.state_offset;
       finite = with_params(seg, [&](auto* p) {
+                 using P = std::remove_pointer_t<decltype(p)>;
                  for (size_t i = 0; i < seg.count; ++i)
-                   if (!std::isfinite(rs[i] - widen(p[i]))) return false;
+                   if (!std::isfinite(stored_value<P>(rs[i]) - widen(p[i]))) return false;
                  return true;
                }) && finite;
     }
@@ -205,7 +208,7 @@ class ShardedBackend final : public Backend {
           const float following = b[off + i], x = widen(p[i]);
           float d = -x, start = following;  // BUFFER values travel (w = 0)
           if (trained) {
-            d = r[off + i] - x;
+            d = stored_value<P>(r[off + i]) - x;
             if (finite) {
               const float filtered = q ? (q[off + i] = k.beta * q[off + i] + d) : d;
               start = following - k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
@@ -247,12 +250,13 @@ class ShardedBackend final : public Backend {
       float* q = eager_momentum_.empty() ? nullptr : eager_momentum_.data() + off;
       const bool trained = seg.role == Role::Parameter;
       finite = with_params(seg, [&](auto* p) {
+                 using P = std::remove_pointer_t<decltype(p)>;
                  bool ok = true;
                  for (size_t i = 0; i < part.count; ++i) {
                    const float x = widen(p[first + i]), following = next[i];
                    float d = -x, offset = 0.0f;  // BUFFER values travel (w = 0)
                    if (trained) {
-                     d = (a[i] + e[i]) - x;
+                     d = stored_value<P>(a[i] + e[i]) - x;
                      const float filtered = q ? (q[i] = k.beta * q[i] + d) : d;
                      offset = e[i] = -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
                    }
@@ -441,10 +445,16 @@ class ShardedBackend final : public Backend {
     const TraceSpan trace(s.trace.get(), "sharded pass");
     if (s.hierarchical()) average_buffers_in_node();
     float* b = s.comm_buffer.data();
-    for (size_t i = 0; i < mine_.count(); ++i) {
-      step_.data()[i] = cur_.data()[i] - b[mine_.begin + i];
-      cur_.data()[i] = b[mine_.begin + i];
-    }
+    // The deltas below are taken from R(B); the ranks trained from R(cur): step_J is the
+    // difference, R(cur_J) - R(B_J), which the owner adds back (cur_J - B_J for fp32).
+    for (const ShardPart& part : parts_)
+      with_params(s.segments[part.segment], [&](auto* typed) {
+        using P = std::remove_pointer_t<decltype(typed)>;
+        const size_t off = part.begin - mine_.begin;
+        for (size_t i = 0; i < part.count; ++i)
+          step_.data()[off + i] = stored_value<P>(cur_.data()[off + i]) - stored_value<P>(b[part.begin + i]);
+      });
+    copy_shard(cur_.data(), b + mine_.begin);
     bool finite = true;
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
@@ -455,7 +465,7 @@ class ShardedBackend final : public Backend {
                  bool ok = true;
                  for (size_t i = 0; i < seg.count; ++i) {
                    const float a = anchor[i];
-                   const float d = w * a - widen(p[i]);
+                   const float d = stored_value<P>(w * a) - widen(p[i]);
                    anchor[i] = d;
                    ok = ok && std::isfinite(d);
                    if (params_take_anchor) p[i] = narrow<P>(a);
@@ -477,16 +487,7 @@ class ShardedBackend final : public Backend {
     std::shared_ptr<Request> reduced;
     if (s.hierarchical()) {
       // Only this rank's shard travels across the nodes; its node's other ranks send theirs.
-      WireCompression wire;
-      wire.format = s.config.wire_format;
-      if (s.error_feedback()) {
-        float* shard = b + mine_.begin;
-        const float* dropped = s.residual.data() + mine_.begin;
-        for (size_t i = 0; i < mine_.count(); ++i) shard[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
-        wire.residual = s.residual.data() + mine_.begin;
-      }
-      s.stats.wire_bytes_last_round = s.outer_wire_bytes;
-      s.stats.wire_bytes_total += s.outer_wire_bytes;
+      const WireCompression wire = outer_wire(s, b, mine_.begin, mine_.count());
       reduced = s.inter->allreduce_then(b + mine_.begin, mine_.count(), DataType::F32, ReduceOp::Avg,
                                         [this] { after_reduce(); }, {s.inter_owner, Purpose::OuterAverage}, wire);
     } else {

@@ -27,7 +27,30 @@ WireFormat wire_format_of(int value) {
 
 namespace {
 
-size_t groups(size_t count) { return count / kInt8Group + (count % kInt8Group != 0); }
+// group(index, begin, end) for the int8 groups of the `count` values at element `offset` of
+// the reduced buffer, in order (see SegmentStarts).
+template <typename Group>
+void for_each_group(size_t count, const SegmentStarts& segments, size_t offset, Group&& group) {
+  const size_t position = segments.origin + offset;
+  const size_t* const last = segments.starts + segments.count;
+  // The first segment start after the range's first element (so *cut - position >= 1).
+  const size_t* cut = segments.count ? std::upper_bound(segments.starts, last, position) : last;
+  size_t index = 0;
+  for (size_t begin = 0; begin < count; ++index) {
+    while (cut != last && *cut - position <= begin) ++cut;
+    size_t end = std::min(count, begin + kInt8Group);
+    if (cut != last) end = std::min(end, *cut - position);
+    group(index, begin, end);
+    begin = end;
+  }
+}
+
+size_t groups(size_t count, const SegmentStarts& segments, size_t offset) {
+  if (segments.count == 0) return count / kInt8Group + (count % kInt8Group != 0);
+  size_t n = 0;
+  for_each_group(count, segments, offset, [&](size_t, size_t, size_t) { ++n; });
+  return n;
+}
 
 // Chunks through a local array: the loops over it vectorise, and the byte buffers (whose blocks
 // need not be aligned) are touched only by memcpy.
@@ -87,11 +110,10 @@ void decode_bf16(const std::byte* in, size_t count, float* out, bool accumulate)
   }
 }
 
-void encode_int8(const float* in, size_t count, std::byte* out, const Drops& drops) {
-  const size_t n_groups = groups(count);
-  std::byte* codes = out + n_groups * sizeof(float);
-  for (size_t g = 0; g < n_groups; ++g) {
-    const size_t begin = g * kInt8Group, end = std::min(count, begin + kInt8Group);
+void encode_int8(const float* in, size_t count, std::byte* out, const Drops& drops, const SegmentStarts& segments,
+                 size_t offset) {
+  std::byte* codes = out + groups(count, segments, offset) * sizeof(float);
+  for_each_group(count, segments, offset, [&](size_t g, size_t begin, size_t end) {
     // The largest magnitude through the bits: for non-negative floats their order is the
     // integers' (an integer max vectorises, a float one does not without -ffast-math), and any
     // NaN or Inf is at least 0x7f800000.
@@ -111,7 +133,7 @@ void encode_int8(const float* in, size_t count, std::byte* out, const Drops& dro
     if (inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
       std::memset(codes + begin, 0, end - begin);
       for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], 0.0f * scale);
-      continue;
+      return;
     }
     int8_t q[kInt8Group];
     for (size_t i = begin; i < end; ++i) {
@@ -123,16 +145,15 @@ void encode_int8(const float* in, size_t count, std::byte* out, const Drops& dro
     }
     std::memcpy(codes + begin, q, end - begin);
     for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], float(q[i - begin]) * scale);
-  }
+  });
 }
 
-void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate) {
-  const size_t n_groups = groups(count);
-  const std::byte* codes = in + n_groups * sizeof(float);
-  for (size_t g = 0; g < n_groups; ++g) {
+void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate, const SegmentStarts& segments,
+                 size_t offset) {
+  const std::byte* codes = in + groups(count, segments, offset) * sizeof(float);
+  for_each_group(count, segments, offset, [&](size_t g, size_t begin, size_t end) {
     float scale;
     std::memcpy(&scale, in + g * sizeof(float), sizeof scale);
-    const size_t begin = g * kInt8Group, end = std::min(count, begin + kInt8Group);
     int8_t q[kInt8Group];
     std::memcpy(q, codes + begin, end - begin);
     float* o = out + begin;
@@ -141,18 +162,24 @@ void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate)
     } else {
       for (size_t i = 0; i < end - begin; ++i) o[i] = float(q[i]) * scale;
     }
-  }
+  });
 }
 
 }  // namespace
 
-size_t wire_bytes(WireFormat format, size_t count) {
+size_t wire_bytes(WireFormat format, size_t count, const SegmentStarts& segments, size_t offset) {
   switch (format) {
     case WireFormat::F32: return count * sizeof(float);
     case WireFormat::BF16: return count * sizeof(uint16_t);
-    case WireFormat::Int8: return count + groups(count) * sizeof(float);
+    case WireFormat::Int8: return count + groups(count, segments, offset) * sizeof(float);
   }
   return 0;
+}
+
+size_t wire_bytes_bound(WireFormat format, size_t count, const SegmentStarts& segments) {
+  // Each segment start inside a range adds at most one group to the kInt8Group-aligned ones.
+  const size_t extra_scales = format == WireFormat::Int8 ? segments.count * sizeof(float) : 0;
+  return wire_bytes(format, count) + extra_scales;
 }
 
 size_t wire_element_bytes(WireFormat format) {
@@ -165,7 +192,7 @@ size_t wire_element_bytes(WireFormat format) {
 }
 
 void wire_encode(WireFormat format, const float* in, size_t count, std::byte* out, float* dropped,
-                 float dropped_scale, float* decoded) {
+                 float dropped_scale, float* decoded, const SegmentStarts& segments, size_t offset) {
   const Drops drops{dropped, dropped_scale, decoded};
   switch (format) {
     case WireFormat::F32:
@@ -175,11 +202,12 @@ void wire_encode(WireFormat format, const float* in, size_t count, std::byte* ou
     case WireFormat::BF16:
       return encode_bf16(in, count, out, drops);
     case WireFormat::Int8:
-      return encode_int8(in, count, out, drops);
+      return encode_int8(in, count, out, drops, segments, offset);
   }
 }
 
-void wire_decode(WireFormat format, const std::byte* in, size_t count, float* out, bool accumulate) {
+void wire_decode(WireFormat format, const std::byte* in, size_t count, float* out, bool accumulate,
+                 const SegmentStarts& segments, size_t offset) {
   switch (format) {
     case WireFormat::F32:
       if (!accumulate) {
@@ -195,7 +223,7 @@ void wire_decode(WireFormat format, const std::byte* in, size_t count, float* ou
     case WireFormat::BF16:
       return decode_bf16(in, count, out, accumulate);
     case WireFormat::Int8:
-      return decode_int8(in, count, out, accumulate);
+      return decode_int8(in, count, out, accumulate, segments, offset);
   }
 }
 

@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
         if (format != co2::WireFormat::F32) residuals[rank].assign(count, 0.0f);
       }
       const auto wire = [&](size_t rank) {
-        return co2::WireCompression{format, format == co2::WireFormat::F32 ? nullptr : residuals[rank].data()};
+        return co2::WireCompression{format, format == co2::WireFormat::F32 ? nullptr : residuals[rank].data(), {}};
       };
       const auto allreduce = [&](size_t rank) {
         return group[rank]->allreduce_then(buffers[rank].data(), count, co2::DataType::F32, co2::ReduceOp::Avg,

@@ -3,7 +3,8 @@
 // The trajectories are checked against a float64 reference written here from the document:
 // the parameters hold bf16/fp16 values (the reference rounds to nearest even with frexp and
 // nearbyint, not with the library's bit tricks), every delta is taken from those rounded
-// parameters against the unrounded anchor, and every parameter write rounds the result.
+// parameters against the rounded start the rank trained from, R(a) (a master copy's delta), and
+// every parameter write rounds the result.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -182,6 +183,10 @@ struct Reference {
   }
   bool trained(size_t t) const { return specs[t].role == CO2_ROLE_PARAMETER; }
   double R(size_t t, double x) const { return round_to(x, *specs[t].format); }
+  // What a parameter set from the fp32 master value of x holds: x is the engine's fp32 state
+  // (or a sum of it), so the reference rounds it to fp32 first and decides a rounding tie the
+  // way the engine's fp32 value does.
+  double master(size_t t, double x) const { return R(t, double(float(x))); }
 
   void step() {
     for (int r = 0; r < world; ++r)
@@ -218,7 +223,7 @@ struct Reference {
         for (int r = 0; r < world; ++r)
           for (size_t i = 0; i < n; ++i) mean[i] += params[size_t(r)][t][i] / world;
         for (int r = 0; r < world; ++r)
-          for (size_t i = 0; i < n; ++i) params[size_t(r)][t][i] = R(t, mean[i]);
+          for (size_t i = 0; i < n; ++i) params[size_t(r)][t][i] = master(t, mean[i]);
         continue;
       }
       const bool eager = algo == Algo::Co2Eager && trained(t);
@@ -226,7 +231,7 @@ struct Reference {
       for (int r = 0; r < world; ++r)
         for (size_t i = 0; i < n; ++i) {
           const double start = anchor_weight(t) * anchor[t][i] + (eager ? offset[size_t(r)][t][i] : 0.0);
-          delta[size_t(r)][i] = start - params[size_t(r)][t][i];
+          delta[size_t(r)][i] = master(t, start) - params[size_t(r)][t][i];  // what the rank trained from
           mean[i] += delta[size_t(r)][i] / world;
         }
       if (algo == Algo::Diloco) {
@@ -243,7 +248,7 @@ struct Reference {
             q = kBeta * q + delta[size_t(r)][i];
             e = offset[size_t(r)][t][i] = -(kAlpha / world) * q;
           }
-          params[size_t(r)][t][i] = R(t, anchor[t][i] + e);
+          params[size_t(r)][t][i] = master(t, anchor[t][i] + e);
         }
     }
     have_pending = algo == Algo::Co2Delayed || algo == Algo::Co2Eager;
@@ -254,7 +259,7 @@ struct Reference {
     for (size_t t = 0; t < specs.size(); ++t) {
       if (have_pending) update(t, pending[t]);
       for (int r = 0; r < world; ++r)
-        for (size_t i = 0; i < specs[t].count; ++i) params[size_t(r)][t][i] = R(t, anchor[t][i]);
+        for (size_t i = 0; i < specs[t].count; ++i) params[size_t(r)][t][i] = master(t, anchor[t][i]);
     }
     have_pending = false;
     for (int r = 0; r < world; ++r)  // every rank's own deltas are in what was applied
@@ -295,8 +300,9 @@ const char* name_of(Algo a) {
   }
 }
 
-co2_engine_config_t config_of(Algo algo) {
+co2_engine_config_t config_of(Algo algo, bool shard = false) {
   co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+  c.shard_outer_state = shard ? 1 : 0;
   c.algorithm = algorithm_of(algo);
   c.tau = kTau;
   c.outer_lr = kAlpha;
@@ -325,8 +331,8 @@ void register_all(co2_engine_t e, std::vector<Params>& storage, const std::vecto
 // parameters must equal the reference's bit for bit, except where the fp32 anchor and the
 // float64 one fall on different sides of a rounding tie (counted; at most one ulp of the
 // parameter's format). The anchor (consensus) must match to fp32 accuracy.
-void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo) {
-  SCOPED_TRACE(std::string(name_of(algo)) + " W=" + std::to_string(world));
+void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo, bool shard = false) {
+  SCOPED_TRACE(std::string(name_of(algo)) + " W=" + std::to_string(world) + (shard ? " sharded" : ""));
   Reference ref(specs, world, algo);
   // [0]: after commit, [round], [kRounds + 1]: after finalize, [kRounds + 2]: after the
   // synchronize; [..][rank]: flattened params.
@@ -334,7 +340,7 @@ void check_trajectory(const std::vector<TensorSpec>& specs, int world, Algo algo
   std::vector<std::vector<float>> consensus(static_cast<size_t>(world));
   for (auto& s : seen) s.resize(size_t(world));
   run_ranks(world, [&](int rank, co2_comm_t comm) {
-    co2_engine_config_t c = config_of(algo);
+    co2_engine_config_t c = config_of(algo, shard);
     co2_engine_t e = nullptr;
     CO2_ASSERT_OK(co2_engine_create(comm, &c, &e));
     std::vector<Params> storage;
@@ -439,6 +445,9 @@ TEST(MixedPrecision, Bf16TrajectoryMatchesReference) {
   for (Algo algo : {Algo::Co2Delayed, Algo::Co2Eager})
     for (int world = 1; world <= 3; ++world) check_trajectory(specs, world, algo);
   for (Algo algo : {Algo::Diloco, Algo::LocalSgd, Algo::Sync}) check_trajectory(specs, 2, algo);
+  // The sharded passes (delayed and eager) take their deltas the same way.
+  for (Algo algo : {Algo::Co2Delayed, Algo::Co2Eager})
+    for (int world = 2; world <= 3; ++world) check_trajectory(specs, world, algo, /*shard=*/true);
 }
 
 TEST(MixedPrecision, Fp16TrajectoryMatchesReference) {
@@ -464,6 +473,62 @@ TEST(MixedPrecision, ReferenceDistinguishesRounding) {
   size_t differ = 0;
   for (size_t i = 0; i < 37; ++i) differ += std::fabs(a.anchor[0][i] - b.anchor[0][i]) > 1e-4;
   EXPECT_GT(differ, 10u);
+}
+
+// Issue 23, item 6: the delta is taken from the rounded start the rank trained from, R(a), as a
+// master copy would, not from the fp32 anchor a. One bf16 element at 1.0, rank 0 adds one ulp
+// (2^-7) per step, rank 1 nothing, W 2, tau 1, alpha 1, beta 0: the average of the parameters
+// rises by half an ulp per round, so after 10 rounds and finalize the anchor is
+// 1 + 10 * 2^-8 = 1.0390625 (exact in fp32 and in bf16), as with fp32 parameters. Taking the
+// delta from a instead subtracts a - R(a) every round: a half-ulp anchor rounds back to the
+// start, the idle rank sends +half an ulp, and the anchor stays near 1.0039.
+TEST(MixedPrecision, Bf16DeltaIsTakenFromTheRoundedStart) {
+  struct Variant {
+    const char* name;
+    co2_algorithm_t algorithm;
+    int eager;
+    int shard;
+  };
+  const Variant variants[] = {{"co2 delayed", CO2_ALGO_CO2, 0, 0},        {"co2 eager", CO2_ALGO_CO2, 1, 0},
+                              {"co2 delayed sharded", CO2_ALGO_CO2, 0, 1}, {"co2 eager sharded", CO2_ALGO_CO2, 1, 1},
+                              {"diloco", CO2_ALGO_DILOCO, 0, 0}};
+  constexpr int kRoundsHere = 10;
+  const double want = 1.0 + kRoundsHere * 0x1p-8;
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    std::vector<float> anchor(2, 0.0f), param(2, 0.0f);
+    run_ranks(2, [&](int rank, co2_comm_t comm) {
+      co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+      c.algorithm = v.algorithm;
+      c.tau = 1;
+      c.outer_lr = 1.0;
+      c.outer_momentum = 0.0;
+      c.eager = v.eager;
+      c.shard_outer_state = v.shard;
+      co2_engine_t e = nullptr;
+      CO2_ASSERT_OK(co2_engine_create(comm, &c, &e));
+      uint16_t p = co2::narrow<co2::Bf16>(1.0f).bits;
+      co2_tensor_t d = CO2_TENSOR_INIT;
+      d.name = "w";
+      d.data = &p;
+      d.count = 1;
+      d.dtype = CO2_DTYPE_BF16;
+      CO2_ASSERT_OK(co2_engine_register_tensor(e, &d));
+      CO2_ASSERT_OK(co2_engine_commit(e));
+      for (int round = 0; round < kRoundsHere; ++round) {
+        if (rank == 0) p = uint16_t(p + 1);  // one ulp up (a positive normal number)
+        CO2_ASSERT_OK(co2_engine_step(e, nullptr, nullptr));
+      }
+      CO2_ASSERT_OK(co2_engine_finalize(e));
+      CO2_ASSERT_OK(co2_engine_consensus(e, CO2_CONSENSUS_ANCHOR, &anchor[size_t(rank)], 1));
+      param[size_t(rank)] = co2::widen(co2::Bf16{p});
+      CO2_EXPECT_OK(co2_engine_destroy(e));
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(double(anchor[size_t(r)]), want) << "anchor of rank " << r;
+      EXPECT_EQ(double(param[size_t(r)]), want) << "parameter of rank " << r;
+    }
+  }
 }
 
 // Tensors of different dtypes in one engine: each keeps its own.

@@ -207,7 +207,7 @@ TEST(CollectiveComm, ReduceScatterAndAllGatherShardsCompleteAndRunTheirHooks) {
   EXPECT_EQ(x[4], 5.0f);
   try {
     std::vector<float> residual(5);
-    f.comm->reduce_scatter(x, 5, DataType::F32, ReduceOp::Avg, {}, {WireFormat::BF16, residual.data()});
+    f.comm->reduce_scatter(x, 5, DataType::F32, ReduceOp::Avg, {}, {WireFormat::BF16, residual.data(), {}});
     ADD_FAILURE() << "a compressed reduce-scatter was accepted over a collective transport";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::Unsupported);

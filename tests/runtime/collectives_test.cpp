@@ -916,9 +916,11 @@ TEST_P(CompressedAllReduce, BitIdenticalAndWithinTheFormatsErrorOfTheFloat64Aver
     // What the encodings dropped accounts for the whole difference: the error-feedback invariant.
     ASSERT_NEAR(sum - residual_sum, ranks * result, 1e-5 * largest * ranks) << "element " << i;
   }
-  if (ranks == 1) {  // alone: the format's round trip, dropping exactly the residual
-    for (size_t i = 0; i < count; ++i)
-      ASSERT_EQ(buffers[0][i] + residuals[0][i], inputs[0][i]) << "element " << i;
+  if (ranks == 1) {  // alone: nothing travels, so nothing is quantized or dropped
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(buffers[0][i], inputs[0][i]) << "element " << i;
+      ASSERT_EQ(residuals[0][i], 0.0f) << "element " << i;
+    }
   }
 }
 
@@ -942,7 +944,7 @@ TEST(CompressedAllReduce, ErrorFeedbackKeepsTheAccumulatedAverageOnTheFloat64Ref
   Tuning tuning;
   tuning.chunk_bytes = 2048;
   for (WireFormat format : {WireFormat::BF16, WireFormat::Int8})
-    for (int ranks : {1, 3, 4}) {
+    for (int ranks : {2, 3, 4}) {  // one rank drops nothing (CompressedAllReduce W1_*)
       const auto inputs = compressed_inputs(ranks, count, 11);
       std::vector<double> exact(count, 0.0);
       double largest = 0.0;
@@ -1025,6 +1027,60 @@ TEST(CompressedAllReduce, CodecRoundTripsAndBoundaries) {
       ASSERT_EQ(dropped[i], (mixed[i] - plain[i]) * 3.0f) << co2::wire_format_name(format) << " " << i;
     }
   }
+}
+
+TEST(CompressedAllReduce, Int8GroupsStartAtEverySegment) {
+  // Issue 23, item 7: 4 values of 1e-3 (one segment) before 300 of 1 (another). In one group
+  // with the large ones their scale is 1/127 and they decode to 0; cut at the segment they get
+  // a scale of their own.
+  std::vector<float> values(304, 1.0f);
+  for (size_t i = 0; i < 4; ++i) values[i] = 1e-3f * float(i + 1);
+  const size_t starts[] = {0, 4};
+  const co2::SegmentStarts segments{starts, 2, 0};
+  // Groups [0,4) [4,132) [132,260) [260,304): four scales; without the cut, three.
+  EXPECT_EQ(co2::wire_bytes(WireFormat::Int8, values.size(), segments), 304u + 4u * 4u);
+  EXPECT_EQ(co2::wire_bytes(WireFormat::Int8, values.size()), 304u + 3u * 4u);
+  EXPECT_LE(co2::wire_bytes(WireFormat::Int8, values.size(), segments),
+            co2::wire_bytes_bound(WireFormat::Int8, values.size(), segments));
+  std::vector<std::byte> message(co2::wire_bytes(WireFormat::Int8, values.size(), segments));
+  co2::wire_encode(WireFormat::Int8, values.data(), values.size(), message.data(), nullptr, 1.0f, nullptr,
+                   segments);
+  std::vector<float> out(values.size());
+  co2::wire_decode(WireFormat::Int8, message.data(), values.size(), out.data(), false, segments);
+  // Half a step of the small group's own scale (4e-3 / 127); sharing the large group's, the
+  // small values would decode to 0.
+  const float half_step = 4e-3f / 254.0f * 1.01f;
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_NEAR(out[i], values[i], half_step) << "element " << i;
+  // The same cut seen from a range that starts inside the first segment (offset 2), and from a
+  // collective over a sub-range of the state (origin 2): one group of 2 small values first.
+  const co2::SegmentStarts shifted{starts, 2, 2};
+  for (const auto& [view, offset] : {std::pair{segments, size_t(2)}, std::pair{shifted, size_t(0)}}) {
+    std::vector<std::byte> part(co2::wire_bytes(WireFormat::Int8, 302, view, offset));
+    EXPECT_EQ(part.size(), 302u + 4u * 4u);
+    co2::wire_encode(WireFormat::Int8, values.data() + 2, 302, part.data(), nullptr, 1.0f, nullptr, view, offset);
+    co2::wire_decode(WireFormat::Int8, part.data(), 302, out.data(), false, view, offset);
+    EXPECT_NEAR(out[0], values[2], half_step);
+    EXPECT_NEAR(out[1], values[3], half_step);
+  }
+  // Through the ring: both ranks hold the same segments; the small values are averaged up to
+  // their own groups' roundings (partial sums up to 12e-3, the average up to 8e-3), far below
+  // the 2e-3 that a shared group (scale 2/127) would lose.
+  Tuning tuning;
+  tuning.chunk_bytes = 1000;
+  std::vector<std::vector<float>> buffers(2, values);
+  for (float& v : buffers[1]) v *= 3.0f;
+  Group group = join_all(2);
+  const auto results = run_ranks(group, [&](PointToPoint& transport, int rank) {
+    Descriptor descriptor = allreduce_descriptor(0, values.size(), DataType::F32, ReduceOp::Avg);
+    descriptor.wire = WireFormat::Int8;
+    return one(co2::collectives::make_allreduce(transport, descriptor, buffers[size_t(rank)].data(), tuning,
+                                                nullptr, segments));
+  });
+  expect_all_ok(results);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(buffers[0][i], 2.0f * values[i], 1e-4f) << i;
+  EXPECT_EQ(std::memcmp(buffers[0].data(), buffers[1].data(), values.size() * sizeof(float)), 0);
+  EXPECT_EQ(co2::collectives::allreduce_wire_bytes(0, 2, values.size(), WireFormat::Int8, tuning, segments),
+            co2::collectives::allreduce_wire_bytes(0, 2, values.size(), WireFormat::Int8, tuning) + 4u);
 }
 
 TEST(CompressedAllReduce, RejectsWhatItCannotCompressAndMismatchedFormats) {

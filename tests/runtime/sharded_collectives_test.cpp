@@ -123,7 +123,7 @@ void expect_sharded_equals_allreduce(Group& group, const Case& c, int seed) {
   for (int rank = 0; rank < size; ++rank)
     requests.push_back(group[size_t(rank)]->allreduce_then(
         reduced[size_t(rank)].data(), c.count, c.dtype, c.op, {}, {},
-        {c.wire, compressed ? residual_reduced[size_t(rank)].data() : nullptr}));
+        {c.wire, compressed ? residual_reduced[size_t(rank)].data() : nullptr, {}}));
   wait_ok(requests, what + ": allreduce");
   requests.clear();
 
@@ -133,7 +133,7 @@ void expect_sharded_equals_allreduce(Group& group, const Case& c, int seed) {
     std::vector<char>* snapshot = &at_hook[size_t(rank)];
     requests.push_back(group[size_t(rank)]->reduce_scatter(
         buffer, c.count, c.dtype, c.op, {},
-        {c.wire, compressed ? residual_sharded[size_t(rank)].data() : nullptr},
+        {c.wire, compressed ? residual_sharded[size_t(rank)].data() : nullptr, {}},
         [=] { snapshot->assign(buffer + shard.begin * bytes, buffer + shard.end * bytes); }));
   }
   wait_ok(requests, what + ": reduce_scatter");
@@ -346,7 +346,7 @@ TEST_P(Sharded, ReduceScatterInAnotherWireFormatIsAMismatch) {
   std::vector<float> residual(1000);
   expect_mismatch(GetParam(), {scatter, [&](Communicator& comm, float* buffer) {
     return comm.reduce_scatter(buffer, 1000, DataType::F32, ReduceOp::Avg, {},
-                               {WireFormat::BF16, residual.data()});
+                               {WireFormat::BF16, residual.data(), {}});
   }}, "wire bf16");
 }
 
@@ -367,13 +367,13 @@ TEST(ShardedInput, WhatTheRingCannotDoIsRefusedUpFront) {
   };
   Communicator& comm = *group[0];
   EXPECT_EQ(status_of([&] {
-    comm.reduce_scatter(doubles.data(), 10, DataType::F64, ReduceOp::Sum, {}, {WireFormat::BF16, nullptr});
+    comm.reduce_scatter(doubles.data(), 10, DataType::F64, ReduceOp::Sum, {}, {WireFormat::BF16, nullptr, {}});
   }), Status::InvalidArgument);
   EXPECT_EQ(status_of([&] {
-    comm.reduce_scatter(floats.data(), 10, DataType::F32, ReduceOp::Max, {}, {WireFormat::Int8, nullptr});
+    comm.reduce_scatter(floats.data(), 10, DataType::F32, ReduceOp::Max, {}, {WireFormat::Int8, nullptr, {}});
   }), Status::InvalidArgument);
   EXPECT_EQ(status_of([&] {
-    comm.reduce_scatter(floats.data(), 10, DataType::F32, ReduceOp::Sum, {}, {WireFormat::F32, residual.data()});
+    comm.reduce_scatter(floats.data(), 10, DataType::F32, ReduceOp::Sum, {}, {WireFormat::F32, residual.data(), {}});
   }), Status::InvalidArgument);
   EXPECT_EQ(status_of([&] { comm.reduce_scatter(nullptr, 10, DataType::F32, ReduceOp::Sum); }),
             Status::InvalidArgument);

@@ -72,7 +72,7 @@ inline std::vector<std::vector<char>> run_workload(Communicator& comm) {
       std::vector<char> sharded = workload_input(DataType::F32, count, rank, index++);
       std::vector<char> residual(format == WireFormat::F32 ? 0 : count * sizeof(float));
       float* residual_floats = residual.empty() ? nullptr : reinterpret_cast<float*>(residual.data());
-      wait(comm.reduce_scatter(sharded.data(), count, DataType::F32, ReduceOp::Avg, {}, {format, residual_floats}));
+      wait(comm.reduce_scatter(sharded.data(), count, DataType::F32, ReduceOp::Avg, {}, {format, residual_floats, {}}));
       wait(comm.allgather_shards(sharded.data(), count, DataType::F32));
       results.push_back(std::move(sharded));
       // Residuals are per rank: gathered, so that every rank's result is the same.

@@ -166,7 +166,8 @@ typedef int32_t co2_wire_format_t;
 enum {
     CO2_WIRE_FP32 = 0, /* 4 bytes per value, exact                                          */
     CO2_WIRE_BF16 = 1, /* 2 bytes per value, round to nearest even                          */
-    CO2_WIRE_INT8 = 2  /* 1 byte per value + one fp32 scale per 128 values (max|x| / 127)  */
+    CO2_WIRE_INT8 = 2  /* 1 byte per value + one fp32 scale per group (max|x| / 127): groups
+                          of at most 128 values of one tensor                               */
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -355,7 +356,8 @@ typedef struct co2_engine_config {
     /* --- added in 1.1: compressed outer all-reduce (co2 and diloco on host tensors) --- */
     co2_wire_format_t wire_format; /* CO2_WIRE_FP32; others need a point-to-point transport  */
     int32_t error_feedback;        /* 1: each rank adds what its encodings dropped to its next
-                                      delta (checkpointed); 0: drop it. CO2_DEFAULT_ERROR_FEEDBACK */
+                                      delta (checkpointed; deltas only: co2's BUFFER values are
+                                      sent as they are); 0: drop it. CO2_DEFAULT_ERROR_FEEDBACK */
     /* --- added in 1.1: sharded outer state --- */
     int32_t shard_outer_state;     /* 0 = every rank holds the whole anchor and momentum (default);
                                       1 = each rank holds only its shard of them (reduce-scatter,
