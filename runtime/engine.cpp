@@ -645,16 +645,9 @@ void Engine::finalize() {
   require_committed(s);
   const RoundsSettled settled(s, /*finalizing=*/true);
   const TraceSpan call(s.trace.get(), "finalize");
-  s.advisor.pause();
-  if (s.config.algorithm != Algorithm::Co2) return synchronize();
-  check_comm(s);
-  s.backend->wait_for_caller("finalize");
-  s.steps_in_round = 0;
-  s.round_tau = s.config.tau;
-  const bool applied = apply_pending(s);
-  s.backend->fold_reports(/*wait=*/true);
-  s.backend->wait_for_caller("finalize");  // the last pass ran on the caller's stream
-  if (!applied) throw_nonfinite();
+  // Applying only the pending average would drop every step since the last boundary (all of
+  // them when fewer than tau steps ran): synchronize's last blocking average keeps them.
+  synchronize();
 }
 
 void Engine::synchronize() {

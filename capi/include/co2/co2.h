@@ -479,8 +479,9 @@ co2_status_t co2_engine_reduce_gradients(co2_engine_t engine, void *const *grads
  * starts afresh. */
 co2_status_t co2_engine_synchronize(co2_engine_t engine);
 
-/* Collective. End of training: waits for the pending average, applies it as one more update,
- * sets parameters = anchor. */
+/* Collective. End of training: co2_engine_synchronize, for every algorithm and policy (the
+ * pending average and the steps since the last boundary are applied: no step's work is lost),
+ * and the run's summary is written (log line, trace). */
 co2_status_t co2_engine_finalize(co2_engine_t engine);
 
 /* Writes the consensus model (fp32, all PARAMETER and BUFFER elements in registration order,
