@@ -57,7 +57,8 @@ enum {
     CO2_ERR_OUT_OF_MEMORY = 7,
     /* Training-state errors. */
     CO2_ERR_NONFINITE = 20,         /* NaN/Inf in a delta or an average: nothing was applied     */
-    CO2_ERR_LAYOUT_MISMATCH = 21,   /* ranks registered different parameter layouts               */
+    CO2_ERR_LAYOUT_MISMATCH = 21,   /* ranks registered different parameter layouts, or created
+                                       their engines with different settings (commit)             */
     CO2_ERR_ANCHOR_MISMATCH = 22,   /* anchor checksums differ across ranks                       */
     CO2_ERR_CHECKPOINT_CORRUPT = 23,/* blob truncated, bad magic or bad CRC                       */
     CO2_ERR_CHECKPOINT_MISMATCH = 24,/* blob from another layout or an unknown format version     */
@@ -455,9 +456,10 @@ typedef struct co2_allocator {
  * `allocator` (copied; NULL restores cudaMalloc). CO2_ERR_UNSUPPORTED in builds without CUDA. */
 co2_status_t co2_engine_set_allocator(co2_engine_t engine, const co2_allocator_t *allocator);
 
-/* Collective. Freezes the layout, checks that every rank registered the same layout
- * (CO2_ERR_LAYOUT_MISMATCH), broadcasts rank 0's parameters and buffers into every rank's
- * tensors and anchor, and allocates the outer state. */
+/* Collective. Freezes the layout, checks that every rank registered the same layout and created
+ * its engine with the same settings (every field that changes the math or the collectives;
+ * CO2_ERR_LAYOUT_MISMATCH naming the first difference), broadcasts rank 0's parameters and
+ * buffers into every rank's tensors and anchor, and allocates the outer state. */
 co2_status_t co2_engine_commit(co2_engine_t engine);
 
 /* Call after every inner optimizer step. On a boundary (every tau-th call) runs the outer
