@@ -576,7 +576,9 @@ co2_status_t co2_engine_state_size(co2_engine_t engine, size_t *out_bytes);
 
 /* Not collective. Restores the state after commit and sets the parameters to the restored
  * anchor (restore per-rank mid-round parameters afterwards). Transactional: a corrupted or
- * mismatched blob leaves the engine as it was. Accepts a blob saved at another world size. */
+ * mismatched blob leaves the engine as it was; a blob whose anchor, momentum or eager state is
+ * not finite (which no writer saves) is CO2_ERR_CHECKPOINT_CORRUPT. Accepts a blob saved at
+ * another world size (per-rank state is then dropped). */
 co2_status_t co2_engine_load(co2_engine_t engine, co2_read_fn read, void *user);
 
 #ifdef __cplusplus
