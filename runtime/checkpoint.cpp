@@ -33,6 +33,7 @@
 // part already holds values, which flags.value_average says, so that it is not converted as a
 // 1.0 blob's deltas would be. The layout hash of a CUDA engine differs from a host engine's:
 // such a blob loads into an engine on CUDA tensors only.
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -245,6 +246,25 @@ void Engine::save(const WriteFn& write) {
   serialize(s, s.average_ready, s.average_ready && s.prepared.ready, out);
 }
 
+namespace {
+
+// Throws CheckpointCorrupt naming the segment of the first non-finite element of `state`.
+void require_finite_in_blob(const Engine::State& s, const FloatBuffer& state, const char* what) {
+  if (all_finite(state.data(), state.size())) return;
+  for (const Segment& seg : s.segments) {
+    if (seg.role == Role::Excluded) continue;
+    const float* x = state.data() + seg.state_offset;
+    for (size_t i = 0; i < seg.count; ++i)
+      if (!std::isfinite(x[i]))
+        fail(Status::CheckpointCorrupt,
+             std::string("checkpoint holds a non-finite ") + what + " (segment '" + seg.name + "', element " +
+                 std::to_string(i) + "), which no co2 writer saves: the blob is corrupted or was not "
+                 "written by co2; load another checkpoint");
+  }
+}
+
+}  // namespace
+
 void Engine::load(const ReadFn& read) {
   State& s = *state_;
   require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
@@ -390,6 +410,22 @@ void Engine::load(const ReadFn& read) {
   in.bytes(trailer, sizeof trailer);
   require(std::memcmp(trailer, kTrailer, sizeof trailer) == 0, Status::CheckpointCorrupt,
           "checkpoint trailer missing: the blob is truncated or corrupted");
+
+  // No writer saves a non-finite anchor, momentum, eager state or gap history (a refused update
+  // leaves them as they were), and loaded they would make every later boundary refuse its
+  // update: in a CRC-valid blob they are corruption. (The average in flight and the residual may
+  // legitimately hold NaN: the next boundary refuses such an average, the residual skips it.)
+  for (const auto& [state, what] : {std::pair<const FloatBuffer*, const char*>{&anchor, "anchor"},
+                                    {&momentum, "outer momentum"},
+                                    {&eager_offset, "eager offset"},
+                                    {&eager_momentum, "eager momentum"}})
+    require_finite_in_blob(s, *state, what);
+  for (size_t i = 0; i < s.segments.size(); ++i)
+    require(std::isfinite(history[i].last_step_norm) && std::isfinite(history[i].gap_sum) &&
+                history[i].last_step_norm >= 0.0 && history[i].gap_sum >= 0.0,
+            Status::CheckpointCorrupt,
+            "checkpoint holds a non-finite or negative gap history for segment '" + s.segments[i].name +
+                "', which no co2 writer saves: the blob is corrupted or was not written by co2");
 
   // A co2 average that was not prepared comes from a 1.0 blob (1.1 saves it prepared, unless it
   // was refused as non-finite): its BUFFER part is a delta from the anchor, where 1.1 sends

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -16,6 +17,7 @@
 #include "runtime/group.hpp"
 #include "runtime/log.hpp"
 #include "runtime/observe.hpp"
+#include "runtime/store/launch_environment.hpp"
 
 namespace co2 {
 
@@ -28,8 +30,11 @@ uint64_t elapsed_ns(Clock::time_point from, Clock::time_point to) {
 
 bool is_finite_in(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
 
+// The largest tau and anchor check interval, at create as through co2_engine_set_param.
+constexpr double kMaxCount = 1e9;
+
 uint32_t as_count(double value, const char* what, double min) {
-  require(std::isfinite(value) && value == std::floor(value) && value >= min && value <= 1e9,
+  require(std::isfinite(value) && value == std::floor(value) && value >= min && value <= kMaxCount,
           Status::InvalidArgument,
           std::string(what) + " must be an integer in [" + std::to_string(int64_t(min)) +
               ", 1e9], got " + std::to_string(value));
@@ -144,7 +149,8 @@ void validate(const EngineConfig& c) {
           "unknown clip policy " + std::to_string(int(c.clip)));
   require(int(c.eager) >= -1 && int(c.eager) <= 1, Status::InvalidArgument,
           "eager must be 0 (delayed), 1 (eager) or CO2_EAGER_AUTO (-1)");
-  require(c.tau >= 1, Status::InvalidArgument, "tau must be >= 1");
+  as_count(c.tau, "tau", 1);
+  as_count(c.anchor_check_interval, "anchor_check_interval", 0);
   require(is_finite_in(c.outer_lr, 0.0, 1e6), Status::InvalidArgument,
           "outer_lr must be finite and >= 0");
   require(c.outer_momentum < 0.0 ? c.outer_momentum == -1.0 : is_finite_in(c.outer_momentum, 0.0, 0.999999),
@@ -261,13 +267,19 @@ bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose) {
 }
 
 bool same_on_every_rank_of(Engine::State& s, Communicator& comm, CollectiveId id, uint64_t value) {
-  std::vector<int64_t> all(size_t(comm.size()), 0);
   int64_t mine;
   std::memcpy(&mine, &value, sizeof mine);
-  auto request = comm.allgather(&mine, all.data(), 1, DataType::I64, id);
+  const std::vector<int64_t> all = gathered_from_every_rank(s, comm, id, {mine});
+  return std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; });
+}
+
+std::vector<int64_t> gathered_from_every_rank(Engine::State& s, Communicator& comm, CollectiveId id,
+                                              const std::vector<int64_t>& mine) {
+  std::vector<int64_t> all(mine.size() * size_t(comm.size()), 0);
+  auto request = comm.allgather(mine.data(), all.data(), mine.size(), DataType::I64, id);
   if (request->wait_status() != Status::Ok) fail(comm.error_status(), comm.error_message());
   observe_control_collective(s, *request);
-  return std::all_of(all.begin(), all.end(), [&](int64_t v) { return v == all[0]; });
+  return all;
 }
 
 void check_anchor(Engine::State& s) {
@@ -292,6 +304,66 @@ void collect_pending_average(Engine::State& s) {
 
 namespace {
 
+// Every setting that changes the math or the sequence of collectives, as this engine will run
+// it. Ranks that differ in one would train different models (or pair different collectives)
+// without an error, so commit compares them. Left out, because they cannot matter: inner_lr
+// (recorded only), the penalty constant without the constant policy, the clip threshold
+// without clipping, error feedback without a compressed wire, eager outside co2; eager is
+// compared as resolved (AUTO and 1 are one policy on host tensors).
+std::vector<std::pair<const char*, double>> settings_that_change_the_math(const S& s) {
+  const EngineConfig& c = s.config;
+  return {
+      {"algorithm", double(int(c.algorithm))},
+      {"tau", double(c.tau)},
+      {"tau of the first round (co2_engine_set_param(TAU) before commit)", double(s.round_tau)},
+      {"warmup_sync_rounds", double(c.warmup_sync_rounds)},
+      {"outer_lr", c.outer_lr},
+      {"outer_momentum", s.beta_auto ? -1.0 : s.beta},
+      {"nesterov", double(c.nesterov)},
+      {"penalty", double(int(c.penalty))},
+      {"penalty_constant", c.penalty == Penalty::Constant ? c.penalty_constant : 0.0},
+      {"clip", double(int(c.clip))},
+      {"clip_threshold", c.clip != Clip::None ? c.clip_threshold : 0.0},
+      {"anchor_check_interval", double(c.anchor_check_interval)},
+      {"eager", double(s.eager())},
+      {"wire_format", double(int(c.wire_format))},
+      {"error_feedback", double(s.error_feedback())},
+      {"shard_outer_state", double(c.shard_outer_state)},
+      {"hierarchy", double(int(c.hierarchy))},
+  };
+}
+
+std::string setting_text(const char* name, double value) {
+  if (value == -1.0 && std::strcmp(name, "outer_momentum") == 0) return "CO2_OUTER_MOMENTUM_AUTO";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+// Collective: every rank learns of the first setting that differs, with rank 0's and the
+// other rank's values, and fails alike.
+void check_settings_agree(S& s) {
+  const auto settings = settings_that_change_the_math(s);
+  std::vector<int64_t> mine(settings.size());
+  for (size_t i = 0; i < settings.size(); ++i) std::memcpy(&mine[i], &settings[i].second, sizeof(int64_t));
+  const std::vector<int64_t> all = gathered_from_every_rank(s, *s.comm, s.id(Purpose::LayoutHash), mine);
+  const size_t k = mine.size();
+  for (size_t rank = 1; rank < size_t(s.comm->size()); ++rank)
+    for (size_t i = 0; i < k; ++i) {
+      if (all[rank * k + i] == all[i]) continue;
+      double first, theirs;
+      std::memcpy(&first, &all[i], sizeof first);
+      std::memcpy(&theirs, &all[rank * k + i], sizeof theirs);
+      const char* name = settings[i].first;
+      fail(Status::LayoutMismatch,
+           std::string("ranks created their engines with different settings: ") + name + " is " +
+               setting_text(name, first) + " on rank 0 but " + setting_text(name, theirs) + " on rank " +
+               std::to_string(rank) +
+               "; they would train different models. Create the engine with the same co2_engine_config_t "
+               "on every rank (and make the same co2_engine_set_param calls before commit)");
+    }
+}
+
 // Hierarchical CO2: the node's ranks and this local index's ranks on every node
 // (co2_comm_split_nodes), each with an owner id of this engine; the nodes are the outer
 // participants, which an automatic beta counts.
@@ -299,6 +371,22 @@ void form_nodes(S& s) {
   GroupRequest request;
   request.options = s.comm->options();
   auto [intra, inter] = split_nodes(*s.comm, s.config.node_id, request);
+  // Every rank on one node, found only by its host name (split_nodes refuses a mix of ids and
+  // host names, so every rank decides alike): most likely threads or processes of one host
+  // whose nodes nobody named. Trained on, it would be sync over the ranks with an outer update
+  // of a single participant, and no error anywhere.
+  if (inter->size() == 1 && intra->size() > 1 && s.config.node_id < 0 && store::read_node_name().id < 0)
+    fail(Status::InvalidArgument,
+         "hierarchy = CO2_HIERARCHY_NODES found all " + std::to_string(intra->size()) +
+             " ranks on one node (host '" + store::read_node_name().host +
+             "'), because no rank names its node: no co2_comm_config_t.node_id and no launcher node index "
+             "(GROUP_RANK, LOCAL_RANK with LOCAL_WORLD_SIZE, SLURM_NODEID). Set co2_comm_config_t.node_id on "
+             "every rank (equal ids share a node) or launch with co2run --nnodes, torchrun or srun; for "
+             "synchronous training on one node use CO2_ALGO_SYNC, for co2 over every rank CO2_HIERARCHY_FLAT");
+  if (inter->size() == 1 && intra->size() > 1)
+    log::warn("hierarchical co2 on a single node: the " + std::to_string(intra->size()) +
+              " ranks average their gradients every step and the outer update has one participant, "
+              "i.e. this is synchronous training (CO2_ALGO_SYNC) with an outer step");
   s.intra = std::move(intra);
   s.inter = std::move(inter);
   s.intra_owner = s.intra->register_owner();
@@ -585,6 +673,9 @@ void Engine::commit() {
          "or host against CUDA tensors differ); every rank must register the same tensors in the "
          "same order, in the same kind of memory");
 
+  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device());
+  check_settings_agree(s);
+
   s.history.assign(s.segments.size(), GapHistory{});
   if (s.config.hierarchy == Hierarchy::Nodes) form_nodes(s);
   // As a ring all-reduce sends it (a collective-kind transport's own algorithm may differ).
@@ -592,7 +683,6 @@ void Engine::commit() {
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning, wire_segments(s));
-  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device());
   if (s.on_device()) {
     require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,
             "the eager policy is implemented on the host only: CUDA tensors need eager = 0 or "
@@ -652,16 +742,9 @@ void Engine::finalize() {
   require_committed(s);
   const RoundsSettled settled(s, /*finalizing=*/true);
   const TraceSpan call(s.trace.get(), "finalize");
-  s.advisor.pause();
-  if (s.config.algorithm != Algorithm::Co2) return synchronize();
-  check_comm(s);
-  s.backend->wait_for_caller("finalize");
-  s.steps_in_round = 0;
-  s.round_tau = s.config.tau;
-  const bool applied = apply_pending(s);
-  s.backend->fold_reports(/*wait=*/true);
-  s.backend->wait_for_caller("finalize");  // the last pass ran on the caller's stream
-  if (!applied) throw_nonfinite();
+  // Applying only the pending average would drop every step since the last boundary (all of
+  // them when fewer than tau steps ran): synchronize's last blocking average keeps them.
+  synchronize();
 }
 
 void Engine::synchronize() {

@@ -162,6 +162,9 @@ bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* 
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose);
 // The same over another of the engine's communicators (a node's: hierarchical CO2).
 bool same_on_every_rank_of(Engine::State& s, Communicator& comm, CollectiveId id, uint64_t value);
+// Collective over `comm`: every rank's `mine` (the same length on every rank), in rank order.
+std::vector<int64_t> gathered_from_every_rank(Engine::State& s, Communicator& comm, CollectiveId id,
+                                              const std::vector<int64_t>& mine);
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
 void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_check_interval rounds
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply

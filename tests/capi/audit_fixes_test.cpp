@@ -142,6 +142,75 @@ TEST(AuditCheckpoint, AnchorFlagClearedIsRefusedNotACrash) {
   }
 }
 
+// --- a CRC-valid blob with non-finite outer state (issue 23, item 17) ---------------------------
+
+// No writer saves a non-finite anchor, momentum or eager state (a refused update leaves them as
+// they were), so a blob that holds one is corrupted or crafted: its load is refused with
+// CHECKPOINT_CORRUPT, the engine stays as it was, and the genuine blob still loads.
+// One segment "w" of n elements saved right after commit by a one-rank co2 engine with momentum:
+// the header (with the rank of an eager blob inside its CRC), then the segment's name length,
+// name, role, count and history, then anchor, momentum[, eager offset, eager momentum].
+struct Poisoned {
+  const char* what;
+  size_t array;  // 0 anchor, 1 momentum, 2 eager offset, 3 eager momentum
+  size_t element;
+  float value;
+};
+
+TEST(AuditCheckpoint, NonFiniteStateIsRefusedAsCorrupt) {
+  constexpr size_t n = 5;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (co2_tensor_role_t role : {CO2_ROLE_PARAMETER, CO2_ROLE_BUFFER}) {
+    const bool eager = role == CO2_ROLE_PARAMETER;  // BUFFER segments carry no eager state
+    SCOPED_TRACE(eager ? "PARAMETER, eager" : "BUFFER");
+    co2_comm_t comm = one_rank_comm();
+    co2_engine_config_t config = config_of(CO2_ALGO_CO2, 1.0, 0.5);
+    config.eager = 1;
+    co2_engine_t engine = nullptr;
+    ASSERT_EQ(co2_engine_create(comm, &config, &engine), CO2_OK) << co2_last_error_message();
+    std::vector<float> p = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f};
+    co2_tensor_t t = CO2_TENSOR_INIT;
+    t.name = "w";
+    t.data = p.data();
+    t.count = n;
+    t.role = role;
+    ASSERT_EQ(co2_engine_register_tensor(engine, &t), CO2_OK) << co2_last_error_message();
+    ASSERT_EQ(co2_engine_commit(engine), CO2_OK) << co2_last_error_message();
+    Blob saved;
+    ASSERT_EQ(co2_engine_save(engine, write_blob, &saved), CO2_OK) << co2_last_error_message();
+    const size_t arrays = eager ? 4 : 2;
+    const size_t first_array_at = kHeaderCrcAt + 4 /* rank */ + 4 + 4 + 1 + 4 + 8 + 24;
+    ASSERT_EQ(saved.bytes.size(), first_array_at + arrays * n * sizeof(float) + 4 + 8) << "blob layout";
+    std::vector<Poisoned> cases = {{"a NaN anchor", 0, 2, nan}, {"an infinite momentum", 1, 1, inf}};
+    if (eager) {
+      cases.push_back({"a NaN eager offset", 2, 0, nan});
+      cases.push_back({"an infinite eager momentum", 3, 4, -inf});
+    }
+    for (const Poisoned& c : cases) {
+      SCOPED_TRACE(c.what);
+      Blob forged;
+      forged.bytes = saved.bytes;
+      std::memcpy(forged.bytes.data() + first_array_at + (c.array * n + c.element) * sizeof(float), &c.value,
+                  sizeof(float));
+      const size_t body_crc_at = forged.bytes.size() - 8 - 4;
+      put_u32(forged.bytes, body_crc_at, uint32_t(crc32(0, forged.bytes.data(), uInt(body_crc_at))));
+      p.assign({9.0f, 9.0f, 9.0f, 9.0f, 9.0f});
+      EXPECT_EQ(co2_engine_load(engine, read_blob, &forged), CO2_ERR_CHECKPOINT_CORRUPT);
+      EXPECT_NE(std::string(co2_last_error_message()).find("non-finite"), std::string::npos)
+          << co2_last_error_message();
+      EXPECT_EQ(p[0], 9.0f) << "the refused load touched the parameters";
+      EXPECT_EQ(anchor_of(engine, n), (std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f, 5.0f}));
+      EXPECT_EQ(co2_engine_synchronize(engine), CO2_OK) << co2_last_error_message();
+      for (float x : p) EXPECT_TRUE(std::isfinite(x));
+    }
+    saved.at = 0;
+    EXPECT_EQ(co2_engine_load(engine, read_blob, &saved), CO2_OK) << co2_last_error_message();
+    EXPECT_EQ(p[0], 1.0f);
+    EXPECT_EQ(co2_engine_destroy(engine), CO2_OK);
+    EXPECT_EQ(co2_comm_destroy(comm), CO2_OK);
+  }
+}
+
 // --- co2_request_wait with huge timeouts (item 6) --------------------------------------------
 
 TEST(AuditRequest, HugeTimeoutsWaitForCompletion) {

@@ -731,6 +731,30 @@ std::vector<MathCase> script_cases() {
     c.label = std::string(algo_name(algo)) + "_finalize_synchronize";
     out.push_back(c);
   }
+  // finalize mid-round keeps the partial round (one more update with the fresh average of its
+  // deltas, as synchronize), and with fewer steps than tau it returns the average of the ranks'
+  // models, not the initial weights.
+  for (co2_algorithm_t algo : {CO2_ALGO_CO2, CO2_ALGO_DILOCO, CO2_ALGO_LOCALSGD}) {
+    MathCase c;
+    c.algo = algo;
+    c.world = 3;
+    c.tau = 3;
+    c.beta = 0.6;
+    c.penalty = algo == CO2_ALGO_LOCALSGD ? CO2_PENALTY_NONE : CO2_PENALTY_GAP;
+    c.script = steps(9 + 2);
+    c.script.push_back({Op::Finalize});  // 2 steps into the round
+    c.script += steps(6);
+    c.script.push_back({Op::SetTau, 48});
+    c.script += steps(3 + 30);  // the boundary at step 3 starts a round of tau 48
+    c.script.push_back({Op::Finalize});  // 30 of its 48 steps
+    c.label = std::string(algo_name(algo)) + "_finalize_mid_round";
+    out.push_back(c);
+    c.tau = 48;
+    c.script = steps(30);  // never a boundary: finalize alone averages the work
+    c.script.push_back({Op::Finalize});
+    c.label = std::string(algo_name(algo)) + "_finalize_before_the_first_boundary";
+    out.push_back(c);
+  }
   // A NaN in one rank's params before a co2 boundary: OK there (nonfinite_local), the next
   // boundary skips the average (CO2_ERR_NONFINITE everywhere, a, m and the gap history
   // unchanged), and the run continues as the reference says. diloco: skipped at once.

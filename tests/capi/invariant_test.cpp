@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -428,5 +429,116 @@ INSTANTIATE_TEST_SUITE_P(Variants, LayoutMismatch, ::testing::ValuesIn(mismatch_
                          [](const ::testing::TestParamInfo<MismatchCase>& i) {
                            return i.param.label;
                          });
+
+// ------------------------------------------------------------------------------------------
+// Settings that change the math (or the collectives) are part of the commit-time agreement:
+// ranks created with different ones fail every rank's commit with CO2_ERR_LAYOUT_MISMATCH,
+// naming the setting, instead of training different models (or pairing different collectives).
+// ------------------------------------------------------------------------------------------
+
+struct ConfigMismatchCase {
+  std::string label;
+  std::string setting;  // the name the message gives
+  std::function<void(co2_engine_config_t&)> on_every_rank;
+  std::function<void(co2_engine_config_t&)> on_rank_1;
+};
+
+class ConfigMismatch : public ::testing::TestWithParam<ConfigMismatchCase> {};
+
+TEST_P(ConfigMismatch, EveryRankFailsCommitNamingTheSetting) {
+  const ConfigMismatchCase& c = GetParam();
+  const int W = 2;
+  const Layout layout = layout_mixed();
+  const Data data = make_data(layout, W, 5);
+  CommOptions options;
+  options.timeout_ms = 10000;  // before the check, a differing collective could wait this long
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    LocalModel model(layout, data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    if (c.on_every_rank) c.on_every_rank(cfg);
+    if (rank == 1) c.on_rank_1(cfg);
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_EXPECT_STATUS(CO2_ERR_LAYOUT_MISMATCH, co2_engine_commit(eg.engine));
+    const std::string message = co2_last_error_message();
+    EXPECT_NE(message.find(c.setting), std::string::npos) << "rank " << rank << ": " << message;
+    // Nothing was broadcast over the parameters.
+    EXPECT_EQ(model.tensor(0)[0], data.init[rank][0][0]) << "rank " << rank;
+  }, options);
+}
+
+std::vector<ConfigMismatchCase> config_mismatch_cases() {
+  using C = co2_engine_config_t&;
+  auto bf16_wire = [](C c) { c.wire_format = CO2_WIRE_BF16; };
+  return {
+      {"algorithm", "algorithm", nullptr, [](C c) { c.algorithm = CO2_ALGO_DILOCO; }},
+      {"eager", "eager", nullptr, [](C c) { c.eager = 0; }},
+      {"error_feedback", "error_feedback", bf16_wire, [](C c) { c.error_feedback = 0; }},
+      {"tau", "tau", nullptr, [](C c) { c.tau = 13; }},
+      {"warmup_sync_rounds", "warmup_sync_rounds", nullptr, [](C c) { c.warmup_sync_rounds = 1; }},
+      {"outer_lr", "outer_lr", nullptr, [](C c) { c.outer_lr = 0.5; }},
+      {"outer_momentum", "outer_momentum", nullptr, [](C c) { c.outer_momentum = 0.5; }},
+      {"nesterov", "nesterov", nullptr, [](C c) { c.nesterov = 1; }},
+      {"penalty", "penalty", nullptr, [](C c) { c.penalty = CO2_PENALTY_GAP; }},
+      {"penalty_constant", "penalty_constant", [](C c) { c.penalty = CO2_PENALTY_CONSTANT; },
+       [](C c) { c.penalty_constant = 2.0; }},
+      {"clip", "clip", nullptr, [](C c) { c.clip = CO2_CLIP_VALUE; }},
+      {"clip_threshold", "clip_threshold", [](C c) { c.clip = CO2_CLIP_NORM; }, [](C c) { c.clip_threshold = 2.0; }},
+      {"anchor_check_interval", "anchor_check_interval", nullptr, [](C c) { c.anchor_check_interval = 7; }},
+      {"wire_format", "wire_format", nullptr, bf16_wire},
+      {"shard_outer_state", "shard_outer_state", nullptr, [](C c) { c.shard_outer_state = 1; }},
+      {"hierarchy", "hierarchy", nullptr, [](C c) { c.hierarchy = CO2_HIERARCHY_NODES; }},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(Settings, ConfigMismatch, ::testing::ValuesIn(config_mismatch_cases()),
+                         [](const ::testing::TestParamInfo<ConfigMismatchCase>& i) {
+                           return i.param.label;
+                         });
+
+// Settings that do not change the math may differ: eager AUTO and eager 1 are the same policy on
+// host tensors; a penalty constant without the constant policy, a clip threshold without
+// clipping and error feedback with an uncompressed wire are never used.
+TEST(ConfigAgreement, SettingsThatChangeNothingMayDiffer) {
+  const int W = 2;
+  const Layout layout = layout_mixed();
+  const Data data = make_data(layout, W, 5);
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    LocalModel model(layout, data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    if (rank == 1) {
+      cfg.eager = 1;
+      cfg.penalty_constant = 3.0;
+      cfg.clip_threshold = 5.0;
+      cfg.error_feedback = 0;
+      cfg.inner_lr = 0.1;
+    }
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_EXPECT_OK(co2_engine_commit(eg.engine));
+  });
+}
+
+// hierarchy = nodes where no rank says which node it is on (no node_id, no launcher's node
+// index): every rank falls back to the host name, so a group of threads or processes on one
+// host would run as one node, i.e. as sync with an outer step over a single participant, without
+// a word. That is refused on every rank, naming what to set.
+TEST(ConfigAgreement, HierarchyWithoutNodeIdsOnOneHostIsRefused) {
+  const int W = 2;
+  const Layout layout = layout_mixed();
+  const Data data = make_data(layout, W, 5);
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    LocalModel model(layout, data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.hierarchy = CO2_HIERARCHY_NODES;
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_commit(eg.engine));
+    const std::string message = co2_last_error_message();
+    EXPECT_NE(message.find("node_id"), std::string::npos) << "rank " << rank << ": " << message;
+  });
+}
 
 }  // namespace

@@ -166,16 +166,9 @@ class Reference {
   }
 
   // --- finalize / synchronize (docs/algorithm.md "End of training, evaluation") ---
-  void finalize() {
-    if (cfg_.algo != Algo::Co2) {
-      synchronize();
-      return;
-    }
-    apply_pending();
-    clear_eager();
-    for (auto& p : p_) p = a_;
-  }
-  // co2: finalize's update, then (if steps happened since the last boundary) one blocking
+  // finalize is synchronize: no step's work is lost, the partial round included.
+  void finalize() { synchronize(); }
+  // co2: the pending update, then (if steps happened since the last boundary) one blocking
   // update with the fresh average of those local deltas. The local deltas are those of the
   // steps since the last boundary, i.e. relative to the anchor that round started from (the
   // anchor before the pending update), as a boundary would compute them.

@@ -231,17 +231,29 @@ TEST_P(Co2Rounds, TheAnchorIsCheckedAfterThePassAndBeforeTheNextSubmit) {
   EXPECT_EQ(rig.calls, expected);
 }
 
+// finalize is synchronize (docs/algorithm.md, "End of training, evaluation"): at a boundary it
+// applies the last average; mid-round it first runs a boundary, so the partial round is kept.
 TEST_P(Co2Rounds, FinalizeCollectsAndAppliesTheLastAverage) {
   Rig rig(GetParam(), co2_config());
   ASSERT_EQ(rig.boundary(), Status::Ok);
   rig.calls.clear();
   rig.engine->finalize();
-  EXPECT_EQ(rig.calls, (std::vector<std::string>{"collect:finite", "pass:update"}));
+  EXPECT_EQ(rig.calls, (std::vector<std::string>{"collect:finite", "pass:update", "checksum"}));
   // Collect then pass of the finalizing "boundary": the same invariants hold.
   EXPECT_EQ(device::check_plan_sequence(rig.boundaries), "");
   rig.calls.clear();
   rig.engine->finalize();  // nothing in flight: the parameters take the anchor
-  EXPECT_EQ(rig.calls, (std::vector<std::string>{"parameters=anchor"}));
+  EXPECT_EQ(rig.calls, (std::vector<std::string>{"parameters=anchor", "checksum"}));
+}
+
+TEST_P(Co2Rounds, FinalizeMidRoundRunsABoundaryThenAppliesItsAverage) {
+  Rig rig(GetParam(), co2_config());
+  ASSERT_EQ(rig.boundary(), Status::Ok);
+  ASSERT_FALSE(rig.engine->step(nullptr));
+  rig.calls.clear();
+  rig.engine->finalize();
+  EXPECT_EQ(rig.calls, (std::vector<std::string>{"collect:finite", "pass:update+deltas", "submit", "collect:finite",
+                                                  "pass:update", "checksum"}));
 }
 
 TEST_P(Co2Rounds, SynchronizeMidRoundRunsABoundaryThenAppliesItsAverage) {

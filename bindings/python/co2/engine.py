@@ -218,7 +218,9 @@ class Engine(OwnsHandle):
         capi.engine_synchronize(self.handle)
 
     def finalize(self):
-        """Collective. End of training: applies the average in flight; parameters = anchor."""
+        """Collective. End of training, as synchronize(): applies the average in flight and
+        averages the steps since the last boundary into one more update (no step's work is
+        lost); parameters = anchor."""
         capi.engine_finalize(self.handle)
 
     @property

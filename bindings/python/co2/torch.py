@@ -403,8 +403,8 @@ class Distributed:
         self._collective("synchronize()", self.engine.synchronize)
 
     def finalize(self):
-        """Collective. End of training: applies the average in flight; every rank then holds
-        the same model. Fails with UnequalStepsError when the ranks took different numbers of
+        """Collective. End of training: applies the average in flight and the steps since the
+        last boundary (no step's work is lost); every rank then holds the same model. Fails with UnequalStepsError when the ranks took different numbers of
         steps (use join()), with WiringError when an optimizer stepped without co2."""
         self._collective("finalize()", self.engine.finalize)
         self._life.steps_unsaved = 0

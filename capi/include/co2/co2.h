@@ -57,7 +57,8 @@ enum {
     CO2_ERR_OUT_OF_MEMORY = 7,
     /* Training-state errors. */
     CO2_ERR_NONFINITE = 20,         /* NaN/Inf in a delta or an average: nothing was applied     */
-    CO2_ERR_LAYOUT_MISMATCH = 21,   /* ranks registered different parameter layouts               */
+    CO2_ERR_LAYOUT_MISMATCH = 21,   /* ranks registered different parameter layouts, or created
+                                       their engines with different settings (commit)             */
     CO2_ERR_ANCHOR_MISMATCH = 22,   /* anchor checksums differ across ranks                       */
     CO2_ERR_CHECKPOINT_CORRUPT = 23,/* blob truncated, bad magic or bad CRC                       */
     CO2_ERR_CHECKPOINT_MISMATCH = 24,/* blob from another layout or an unknown format version     */
@@ -459,9 +460,10 @@ typedef struct co2_allocator {
  * `allocator` (copied; NULL restores cudaMalloc). CO2_ERR_UNSUPPORTED in builds without CUDA. */
 co2_status_t co2_engine_set_allocator(co2_engine_t engine, const co2_allocator_t *allocator);
 
-/* Collective. Freezes the layout, checks that every rank registered the same layout
- * (CO2_ERR_LAYOUT_MISMATCH), broadcasts rank 0's parameters and buffers into every rank's
- * tensors and anchor, and allocates the outer state. */
+/* Collective. Freezes the layout, checks that every rank registered the same layout and created
+ * its engine with the same settings (every field that changes the math or the collectives;
+ * CO2_ERR_LAYOUT_MISMATCH naming the first difference), broadcasts rank 0's parameters and
+ * buffers into every rank's tensors and anchor, and allocates the outer state. */
 co2_status_t co2_engine_commit(co2_engine_t engine);
 
 /* Call after every inner optimizer step. On a boundary (every tau-th call) runs the outer
@@ -483,8 +485,9 @@ co2_status_t co2_engine_reduce_gradients(co2_engine_t engine, void *const *grads
  * starts afresh. */
 co2_status_t co2_engine_synchronize(co2_engine_t engine);
 
-/* Collective. End of training: waits for the pending average, applies it as one more update,
- * sets parameters = anchor. */
+/* Collective. End of training: co2_engine_synchronize, for every algorithm and policy (the
+ * pending average and the steps since the last boundary are applied: no step's work is lost),
+ * and the run's summary is written (log line, trace). */
 co2_status_t co2_engine_finalize(co2_engine_t engine);
 
 /* Writes the consensus model (fp32, all PARAMETER and BUFFER elements in registration order,
@@ -577,7 +580,9 @@ co2_status_t co2_engine_state_size(co2_engine_t engine, size_t *out_bytes);
 
 /* Not collective. Restores the state after commit and sets the parameters to the restored
  * anchor (restore per-rank mid-round parameters afterwards). Transactional: a corrupted or
- * mismatched blob leaves the engine as it was. Accepts a blob saved at another world size. */
+ * mismatched blob leaves the engine as it was; a blob whose anchor, momentum or eager state is
+ * not finite (which no writer saves) is CO2_ERR_CHECKPOINT_CORRUPT. Accepts a blob saved at
+ * another world size (per-rank state is then dropped). */
 co2_status_t co2_engine_load(co2_engine_t engine, co2_read_fn read, void *user);
 
 #ifdef __cplusplus

@@ -494,8 +494,9 @@ function synchronize!(e::Engine)
     check(blocking(() -> co2_engine_synchronize(h)))
 end
 
-"""Collective end of training: applies the pending average; parameters = anchor. (Not
-`Base.finalize`, which runs finalizers.)"""
+"""Collective end of training: `synchronize!` (the pending average and the partial round's
+steps are applied; no step's work is lost); parameters = anchor. (Not `Base.finalize`, which
+runs finalizers.)"""
 function finalize!(e::Engine)
     h = _raw(e)
     check(blocking(() -> co2_engine_finalize(h)))

@@ -253,7 +253,8 @@ impl<'a> Engine<'a> {
         check(unsafe { sys::co2_engine_synchronize(self.as_raw()) })
     }
 
-    /// Collective: end of training (applies the pending average; parameters = anchor).
+    /// Collective: end of training, as `synchronize` (the pending average and the steps since
+    /// the last boundary are applied, so no step's work is lost; parameters = anchor).
     pub fn finalize(&mut self) -> Result<()> {
         // SAFETY: valid handle.
         check(unsafe { sys::co2_engine_finalize(self.as_raw()) })
