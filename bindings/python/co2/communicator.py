@@ -9,6 +9,7 @@ from ._handle import OwnsHandle
 from . import _buffers
 from . import _launch
 from . import _values
+from ._errors import InvalidArgumentError
 
 TRANSPORTS = {"auto": capi.CO2_TRANSPORT_AUTO, "local": capi.CO2_TRANSPORT_LOCAL,
               "ucx": capi.CO2_TRANSPORT_UCX, "nccl": capi.CO2_TRANSPORT_NCCL}
@@ -17,6 +18,30 @@ REDUCE_OPS = {"sum": capi.CO2_REDUCE_SUM, "avg": capi.CO2_REDUCE_AVG,
 
 # Communicators created through torchrun's store, in creation order (same on every rank).
 _torchrun_sequence = itertools.count()
+
+
+# The environment variable that replaces the C API's default no-progress timeout
+# (CO2_DEFAULT_TIMEOUT_MS, 5 minutes) for communicators made without timeout_ms=, and for
+# co2.torch's wait on the gradient buckets of sync: a stall shows after this long.
+TIMEOUT_VARIABLE = "CO2_TIMEOUT_MS"
+
+
+def default_timeout_ms():
+    """The no-progress timeout of a communicator made without timeout_ms=: CO2_TIMEOUT_MS (a
+    whole number of milliseconds >= 1) if set, else the C API's CO2_DEFAULT_TIMEOUT_MS."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return capi.CO2_DEFAULT_TIMEOUT_MS
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= _values.UINT32_MAX:
+        raise InvalidArgumentError(f"{TIMEOUT_VARIABLE}={text!r}: set it to a whole number of "
+                                   f"milliseconds in [1, {_values.UINT32_MAX}] (the "
+                                   f"communicators' no-progress timeout), or unset it for the "
+                                   f"default {capi.CO2_DEFAULT_TIMEOUT_MS} ms")
+    return value
 
 
 def unique_id():
@@ -213,11 +238,12 @@ class Communicator(OwnsHandle):
 
 
 def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=None, node_id=None):
-    """A co2_comm_config_t from keyword options; None keeps the C API's default."""
+    """A co2_comm_config_t from keyword options; None keeps the C API's default (timeout_ms:
+    CO2_TIMEOUT_MS's if set, default_timeout_ms())."""
     config = capi.comm_config()
     config.transport = _values.choice(TRANSPORTS, transport, "transport")
-    if timeout_ms is not None:
-        config.timeout_ms = _values.integer("timeout_ms", timeout_ms, 1, _values.UINT32_MAX)
+    config.timeout_ms = default_timeout_ms() if timeout_ms is None else \
+        _values.integer("timeout_ms", timeout_ms, 1, _values.UINT32_MAX)
     if chunk_bytes is not None:
         config.chunk_bytes = _values.integer("chunk_bytes", chunk_bytes, 1, 2 ** 64 - 1)
     if device_index is not None:
@@ -242,7 +268,7 @@ def _unique_id_through_torch(rank, world):
         box = [unique_id() if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         return box[0]
-    timeout = datetime.timedelta(milliseconds=comm_defaults()["timeout_ms"])
+    timeout = datetime.timedelta(milliseconds=default_timeout_ms())
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           False, timeout)
     key = "co2/unique_id/{}/{}/{}".format(os.environ.get("TORCHELASTIC_RUN_ID", ""),

@@ -276,6 +276,34 @@ def test_other_c_fields_take_exactly_the_documented_values():
             engine.register("v", np.zeros(4, np.float32), role=1.0)
 
 
+def test_timeout_comes_from_the_environment(monkeypatch):
+    """Issue 23, defect 16: CO2_TIMEOUT_MS replaces the 5-minute default no-progress timeout of
+    communicators made without timeout_ms=. Before: a peer that never arrives was reported after
+    5 minutes whatever the environment said (here: the rank threads' own limit fails the
+    test)."""
+    monkeypatch.setenv("CO2_TIMEOUT_MS", "1500")
+    group, rank0_done = unique_group(), threading.Event()
+
+    def rank_main(rank):
+        with co2.Communicator(rank, 2, transport="local", group_name=group) as comm:
+            if rank == 1:                       # stays in the group, never joins the all-reduce
+                rank0_done.wait(120)
+                return None
+            try:
+                with pytest.raises(co2.PeerTimeoutError):
+                    comm.allreduce(np.ones(4, np.float32))
+            finally:
+                rank0_done.set()
+            return True
+
+    assert run_ranks(2, rank_main, timeout=60)[0]
+    monkeypatch.setenv("CO2_TIMEOUT_MS", "5s")
+    with pytest.raises(co2.InvalidArgumentError, match=r"CO2_TIMEOUT_MS='5s'.*milliseconds"):
+        co2.Communicator(0, 1, transport="local", group_name=unique_group())
+    # an explicit timeout_ms= wins over the environment
+    co2.Communicator(0, 1, transport="local", group_name=unique_group(), timeout_ms=1000).close()
+
+
 def test_closed_handles_refuse_use():
     comm = co2.Communicator(0, 1, transport="local", group_name=unique_group())
     engine = co2.Engine(comm)
