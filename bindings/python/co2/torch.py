@@ -31,7 +31,10 @@ What distribute() does:
     forward) so that it runs the engine's step after the optimizer's.
 
 What it checks (each failure names its cause; bindings/python/README.md): an optimizer that
-steps without co2 (WiringError at the next training forward or collective), a model
+steps without co2 (WiringError at the next training forward or collective), a model changed
+after distribute() in a way no version counter shows — cast or moved (model.bfloat16(),
+.to()), a layer replaced or added, a parameter group of foreign tensors added to the optimizer
+(ModelChangedError at the next training forward, optimizer step or collective) —, a model
 distributed twice, training that ends without finalize() (a warning), collective operations
 called on some ranks only and unequal step counts (the control all-reduce of _control.py).
 
@@ -48,11 +51,12 @@ import torch
 from . import _buffers, _control, _errors, _join, _portable, _roles, _wiring
 from ._control import UnequalStepsError
 from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync, check_bucket_mb
-from ._wiring import WiringError
+from ._wiring import ModelChangedError, WiringError
 from .communicator import Communicator
 from .engine import Engine
 
-__all__ = ["distribute", "Distributed", "load_portable", "WiringError", "UnequalStepsError"]
+__all__ = ["distribute", "Distributed", "load_portable", "WiringError", "ModelChangedError",
+           "UnequalStepsError"]
 
 
 class Distributed:
@@ -134,6 +138,8 @@ class Distributed:
         elif self.algorithm == "sync" and reduce_in_backward:
             self.grad_sync = GradientSync(self._params, self.comm, bucket_mb,
                                           explain=lambda error: self_ref()._explained(error, None))
+        # What the engine (and the backward hooks) were given, checked before every use.
+        self._layout = _wiring.Layout(module, self._params, self._buffers)
         if optimizer is not None:
             self.attach(optimizer)
 
@@ -182,6 +188,7 @@ class Distributed:
         distributed = self
 
         def step(opt, *args, **kwargs):
+            distributed._check_layout()     # before the optimizer applies anything
             distributed._start_round()
             if distributed.grad_sync is not None:
                 distributed.grad_sync.before_step()
@@ -197,7 +204,8 @@ class Distributed:
                 result = original(*args, **kwargs)
             finally:
                 distributed._inside_step = False
-            distributed.step()
+            distributed._start_round()
+            distributed._engine_step()    # the layout was checked before the optimizer's step
             return result
 
         # An LR scheduler made before distribute() wrapped step with its step counter and
@@ -225,6 +233,7 @@ class Distributed:
                           "trainer.load_state_dict() (exact) or trainer.load_portable()",
                           RuntimeWarning, stacklevel=3)
         self.optimizer = optimizer
+        self._layout.attach(optimizer)
         self._hook(optimizer)
         original_load = optimizer.load_state_dict
 
@@ -250,6 +259,7 @@ class Distributed:
         if not (self.module.training and torch.is_grad_enabled()) or self.engine is None \
                 or self._evaluating or self._inside_step:
             return
+        self._check_layout()
         if self.optimizer is None and not self._searched:
             self._searched = True
             found = _wiring.optimizers_over(self._params)
@@ -258,6 +268,13 @@ class Distributed:
         if _wiring.version(self._params) != self._seen_version:
             self._changed_outside()
         self._start_round()
+
+    def _check_layout(self):
+        """Raises ModelChangedError when the model or the optimizer's groups changed since
+        distribute() in a way no version counter shows (a cast, a replaced layer, ...)."""
+        error = self._layout.check()
+        if error is not None:
+            raise error
 
     def _changed_outside(self):
         """The parameters changed in place since the engine last saw them."""
@@ -326,6 +343,7 @@ class Distributed:
     def step(self):
         """The engine's step (done by optimizer.step when an optimizer is attached). True at a
         round boundary."""
+        self._check_layout()
         self._start_round()
         return self._engine_step()
 
@@ -358,6 +376,7 @@ class Distributed:
 
     def _collective(self, operation, run):
         """Checks that every rank is wired and at the same step, then runs `run`."""
+        self._check_layout()
         changed = _wiring.version(self._params) != self._seen_version
         steps, flags = self._agree(operation, changed)
         unwired = [r for r in range(self.world_size) if flags[r]]

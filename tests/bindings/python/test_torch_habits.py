@@ -455,3 +455,96 @@ def test_unequal_steps_between_boundaries_are_found_at_finalize():
                 trainer.finalize()
             trainer.close(_warn=False)
     run_world(2, body)
+
+
+# --- 6. changes that are not in-place edits (issue 23, defect 13) ------------------------------
+
+def distribute_one(model, optimizer, algorithm, **options):
+    """A trainer of a group of one (the checks are each rank's own)."""
+    comm = comm_of(0, 1, unique_group())
+    trainer = co2.torch.distribute(model, optimizer, algorithm=algorithm, comm=comm, tau=2,
+                                   **options)
+    return comm, trainer
+
+
+def one_step(model, optimizer, step=0):
+    optimizer.zero_grad(set_to_none=True)
+    x, y = tiny_batch(step, 0)
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "sync"])
+@pytest.mark.parametrize("flat", [True, False])
+def test_cast_or_moved_memory_after_distribute_is_refused(algorithm, flat):
+    """Before: model.bfloat16() after distribute() left co2 averaging its stale float32 copy
+    (reported, if at all, as "model.load_state_dict() after distribute()?"). Now the next
+    forward, optimizer step and collective name the cast and what to do."""
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    comm, trainer = distribute_one(model, optimizer, algorithm, flat=flat)
+    with comm, trainer:
+        one_step(model, optimizer)
+        model.bfloat16()
+        cast = r"parameter '0\.weight' is torch\.bfloat16 now, was torch\.float32 at " \
+               r"distribute\(\): the model was cast after distribute\(\).*cast the model " \
+               r"before distribute\(\)"
+        with pytest.raises(co2.torch.ModelChangedError, match=cast):
+            model(tiny_batch(1, 0)[0].bfloat16())
+        with pytest.raises(co2.torch.ModelChangedError, match=cast):
+            optimizer.step()
+        with pytest.raises(co2.torch.ModelChangedError, match=cast):
+            trainer.finalize()
+        model.float()                    # same dtype, new memory: still not what co2 has
+        with pytest.raises(co2.torch.ModelChangedError,
+                           match=r"parameter '0\.weight' no longer lives in the memory co2 was "
+                                 r"given"):
+            model(tiny_batch(1, 0)[0])
+        trainer.close(_warn=False)
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "sync"])
+def test_replaced_or_added_layer_is_refused(algorithm):
+    """Before: a replaced head was never averaged (under co2 and sync alike) and the ranks
+    ended with different models, every call OK. Now the next forward names it."""
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    comm, trainer = distribute_one(model, optimizer, algorithm)
+    with comm, trainer:
+        one_step(model, optimizer)
+        model[2] = torch.nn.Linear(8, 3)
+        with pytest.raises(co2.torch.ModelChangedError,
+                           match=r"parameters changed after distribute\(\) \(replaced by new "
+                                 r"tensors: '2\.bias', '2\.weight' \(a layer replaced\?\)\).*"
+                                 r"close\(\) this trainer and distribute\(\) the changed model"):
+            model(tiny_batch(1, 0)[0])
+        model.append(torch.nn.Linear(3, 3))
+        with pytest.raises(co2.torch.ModelChangedError, match=r"added: '3\.bias', '3\.weight'"):
+            model(tiny_batch(1, 0)[0])
+        trainer.close(_warn=False)
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "sync"])
+def test_param_group_of_foreign_tensors_is_refused(algorithm):
+    """Before: a parameter group added with optimizer.add_param_group() trained without ever
+    being averaged. Now the next forward or step names it; a group of the module's own
+    parameters (not in the optimizer at first) is fine."""
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model[0].parameters(), lr=0.1)     # the first layer only
+    comm, trainer = distribute_one(model, optimizer, algorithm)
+    with comm, trainer:
+        one_step(model, optimizer)
+        optimizer.add_param_group({"params": model[2].parameters(), "lr": 0.05})
+        one_step(model, optimizer, 1)                               # the module's own: fine
+        extra = torch.nn.Parameter(torch.zeros(3))
+        extra.grad = torch.ones(3)
+        optimizer.add_param_group({"params": [extra]})
+        foreign = r"optimizer's parameter groups changed after distribute\(\) " \
+                  r"\(optimizer\.add_param_group\(\)\?\): it now updates 1 tensor\(s\) that " \
+                  r"are not parameters of the distributed module"
+        with pytest.raises(co2.torch.ModelChangedError, match=foreign):
+            model(tiny_batch(2, 0)[0])
+        with pytest.raises(co2.torch.ModelChangedError, match=foreign):
+            optimizer.step()
+        assert torch.equal(extra, torch.zeros(3))                   # refused before it stepped
+        trainer.close(_warn=False)
