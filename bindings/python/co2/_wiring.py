@@ -11,9 +11,10 @@
   finalize() warns.
 - Changes that are not in-place edits bump no version counter: a cast or move of the model
   (model.bfloat16(), .half(), .to()), a parameter's .data replaced, a layer replaced or added,
-  a parameter group added to the optimizer. Layout records what distribute() handed to the
-  engine and names the first such change; the Distributed checks it at every training
-  forward, optimizer step and collective operation.
+  a parameter group added to the optimizer, a frozen parameter unfrozen under sync. Layout
+  records what distribute() handed to the engine and names the first such change; the
+  Distributed checks it at every training forward (autograd on, train() or eval() mode),
+  optimizer step and collective operation.
 """
 import gc
 import sys
@@ -57,14 +58,18 @@ def version(params):
     return sum(p._version for _, p in params)
 
 
-def optimizers_over(params):
-    """The live torch optimizers all of whose parameters are among `params`. Walks the
-    referrers up from one trained parameter (its param group's list, the group, the
-    optimizer's param_groups, the optimizer or its __dict__): gc.get_objects() would also hand
-    out every tensor, and holding those upsets autograd's bookkeeping."""
-    anchor = next((p for _, p in params if p.requires_grad), None)
-    if anchor is None:
+def optimizers_over(params, holding_any=False):
+    """The live torch optimizers all of whose parameters are among `params`, and that hold the
+    first trained one (holding_any: any trained one; one scan still, but its cost grows with
+    the number of parameters: for error messages). Walks the referrers up from the
+    parameters (their param group's list, the group, the optimizer's param_groups, the
+    optimizer or its __dict__): gc.get_objects() would also hand out every tensor, and holding
+    those upsets autograd's bookkeeping."""
+    anchors = [p for _, p in params if p.requires_grad]
+    if not anchors:
         return []
+    if not holding_any:
+        anchors = anchors[:1]
     ids = {id(p) for _, p in params}
     optimizer_type = torch.optim.Optimizer
     found = []
@@ -77,7 +82,7 @@ def optimizers_over(params):
                 yield from (o for o in gc.get_referrers(holder)
                             if issubclass(type(o), optimizer_type))
 
-    for members in gc.get_referrers(anchor):
+    for members in gc.get_referrers(*anchors):
         if type(members) is not list:
             continue
         for group in gc.get_referrers(members):
@@ -106,15 +111,17 @@ def _facts(tensor):
 
 class Layout:
     """What distribute() handed to the engine: the module's parameters (objects, memory, dtype,
-    device, shape), its averaged buffers and the attached optimizer's parameter groups.
-    check() names the first difference from the module now.
+    device, shape), its averaged buffers, which parameters were trained, and the attached
+    optimizer's parameter groups. check() names the first difference from the module now.
 
-    check() runs at every forward and optimizer step, so it first compares cheap signatures
+    check() runs at every training forward and optimizer step, so it first compares cheap signatures
     (each submodule's parameter and child objects, the parameters' data pointers: a cast or a
     move always allocates) and builds a message only when one differs."""
 
-    def __init__(self, module, params, buffers):
-        """params, buffers: [(name, tensor)] as the engine has them."""
+    def __init__(self, module, params, buffers, trained_only):
+        """params, buffers: [(name, tensor)] as the engine has them. trained_only: whether
+        parameters that did not require a gradient at distribute() must not start to (under
+        sync the gradient average covers only the parameters that required one then)."""
         self.module = module
         self.params = [(name, p, _facts(p)) for name, p in params]
         self.ids = [id(p) for _, p in params]
@@ -127,6 +134,7 @@ class Layout:
             owner_path, _, leaf = name.rpartition(".")
             owner = module.get_submodule(owner_path) if owner_path else module
             self.buffers.append((name, owner, leaf, b, _facts(b)))
+        self.frozen = [(name, p) for name, p in params if trained_only and not p.requires_grad]
         self.optimizer = None
         self.groups = None
 
@@ -153,7 +161,8 @@ class Layout:
 
     def check(self):
         """None, or the ModelChangedError naming what changed and what to do."""
-        message = self._parameter_set() or self._storage() or self._optimizer_groups()
+        message = (self._parameter_set() or self._storage() or self._unfrozen() or
+                   self._optimizer_groups())
         return None if message is None else ModelChangedError(message)
 
     def _parameter_set(self):
@@ -201,6 +210,17 @@ class Layout:
             if change:
                 return change
         return None
+
+    def _unfrozen(self):
+        thawed = [name for name, p in self.frozen if p.requires_grad]
+        if not thawed:
+            return None
+        return (f"parameter(s) {', '.join(map(repr, thawed))} require a gradient now but did "
+                f"not at distribute(): under sync their gradients are never averaged (the "
+                f"average covers the parameters that required one at distribute(), as torch "
+                f"DDP's), so the ranks would train different values: set requires_grad before "
+                f"distribute() (to hold a layer still, give its param group lr 0), or close() "
+                f"this trainer and distribute() again after unfreezing")
 
     def _optimizer_groups(self):
         if self.optimizer is None or self._group_sizes(self.optimizer) == self.groups:
