@@ -51,12 +51,13 @@ import weakref
 
 import torch
 
-from . import _buffers, _control, _errors, _join, _portable, _roles, _wiring
+from . import _buffers, _control, _errors, _join, _portable, _roles, _values, _wiring
+from . import capi
 from ._control import UnequalStepsError
 from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync, check_bucket_mb
 from ._wiring import ModelChangedError, WiringError
 from .communicator import Communicator
-from .engine import Engine
+from .engine import HIERARCHIES, Engine
 
 __all__ = ["distribute", "Distributed", "load_portable", "WiringError", "ModelChangedError",
            "UnequalStepsError"]
@@ -71,6 +72,8 @@ class Distributed:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
         check_bucket_mb(bucket_mb)
+        flat = bool(_values.flag("flat", flat))
+        reduce_in_backward = bool(_values.flag("reduce_in_backward", reduce_in_backward))
         self.module = module
         self.optimizer = None
         self.engine = None
@@ -97,7 +100,10 @@ class Distributed:
         try:
             self.comm = Communicator.from_env() if comm is None else comm
             self.engine = Engine(self.comm, algorithm, **engine_config)
-            self.hierarchical = engine_config.get("hierarchy", "flat") == "nodes"
+            # What the engine took: a name in any case, or the C constant.
+            hierarchy = engine_config.get("hierarchy")
+            self.hierarchical = hierarchy is not None and _values.choice(
+                HIERARCHIES, hierarchy, "hierarchy") == capi.CO2_HIERARCHY_NODES
             self._average_in_node = self.hierarchical and intra_node_average == "co2"
             self.algorithm = self.engine.algorithm
             self.flat = None

@@ -274,6 +274,19 @@ def test_other_c_fields_take_exactly_the_documented_values():
             engine.save(keep="False")
         with pytest.raises(TypeError, match=r"role=1\.0"):
             engine.register("v", np.zeros(4, np.float32), role=1.0)
+    with local_comm(0, 1, unique_group()) as comm:
+        model = torch.nn.Linear(3, 2)
+        for keywords, message in [({"flat": "False"}, r"flat='False' \(str\): flat is True or "
+                                                      r"False"),
+                                  ({"reduce_in_backward": 2}, r"reduce_in_backward=2 \(int\)"),
+                                  ({"nesterov": "no"}, r"nesterov='no'")]:
+            with pytest.raises((TypeError, ValueError), match=message):
+                co2.torch.distribute(model, comm=comm, **keywords)
+        # hierarchy as the C constant or in capitals is hierarchical for co2.torch too
+        for hierarchy in ("NODES", capi.CO2_HIERARCHY_NODES):
+            with co2.torch.distribute(torch.nn.Linear(3, 2), comm=comm, hierarchy=hierarchy,
+                                      intra_node_average="framework") as trainer:
+                assert trainer.hierarchical
 
 
 def test_timeout_comes_from_the_environment(monkeypatch):
