@@ -524,6 +524,23 @@ def test_replaced_or_added_layer_is_refused(algorithm):
         trainer.close(_warn=False)
 
 
+def test_replaced_averaged_buffer_is_refused():
+    """A running statistic co2 averages, replaced by a new tensor after distribute(), would be
+    left out of the average."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    comm, trainer = distribute_one(model, optimizer, "co2")
+    with comm, trainer:
+        one_step(model, optimizer)
+        model[1].running_mean = torch.zeros(8)
+        with pytest.raises(co2.torch.ModelChangedError,
+                           match=r"averaged buffer '1\.running_mean' no longer lives in the "
+                                 r"memory co2 was given"):
+            model(tiny_batch(1, 0)[0])
+        trainer.close(_warn=False)
+
+
 @pytest.mark.parametrize("algorithm", ["co2", "sync"])
 def test_param_group_of_foreign_tensors_is_refused(algorithm):
     """Before: a parameter group added with optimizer.add_param_group() trained without ever
