@@ -31,12 +31,14 @@ import torch
 
 from ._errors import Error as Co2Error
 from ._errors import TimeoutError as Co2TimeoutError
+from .communicator import TIMEOUT_VARIABLE, default_timeout_ms
 
 DEFAULT_BUCKET_MB = 25.0       # torch DDP's bucket_cap_mb
 FIRST_BUCKET_MB = 1.0          # DDP's first bucket: the last layers' gradients leave early
-# A rank waits this long for each bucket's all-reduce at the end of backward before it reports
-# that another rank did not run the same backward (unequal steps, no_sync on one rank only).
-DEFAULT_WAIT_TIMEOUT_S = 300.0
+# A rank waits for each bucket's all-reduce at the end of backward at most timeout_s before it
+# reports that another rank did not run the same backward (unequal steps, no_sync on one rank
+# only); by default as long as a communicator's no-progress timeout: CO2_TIMEOUT_MS if set, else
+# the C API's CO2_DEFAULT_TIMEOUT_MS (5 minutes).
 _BYTES_PER_ELEMENT = 4         # buckets are float32
 
 
@@ -91,10 +93,13 @@ class GradientSync:
     over `comm` during backward. Created by co2.torch.distribute(algorithm="sync")."""
 
     def __init__(self, params, comm, bucket_mb=DEFAULT_BUCKET_MB,
-                 timeout_s=DEFAULT_WAIT_TIMEOUT_S, explain=None):
+                 timeout_s=None, explain=None):
         """explain(error): the exception to raise for a failed bucket all-reduce (co2.torch
-        names the cause, e.g. unequal step counts); None raises the library's."""
+        names the cause, e.g. unequal step counts); None raises the library's. timeout_s None:
+        the communicators' default no-progress timeout (CO2_TIMEOUT_MS, else 5 minutes)."""
         check_bucket_mb(bucket_mb)
+        if timeout_s is None:
+            timeout_s = default_timeout_ms() / 1000.0
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.comm = comm
@@ -283,7 +288,8 @@ class GradientSync:
                     f"sync: the gradient all-reduce of bucket {bucket.index} did not complete "
                     f"within {self.timeout_s:g} s: another rank did not run the same backward "
                     f"(fewer batches on one rank? no_sync() on one rank only?); the ranks no "
-                    f"longer agree")
+                    f"longer agree (the environment's {TIMEOUT_VARIABLE}, in milliseconds, sets this "
+                    f"wait)")
             except Co2Error as error:
                 raise (self.explain(error) if self.explain else error) from None
             bucket.request = None

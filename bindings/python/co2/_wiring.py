@@ -9,6 +9,12 @@
   a parameter the first time the module runs forward in training mode.
 - A Distributed that trained but whose process exits (or which is closed or collected) without
   finalize() warns.
+- Changes that are not in-place edits bump no version counter: a cast or move of the model
+  (model.bfloat16(), .half(), .to()), a parameter's .data replaced, a layer replaced or added,
+  a parameter group added to the optimizer, a frozen parameter unfrozen under sync. Layout
+  records what distribute() handed to the engine and names the first such change; the
+  Distributed checks it at every training forward (autograd on, train() or eval() mode),
+  optimizer step and collective operation.
 """
 import gc
 import sys
@@ -22,6 +28,12 @@ _OWNER_ATTRIBUTE = "_co2_distributed"
 
 class WiringError(RuntimeError):
     """The training loop is not wired to co2 the way co2.torch needs it."""
+
+
+class ModelChangedError(WiringError):
+    """The model (its parameter set, a parameter's dtype, device or memory) or the optimizer's
+    parameter groups changed after distribute(): co2 would average what it was given, not what
+    trains."""
 
 
 def claim(module, owner):
@@ -46,14 +58,18 @@ def version(params):
     return sum(p._version for _, p in params)
 
 
-def optimizers_over(params):
-    """The live torch optimizers all of whose parameters are among `params`. Walks the
-    referrers up from one trained parameter (its param group's list, the group, the
-    optimizer's param_groups, the optimizer or its __dict__): gc.get_objects() would also hand
-    out every tensor, and holding those upsets autograd's bookkeeping."""
-    anchor = next((p for _, p in params if p.requires_grad), None)
-    if anchor is None:
+def optimizers_over(params, holding_any=False):
+    """The live torch optimizers all of whose parameters are among `params`, and that hold the
+    first trained one (holding_any: any trained one; one scan still, but its cost grows with
+    the number of parameters: for error messages). Walks the referrers up from the
+    parameters (their param group's list, the group, the optimizer's param_groups, the
+    optimizer or its __dict__): gc.get_objects() would also hand out every tensor, and holding
+    those upsets autograd's bookkeeping."""
+    anchors = [p for _, p in params if p.requires_grad]
+    if not anchors:
         return []
+    if not holding_any:
+        anchors = anchors[:1]
     ids = {id(p) for _, p in params}
     optimizer_type = torch.optim.Optimizer
     found = []
@@ -66,7 +82,7 @@ def optimizers_over(params):
                 yield from (o for o in gc.get_referrers(holder)
                             if issubclass(type(o), optimizer_type))
 
-    for members in gc.get_referrers(anchor):
+    for members in gc.get_referrers(*anchors):
         if type(members) is not list:
             continue
         for group in gc.get_referrers(members):
@@ -82,6 +98,171 @@ def optimizers_over(params):
                     if all(id(p) in ids for p in theirs):
                         found.append(optimizer)
     return found
+
+
+_DISTRIBUTE_AGAIN = "close() this trainer and distribute() the changed model"
+_REBUILD = ("build the final model (cast, move, replace or add layers) before distribute(), or "
+            + _DISTRIBUTE_AGAIN)
+
+
+def _facts(tensor):
+    return tensor.data_ptr(), tensor.dtype, tensor.device, tuple(tensor.shape)
+
+
+class Layout:
+    """What distribute() handed to the engine: the module's parameters (objects, memory, dtype,
+    device, shape), its averaged buffers, which parameters were trained, and the attached
+    optimizer's parameter groups. check() names the first difference from the module now.
+
+    check() runs at every training forward and optimizer step, so it first compares cheap signatures
+    (each submodule's parameter and child objects, the parameters' data pointers: a cast or a
+    move always allocates) and builds a message only when one differs."""
+
+    def __init__(self, module, params, buffers, trained_only):
+        """params, buffers: [(name, tensor)] as the engine has them. trained_only: whether
+        parameters that did not require a gradient at distribute() must not start to (under
+        sync the gradient average covers only the parameters that required one then)."""
+        self.module = module
+        self.params = [(name, p, _facts(p)) for name, p in params]
+        self.ids = [id(p) for _, p in params]
+        self.tensors = [p for _, p in params]
+        self.pointers = self._pointers()
+        self._record_structure()
+        # Averaged buffers, found again through their owner (a cast replaces the object).
+        self.buffers = []
+        for name, b in buffers:
+            owner_path, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            self.buffers.append((name, owner, leaf, b, _facts(b)))
+        self.frozen = [(name, p) for name, p in params if trained_only and not p.requires_grad]
+        self.optimizer = None
+        self.groups = None
+
+    def attach(self, optimizer):
+        self.optimizer = optimizer
+        self.groups = self._group_sizes(optimizer)
+
+    def _record_structure(self):
+        """Every submodule's parameter and child slots: (dict, key, object) and (dict, size)."""
+        tables = [t for m in self.module.modules() for t in (m._parameters, m._modules)]
+        self.slots = [(table, key, value) for table in tables for key, value in table.items()]
+        self.sizes = [(table, len(table)) for table in tables]
+
+    def _same_structure(self):
+        return all(table.get(key) is value for table, key, value in self.slots) and \
+            all(len(table) == size for table, size in self.sizes)
+
+    def _pointers(self):
+        return list(map(torch.Tensor.data_ptr, self.tensors))
+
+    @staticmethod
+    def _group_sizes(optimizer):
+        return tuple(len(group["params"]) for group in optimizer.param_groups)
+
+    def check(self):
+        """None, or the ModelChangedError naming what changed and what to do."""
+        message = (self._parameter_set() or self._storage() or self._unfrozen() or
+                   self._optimizer_groups())
+        return None if message is None else ModelChangedError(message)
+
+    def _parameter_set(self):
+        if self._same_structure():
+            return None
+        now = list(self.module.named_parameters())
+        if [id(p) for _, p in now] == self.ids:       # e.g. a layer without parameters added
+            self._record_structure()
+            return None
+        then = {name for name, _, _ in self.params}
+        names = {name for name, _ in now}
+        kept = {id(p) for _, p in now} & set(self.ids)
+        replaced = sorted(name for name, p in now if name in then and id(p) not in kept)
+        added = sorted(names - then)
+        removed = sorted(then - names)
+        what = "; ".join(part for part in (
+            f"replaced by new tensors: {', '.join(map(repr, replaced))} (a layer replaced?)"
+            if replaced else "",
+            f"added: {', '.join(map(repr, added))}" if added else "",
+            f"removed: {', '.join(map(repr, removed))}" if removed else "") if part) or \
+            "the same names in another order"
+        return (f"the module's parameters changed after distribute() ({what}): co2 averages "
+                f"only the parameters it was given, so the ranks would end with different "
+                f"models: {_REBUILD}")
+
+    def _storage(self):
+        if self._pointers() != self.pointers:
+            return self._parameter_storage()
+        return self._buffer_storage()
+
+    def _parameter_storage(self):
+        for name, p, facts in self.params:
+            change = _change(f"parameter {name!r}", facts, _facts(p))
+            if change:
+                return change
+        return None
+
+    def _buffer_storage(self):
+        for name, owner, leaf, b, facts in self.buffers:
+            current = owner._buffers.get(leaf)
+            if current is b and current.data_ptr() == facts[0]:
+                continue
+            if current is None:
+                return (f"averaged buffer {name!r} was removed after distribute(): "
+                        f"{_REBUILD}")
+            change = _change(f"averaged buffer {name!r}", facts, _facts(current))
+            if change:
+                return change
+        return None
+
+    def _unfrozen(self):
+        thawed = [name for name, p in self.frozen if p.requires_grad]
+        if not thawed:
+            return None
+        return (f"parameter(s) {', '.join(map(repr, thawed))} require a gradient now but did "
+                f"not at distribute(): under sync their gradients are never averaged (the "
+                f"average covers the parameters that required one at distribute(), as torch "
+                f"DDP's), so the ranks would train different values: set requires_grad before "
+                f"distribute() (to hold a layer still, give its param group lr 0), or close() "
+                f"this trainer and distribute() again after unfreezing")
+
+    def _optimizer_groups(self):
+        if self.optimizer is None or self._group_sizes(self.optimizer) == self.groups:
+            return None
+        ids = set(self.ids)
+        foreign = sum(1 for group in self.optimizer.param_groups for p in group["params"]
+                      if id(p) not in ids)
+        if not foreign:
+            self.groups = self._group_sizes(self.optimizer)   # the module's own parameters
+            return None
+        return (f"the attached optimizer's parameter groups changed after distribute() "
+                f"(optimizer.add_param_group()?): it now updates {foreign} tensor(s) that are "
+                f"not parameters of the distributed module, which co2 never averages, so the "
+                f"ranks would train different values: make them parameters of the module "
+                f"before distribute() (then add their group), or {_DISTRIBUTE_AGAIN}")
+
+
+def _change(what, then, now):
+    """The message for a tensor whose memory, dtype, device or shape differs from `then`."""
+    if now == then:
+        return None
+    (_, dtype, device, shape), (_, new_dtype, new_device, new_shape) = then, now
+    if new_dtype != dtype:
+        cause = (f"is {new_dtype} now, was {dtype} at distribute(): the model was cast after "
+                 f"distribute() (model.bfloat16(), .half(), .to(dtype)), so co2 averages a "
+                 f"stale {dtype} copy while the module trains its own: cast the model before "
+                 f"distribute() (co2 keeps a float32 outer state for bf16/fp16 parameters)")
+    elif new_device != device:
+        cause = (f"is on {new_device} now, was on {device} at distribute(): the model was "
+                 f"moved after distribute() (model.to(), .cuda(), .cpu()), so co2 averages the "
+                 f"stale copy it was given: move the model before distribute()")
+    elif new_shape != shape:
+        cause = (f"has shape {list(new_shape)} now, was {list(shape)} at distribute(): "
+                 f"{_REBUILD}")
+    else:
+        cause = ("no longer lives in the memory co2 was given (its .data was replaced after "
+                 "distribute(): p.data = ..., model.load_state_dict(..., assign=True), a cast or "
+                 "move): co2 would average the old memory while the module trains the new: "
+                 "change parameters in place (p.copy_(...)) or before distribute()")
+    return f"{what} {cause}"
 
 
 def check_optimizer(optimizer, params):

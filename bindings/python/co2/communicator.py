@@ -8,6 +8,8 @@ from . import capi
 from ._handle import OwnsHandle
 from . import _buffers
 from . import _launch
+from . import _values
+from ._errors import InvalidArgumentError
 
 TRANSPORTS = {"auto": capi.CO2_TRANSPORT_AUTO, "local": capi.CO2_TRANSPORT_LOCAL,
               "ucx": capi.CO2_TRANSPORT_UCX, "nccl": capi.CO2_TRANSPORT_NCCL}
@@ -18,13 +20,28 @@ REDUCE_OPS = {"sum": capi.CO2_REDUCE_SUM, "avg": capi.CO2_REDUCE_AVG,
 _torchrun_sequence = itertools.count()
 
 
-def _enum(table, value, what):
-    if isinstance(value, str):
-        try:
-            return table[value.lower()]
-        except KeyError:
-            raise ValueError(f"unknown {what} {value!r}; one of {', '.join(table)}") from None
-    return int(value)
+# The environment variable that replaces the C API's default no-progress timeout
+# (CO2_DEFAULT_TIMEOUT_MS, 5 minutes) for communicators made without timeout_ms=, and for
+# co2.torch's wait on the gradient buckets of sync: a stall shows after this long.
+TIMEOUT_VARIABLE = "CO2_TIMEOUT_MS"
+
+
+def default_timeout_ms():
+    """The no-progress timeout of a communicator made without timeout_ms=: CO2_TIMEOUT_MS (a
+    whole number of milliseconds >= 1) if set, else the C API's CO2_DEFAULT_TIMEOUT_MS."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return capi.CO2_DEFAULT_TIMEOUT_MS
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= _values.UINT32_MAX:
+        raise InvalidArgumentError(f"{TIMEOUT_VARIABLE}={text!r}: set it to a whole number of "
+                                   f"milliseconds in [1, {_values.UINT32_MAX}] (the "
+                                   f"communicators' no-progress timeout), or unset it for the "
+                                   f"default {capi.CO2_DEFAULT_TIMEOUT_MS} ms")
+    return value
 
 
 def unique_id():
@@ -61,7 +78,8 @@ class Request:
         """Waits for completion (None: until done or the communicator's no-progress timeout).
         co2.TimeoutError leaves the request pending and usable. Returns the buffer."""
         if self._handle is not None:
-            capi.request_wait(self._handle, -1 if timeout_ms is None else int(timeout_ms))
+            capi.request_wait(self._handle, -1 if timeout_ms is None else
+                              round(_values.number("timeout_ms", timeout_ms)))
             self._free()
         return self._buffer
 
@@ -104,14 +122,14 @@ class Communicator(OwnsHandle):
         if rank is None:
             rank, world_size = _launch.rank_and_world() or (0, 1)
         config = _config(transport, timeout_ms, chunk_bytes, device_index, node_id)
-        config.rank = int(rank)
-        config.world_size = int(world_size)
+        config.rank = _values.integer("rank", rank, 0, _values.INT32_MAX)
+        config.world_size = _values.integer("world_size", world_size, 0, _values.INT32_MAX)
         self._handle = None
         if unique_id is None:
             self._adopt(capi.comm_create(config, group_name))
         else:
-            self._adopt(capi.comm_create_with_id(config, group_name, unique_id, int(rank),
-                                                 int(world_size)))
+            self._adopt(capi.comm_create_with_id(config, group_name, unique_id, config.rank,
+                                                 config.world_size))
 
     def _adopt(self, handle):
         self._handle = handle
@@ -126,10 +144,10 @@ class Communicator(OwnsHandle):
         `transport=` says otherwise (options: transport, timeout_ms, chunk_bytes,
         device_index; left out: this group's timeout and chunk size).
         E.g. nodes = comm.split(node, local_rank); lanes = comm.split(local_rank, node)."""
-        color = capi.CO2_SPLIT_NONE if color is None else int(color)
-        if color < 0 and color != capi.CO2_SPLIT_NONE:
-            raise ValueError(f"color must be >= 0 or None, got {color}")
-        key = self.rank if key is None else int(key)
+        color = capi.CO2_SPLIT_NONE if color is None else \
+            _values.integer("color", color, 0, _values.INT32_MAX)
+        key = self.rank if key is None else \
+            _values.integer("key", key, _values.INT32_MIN, _values.INT32_MAX)
         config = _config(**options) if options else None
         handle = capi.comm_split(self.handle, color, key, config)
         if handle is None:
@@ -174,7 +192,7 @@ class Communicator(OwnsHandle):
 
     def allreduce_async(self, buffer, op="sum"):
         """In-place all-reduce of a numpy array or torch tensor; returns a Request."""
-        op = _enum(REDUCE_OPS, op, "reduce op")
+        op = _values.choice(REDUCE_OPS, op, "reduce op")
         if isinstance(buffer, np.ndarray):
             return Request(capi.allreduce(self.handle, buffer, op, None), buffer)
         memory = _buffers.TensorMemory(buffer, "allreduce") if _buffers.is_torch_tensor(buffer) \
@@ -220,17 +238,19 @@ class Communicator(OwnsHandle):
 
 
 def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=None, node_id=None):
-    """A co2_comm_config_t from keyword options; None keeps the C API's default."""
+    """A co2_comm_config_t from keyword options; None keeps the C API's default (timeout_ms:
+    CO2_TIMEOUT_MS's if set, default_timeout_ms())."""
     config = capi.comm_config()
-    config.transport = _enum(TRANSPORTS, transport, "transport")
-    if timeout_ms is not None:
-        config.timeout_ms = int(timeout_ms)
+    config.transport = _values.choice(TRANSPORTS, transport, "transport")
+    config.timeout_ms = default_timeout_ms() if timeout_ms is None else \
+        _values.integer("timeout_ms", timeout_ms, 1, _values.UINT32_MAX)
     if chunk_bytes is not None:
-        config.chunk_bytes = int(chunk_bytes)
+        config.chunk_bytes = _values.integer("chunk_bytes", chunk_bytes, 1, 2 ** 64 - 1)
     if device_index is not None:
-        config.device_index = int(device_index)
+        config.device_index = _values.integer("device_index", device_index, -1,
+                                              _values.INT32_MAX)
     if node_id is not None:
-        config.node_id = int(node_id)
+        config.node_id = _values.integer("node_id", node_id, -1, _values.INT32_MAX)
     return config
 
 
@@ -248,7 +268,7 @@ def _unique_id_through_torch(rank, world):
         box = [unique_id() if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         return box[0]
-    timeout = datetime.timedelta(milliseconds=comm_defaults()["timeout_ms"])
+    timeout = datetime.timedelta(milliseconds=default_timeout_ms())
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           False, timeout)
     key = "co2/unique_id/{}/{}/{}".format(os.environ.get("TORCHELASTIC_RUN_ID", ""),

@@ -4,7 +4,8 @@ import numpy as np
 from . import capi
 from ._handle import OwnsHandle
 from . import _buffers
-from .communicator import _enum
+from . import _values
+from ._errors import InvalidArgumentError
 
 ALGORITHMS = {"co2": capi.CO2_ALGO_CO2, "sync": capi.CO2_ALGO_SYNC,
               "localsgd": capi.CO2_ALGO_LOCALSGD, "diloco": capi.CO2_ALGO_DILOCO}
@@ -23,16 +24,54 @@ PARAMS = {"outer_lr": capi.CO2_PARAM_OUTER_LR, "outer_momentum": capi.CO2_PARAM_
 CONSENSUS = {"anchor": capi.CO2_CONSENSUS_ANCHOR,
              "local_average": capi.CO2_CONSENSUS_LOCAL_AVERAGE}
 DTYPES = {"float32": capi.CO2_DTYPE_FP32, "fp32": capi.CO2_DTYPE_FP32}
+# Hyper-parameters that are whole numbers (set_param takes a double in C).
+_WHOLE_PARAMS = ("tau", "anchor_check_interval")
 
-# Keyword arguments of Engine and the enum table (if any) each one goes through.
-_CONFIG_KEYS = {"algorithm": ALGORITHMS, "tau": None, "warmup_sync_rounds": None,
-                "outer_lr": None, "outer_momentum": None, "nesterov": None, "penalty": PENALTIES,
-                "penalty_constant": None, "clip": CLIPS, "anchor_check_interval": None,
-                "clip_threshold": None, "inner_lr": None, "state_dtype": DTYPES, "eager": None,
+def _count(key):
+    return lambda value: _values.integer(key, value, 0, _values.UINT32_MAX)
+
+
+def _number(key):
+    return lambda value: _values.number(key, value)
+
+
+def _flag(key):
+    return lambda value: _values.flag(key, value)
+
+
+def _choice(table, key):
+    return lambda value: _values.choice(table, value, key)
+
+
+def _outer_momentum(value):
+    if isinstance(value, str):
+        if value != "auto":
+            raise InvalidArgumentError(f"outer_momentum={value!r}: outer_momentum is a number "
+                                       f"in [0, 1) or 'auto'")
+        return capi.CO2_OUTER_MOMENTUM_AUTO
+    return _values.number("outer_momentum", value)
+
+
+def _eager(value):
+    return _values.tristate("eager", value, "auto", capi.CO2_EAGER_AUTO)
+
+
+# Keyword arguments of Engine and the check each value goes through (co2/_values.py) before it
+# becomes the co2_engine_config_t field of the same name.
+_CONFIG_KEYS = {"algorithm": _choice(ALGORITHMS, "algorithm"), "tau": _count("tau"),
+                "warmup_sync_rounds": _count("warmup_sync_rounds"),
+                "outer_lr": _number("outer_lr"), "outer_momentum": _outer_momentum,
+                "nesterov": _flag("nesterov"), "penalty": _choice(PENALTIES, "penalty"),
+                "penalty_constant": _number("penalty_constant"), "clip": _choice(CLIPS, "clip"),
+                "anchor_check_interval": _count("anchor_check_interval"),
+                "clip_threshold": _number("clip_threshold"), "inner_lr": _number("inner_lr"),
+                "state_dtype": _choice(DTYPES, "state_dtype"), "eager": _eager,
                 # compressed outer all-reduce (docs/capi.md, "Wire formats")
-                "wire_format": WIRE_FORMATS, "error_feedback": None,
+                "wire_format": _choice(WIRE_FORMATS, "wire_format"),
+                "error_feedback": _flag("error_feedback"),
                 # sharded outer state and hierarchical co2 (docs/capi.md)
-                "shard_outer_state": None, "hierarchy": HIERARCHIES}
+                "shard_outer_state": _flag("shard_outer_state"),
+                "hierarchy": _choice(HIERARCHIES, "hierarchy")}
 _STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduced",
                  "collective_ns", "boundary_wait_ns", "last_boundary_wait_ns",
                  "nonfinite_rounds", "nonfinite_local", "anchor_checks",
@@ -84,24 +123,7 @@ class Engine(OwnsHandle):
                                 f"{', '.join(_CONFIG_KEYS)}")
             if value is None:
                 continue
-            if key == "outer_momentum" and isinstance(value, str):
-                if value != "auto":
-                    raise ValueError("outer_momentum is a number in [0, 1) or 'auto'")
-                value = capi.CO2_OUTER_MOMENTUM_AUTO
-            elif _CONFIG_KEYS[key] is not None:
-                value = _enum(_CONFIG_KEYS[key], value, key)
-            elif key == "eager" and isinstance(value, str):
-                if value != "auto":
-                    raise ValueError("eager is True, False or 'auto'")
-                value = capi.CO2_EAGER_AUTO
-            elif key in ("nesterov", "eager", "error_feedback"):
-                value = int(bool(value))
-            elif key == "shard_outer_state" and isinstance(value, bool):
-                value = int(value)  # other values reach the C API, which names a bad one
-            try:
-                setattr(c_config, key, value)
-            except (TypeError, OverflowError) as exc:
-                raise TypeError(f"Engine: {key}={value!r}: {exc}") from None
+            setattr(c_config, key, _CONFIG_KEYS[key](value))
         self.comm = comm
         self.algorithm = next((k for k, v in ALGORITHMS.items() if v == c_config.algorithm),
                               c_config.algorithm)
@@ -124,7 +146,7 @@ class Engine(OwnsHandle):
     def register(self, name, tensor, role="parameter"):
         """Registers a tensor the framework keeps: a numpy float32 / float16 array or a torch
         float32 / bfloat16 / float16 tensor (16-bit parameters keep an fp32 outer state)."""
-        role = _enum(ROLES, role, "role")
+        role = _values.choice(ROLES, role, "role")
         what = f"register({name!r})"
         dtype = _buffers.parameter_dtype(tensor, what)
         if isinstance(tensor, np.ndarray) and dtype == capi.CO2_DTYPE_FP32:
@@ -162,7 +184,7 @@ class Engine(OwnsHandle):
 
     def add_segment(self, name, offset, count, role="parameter"):
         """Declares [offset, offset + count) elements of the flat storage as one tensor."""
-        role = _enum(ROLES, role, "role")
+        role = _values.choice(ROLES, role, "role")
         capi.engine_add_segment(self.handle, name, int(offset), int(count), role)
         self._record(role, int(count), self._flat_dtype)
 
@@ -232,7 +254,7 @@ class Engine(OwnsHandle):
         """The consensus model as one flat float32 array, without changing the trajectory:
         kind "anchor" (no communication) or "local_average" (collective). `out` (numpy or
         torch, float32, num_elements long) is filled and returned; None allocates numpy."""
-        kind = _enum(CONSENSUS, kind, "consensus kind")
+        kind = _values.choice(CONSENSUS, kind, "consensus kind")
         if out is None:
             out = np.empty(self.num_elements, dtype=np.float32)
         if isinstance(out, np.ndarray):
@@ -254,11 +276,14 @@ class Engine(OwnsHandle):
         """Changes a hyper-parameter (outer_lr, outer_momentum, tau, clip_threshold,
         penalty_constant, inner_lr, anchor_check_interval) on this rank; every rank must make
         the same change at the same step."""
-        capi.engine_set_param(self.handle, _enum(PARAMS, key, "parameter"), float(value))
+        code = _values.choice(PARAMS, key, "parameter")
+        if key in _WHOLE_PARAMS:
+            value = _values.integer(key, value, 0, _values.UINT32_MAX)
+        capi.engine_set_param(self.handle, code, _values.number(key, value))
 
     def get_param(self, key):
-        value = capi.engine_get_param(self.handle, _enum(PARAMS, key, "parameter"))
-        return int(value) if key in ("tau", "anchor_check_interval") else value
+        value = capi.engine_get_param(self.handle, _values.choice(PARAMS, key, "parameter"))
+        return int(value) if key in _WHOLE_PARAMS else value
 
     def stats(self):
         """Statistics as a dict: steps, rounds, outer_updates, bytes_reduced, collective_ns,
@@ -276,7 +301,7 @@ class Engine(OwnsHandle):
     def save(self, keep=True):
         """Collective. The shared engine state as bytes (for torch.save / pickle); ranks that
         pass keep=False take part and get None."""
-        return capi.engine_save_bytes(self.handle, int(bool(keep)))
+        return capi.engine_save_bytes(self.handle, _values.flag("keep", keep))
 
     def load(self, state):
         """Not collective. Restores a state from save() (bytes-like); parameters become the

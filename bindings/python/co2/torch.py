@@ -26,14 +26,20 @@ What distribute() does:
     overlapped with backward; co2/_grad_sync.py): after loss.backward() every p.grad holds the
     rank average, so clip_grad_norm_ clips the average; `with trainer.no_sync():` accumulates
     without averaging. bucket_mb (default 25) sizes the buckets; reduce_in_backward=False
-    averages in optimizer.step instead (the behaviour before 1.1);
+    averages in optimizer.step instead (the behaviour before 1.1); under the other algorithms
+    no_sync() does nothing (no backward averages there: gradients accumulate anyway);
   - wraps optimizer.step (of the optimizer given, attached, or found at the first training
-    forward) so that it runs the engine's step after the optimizer's.
+    forward, in train() or eval() mode) so that it runs the engine's step after the optimizer's.
 
 What it checks (each failure names its cause; bindings/python/README.md): an optimizer that
-steps without co2 (WiringError at the next training forward or collective), a model
-distributed twice, training that ends without finalize() (a warning), collective operations
-called on some ranks only and unequal step counts (the control all-reduce of _control.py).
+steps without co2, a second optimizer besides the attached one (WiringError at the next
+training forward — autograd on, in train() or eval() mode — or collective), a model changed
+after distribute() in a way no version counter shows — cast or moved (model.bfloat16(),
+.to()), a layer replaced or added, a parameter group of foreign tensors added to the
+optimizer, a frozen parameter unfrozen under sync (ModelChangedError at the next training
+forward, optimizer step or collective) —, a model distributed twice, training that ends
+without finalize() (a warning), collective operations called on some ranks only and unequal
+step counts (the control all-reduce of _control.py).
 
 Device tensors (CUDA) go to the GPU path with the current stream when co2 was built with it;
 otherwise the C API raises co2.UnsupportedError.
@@ -45,14 +51,16 @@ import weakref
 
 import torch
 
-from . import _buffers, _control, _errors, _join, _portable, _roles, _wiring
+from . import _buffers, _control, _errors, _join, _portable, _roles, _values, _wiring
+from . import capi
 from ._control import UnequalStepsError
 from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync, check_bucket_mb
-from ._wiring import WiringError
+from ._wiring import ModelChangedError, WiringError
 from .communicator import Communicator
-from .engine import Engine
+from .engine import HIERARCHIES, Engine
 
-__all__ = ["distribute", "Distributed", "load_portable", "WiringError", "UnequalStepsError"]
+__all__ = ["distribute", "Distributed", "load_portable", "WiringError", "ModelChangedError",
+           "UnequalStepsError"]
 
 
 class Distributed:
@@ -64,6 +72,8 @@ class Distributed:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
         check_bucket_mb(bucket_mb)
+        flat = bool(_values.flag("flat", flat))
+        reduce_in_backward = bool(_values.flag("reduce_in_backward", reduce_in_backward))
         self.module = module
         self.optimizer = None
         self.engine = None
@@ -90,7 +100,10 @@ class Distributed:
         try:
             self.comm = Communicator.from_env() if comm is None else comm
             self.engine = Engine(self.comm, algorithm, **engine_config)
-            self.hierarchical = engine_config.get("hierarchy", "flat") == "nodes"
+            # What the engine took: a name in any case, or the C constant.
+            hierarchy = engine_config.get("hierarchy")
+            self.hierarchical = hierarchy is not None and _values.choice(
+                HIERARCHIES, hierarchy, "hierarchy") == capi.CO2_HIERARCHY_NODES
             self._average_in_node = self.hierarchical and intra_node_average == "co2"
             self.algorithm = self.engine.algorithm
             self.flat = None
@@ -134,6 +147,9 @@ class Distributed:
         elif self.algorithm == "sync" and reduce_in_backward:
             self.grad_sync = GradientSync(self._params, self.comm, bucket_mb,
                                           explain=lambda error: self_ref()._explained(error, None))
+        # What the engine (and the backward hooks) were given, checked before every use.
+        self._layout = _wiring.Layout(module, self._params, self._buffers,
+                                      trained_only=self.grad_sync is not None)
         if optimizer is not None:
             self.attach(optimizer)
 
@@ -182,6 +198,7 @@ class Distributed:
         distributed = self
 
         def step(opt, *args, **kwargs):
+            distributed._check_layout()     # before the optimizer applies anything
             distributed._start_round()
             if distributed.grad_sync is not None:
                 distributed.grad_sync.before_step()
@@ -197,7 +214,8 @@ class Distributed:
                 result = original(*args, **kwargs)
             finally:
                 distributed._inside_step = False
-            distributed.step()
+            distributed._start_round()
+            distributed._engine_step()    # the layout was checked before the optimizer's step
             return result
 
         # An LR scheduler made before distribute() wrapped step with its step counter and
@@ -225,6 +243,7 @@ class Distributed:
                           "trainer.load_state_dict() (exact) or trainer.load_portable()",
                           RuntimeWarning, stacklevel=3)
         self.optimizer = optimizer
+        self._layout.attach(optimizer)
         self._hook(optimizer)
         original_load = optimizer.load_state_dict
 
@@ -245,11 +264,15 @@ class Distributed:
         load(state)
 
     def _before_forward(self):
-        """Forward in training mode: the first time, find an optimizer created after
-        distribute(); later, refuse parameters changed without an engine step."""
-        if not (self.module.training and torch.is_grad_enabled()) or self.engine is None \
-                or self._evaluating or self._inside_step:
+        """A forward with autograd on, in train() or eval() mode (training; not inside
+        consensus_weights() or a closure optimizer's step): the first time, find an optimizer
+        created after distribute(); always, refuse a model changed since distribute() and
+        parameters changed without an engine step. Forwards without autograd (inference) train
+        nothing and are left alone."""
+        if not torch.is_grad_enabled() or self.engine is None or self._evaluating \
+                or self._inside_step:
             return
+        self._check_layout()
         if self.optimizer is None and not self._searched:
             self._searched = True
             found = _wiring.optimizers_over(self._params)
@@ -257,7 +280,15 @@ class Distributed:
                 self.attach(found[0])
         if _wiring.version(self._params) != self._seen_version:
             self._changed_outside()
-        self._start_round()
+        if self.module.training:
+            self._start_round()
+
+    def _check_layout(self):
+        """Raises ModelChangedError when the model or the optimizer's groups changed since
+        distribute() in a way no version counter shows (a cast, a replaced layer, ...)."""
+        error = self._layout.check()
+        if error is not None:
+            raise error
 
     def _changed_outside(self):
         """The parameters changed in place since the engine last saw them."""
@@ -275,6 +306,16 @@ class Distributed:
             return (f"rank {rank}: the parameters changed but co2's engine was never stepped: "
                     f"the optimizer was never attached: call trainer.attach(optimizer) (or "
                     f"distribute(model, optimizer)) before the first optimizer.step()")
+        others = [o for o in _wiring.optimizers_over(self._params, holding_any=True)
+                  if o is not self.optimizer]
+        if others:
+            return (f"rank {rank}: the parameters changed without co2's engine step, and "
+                    f"besides the attached optimizer ({type(self.optimizer).__name__}) another "
+                    f"one ({', '.join(type(o).__name__ for o in others)}) updates this model's "
+                    f"parameters: co2.torch steps the engine after the attached optimizer "
+                    f"only, so a second optimizer's updates bypass co2: put all parameters "
+                    f"into the attached optimizer (one param group per setting: "
+                    f"optimizer.add_param_group()) and step that one")
         return (f"rank {rank}: the parameters changed in place outside co2 after its last step "
                 f"(model.load_state_dict() after distribute()?): load weights before "
                 f"distribute(), or restore with trainer.load_state_dict() / "
@@ -316,16 +357,20 @@ class Distributed:
             raise self._explained(exc, None) from None
 
     def no_sync(self):
-        """Context (sync): backward passes inside it leave each rank's gradients unaveraged,
-        accumulating in p.grad; the next backward outside it averages the sum, as DDP's."""
+        """Context for gradient accumulation, as DDP's. Where gradients are averaged in
+        backward (sync, and hierarchy="nodes" inside a node), backward passes inside it leave
+        each rank's gradients unaveraged, accumulating in p.grad; the next backward outside it
+        averages the sum. Everywhere else (co2, localsgd, diloco; reduce_in_backward=False) no
+        backward averages anything, so p.grad accumulates anyway and the context does nothing:
+        a DDP loop that accumulates under no_sync() runs unchanged."""
         if self.grad_sync is None:
-            raise RuntimeError(f"no_sync() is for algorithm 'sync' with reduce_in_backward; "
-                               f"this trainer runs {self.algorithm!r}")
+            return contextlib.nullcontext()
         return self.grad_sync.no_sync()
 
     def step(self):
         """The engine's step (done by optimizer.step when an optimizer is attached). True at a
         round boundary."""
+        self._check_layout()
         self._start_round()
         return self._engine_step()
 
@@ -358,6 +403,7 @@ class Distributed:
 
     def _collective(self, operation, run):
         """Checks that every rank is wired and at the same step, then runs `run`."""
+        self._check_layout()
         changed = _wiring.version(self._params) != self._seen_version
         steps, flags = self._agree(operation, changed)
         unwired = [r for r in range(self.world_size) if flags[r]]

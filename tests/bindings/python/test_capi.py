@@ -175,6 +175,148 @@ def test_distribute_passes_shard_outer_state_to_the_engine(monkeypatch):
     assert seen == [1]
 
 
+def _capture_whole_engine_config(monkeypatch):
+    """Every co2_engine_config_t that would reach engine_create, as a dict of Engine keywords."""
+    seen = []
+
+    def fake_engine_create(comm_handle, config):
+        seen.append({key: getattr(config, key) for key in co2.engine_defaults()})
+        raise _Captured()
+
+    monkeypatch.setattr(capi, "engine_create", fake_engine_create)
+    return seen
+
+
+def test_engine_keywords_take_exactly_the_documented_values(monkeypatch):
+    """Issue 23, defect 10. Before: nesterov=-3 / 2 and error_feedback=-1 / 2 reached C as 1,
+    eager=-1 (C's CO2_EAGER_AUTO) as 1 (forced eager), a string "False" as True, tau=2.7 as 2.
+    Now the documented values and the C constants reach C unchanged, and anything else raises
+    naming the key, the value and what is allowed, before C sees it."""
+    seen = _capture_whole_engine_config(monkeypatch)
+    accepted = [({"nesterov": True}, "nesterov", 1), ({"nesterov": False}, "nesterov", 0),
+                ({"nesterov": 1}, "nesterov", 1), ({"nesterov": np.bool_(True)}, "nesterov", 1),
+                ({"error_feedback": False}, "error_feedback", 0),
+                ({"error_feedback": 0}, "error_feedback", 0),
+                ({"eager": True}, "eager", 1), ({"eager": False}, "eager", 0),
+                ({"eager": "auto"}, "eager", capi.CO2_EAGER_AUTO),
+                ({"eager": capi.CO2_EAGER_AUTO}, "eager", capi.CO2_EAGER_AUTO),
+                ({"eager": 0}, "eager", 0), ({"tau": np.int64(5)}, "tau", 5),
+                ({"outer_lr": 1}, "outer_lr", 1.0), ({"algorithm": "SYNC"}, "algorithm",
+                                                     capi.CO2_ALGO_SYNC)]
+    with local_comm(0, 1, unique_group()) as comm:
+        for keywords, key, expected in accepted:
+            with pytest.raises(_Captured):
+                co2.Engine(comm, **keywords)
+            assert seen[-1][key] == expected, (keywords, seen[-1][key])
+        # engine_defaults() passed back as keywords is the C API's default config
+        with pytest.raises(_Captured):
+            co2.Engine(comm, **co2.engine_defaults())
+        assert seen[-1] == co2.engine_defaults()
+        refused = [({"nesterov": -3}, co2.InvalidArgumentError,
+                    r"nesterov=-3 \(int\): nesterov is True or False"),
+                   ({"nesterov": 2}, co2.InvalidArgumentError, r"nesterov=2 \(int\)"),
+                   ({"nesterov": "False"}, TypeError,
+                    r"nesterov='False' \(str\): nesterov is True or False"),
+                   ({"nesterov": 0.0}, TypeError, r"nesterov=0\.0 \(float\)"),
+                   ({"error_feedback": -1}, co2.InvalidArgumentError,
+                    r"error_feedback=-1 \(int\): error_feedback is True or False"),
+                   ({"error_feedback": 2}, co2.InvalidArgumentError, r"error_feedback=2"),
+                   ({"shard_outer_state": "yes"}, TypeError, r"shard_outer_state='yes'"),
+                   ({"eager": 2}, co2.InvalidArgumentError,
+                    r"eager=2 \(int\): eager is True, False or 'auto'"),
+                   ({"eager": "False"}, co2.InvalidArgumentError, r"eager='False'"),
+                   ({"eager": 1.0}, TypeError, r"eager=1\.0 \(float\)"),
+                   ({"tau": 2.7}, TypeError, r"tau=2\.7 \(float\): tau is an integer"),
+                   ({"tau": True}, TypeError, r"tau=True \(bool\)"),
+                   ({"tau": -1}, co2.InvalidArgumentError, r"tau=-1 \(int\): tau is an integer"),
+                   ({"warmup_sync_rounds": "2"}, TypeError, r"warmup_sync_rounds='2'"),
+                   ({"outer_lr": "0.5"}, TypeError, r"outer_lr='0\.5' \(str\): outer_lr is a "
+                                                    r"number"),
+                   ({"outer_momentum": True}, TypeError, r"outer_momentum=True"),
+                   ({"outer_momentum": "fast"}, co2.InvalidArgumentError,
+                    r"outer_momentum='fast'.*'auto'"),
+                   ({"algorithm": 1.0}, TypeError, r"algorithm=1\.0 \(float\): algorithm is "
+                                                   r"one of co2, sync"),
+                   ({"clip": True}, TypeError, r"clip=True"),
+                   ({"wire_format": "fp4"}, co2.UnknownEnumError, r"unknown wire_format 'fp4'")]
+        calls = len(seen)
+        for keywords, error, message in refused:
+            with pytest.raises(error, match=message):
+                co2.Engine(comm, **keywords)
+        assert len(seen) == calls, "a refused value reached the C API"
+
+
+def test_other_c_fields_take_exactly_the_documented_values():
+    """The same rule for the communicator's options and the engine's other calls."""
+    group = unique_group()
+    for keywords, error, message in [
+            ({"timeout_ms": 2.5}, TypeError, r"timeout_ms=2\.5 \(float\)"),
+            ({"timeout_ms": 0}, co2.InvalidArgumentError, r"timeout_ms=0 \(int\)"),
+            ({"chunk_bytes": "1M"}, TypeError, r"chunk_bytes='1M'"),
+            ({"transport": 1.0}, TypeError, r"transport=1\.0"),
+            ({"node_id": True}, TypeError, r"node_id=True")]:
+        with pytest.raises(error, match=message):
+            co2.Communicator(0, 1, transport=keywords.pop("transport", "local"),
+                             group_name=group, **keywords)
+    with pytest.raises(TypeError, match=r"rank='0' \(str\)"):
+        co2.Communicator("0", 1, transport="local", group_name=group)
+    with local_comm(0, 1, unique_group()) as comm, co2.Engine(comm, tau=3) as engine:
+        with pytest.raises(TypeError, match=r"color=1\.5"):
+            comm.split(1.5)
+        engine.register("w", np.zeros(4, np.float32))
+        engine.commit()
+        with pytest.raises(TypeError, match=r"tau=2\.5 \(float\): tau is an integer"):
+            engine.set_param("tau", 2.5)
+        with pytest.raises(TypeError, match=r"outer_lr='1' \(str\)"):
+            engine.set_param("outer_lr", "1")
+        assert engine.get_param("tau") == 3
+        with pytest.raises(TypeError, match=r"keep='False' \(str\)"):
+            engine.save(keep="False")
+        with pytest.raises(TypeError, match=r"role=1\.0"):
+            engine.register("v", np.zeros(4, np.float32), role=1.0)
+    with local_comm(0, 1, unique_group()) as comm:
+        model = torch.nn.Linear(3, 2)
+        for keywords, message in [({"flat": "False"}, r"flat='False' \(str\): flat is True or "
+                                                      r"False"),
+                                  ({"reduce_in_backward": 2}, r"reduce_in_backward=2 \(int\)"),
+                                  ({"nesterov": "no"}, r"nesterov='no'")]:
+            with pytest.raises((TypeError, ValueError), match=message):
+                co2.torch.distribute(model, comm=comm, **keywords)
+        # hierarchy as the C constant or in capitals is hierarchical for co2.torch too
+        for hierarchy in ("NODES", capi.CO2_HIERARCHY_NODES):
+            with co2.torch.distribute(torch.nn.Linear(3, 2), comm=comm, hierarchy=hierarchy,
+                                      intra_node_average="framework") as trainer:
+                assert trainer.hierarchical
+
+
+def test_timeout_comes_from_the_environment(monkeypatch):
+    """Issue 23, defect 16: CO2_TIMEOUT_MS replaces the 5-minute default no-progress timeout of
+    communicators made without timeout_ms=. Before: a peer that never arrives was reported after
+    5 minutes whatever the environment said (here: the rank threads' own limit fails the
+    test)."""
+    monkeypatch.setenv("CO2_TIMEOUT_MS", "1500")
+    group, rank0_done = unique_group(), threading.Event()
+
+    def rank_main(rank):
+        with co2.Communicator(rank, 2, transport="local", group_name=group) as comm:
+            if rank == 1:                       # stays in the group, never joins the all-reduce
+                rank0_done.wait(120)
+                return None
+            try:
+                with pytest.raises(co2.PeerTimeoutError):
+                    comm.allreduce(np.ones(4, np.float32))
+            finally:
+                rank0_done.set()
+            return True
+
+    assert run_ranks(2, rank_main, timeout=60)[0]
+    monkeypatch.setenv("CO2_TIMEOUT_MS", "5s")
+    with pytest.raises(co2.InvalidArgumentError, match=r"CO2_TIMEOUT_MS='5s'.*milliseconds"):
+        co2.Communicator(0, 1, transport="local", group_name=unique_group())
+    # an explicit timeout_ms= wins over the environment
+    co2.Communicator(0, 1, transport="local", group_name=unique_group(), timeout_ms=1000).close()
+
+
 def test_closed_handles_refuse_use():
     comm = co2.Communicator(0, 1, transport="local", group_name=unique_group())
     engine = co2.Engine(comm)

@@ -70,8 +70,8 @@ def test_errors_are_clear():
         assert net.a.weight.data_ptr() == before        # refused before anything was built
         with co2.torch.distribute(checks.make_net(), None, algorithm="co2", comm=comm,
                                   tau=2) as trainer:
-            with pytest.raises(RuntimeError, match="no_sync"):
-                trainer.no_sync()
+            with trainer.no_sync():     # nothing averages in backward under co2: a no-op
+                pass
         with co2.torch.distribute(net, optimizer, algorithm="sync", comm=comm) as trainer:
             x, y = checks.batch(0, 0)
             F.cross_entropy(net(x), y).backward()

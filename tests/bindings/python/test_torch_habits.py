@@ -455,3 +455,223 @@ def test_unequal_steps_between_boundaries_are_found_at_finalize():
                 trainer.finalize()
             trainer.close(_warn=False)
     run_world(2, body)
+
+
+# --- 6. changes that are not in-place edits (issue 23, defect 13) ------------------------------
+
+def distribute_one(model, optimizer, algorithm, **options):
+    """A trainer of a group of one (the checks are each rank's own)."""
+    comm = comm_of(0, 1, unique_group())
+    trainer = co2.torch.distribute(model, optimizer, algorithm=algorithm, comm=comm, tau=2,
+                                   **options)
+    return comm, trainer
+
+
+def one_step(model, optimizer, step=0):
+    optimizer.zero_grad(set_to_none=True)
+    x, y = tiny_batch(step, 0)
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "sync"])
+@pytest.mark.parametrize("flat", [True, False])
+def test_cast_or_moved_memory_after_distribute_is_refused(algorithm, flat):
+    """Before: model.bfloat16() after distribute() left co2 averaging its stale float32 copy
+    (reported, if at all, as "model.load_state_dict() after distribute()?"). Now the next
+    forward, optimizer step and collective name the cast and what to do."""
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    comm, trainer = distribute_one(model, optimizer, algorithm, flat=flat)
+    with comm, trainer:
+        one_step(model, optimizer)
+        model.bfloat16()
+        cast = r"parameter '0\.weight' is torch\.bfloat16 now, was torch\.float32 at " \
+               r"distribute\(\): the model was cast after distribute\(\).*cast the model " \
+               r"before distribute\(\)"
+        with pytest.raises(co2.torch.ModelChangedError, match=cast):
+            model(tiny_batch(1, 0)[0].bfloat16())
+        with pytest.raises(co2.torch.ModelChangedError, match=cast):
+            optimizer.step()
+        with pytest.raises(co2.torch.ModelChangedError, match=cast):
+            trainer.finalize()
+        model.float()                    # same dtype, new memory: still not what co2 has
+        with pytest.raises(co2.torch.ModelChangedError,
+                           match=r"parameter '0\.weight' no longer lives in the memory co2 was "
+                                 r"given"):
+            model(tiny_batch(1, 0)[0])
+        trainer.close(_warn=False)
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "sync"])
+def test_replaced_or_added_layer_is_refused(algorithm):
+    """Before: a replaced head was never averaged (under co2 and sync alike) and the ranks
+    ended with different models, every call OK. Now the next forward names it."""
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    comm, trainer = distribute_one(model, optimizer, algorithm)
+    with comm, trainer:
+        one_step(model, optimizer)
+        model[2] = torch.nn.Linear(8, 3)
+        with pytest.raises(co2.torch.ModelChangedError,
+                           match=r"parameters changed after distribute\(\) \(replaced by new "
+                                 r"tensors: '2\.bias', '2\.weight' \(a layer replaced\?\)\).*"
+                                 r"close\(\) this trainer and distribute\(\) the changed model"):
+            model(tiny_batch(1, 0)[0])
+        model.append(torch.nn.Linear(3, 3))
+        with pytest.raises(co2.torch.ModelChangedError, match=r"added: '3\.bias', '3\.weight'"):
+            model(tiny_batch(1, 0)[0])
+        trainer.close(_warn=False)
+
+
+def test_replaced_averaged_buffer_is_refused():
+    """A running statistic co2 averages, replaced by a new tensor after distribute(), would be
+    left out of the average."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    comm, trainer = distribute_one(model, optimizer, "co2")
+    with comm, trainer:
+        one_step(model, optimizer)
+        model[1].running_mean = torch.zeros(8)
+        with pytest.raises(co2.torch.ModelChangedError,
+                           match=r"averaged buffer '1\.running_mean' no longer lives in the "
+                                 r"memory co2 was given"):
+            model(tiny_batch(1, 0)[0])
+        trainer.close(_warn=False)
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "sync"])
+def test_param_group_of_foreign_tensors_is_refused(algorithm):
+    """Before: a parameter group added with optimizer.add_param_group() trained without ever
+    being averaged. Now the next forward or step names it; a group of the module's own
+    parameters (not in the optimizer at first) is fine."""
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model[0].parameters(), lr=0.1)     # the first layer only
+    comm, trainer = distribute_one(model, optimizer, algorithm)
+    with comm, trainer:
+        one_step(model, optimizer)
+        optimizer.add_param_group({"params": model[2].parameters(), "lr": 0.05})
+        one_step(model, optimizer, 1)                               # the module's own: fine
+        extra = torch.nn.Parameter(torch.zeros(3))
+        extra.grad = torch.ones(3)
+        optimizer.add_param_group({"params": [extra]})
+        foreign = r"optimizer's parameter groups changed after distribute\(\) " \
+                  r"\(optimizer\.add_param_group\(\)\?\): it now updates 1 tensor\(s\) that " \
+                  r"are not parameters of the distributed module"
+        with pytest.raises(co2.torch.ModelChangedError, match=foreign):
+            model(tiny_batch(2, 0)[0])
+        with pytest.raises(co2.torch.ModelChangedError, match=foreign):
+            optimizer.step()
+        assert torch.equal(extra, torch.zeros(3))                   # refused before it stepped
+        trainer.close(_warn=False)
+
+
+# --- 7. messages for a newcomer (issue 23, defect 16) -----------------------------------------
+
+def test_second_optimizer_is_named_not_load_state_dict():
+    """Before: "(model.load_state_dict() after distribute()?)" for a second optimizer."""
+    model = tiny_model(0)
+    attached = torch.optim.Adam(model.parameters(), lr=0.01)
+    comm, trainer = distribute_one(model, attached, "co2")
+    with comm, trainer:
+        one_step(model, attached)
+        second = torch.optim.SGD(model[2].parameters(), lr=0.1)
+        one_step(model, second, 1)
+        with pytest.raises(co2.torch.WiringError) as caught:
+            model(tiny_batch(2, 0)[0])
+        message = str(caught.value)
+        assert "another one (SGD) updates this model's parameters" in message, message
+        assert "attached optimizer (Adam)" in message and "load_state_dict" not in message
+        trainer.close(_warn=False)
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "sync"])
+def test_unfreezing_a_layer(algorithm):
+    """Before, under sync: the unfrozen layer's gradients were never averaged, the ranks
+    drifted apart and finalize() reported an anchor mismatch ("memory corruption"). Now the
+    next forward says what happened and what to do. Under co2 the engine averages every
+    parameter, frozen or not: unfreezing just works (the ranks agree at the end)."""
+    def body(rank, comm):
+        model = tiny_model(0)
+        model[0].requires_grad_(False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with co2.torch.distribute(model, optimizer, algorithm=algorithm, comm=comm,
+                                  tau=2) as trainer:
+            train(model, optimizer, rank, 0, 2)
+            model[0].requires_grad_(True)
+            if algorithm == "sync":
+                with pytest.raises(co2.torch.ModelChangedError,
+                                   match=r"parameter\(s\) '0\.weight', '0\.bias' require a "
+                                         r"gradient now but did not at distribute\(\): under "
+                                         r"sync their gradients are never averaged"):
+                    train(model, optimizer, rank, 2, 3)
+                trainer.close(_warn=False)
+                return None
+            train(model, optimizer, rank, 2, 6)
+            trainer.finalize()
+            return flat_params(model)
+    results = run_world(2, body)
+    if algorithm == "co2":
+        assert torch.equal(results[0], results[1])
+        assert not torch.equal(results[0][:48], flat_params(tiny_model(0))[:48])  # it trained
+
+
+def test_training_in_eval_mode_finds_the_optimizer():
+    """Before: with model.eval() for the whole run (no dropout, no BatchNorm: nothing looks
+    wrong) the optimizer created after distribute() was never found; every step trained
+    unaveraged and finalize() reported it after the run. Now the first forward with autograd
+    on finds it, in train() or eval() mode: the run equals the one with the optimizer given."""
+    def run(order):
+        def body(rank, comm):
+            model = tiny_model(0).eval()
+            if order == "given":
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+                trainer = co2.torch.distribute(model, optimizer, comm=comm, tau=3)
+            else:
+                trainer = co2.torch.distribute(model, comm=comm, tau=3)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            with trainer:
+                train(model, optimizer, rank, 0, 8)
+                trainer.finalize()
+                return flat_params(model), trainer.stats()["steps"]
+        return run_world(2, body)
+    given, found = run("given"), run("found")
+    for rank in range(2):
+        assert found[rank][1] == 8, f"engine steps {found[rank][1]}"
+        assert torch.equal(found[rank][0], given[rank][0])
+
+
+@pytest.mark.parametrize("algorithm", ["co2", "localsgd", "diloco"])
+def test_no_sync_accumulates_where_nothing_averages_in_backward(algorithm):
+    """Before: trainer.no_sync() raised under co2 (DDP users call it for gradient
+    accumulation). Now it does nothing there, as nothing averages in backward: the accumulated
+    gradient is the one without the context."""
+    def accumulate(use_no_sync):
+        model = tiny_model(0)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        comm, trainer = distribute_one(model, optimizer, algorithm)
+        with comm, trainer:
+            optimizer.zero_grad()
+            for micro in range(3):
+                x, y = tiny_batch(micro, 0)
+                if use_no_sync and micro < 2:
+                    with trainer.no_sync():
+                        F.cross_entropy(model(x), y).backward()
+                else:
+                    F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            trainer.finalize()
+            return flat_params(model)
+    assert torch.equal(accumulate(True), accumulate(False))
+
+
+def test_sync_gradient_wait_follows_the_environment(monkeypatch):
+    """CO2_TIMEOUT_MS sets the wait for the gradient buckets too (default: 5 minutes)."""
+    monkeypatch.setenv("CO2_TIMEOUT_MS", "1500")
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    comm, trainer = distribute_one(model, optimizer, "sync")
+    with comm, trainer:
+        assert trainer.grad_sync.timeout_s == 1.5
+        trainer.close(_warn=False)
