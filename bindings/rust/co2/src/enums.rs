@@ -59,7 +59,7 @@ c_enum! {
         Fp32 = sys::CO2_WIRE_FP32,
         /// 2 bytes per value, rounded to nearest even.
         Bf16 = sys::CO2_WIRE_BF16,
-        /// 1 byte per value plus one fp32 scale per 128 values.
+        /// 1 byte per value plus one fp32 scale per group of at most 128 values of one tensor.
         Int8 = sys::CO2_WIRE_INT8,
     }
 }
