@@ -277,7 +277,7 @@ const char* status_text(co2_status_t status) {
     case CO2_ERR_DUPLICATE_TENSOR: return "duplicate tensor: the same name or memory was registered twice (register tied weights once)";
     case CO2_ERR_OUT_OF_MEMORY: return "out of memory";
     case CO2_ERR_NONFINITE: return "non-finite values: an average contained NaN or Inf and nothing was applied on any rank; lower the learning rate or skip the data";
-    case CO2_ERR_LAYOUT_MISMATCH: return "layout mismatch: ranks registered different tensors; register the same tensors in the same order on every rank";
+    case CO2_ERR_LAYOUT_MISMATCH: return "layout mismatch: ranks registered different tensors or created their engines with different settings; register the same tensors in the same order and use the same engine config on every rank";
     case CO2_ERR_ANCHOR_MISMATCH: return "anchor mismatch: ranks no longer hold the same anchor; restore from a checkpoint";
     case CO2_ERR_CHECKPOINT_CORRUPT: return "corrupt checkpoint: truncated, bad magic or CRC mismatch; the engine is unchanged";
     case CO2_ERR_CHECKPOINT_MISMATCH: return "checkpoint mismatch: saved from another layout, algorithm or format version; the engine is unchanged";
