@@ -113,11 +113,34 @@ T read_sized(const T* user, const T& defaults, const char* what) {
   return out;
 }
 
+// A reserved field must hold 0: only then can a later version give it a meaning.
+void require_reserved_zero(int64_t value, const char* what, const char* field) {
+  co2::require(value == 0, Status::InvalidConfig,
+               std::string(what) + "." + field + " is " + std::to_string(value) +
+                   ": reserved fields must be 0 (initialise the struct with its INIT macro or init function)");
+}
+void require_reserved_zero(const co2_comm_config_t& c, const char* what) {
+  require_reserved_zero(c.reserved0, what, "reserved0");
+  require_reserved_zero(c.reserved1, what, "reserved1");
+  require_reserved_zero(c.reserved2, what, "reserved2");
+}
+void require_reserved_zero(const co2_engine_config_t& c, const char* what) {
+  require_reserved_zero(c.reserved0, what, "reserved0");
+  require_reserved_zero(c.reserved1, what, "reserved1");
+}
+
+// version: the CO2_ABI_VERSION of the caller's header, 1 (1.0) up to this library's. A newer
+// header's struct may carry settings this library does not know and would ignore.
 template <typename T>
 T read_config(const T* user, const T& defaults, const char* what) {
   T out = read_sized(user, defaults, what);
-  co2::require(out.version >= 1, Status::InvalidConfig,
-               std::string(what) + ".version is 0: initialise it with its INIT macro");
+  co2::require(out.version >= 1 && out.version <= CO2_ABI_VERSION, Status::InvalidConfig,
+               std::string(what) + ".version is " + std::to_string(out.version) +
+                   (out.version == 0 ? ": initialise it with its INIT macro"
+                                     : ", newer than this library's ABI version " + std::to_string(CO2_ABI_VERSION) +
+                                           ": the program was built against a newer co2.h than the libco2 it runs "
+                                           "with; run it with that library (or rebuild it against this header)"));
+  require_reserved_zero(out, what);
   out.size = sizeof(T);
   return out;
 }
@@ -254,7 +277,7 @@ const char* status_text(co2_status_t status) {
     case CO2_ERR_DUPLICATE_TENSOR: return "duplicate tensor: the same name or memory was registered twice (register tied weights once)";
     case CO2_ERR_OUT_OF_MEMORY: return "out of memory";
     case CO2_ERR_NONFINITE: return "non-finite values: an average contained NaN or Inf and nothing was applied on any rank; lower the learning rate or skip the data";
-    case CO2_ERR_LAYOUT_MISMATCH: return "layout mismatch: ranks registered different tensors; register the same tensors in the same order on every rank";
+    case CO2_ERR_LAYOUT_MISMATCH: return "layout mismatch: ranks registered different tensors or created their engines with different settings; register the same tensors in the same order and use the same engine config on every rank";
     case CO2_ERR_ANCHOR_MISMATCH: return "anchor mismatch: ranks no longer hold the same anchor; restore from a checkpoint";
     case CO2_ERR_CHECKPOINT_CORRUPT: return "corrupt checkpoint: truncated, bad magic or CRC mismatch; the engine is unchanged";
     case CO2_ERR_CHECKPOINT_MISMATCH: return "checkpoint mismatch: saved from another layout, algorithm or format version; the engine is unchanged";
@@ -551,6 +574,7 @@ CO2_EXPORT co2_status_t co2_engine_add_segment(co2_engine_t engine, const co2_se
     co2::Engine& e = engine_of(engine);
     require_arg(segment != nullptr, "segment is NULL");
     const co2_segment_t s = read_sized(segment, co2_segment_t CO2_SEGMENT_INIT, "co2_segment_t");
+    require_reserved_zero(s.reserved0, "co2_segment_t", "reserved0");
     require_arg(s.name != nullptr, "segment name is NULL");
     co2::SegmentDesc d;
     d.name = s.name;

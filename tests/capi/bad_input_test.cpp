@@ -289,6 +289,35 @@ TEST(BadInputComm, ConfigSizeAndVersion) {
   EXPECT_EQ(co2_comm_destroy(comm), CO2_OK);
 }
 
+// Reserved fields must be 0, so that a later version can give them a meaning; version is the
+// CO2_ABI_VERSION of the caller's header: 1 (1.0) up to this library's, nothing else.
+TEST(BadInputComm, ReservedFieldsAndVersion) {
+  const std::string g = unique_group("g");
+  co2_comm_t comm = kSentinelComm;
+  for (int field = 0; field < 3; ++field) {
+    co2_comm_config_t c = local_config(g);
+    (field == 0 ? c.reserved0 : field == 1 ? c.reserved1 : c.reserved2) = 7;
+    EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_comm_create(&c, &comm)) << "reserved" << field;
+    EXPECT_NE(std::string(co2_last_error_message()).find("reserved" + std::to_string(field)), std::string::npos)
+        << co2_last_error_message();
+  }
+  co2_comm_config_t newer = local_config(g);
+  newer.version = CO2_ABI_VERSION + 1;
+  EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_comm_create(&newer, &comm));
+  EXPECT_NE(std::string(co2_last_error_message()).find("version"), std::string::npos) << co2_last_error_message();
+  EXPECT_EQ(comm, kSentinelComm);
+  // A 1.0 caller: version 1, and its struct ends before reserved1 (whatever lies there is not
+  // its own, so not read).
+  for (uint32_t version = 1; version <= CO2_ABI_VERSION; ++version) {
+    co2_comm_config_t c = local_config(g);
+    c.version = version;
+    c.size = version == 1 ? size_t(CO2_COMM_CONFIG_V1_SIZE) : sizeof c;
+    c.reserved1 = version == 1 ? 5 : 0;
+    ASSERT_OK(co2_comm_create(&c, &comm));
+    EXPECT_EQ(co2_comm_destroy(comm), CO2_OK);
+  }
+}
+
 TEST(BadInputComm, LargerConfigFromANewerHeaderIsAccepted) {
   // A newer header's struct: v1 fields, then fields this library does not know. Only
   // sizeof(co2_comm_config_t) bytes are read, whatever follows.
@@ -583,6 +612,65 @@ TEST_F(BadInput, EngineConfigValuesOutOfRange) {
   EXPECT_EQ(e, kSentinelEngine);
   // The communicator is untouched by all that: a valid engine still comes up.
   EXPECT_NE(committed_engine(), nullptr);
+}
+
+TEST_F(BadInput, EngineConfigReservedFieldsAndVersion) {
+  co2_engine_t e = kSentinelEngine;
+  co2_engine_config_t c = engine_config();
+  c.reserved0 = 1;
+  EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_engine_create(comm_, &c, &e));
+  EXPECT_NE(std::string(co2_last_error_message()).find("reserved0"), std::string::npos) << co2_last_error_message();
+  c = engine_config();
+  c.reserved1 = -1;
+  EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_engine_create(comm_, &c, &e));
+  EXPECT_NE(std::string(co2_last_error_message()).find("reserved1"), std::string::npos) << co2_last_error_message();
+  c = engine_config();
+  c.version = CO2_ABI_VERSION + 1;
+  EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_engine_create(comm_, &c, &e));
+  EXPECT_EQ(e, kSentinelEngine);
+  // A 1.0 caller (version 1, v1 size): reserved1 lies past its struct and is not read.
+  c = engine_config();
+  c.version = 1;
+  c.size = CO2_ENGINE_CONFIG_V1_SIZE;
+  c.reserved1 = 9;
+  co2_engine_t ok = nullptr;
+  EXPECT_STATUS(CO2_OK, co2_engine_create(comm_, &c, &ok));
+  EXPECT_EQ(co2_engine_destroy(ok), CO2_OK);
+
+  co2_engine_t flat = make_engine();
+  void* storage = nullptr;
+  ASSERT_OK(co2_engine_alloc_flat(flat, 8, CO2_DTYPE_FP32, CO2_DEVICE_HOST, 0, &storage));
+  co2_segment_t s = segment("s", 0, 8);
+  s.reserved0 = 3;
+  EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_engine_add_segment(flat, &s));
+  EXPECT_NE(std::string(co2_last_error_message()).find("reserved0"), std::string::npos) << co2_last_error_message();
+  s.reserved0 = 0;
+  EXPECT_STATUS(CO2_OK, co2_engine_add_segment(flat, &s));
+}
+
+// get_stats says which layout it wrote: the library's CO2_ABI_VERSION, whatever the caller's.
+TEST_F(BadInput, StatsVersionIsTheLibrarys) {
+  co2_engine_t e = committed_engine();
+  ASSERT_NE(e, nullptr);
+  co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
+  stats.version = 0;
+  EXPECT_STATUS(CO2_OK, co2_engine_get_stats(e, &stats));
+  EXPECT_EQ(stats.version, uint32_t(CO2_ABI_VERSION));
+  EXPECT_GE(CO2_ABI_VERSION, 2) << "1.1's structs grew: its header is ABI version 2";
+}
+
+// tau is bounded as co2_engine_set_param bounds it (an integer in [1, 1e9]) at create too.
+TEST_F(BadInput, TauAboveTheSetParamBoundIsRefusedAtCreate) {
+  co2_engine_t e = kSentinelEngine;
+  for (uint32_t tau : {uint32_t(1000000001), uint32_t(0xFFFFFFFFu)}) {
+    co2_engine_config_t c = engine_config(CO2_ALGO_CO2, tau);
+    EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_create(comm_, &c, &e)) << tau;
+    EXPECT_NE(std::string(co2_last_error_message()).find("tau"), std::string::npos) << co2_last_error_message();
+  }
+  EXPECT_EQ(e, kSentinelEngine);
+  co2_engine_t ok = make_engine(CO2_ALGO_CO2, 1000000000);
+  ASSERT_NE(ok, nullptr);
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_set_param(ok, CO2_PARAM_TAU, 1000000001.0));
 }
 
 // shard_outer_state (added in 1.1) is 0 or 1; a caller whose 1.1 header ends at error_feedback

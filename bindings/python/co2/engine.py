@@ -195,8 +195,9 @@ class Engine(OwnsHandle):
             self._elements += count
 
     def commit(self):
-        """Collective. Freezes the layout, checks it is the same on every rank and gives every
-        rank rank 0's values."""
+        """Collective. Freezes the layout, checks that it and every engine setting that changes
+        the math are the same on every rank (LayoutMismatchError naming the first difference)
+        and gives every rank rank 0's values."""
         capi.engine_commit(self.handle)
 
     # --- training -----------------------------------------------------------------------------

@@ -14,7 +14,8 @@
  *    function; the library reads/writes min(size, its own sizeof) bytes, so the ABI can grow.
  *    Structs grow only at their end; a size below a struct's first published (v1) size is
  *    CO2_ERR_INVALID_CONFIG, and fields beyond the caller's size take their INIT defaults
- *    (docs/capi.md, "The size rule").
+ *    (docs/capi.md, "The size rule"). A config's `version` (CO2_ABI_VERSION below) must be 1 up
+ *    to the library's, and every reserved field 0; otherwise CO2_ERR_INVALID_CONFIG.
  *  - One engine is driven from one thread. co2_comm_abort may be called from any thread.
  *
  * This header includes only standard C headers and compiles as C99 and as C++.
@@ -36,8 +37,12 @@ extern "C" {
 #define CO2_VERSION_MAJOR 1
 #define CO2_VERSION_MINOR 1
 #define CO2_VERSION_PATCH 0
-/* Version of the config/stats struct family; stored in each struct's `version` field. */
-#define CO2_ABI_VERSION 1
+/* Version of the config/stats struct family, stored in each struct's `version` field by its
+ * INIT macro: 1 for the layouts of 1.0, 2 since 1.1 (co2_comm_config_t, co2_engine_config_t and
+ * co2_engine_stats_t grew). A config's version says which header the caller was built against:
+ * the library accepts 1 up to its own and refuses 0 and newer ones (CO2_ERR_INVALID_CONFIG: a
+ * newer header's fields would be ignored). co2_engine_get_stats writes the library's own. */
+#define CO2_ABI_VERSION 2
 
 /* ------------------------------------------------------------------------------------------ */
 /* Status codes. Values are pinned and never renumbered.                                         */
@@ -51,7 +56,7 @@ enum {
     CO2_ERR_INVALID_ARGUMENT = 1,   /* NULL pointer, zero/mismatched size, out-of-range value   */
     CO2_ERR_INVALID_STATE = 2,      /* call not allowed now (step before commit, register twice) */
     CO2_ERR_UNSUPPORTED = 3,        /* valid request this build cannot serve (bf16, CUDA, ...)   */
-    CO2_ERR_INVALID_CONFIG = 4,     /* config struct with a bad size/version field               */
+    CO2_ERR_INVALID_CONFIG = 4,     /* struct with a bad size/version or a non-zero reserved field */
     CO2_ERR_UNKNOWN_ENUM = 5,       /* enum value this library does not know                     */
     CO2_ERR_DUPLICATE_TENSOR = 6,   /* same memory (or name) registered twice                    */
     CO2_ERR_OUT_OF_MEMORY = 7,
@@ -111,7 +116,8 @@ enum {
                                  processes, else local. The choice is logged at CO2_LOG_LEVEL=info */
     CO2_TRANSPORT_LOCAL = 1,  /* ranks are threads of one process */
     CO2_TRANSPORT_UCX = 2,    /* ranks are processes: UCX tag send/recv over TCP or shared memory */
-    CO2_TRANSPORT_NCCL = 3    /* reserved */
+    CO2_TRANSPORT_NCCL = 3    /* ranks are CUDA devices: NCCL collectives on device memory
+                                 (builds with the nccl option; CO2_ERR_UNSUPPORTED elsewhere) */
 };
 
 typedef int32_t co2_algorithm_t;
@@ -157,7 +163,8 @@ enum {
 
 typedef int32_t co2_consensus_t;
 enum {
-    CO2_CONSENSUS_ANCHOR = 0,       /* the current anchor (no communication)       */
+    CO2_CONSENSUS_ANCHOR = 0,       /* the current anchor (whether it communicates: see
+                                       co2_engine_consensus)                                  */
     CO2_CONSENSUS_LOCAL_AVERAGE = 1 /* the average of the ranks' current parameters (collective) */
 };
 
@@ -198,15 +205,15 @@ typedef struct co2_comm_config {
     const char *group_name;         /* local transport: ranks with equal names form one
                                        group; NULL = "default"                          */
     uint32_t timeout_ms;            /* no-progress timeout, CO2_DEFAULT_TIMEOUT_MS      */
-    uint32_t reserved0;
+    uint32_t reserved0;             /* 0 (every reserved field: else INVALID_CONFIG)    */
     uint64_t chunk_bytes;           /* collective chunk, CO2_DEFAULT_CHUNK_BYTES        */
     /* --- added in 1.1 (a struct from an older header leaves these at their defaults) --- */
     int32_t device_index;           /* CUDA device of the NCCL transport and of the
                                        engines' device tensors: CO2_DEVICE_INDEX_AUTO   */
-    uint32_t reserved1;
+    uint32_t reserved1;             /* 0                                                */
     int32_t node_id;                /* the node (host) this rank is on, for
                                        co2_comm_split_nodes: CO2_NODE_ID_AUTO           */
-    uint32_t reserved2;
+    uint32_t reserved2;             /* 0                                                */
 } co2_comm_config_t;
 
 /* device_index default: the launcher's local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
@@ -346,14 +353,14 @@ typedef struct co2_engine_config {
     double clip_threshold;       /* phi, CO2_DEFAULT_CLIP_THRESHOLD                       */
     double inner_lr;             /* recorded only, 0                                      */
     co2_dtype_t state_dtype;     /* outer state dtype, CO2_DTYPE_FP32 (the only one)      */
-    int32_t reserved0;
+    int32_t reserved0;           /* 0 (reserved fields: else CO2_ERR_INVALID_CONFIG)      */
     /* --- added in 1.1 (a struct from an older header leaves these at their defaults) --- */
     int32_t eager;               /* co2 only: 1 = the eager outer policy (each rank starts
                                     its round from the anchor plus its own fresh delta's
                                     share; docs/algorithm.md), 0 = delayed, CO2_EAGER_AUTO =
                                     eager on host tensors, delayed on CUDA tensors (not
                                     implemented there yet); CO2_DEFAULT_EAGER (auto) */
-    int32_t reserved1;
+    int32_t reserved1;           /* 0                                                     */
     /* --- added in 1.1: compressed outer all-reduce (co2 and diloco on host tensors) --- */
     co2_wire_format_t wire_format; /* CO2_WIRE_FP32; others need a point-to-point transport  */
     int32_t error_feedback;        /* 1: each rank adds what its encodings dropped to its next
@@ -412,7 +419,7 @@ typedef struct co2_segment {
     size_t offset;           /* in elements           */
     size_t count;            /* elements, >= 1        */
     co2_tensor_role_t role;  /* CO2_ROLE_PARAMETER    */
-    int32_t reserved0;
+    int32_t reserved0;       /* 0                     */
 } co2_segment_t;
 
 #define CO2_SEGMENT_INIT { sizeof(co2_segment_t), NULL, 0, 0, CO2_ROLE_PARAMETER, 0 }
@@ -503,8 +510,10 @@ co2_status_t co2_engine_set_param(co2_engine_t engine, co2_param_t key, double v
 co2_status_t co2_engine_get_param(co2_engine_t engine, co2_param_t key, double *out_value);
 
 typedef struct co2_engine_stats {
-    size_t size;                   /* sizeof(co2_engine_stats_t), set by the caller           */
-    uint32_t version;
+    size_t size;                   /* sizeof(co2_engine_stats_t), set by the caller (at least
+                                      136, the first published size); the library writes
+                                      min(size, its sizeof) bytes and sets size to that         */
+    uint32_t version;              /* written: the library's CO2_ABI_VERSION                  */
     int32_t world_size;
     uint64_t steps;                /* calls to co2_engine_step                                */
     uint64_t rounds;               /* boundaries                                              */
@@ -522,7 +531,7 @@ typedef struct co2_engine_stats {
     double last_clip_scale_min;    /* norm clip: smallest factor (1 = none clipped)           */
     double last_clip_fraction;     /* value clip: fraction of momentum elements clamped;
                                       norm clip: fraction of segments scaled                   */
-    /* The tau advisor (smoothed means; 0 until measured). A caller whose library predates
+    /* The tau advisor (smoothed means; 0 until measured). A caller whose header predates
      * these fields passes a smaller size and does not receive them. Since 1.1 agreed by the
      * ranks (the same on every rank), see rank_step_time_ns below for this rank's own. */
     uint64_t step_time_ns;         /* one training step: the caller's time between engine calls,
@@ -561,9 +570,11 @@ co2_status_t co2_engine_stats_init(co2_engine_stats_t *stats);
 co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_stats_t *out_stats);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Checkpoint of the shared engine state (anchor, momentum, in-flight average, counters,        */
-/* penalty history, resolved beta, layout hash, world size, config). Per-rank framework state   */
-/* (local parameters mid-round, inner optimizer) is the framework's to save.                   */
+/* Checkpoint of the engine state: the shared part (anchor, momentum, in-flight average,         */
+/* counters, penalty history, resolved beta, layout hash, world size, config) and, with the     */
+/* eager policy or error feedback, this rank's own part (its eager offsets, its residual;       */
+/* restored on the same rank at the same world size only). Formats 1-5: docs/capi.md. The      */
+/* framework's per-rank state (local parameters mid-round, inner optimizer) is its to save.    */
 /* ------------------------------------------------------------------------------------------ */
 
 /* Return 0 on success, anything else aborts the save/load with CO2_ERR_CALLBACK. A read
@@ -572,7 +583,9 @@ typedef int (*co2_write_fn)(void *user, const void *data, size_t length);
 typedef int (*co2_read_fn)(void *user, void *data, size_t length);
 
 /* Collective (it waits for the in-flight average and compares anchor checksums). Streams the
- * state through `write`; ranks that do not write pass write = NULL. */
+ * state through `write`; ranks that do not write pass write = NULL. A blob with per-rank state
+ * (eager, error feedback) holds the writing rank's: for a bit-exact resume every rank saves and
+ * loads its own. */
 co2_status_t co2_engine_save(co2_engine_t engine, co2_write_fn write, void *user);
 
 /* Exact size in bytes that co2_engine_save writes, after commit. */

@@ -456,7 +456,8 @@ function add_segment!(e::Engine, name::AbstractString, offset::Integer, count::I
     return nothing
 end
 
-"""Collective: freezes the layout, checks it across ranks, copies rank 0's values everywhere."""
+"""Collective: freezes the layout, checks it and every engine setting that changes the math
+across ranks, copies rank 0's values everywhere."""
 function commit!(e::Engine)
     h = _raw(e)
     check(blocking(() -> co2_engine_commit(h)))

@@ -5,7 +5,7 @@
 const CO2_VERSION_MAJOR = Cint(1)
 const CO2_VERSION_MINOR = Cint(1)
 const CO2_VERSION_PATCH = Cint(0)
-const CO2_ABI_VERSION = Cint(1)
+const CO2_ABI_VERSION = Cint(2)
 const CO2_DEFAULT_TIMEOUT_MS = Cuint(300000)
 const CO2_DEFAULT_CHUNK_BYTES = Culong(1048576)
 const CO2_DEVICE_INDEX_AUTO = Cint(-1)
@@ -454,7 +454,7 @@ end
 # ---- defaults of the *_INIT macros (evaluated by clang, field by field) ----
 CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     Csize_t(64),
-    UInt32(1),
+    UInt32(2),
     co2_transport_kind_t(0),
     Int32(0),
     Int32(1),
@@ -469,7 +469,7 @@ CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
 )
 CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
     Csize_t(112),
-    UInt32(1),
+    UInt32(2),
     co2_algorithm_t(0),
     UInt32(12),
     UInt32(0),
@@ -517,7 +517,7 @@ CO2_ALLOCATOR_INIT() = co2_allocator_t(
 )
 CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
     Csize_t(232),
-    UInt32(1),
+    UInt32(2),
     Int32(0),
     UInt64(0),
     UInt64(0),

@@ -1,7 +1,7 @@
 pub const CO2_VERSION_MAJOR: u32 = 1;
 pub const CO2_VERSION_MINOR: u32 = 1;
 pub const CO2_VERSION_PATCH: u32 = 0;
-pub const CO2_ABI_VERSION: u32 = 1;
+pub const CO2_ABI_VERSION: u32 = 2;
 pub const CO2_DEFAULT_TIMEOUT_MS: u32 = 300000;
 pub const CO2_DEVICE_INDEX_AUTO: i32 = -1;
 pub const CO2_NODE_ID_AUTO: i32 = -1;

@@ -157,8 +157,9 @@ impl<'a> Engine<'a> {
         Ok(SegmentId(self.segments.len() - 1))
     }
 
-    /// Collective: freezes the layout, checks it is the same on every rank (`LayoutMismatch`),
-    /// copies rank 0's values into every rank's parameters and anchor.
+    /// Collective: freezes the layout, checks that it and every engine setting that changes the
+    /// math are the same on every rank (`LayoutMismatch`, naming the first difference), copies
+    /// rank 0's values into every rank's parameters and anchor.
     pub fn commit(&mut self) -> Result<()> {
         // SAFETY: valid handle; writes only memory the engine borrows.
         check(unsafe { sys::co2_engine_commit(self.as_raw()) })
