@@ -25,7 +25,7 @@ CONSENSUS = {"anchor": capi.CO2_CONSENSUS_ANCHOR,
              "local_average": capi.CO2_CONSENSUS_LOCAL_AVERAGE}
 DTYPES = {"float32": capi.CO2_DTYPE_FP32, "fp32": capi.CO2_DTYPE_FP32}
 # Hyper-parameters that are whole numbers (set_param takes a double in C).
-_WHOLE_PARAMS = ("tau", "anchor_check_interval")
+_WHOLE_PARAMS = (capi.CO2_PARAM_TAU, capi.CO2_PARAM_ANCHOR_CHECK_INTERVAL)
 
 def _count(key):
     return lambda value: _values.integer(key, value, 0, _values.UINT32_MAX)
@@ -185,8 +185,10 @@ class Engine(OwnsHandle):
     def add_segment(self, name, offset, count, role="parameter"):
         """Declares [offset, offset + count) elements of the flat storage as one tensor."""
         role = _values.choice(ROLES, role, "role")
-        capi.engine_add_segment(self.handle, name, int(offset), int(count), role)
-        self._record(role, int(count), self._flat_dtype)
+        offset = _values.integer("offset", offset, 0, 2 ** 64 - 1)
+        count = _values.integer("count", count, 0, 2 ** 64 - 1)
+        capi.engine_add_segment(self.handle, name, offset, count, role)
+        self._record(role, count, self._flat_dtype)
 
     def _record(self, role, count, dtype):
         if role == capi.CO2_ROLE_PARAMETER:
@@ -278,13 +280,15 @@ class Engine(OwnsHandle):
         penalty_constant, inner_lr, anchor_check_interval) on this rank; every rank must make
         the same change at the same step."""
         code = _values.choice(PARAMS, key, "parameter")
-        if key in _WHOLE_PARAMS:
-            value = _values.integer(key, value, 0, _values.UINT32_MAX)
-        capi.engine_set_param(self.handle, code, _values.number(key, value))
+        name = next((k for k, v in PARAMS.items() if v == code), key)
+        if code in _WHOLE_PARAMS:
+            value = _values.integer(name, value, 0, _values.UINT32_MAX)
+        capi.engine_set_param(self.handle, code, _values.number(name, value))
 
     def get_param(self, key):
-        value = capi.engine_get_param(self.handle, _values.choice(PARAMS, key, "parameter"))
-        return int(value) if key in _WHOLE_PARAMS else value
+        code = _values.choice(PARAMS, key, "parameter")
+        value = capi.engine_get_param(self.handle, code)
+        return int(value) if code in _WHOLE_PARAMS else value
 
     def stats(self):
         """Statistics as a dict: steps, rounds, outer_updates, bytes_reduced, collective_ns,

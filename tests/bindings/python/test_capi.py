@@ -269,7 +269,10 @@ def test_other_c_fields_take_exactly_the_documented_values():
             engine.set_param("tau", 2.5)
         with pytest.raises(TypeError, match=r"outer_lr='1' \(str\)"):
             engine.set_param("outer_lr", "1")
-        assert engine.get_param("tau") == 3
+        with pytest.raises(TypeError, match=r"tau=2\.5 \(float\): tau is an integer"):
+            engine.set_param(capi.CO2_PARAM_TAU, 2.5)           # the C constant: the same rule
+        engine.set_param("TAU", 4)
+        assert engine.get_param(capi.CO2_PARAM_TAU) == 4 and engine.get_param("tau") == 4
         with pytest.raises(TypeError, match=r"keep='False' \(str\)"):
             engine.save(keep="False")
         with pytest.raises(TypeError, match=r"role=1\.0"):
