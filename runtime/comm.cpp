@@ -579,6 +579,11 @@ void Communicator::abort() {
   engine_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
 }
 
+void Communicator::fail_with(Status status, const std::string& message) {
+  if (backend_) return backend_->fail(status, message);
+  engine_->fail(status, message);
+}
+
 Status Communicator::error_status() const {
   return backend_ ? backend_->error_status() : engine_->error_status();
 }

@@ -199,6 +199,10 @@ class Communicator {
 
   // Thread-safe: fails everything pending and future, here and at the peers, with Aborted.
   void abort();
+  // Like abort, with the status and message of a failure found elsewhere (an engine whose other
+  // communicator failed: its peers here learn of it at once instead of after their timeout).
+  // The first failure of a communicator wins.
+  void fail_with(Status status, const std::string& message);
 
   // Ok, or the sticky error that failed the communicator (first one wins).
   Status error_status() const;

@@ -197,11 +197,25 @@ void require_committed(const S& s) {
           "the layout is not committed yet: register tensors, then call co2_engine_commit");
 }
 
-// Every communicator the engine runs collectives on: hierarchical CO2's node groups fail on
-// their own (an inter-node link), and their error must stop the engine as the main one's does.
-void check_comm(const S& s) {
+// Hierarchical CO2 runs on three communicators, which fail one by one (an inter-node link
+// alone); a rank that finds one failed fails the others with its error, so that every rank of
+// every node learns of it at its next collective instead of waiting out a timeout there.
+void fail_engine_communicators(S& s, Status status, const std::string& message) {
+  if (!s.hierarchical()) return;
+  for (Communicator* comm : {s.comm.get(), s.intra.get(), s.inter.get()})
+    if (comm->error_status() == Status::Ok) comm->fail_with(status, message);
+}
+
+// Every communicator the engine runs collectives on: its node groups' errors stop the engine
+// as the main one's do.
+void check_comm(S& s) {
   for (const Communicator* comm : {s.comm.get(), s.intra.get(), s.inter.get()})
-    if (comm && comm->error_status() != Status::Ok) fail(comm->error_status(), comm->error_message());
+    if (comm && comm->error_status() != Status::Ok) {
+      const Status status = comm->error_status();
+      const std::string message = comm->error_message();
+      fail_engine_communicators(s, status, message);
+      fail(status, message);
+    }
 }
 
 
@@ -247,7 +261,9 @@ void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
     // The request's own message: it may have run on a node group, not on s.comm.
     std::string message = request->message();
     if (message.empty()) message = s.comm->error_message();
-    fail(status, message.empty() ? "collective failed" : message);
+    if (message.empty()) message = "collective failed";
+    fail_engine_communicators(s, status, message);
+    fail(status, message);
   }
   const uint64_t collective = elapsed_ns(request->submitted_at(), request->completed_at());
   s.stats.collective_ns += collective;

@@ -423,22 +423,26 @@ TEST(HierarchicalCo2, RanksOfANodeThatTrainDifferentModelsFailLoudly) {
 }
 
 // A node's link across the nodes fails alone (rank 0's inter-node communicator, aborted right
-// after a boundary, while or after that boundary's chain runs): the rest of the chain does not
-// run on a partly reduced shard, and every rank fails with that link's error at its next
-// engine call, through the engine alone (no rank aborts its own communicator here).
+// after a boundary, while or after that boundary's chain runs; or mid-round, with nothing of it
+// in flight): the rest of the chain does not run on a partly reduced shard, and every rank fails
+// with that link's error at its next engine call, through the engine alone (no rank aborts its
+// own communicator here), well within the communicators' timeout.
 TEST(HierarchicalCo2, AFailedInterNodeLinkFailsTheEngineOnEveryRank) {
-  Plan plan = hierarchical_2x2();
-  plan.abort_group_on_error = false;
-  plan.after_step = [](int step, int rank, bool boundary, Engine& engine) {
-    if (boundary && step == 8 && rank == 0) engine.node_communicator_for_testing(/*inter=*/true)->abort();
-  };
-  const auto h = train(4, co2_config(false), plan);
-  for (int rank = 0; rank < 4; ++rank) {
-    const Rank& r = h[size_t(rank)];
-    EXPECT_TRUE(r.failed == Status::Aborted || r.failed == Status::PeerLost)
-        << "rank " << rank << ": status " << int(r.failed) << ": " << r.failure;
-    EXPECT_NE(r.failure.find("communicator aborted on rank 0"), std::string::npos)
-        << "rank " << rank << " does not name the failed link: " << r.failure;
+  for (int abort_after : {8, 10}) {
+    Plan plan = hierarchical_2x2();
+    plan.abort_group_on_error = false;
+    plan.after_step = [abort_after](int step, int rank, bool, Engine& engine) {
+      if (step == abort_after && rank == 0) engine.node_communicator_for_testing(/*inter=*/true)->abort();
+    };
+    const auto h = train(4, co2_config(false), plan);
+    for (int rank = 0; rank < 4; ++rank) {
+      const Rank& r = h[size_t(rank)];
+      const std::string what = "aborted after step " + std::to_string(abort_after) + ", rank " + std::to_string(rank);
+      EXPECT_TRUE(r.failed == Status::Aborted || r.failed == Status::PeerLost)
+          << what << ": status " << int(r.failed) << ": " << r.failure;
+      EXPECT_NE(r.failure.find("communicator aborted on rank 0"), std::string::npos)
+          << what << " does not name the failed link: " << r.failure;
+    }
   }
 }
 

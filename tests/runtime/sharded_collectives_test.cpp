@@ -293,6 +293,27 @@ TEST_P(Sharded, AFailedLinkFailsTheRestOfItsChainOnEveryRank) {
   EXPECT_EQ(second[0]->error_status(), failed_link.status);
 }
 
+// A stalled peer (it issues nothing) along a chain: the first link times out, and the gated
+// collective behind it fails with that timeout at once instead of starting and waiting out a
+// timeout of its own (which made a hierarchical run report a stalled rank after up to 2.2 x the
+// timeout). Checked by what it reports, not by a clock: the first link's timeout, quoted.
+TEST_P(Sharded, AStalledPeerIsReportedOnceAlongAChain) {
+  Group first = make_group(GetParam(), 2, milliseconds(300));
+  Group second = make_group(GetParam(), 2, milliseconds(300));
+  std::vector<float> buffer(5000, 1.0f), gathered(5000, 2.0f);
+  auto link = first[0]->reduce_scatter(buffer.data(), buffer.size(), DataType::F32, ReduceOp::Sum);
+  auto gated = second[0]->allgather_shards(gathered.data(), gathered.size(), DataType::F32, {}, {}, link);
+  const Outcome timed_out = outcome_of(link);
+  ASSERT_TRUE(timed_out.finished);
+  ASSERT_EQ(timed_out.status, Status::PeerTimeout) << timed_out.message;
+  const Outcome behind = outcome_of(gated);
+  ASSERT_TRUE(behind.finished);
+  EXPECT_EQ(behind.status, Status::PeerTimeout) << behind.message;
+  EXPECT_NE(behind.message.find("was not started"), std::string::npos) << behind.message;
+  EXPECT_NE(behind.message.find(timed_out.message), std::string::npos)
+      << "'" << behind.message << "' does not quote the first link's '" << timed_out.message << "'";
+}
+
 TEST_P(Sharded, APeerThatNeverIssuesTimesOut) {
   std::vector<float> buffer(5000, 1.0f);
   for (bool reduce : {true, false}) {
