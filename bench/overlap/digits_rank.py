@@ -131,7 +131,9 @@ class EngineClock:
         self.boundaries = 0
         self.grad_sync = trainer.grad_sync
         self._grad_wait_start = 0
-        step, reduce = trainer.step, trainer.reduce_gradients
+        # optimizer.step's hook calls the engine step behind trainer.step() (the layout check
+        # runs before the optimizer's step, not again here): that is the call to time.
+        step, reduce = trainer._engine_step, trainer.reduce_gradients
 
         def timed_step():
             t0 = time.perf_counter_ns()
@@ -146,7 +148,7 @@ class EngineClock:
             self.ns += time.perf_counter_ns() - t0
 
         # optimizer.step's hook looks these up on the instance at every call.
-        trainer.step, trainer.reduce_gradients = timed_step, timed_reduce
+        trainer._engine_step, trainer.reduce_gradients = timed_step, timed_reduce
 
     def reset(self):
         self.ns = 0
