@@ -333,10 +333,22 @@ class ShardedBackend final : public Backend {
     return hasher.digest();
   }
 
-  // The anchor: every rank's shard, gathered (collective in this mode).
+  // The anchor without a collective of its own, so that one rank may evaluate alone: once this
+  // rank's chain completed, B holds the anchor the next boundary starts from (the average in
+  // flight applied, or refused), every shard from its owner, on every rank alike. Waiting for
+  // the chain pairs nothing new: it needs only the peers' progress threads.
   void consensus_into(float* out, size_t count, bool parameters, bool average) override {
     if (parameters) return host_->consensus_into(out, count, parameters, average);
-    gather_shards(cur_, out, Purpose::Consensus);
+    S& s = s_;
+    const Status chain = s.pending ? s.pending->wait_status() : Status::Ok;
+    if (chain != Status::Ok) fail(chain, "consensus: the outer all-reduce in flight failed: " + s.comm->error_message());
+    // Only a checkpoint's unprepared average (a 1.0 or CUDA engine's blob) occupies B: the next
+    // boundary prepares it (a collective chain).
+    require(!(s.average_ready && s.ready_average_finite && !s.prepared.ready), Status::InvalidState,
+            "consensus(ANCHOR) of a sharded engine: the checkpoint just loaded carries an average "
+            "whose update is prepared at the next boundary (a blob of co2 1.0 or of a CUDA engine); "
+            "take a step to the next boundary first, or use CO2_CONSENSUS_LOCAL_AVERAGE (collective)");
+    std::memcpy(out, s.comm_buffer.data(), count * sizeof(float));
   }
 
   void set_caller_stream(void*) override {}

@@ -67,6 +67,8 @@ struct Plan {
   std::function<float(size_t t, size_t i, int step, int rank)> gradient_of;
   bool reduce_gradients = false;
   std::function<void(int rank, EngineConfig&)> configure;
+  // Called before each step's gradients, with the rank's engine (e.g. to evaluate mid-round).
+  std::function<void(int step, int rank, Engine&, Rank&)> at_step;
 };
 
 std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
@@ -109,6 +111,7 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
             return true;
           });
         }
+        if (plan.at_step) plan.at_step(step, rank, engine, me);
         std::vector<std::vector<float>> g(me.params.size());
         std::vector<void*> trained;
         for (size_t t = 0; t < me.params.size(); ++t) {
@@ -391,6 +394,42 @@ TEST(HierarchicalCo2, AutomaticBetaCountsNodesAlsoAfterARestore) {
   const auto resumed = train(32, config, resume);
   ASSERT_EQ(resumed[0].failed, Status::Ok) << resumed[0].failure;
   EXPECT_EQ(resumed[0].stats.resolved_outer_momentum, default_outer_momentum(8));
+}
+
+// consensus(ANCHOR) pairs no collective under sharding or hierarchy (issue 23, 5): one rank
+// evaluates alone mid-round and gets the anchor its next boundary starts from (the average in
+// flight applied), bitwise; every rank then trains on exactly as without the evaluation.
+void expect_consensus_of_one_rank_is_local(int world, const EngineConfig& config, Plan plan, const std::string& what) {
+  const int evaluator = world - 1;
+  std::vector<float> seen, next_start;
+  plan.at_step = [&](int step, int rank, Engine& engine, Rank& me) {
+    if (rank != evaluator) return;
+    if (step == 7) {  // mid-round: the average of boundary 2 (after step 5) is in flight
+      seen.assign(engine.num_elements(), std::nanf(""));
+      engine.consensus(ConsensusKind::Anchor, seen.data(), seen.size());
+    }
+    if (step == 9)  // after the boundary of step 8: the parameters took the anchor
+      for (const auto& tensor : me.params) next_start.insert(next_start.end(), tensor.begin(), tensor.end());
+  };
+  const auto evaluated = train(world, config, plan);
+  plan.at_step = nullptr;
+  const auto plain = train(world, config, plan);
+  for (const Rank& r : evaluated) ASSERT_EQ(r.failed, Status::Ok) << what << ": " << r.failure;
+  ASSERT_EQ(seen.size(), next_start.size()) << what;
+  EXPECT_EQ(std::memcmp(seen.data(), next_start.data(), seen.size() * sizeof(float)), 0)
+      << what << ": consensus(ANCHOR) is not the anchor the next boundary starts from";
+  for (size_t r = 0; r < evaluated.size(); ++r)
+    for (size_t t = 0; t < std::size(kShapes); ++t)
+      EXPECT_EQ(evaluated[r].params[t], plain[r].params[t]) << what << ": rank " << r << " " << kShapes[t].name;
+}
+
+TEST(ShardedOuterState, ConsensusOfTheAnchorOnOneRankNeedsNoCollective) {
+  expect_consensus_of_one_rank_is_local(2, co2_config(true), Plan{}, "sharded W 2");
+  expect_consensus_of_one_rank_is_local(3, with_policy(co2_config(true), Policy::GapNorm), Plan{}, "sharded W 3, gap/norm");
+}
+
+TEST(HierarchicalCo2, ConsensusOfTheAnchorOnOneRankNeedsNoCollective) {
+  expect_consensus_of_one_rank_is_local(4, co2_config(false), hierarchical_2x2(), "hierarchical 2 x 2");
 }
 
 TEST(ShardedOuterState, RefusesWhatItDoesNotImplementNamingIt) {
