@@ -36,6 +36,7 @@
 #include <cstring>
 #include <string>
 
+#include "runtime/backend.hpp"
 #include "runtime/boundary_pass.hpp"
 #include "runtime/checksum.hpp"
 #include "runtime/engine.hpp"
@@ -84,6 +85,7 @@ class Sink {
   void value(T v) { bytes(&v, sizeof v); }
   uint32_t crc() const { return crc_; }
   size_t total() const { return total_; }
+  bool counting() const { return write_ == nullptr; }
 
  private:
   const WriteFn* write_;
@@ -195,12 +197,18 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
     out.value(history[i].gap_sum);
     out.value(history[i].updates);
     const size_t bytes = seg.count * sizeof(float);
-    if (h.flags & kHasAnchor) out.bytes(s.anchor.data() + seg.state_offset, bytes);
-    if (h.flags & kHasMomentum) out.bytes(s.momentum.data() + seg.state_offset, bytes);
+    // Counting reads nothing, and must not make the sharded backend's collectives.
+    auto part = [&](Backend::SavedPart what, const FloatBuffer& staged) -> const float* {
+      if (out.counting()) return nullptr;
+      const float* assembled = s.backend->saved_part(what, i);
+      return assembled ? assembled : staged.data() + seg.state_offset;
+    };
+    if (h.flags & kHasAnchor) out.bytes(part(Backend::SavedPart::Anchor, s.anchor), bytes);
+    if (h.flags & kHasMomentum) out.bytes(part(Backend::SavedPart::Momentum, s.momentum), bytes);
     if (h.flags & kHasAverage) out.bytes(s.comm_buffer.data() + seg.state_offset, bytes);
     if ((h.flags & kEager) && seg.role == Role::Parameter) {
-      out.bytes(s.eager_offset.data() + seg.state_offset, bytes);
-      if (h.flags & kHasMomentum) out.bytes(s.eager_momentum.data() + seg.state_offset, bytes);
+      out.bytes(part(Backend::SavedPart::EagerOffset, s.eager_offset), bytes);
+      if (h.flags & kHasMomentum) out.bytes(part(Backend::SavedPart::EagerMomentum, s.eager_momentum), bytes);
     }
     if (h.flags & kErrorFeedback) out.bytes(s.residual.data() + seg.state_offset, bytes);
   }

@@ -52,6 +52,7 @@ struct Rank {
   std::vector<int> nonfinite_steps;
   Status failed = Status::Ok;  // another error ended the training
   std::string failure;
+  bool full_anchor_while_saving = false;  // the engine held a full-size anchor copy at a write
 };
 
 // What one rank's training does between engine calls; `before_step` may poison the parameters.
@@ -107,6 +108,7 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
         if (step == plan.save_after) {
           std::vector<char>& blob = (*plan.saved)[size_t(rank)];
           engine.save([&](const void* data, size_t length) {
+            me.full_anchor_while_saving = me.full_anchor_while_saving || engine.anchor_for_testing() != nullptr;
             blob.insert(blob.end(), static_cast<const char*>(data), static_cast<const char*>(data) + length);
             return true;
           });
@@ -426,6 +428,34 @@ void expect_consensus_of_one_rank_is_local(int world, const EngineConfig& config
 TEST(ShardedOuterState, ConsensusOfTheAnchorOnOneRankNeedsNoCollective) {
   expect_consensus_of_one_rank_is_local(2, co2_config(true), Plan{}, "sharded W 2");
   expect_consensus_of_one_rank_is_local(3, with_policy(co2_config(true), Policy::GapNorm), Plan{}, "sharded W 3, gap/norm");
+}
+
+// A sharded save writes the replicated format without a full-size copy of the anchor (or of the
+// momentum, the node's offsets): one segment at a time from the shards (issue 23, 11). What it
+// writes is checked by the checkpoint tests around (sharded <-> replicated, other W, eager).
+TEST(ShardedOuterState, SaveHoldsNoFullSizeCopyOfTheShardedState) {
+  for (bool hierarchical : {false, true}) {
+    std::vector<std::vector<char>> blobs(4);
+    Plan plan = hierarchical ? hierarchical_2x2() : Plan{};
+    plan.save_after = 12;
+    plan.saved = &blobs;
+    EngineConfig config = co2_config(!hierarchical);
+    config.eager = Eager::On;
+    const std::string what = hierarchical ? "hierarchical" : "flat sharded";
+    const auto straight = train(hierarchical ? 4 : 2, config, plan);
+    for (const Rank& r : straight) {
+      ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+      EXPECT_FALSE(r.full_anchor_while_saving) << what;
+    }
+    Plan resume = hierarchical ? hierarchical_2x2() : Plan{};
+    resume.restore = &blobs;
+    resume.first_step = 12;
+    const auto resumed = train(hierarchical ? 4 : 2, config, resume);
+    ASSERT_EQ(resumed[0].failed, Status::Ok) << resumed[0].failure;
+    expect_close(resumed[0].anchor, straight[0].anchor, what + " resumed");
+    for (size_t t = 0; t < std::size(kShapes); ++t)
+      expect_close(resumed[1].params[t], straight[1].params[t], what + " resumed " + kShapes[t].name);
+  }
 }
 
 TEST(HierarchicalCo2, ConsensusOfTheAnchorOnOneRankNeedsNoCollective) {
