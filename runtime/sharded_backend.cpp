@@ -405,7 +405,7 @@ class ShardedBackend final : public Backend {
 
   // Loaded: the full anchor, momentum and average slots. This rank keeps its shards; B takes the
   // average slot (the next anchor when prepared; a raw average is prepared at the next collect),
-  // or else the anchor.
+  // or else (also for a refused average) the anchor.
   void stage_in() override {
     S& s = s_;
     copy_shard(cur_.data(), s.anchor.data() + mine_.begin);
@@ -417,7 +417,10 @@ class ShardedBackend final : public Backend {
         copy_shard(momentum_.data(), s.momentum.data() + mine_.begin);
     }
     if (s.comm_buffer.empty()) s.comm_buffer = FloatBuffer(s.state_count);
-    if (!s.average_ready) std::memcpy(s.comm_buffer.data(), s.anchor.data(), s.state_count * sizeof(float));
+    // A refused average (its NaN) is only "have, not finite" to the next boundary, whose pass
+    // reads the anchor from B.
+    if (!s.average_ready || !s.ready_average_finite)
+      std::memcpy(s.comm_buffer.data(), s.anchor.data(), s.state_count * sizeof(float));
     deltas_in_buffer_ = anchor_outside_shard_ = false;
     // The eager state: this rank's shards of what the blob restored (its node's offsets), else
     // zero (the next round starts from the anchor, as after finalize).

@@ -260,6 +260,34 @@ TEST(ShardedOuterState, ANonFiniteDeltaIsRefusedAtTheSameBoundaryAsReplicated) {
   }
 }
 
+// A refused average saved in flight (the blob's average slot says so by a NaN) and loaded into
+// a sharded engine: the next boundary refuses it there too and keeps the anchor, as a
+// replicated engine loading the same blob does (issue 23, 11: before, the sharded engine took
+// the refused average for its anchor).
+TEST(ShardedOuterState, ARefusedAverageRestoredFromACheckpointKeepsTheAnchor) {
+  Plan save;
+  save.before_step = [](int step, int rank, std::vector<std::vector<float>>& p) {
+    if (step == 7 && rank == 1) p[0][500] = std::nanf("");  // round 3's deltas are not finite
+  };
+  save.steps = 10;
+  save.save_after = 9;  // round 3's average in flight
+  std::vector<std::vector<char>> blobs(2);
+  save.saved = &blobs;
+  train(2, co2_config(true), save);
+  Plan resume;
+  resume.restore = &blobs;
+  resume.first_step = 9;
+  const auto replicated = train(2, co2_config(false), resume);
+  const auto sharded = train(2, co2_config(true), resume);
+  EXPECT_EQ(replicated[0].nonfinite_steps, std::vector<int>{11});  // refused at the next boundary
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(sharded[size_t(r)].nonfinite_steps, replicated[size_t(r)].nonfinite_steps) << "rank " << r;
+    EXPECT_EQ(sharded[size_t(r)].failed, Status::Ok) << sharded[size_t(r)].failure;
+  }
+  ASSERT_TRUE(all_of(sharded[0].anchor.begin(), sharded[0].anchor.end(), [](float v) { return std::isfinite(v); }));
+  expect_close(sharded[0].anchor, replicated[0].anchor, "sharded resume of a refused average");
+}
+
 // Saved at a boundary with the average in flight (steps 12 = 4 rounds of 3) and resumed.
 std::vector<Rank> save_then_resume(int save_world, bool save_sharded, int load_world, bool load_sharded) {
   std::vector<std::vector<char>> blobs(static_cast<size_t>(save_world));
