@@ -288,6 +288,40 @@ TEST(ShardedOuterState, ARefusedAverageRestoredFromACheckpointKeepsTheAnchor) {
   expect_close(sharded[0].anchor, replicated[0].anchor, "sharded resume of a refused average");
 }
 
+// Flat sharding with the eager policy keeps each rank's round start R = a + e; the blob holds
+// e = R - a (the replicated format), and a load adds it to the anchor again. R was itself rounded
+// from a + (its offset), so R comes back bit for bit, and a save followed by a load (co2.torch's
+// save_portable restores its run that way) leaves the trajectory as it was. Resumed mid-round
+// with the rank's own parameters, as state_dict() does.
+TEST(ShardedOuterState, EagerRoundStartSurvivesACheckpointBitForBit) {
+  EngineConfig config = with_policy(co2_config(true), Policy::Eager);
+  config.clip = Clip::None;
+  std::vector<std::vector<char>> blobs(2);
+  Plan save;
+  // Large steps: offsets larger than the anchor's elements.
+  save.gradient_of = [](size_t t, size_t i, int step, int rank) { return 100.0f * gradient(t, i, step, rank); };
+  save.save_after = 4;  // mid-round 1: the anchor is still the initial one, some elements ~1e-8
+  save.saved = &blobs;
+  std::vector<std::vector<std::vector<float>>> params_at_save(2);
+  save.at_step = [&](int step, int rank, Engine&, Rank& me) {
+    if (step == 4) params_at_save[size_t(rank)] = me.params;
+  };
+  const auto straight = train(2, config, save);
+  Plan resume;
+  resume.gradient_of = save.gradient_of;
+  resume.restore = &blobs;
+  resume.first_step = 4;
+  resume.at_step = [&](int step, int rank, Engine&, Rank& me) {
+    if (step == 4) me.params = params_at_save[size_t(rank)];  // the rank's mid-round values
+  };
+  const auto resumed = train(2, config, resume);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(resumed[size_t(r)].failed, Status::Ok) << resumed[size_t(r)].failure;
+    for (size_t t = 0; t < std::size(kShapes); ++t)
+      EXPECT_EQ(resumed[size_t(r)].params[t], straight[size_t(r)].params[t]) << "rank " << r << " " << kShapes[t].name;
+  }
+}
+
 // Saved at a boundary with the average in flight (steps 12 = 4 rounds of 3) and resumed.
 std::vector<Rank> save_then_resume(int save_world, bool save_sharded, int load_world, bool load_sharded) {
   std::vector<std::vector<char>> blobs(static_cast<size_t>(save_world));
