@@ -432,10 +432,11 @@ class ShardedBackend final : public Backend {
     if (!s.eager_momentum.empty() && !eager_momentum_.empty())
       std::copy(s.eager_momentum.data() + from, s.eager_momentum.data() + from + eager_momentum_.size(),
                 eager_momentum_.data());
-    std::vector<float> start(s.anchor.data(), s.anchor.data() + s.state_count);
+    // The loaded anchor is not needed whole any more (its shard and B are taken): a + e in place.
+    float* start = s.anchor.data();
     for (size_t i = 0; !s.eager_offset.empty() && i < s.state_count; ++i) start[i] += s.eager_offset.data()[i];
-    unpack_parameters(s, start.data(), false);  // p <- a + e, as the replicated engine restores
-    if (rank_eager()) std::copy(start.begin(), start.end(), round_start_.data());
+    unpack_parameters(s, start, false);  // p <- a + e, as the replicated engine restores
+    if (rank_eager()) std::copy(start, start + s.state_count, round_start_.data());
     s.anchor = FloatBuffer();
     s.momentum = FloatBuffer();
     s.eager_offset = FloatBuffer();
