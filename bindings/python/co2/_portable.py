@@ -15,7 +15,8 @@ The run that saves is not changed by it: every rank saves its own engine state a
 parameters, finalizes, saves the finalized state, and then restores what it saved (a restart
 from a checkpoint: co2_engine_load, then the rank's own mid-round values). Every rank does the
 same collectives in the same order, whatever its rank, sharding (shard_outer_state) or
-hierarchy ("nodes"): a rank that returned early would leave the others waiting.
+hierarchy ("nodes"): a rank that returned early would leave the others waiting. The price: each
+rank holds its engine state as bytes meanwhile (the size of co2_engine_state_size).
 
 Rank 0's optimizer state rather than an average over ranks: it is one trajectory's consistent
 state (Adam's first and second moments and step count belong together; an average of second
