@@ -378,6 +378,7 @@ class ShardedBackend final : public Backend {
     poisoned_ = false;
     saved_anchor_ = std::vector<float>();
     saved_other_ = std::vector<float>();
+    saved_bits_ = std::vector<int32_t>();
   }
 
   // Hierarchical: the node's offsets, as a replicated rank keeps its own; flat: this rank's,
@@ -751,15 +752,17 @@ class ShardedBackend final : public Backend {
   // other rank contributes zeros, summed as integers so that every bit pattern (-0, NaN)
   // arrives unchanged (blocking, collective over the shards' ranks).
   const float* assemble_segment(const FloatBuffer& shard, const Segment& seg, std::vector<float>& into) {
-    into.assign(seg.count, 0.0f);
+    saved_bits_.assign(seg.count, 0);
     const size_t begin = std::max(seg.state_offset, mine_.begin);
     const size_t end = std::min(seg.state_offset + seg.count, mine_.end);
     if (begin < end)
-      std::copy(shard.data() + (begin - mine_.begin), shard.data() + (end - mine_.begin),
-                into.data() + (begin - seg.state_offset));
-    auto request = shards_->allreduce(into.data(), seg.count, DataType::I32, ReduceOp::Sum,
+      std::memcpy(saved_bits_.data() + (begin - seg.state_offset), shard.data() + (begin - mine_.begin),
+                  (end - begin) * sizeof(float));
+    auto request = shards_->allreduce(saved_bits_.data(), seg.count, DataType::I32, ReduceOp::Sum,
                                       {shard_owner_, Purpose::Consensus});
     if (request->wait_status() != Status::Ok) fail(shards_->error_status(), shards_->error_message());
+    into.resize(seg.count);
+    std::memcpy(into.data(), saved_bits_.data(), seg.count * sizeof(float));
     return into.data();
   }
 
@@ -802,6 +805,7 @@ class ShardedBackend final : public Backend {
   bool poisoned_ = false;
   float saved_first_ = 0.0f;
   std::vector<float> saved_anchor_, saved_other_;  // a save's current segment (saved_part)
+  std::vector<int32_t> saved_bits_;                // ... as the integers its assembly sums
 };
 
 }  // namespace
