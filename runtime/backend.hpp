@@ -97,6 +97,12 @@ class Backend {
   virtual void stage_in() = 0;
   // After a save: host copies of device state are dropped.
   virtual void release_staged() = 0;
+  // What a save writes of one segment's `part`, count floats, or nullptr for the host buffer of
+  // Engine::State that stage_out filled. The sharded backend assembles it here from the ranks'
+  // shards one segment at a time, so that a save never holds a full-size copy (collective:
+  // every rank asks for the same parts in the same order).
+  enum class SavedPart { Anchor, Momentum, EagerOffset, EagerMomentum };
+  virtual const float* saved_part(SavedPart, size_t /*segment*/) { return nullptr; }
 };
 
 std::unique_ptr<Backend> make_host_backend(Engine::State& s);

@@ -37,6 +37,7 @@
 #include <cstring>
 #include <string>
 
+#include "runtime/backend.hpp"
 #include "runtime/boundary_pass.hpp"
 #include "runtime/checksum.hpp"
 #include "runtime/engine.hpp"
@@ -87,6 +88,7 @@ class Sink {
   void value(T v) { bytes(&v, sizeof v); }
   uint32_t crc() const { return crc_; }
   size_t total() const { return total_; }
+  bool counting() const { return write_ == nullptr; }
 
  private:
   const WriteFn* write_;
@@ -198,17 +200,22 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
     out.value(history[i].gap_sum);
     out.value(history[i].updates);
     const size_t bytes = seg.count * sizeof(float);
-    // A counting Sink (state_size) runs over a sharded engine whose full-size copies are not
-    // staged: no pointer is formed into an empty buffer (null + offset is undefined).
-    const auto at = [&](const FloatBuffer& buffer) {
-      return buffer.empty() ? nullptr : buffer.data() + seg.state_offset;
+    // A counting Sink (state_size) reads nothing, must not make the sharded backend's
+    // collectives, and forms no pointer into an empty buffer (null + offset is undefined).
+    const auto at = [&](const FloatBuffer& buffer) -> const float* {
+      return out.counting() || buffer.empty() ? nullptr : buffer.data() + seg.state_offset;
     };
-    if (h.flags & kHasAnchor) out.bytes(at(s.anchor), bytes);
-    if (h.flags & kHasMomentum) out.bytes(at(s.momentum), bytes);
+    auto part = [&](Backend::SavedPart what, const FloatBuffer& staged) -> const float* {
+      if (out.counting()) return nullptr;
+      const float* assembled = s.backend->saved_part(what, i);
+      return assembled ? assembled : at(staged);
+    };
+    if (h.flags & kHasAnchor) out.bytes(part(Backend::SavedPart::Anchor, s.anchor), bytes);
+    if (h.flags & kHasMomentum) out.bytes(part(Backend::SavedPart::Momentum, s.momentum), bytes);
     if (h.flags & kHasAverage) out.bytes(at(s.comm_buffer), bytes);
     if ((h.flags & kEager) && seg.role == Role::Parameter) {
-      out.bytes(at(s.eager_offset), bytes);
-      if (h.flags & kHasMomentum) out.bytes(at(s.eager_momentum), bytes);
+      out.bytes(part(Backend::SavedPart::EagerOffset, s.eager_offset), bytes);
+      if (h.flags & kHasMomentum) out.bytes(part(Backend::SavedPart::EagerMomentum, s.eager_momentum), bytes);
     }
     if (h.flags & kErrorFeedback) out.bytes(at(s.residual), bytes);
   }

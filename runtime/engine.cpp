@@ -413,6 +413,13 @@ void form_nodes(S& s) {
   }
   log::info("hierarchical co2: node " + std::to_string(s.inter->rank()) + " of " + std::to_string(s.inter->size()) +
             ", local rank " + std::to_string(s.intra->rank()) + " of " + std::to_string(s.intra->size()));
+  // Not an error (a small test of a multi-node job), but not what a user asking for nodes expects.
+  if (s.inter->size() == 1 && s.comm->size() > 1)
+    log::warn("hierarchical co2 found one node holding all " + std::to_string(s.comm->size()) +
+              " ranks: there is nothing to run co2 across, so this is sync training (gradients averaged "
+              "every step inside the node) with an outer step over the node's own deltas. For co2 "
+              "across nodes launch on several nodes (co2run --nnodes, GROUP_RANK, or node_id per rank); "
+              "on one machine use the flat hierarchy");
 }
 
 // Hierarchical CO2 trains one model per node: its ranks' parameters must be equal at a boundary

@@ -339,10 +339,22 @@ class ShardedBackend final : public Backend {
     return hasher.digest();
   }
 
-  // The anchor: every rank's shard, gathered (collective in this mode).
+  // The anchor without a collective of its own, so that one rank may evaluate alone: once this
+  // rank's chain completed, B holds the anchor the next boundary starts from (the average in
+  // flight applied, or refused), every shard from its owner, on every rank alike. Waiting for
+  // the chain pairs nothing new: it needs only the peers' progress threads.
   void consensus_into(float* out, size_t count, bool parameters, bool average) override {
     if (parameters) return host_->consensus_into(out, count, parameters, average);
-    gather_shards(cur_, out, Purpose::Consensus);
+    S& s = s_;
+    const Status chain = s.pending ? s.pending->wait_status() : Status::Ok;
+    if (chain != Status::Ok) fail(chain, "consensus: the outer all-reduce in flight failed: " + s.comm->error_message());
+    // Only a checkpoint's unprepared average (a 1.0 or CUDA engine's blob) occupies B: the next
+    // boundary prepares it (a collective chain).
+    require(!(s.average_ready && s.ready_average_finite && !s.prepared.ready), Status::InvalidState,
+            "consensus(ANCHOR) of a sharded engine: the checkpoint just loaded carries an average "
+            "whose update is prepared at the next boundary (a blob of co2 1.0 or of a CUDA engine); "
+            "take a step to the next boundary first, or use CO2_CONSENSUS_LOCAL_AVERAGE (collective)");
+    std::memcpy(out, s.comm_buffer.data(), count * sizeof(float));
   }
 
   void set_caller_stream(void*) override {}
@@ -352,32 +364,12 @@ class ShardedBackend final : public Backend {
     if (s_.pending) s_.pending->wait_status();
   }
 
-  // --- checkpoints: the replicated format, through full-size host copies made for the save ---
+  // --- checkpoints: the replicated format. A save assembles one segment at a time from the
+  // ranks' shards (saved_part), so that it never holds a full-size copy of what is sharded. ---
   bool has_momentum() const override { return !momentum_.empty(); }
 
   void stage_out() override {
     S& s = s_;
-    s.anchor = FloatBuffer(s.state_count);
-    gather_shards(cur_, s.anchor.data(), Purpose::Consensus);
-    if (!momentum_.empty()) {
-      s.momentum = FloatBuffer(s.state_count);
-      gather_shards(momentum_, s.momentum.data(), Purpose::Consensus);
-    }
-    if (s.eager() && s.hierarchical()) {  // the node's offsets, as a replicated rank keeps its own
-      s.eager_offset = FloatBuffer(s.state_count);
-      gather_shards(eager_offset_, s.eager_offset.data(), Purpose::Consensus);
-      if (!eager_momentum_.empty()) {
-        s.eager_momentum = FloatBuffer(s.state_count);
-        gather_shards(eager_momentum_, s.eager_momentum.data(), Purpose::Consensus);
-      }
-    } else if (s.eager()) {  // this rank's: e = R - a
-      s.eager_offset = FloatBuffer(s.state_count);
-      for (size_t i = 0; i < s.state_count; ++i) s.eager_offset.data()[i] = round_start_.data()[i] - s.anchor.data()[i];
-      if (!eager_momentum_.empty()) {
-        s.eager_momentum = FloatBuffer(s.state_count);
-        std::copy(eager_momentum_.data(), eager_momentum_.data() + s.state_count, s.eager_momentum.data());
-      }
-    }
     // A refused average left B holding the unchanged anchor; a blob says "not finite" by its
     // values, so the average slot gets a NaN for the save.
     poisoned_ = s.average_ready && !s.ready_average_finite;
@@ -388,12 +380,34 @@ class ShardedBackend final : public Backend {
   }
 
   void release_staged() override {
-    s_.anchor = FloatBuffer();
-    s_.momentum = FloatBuffer();
-    s_.eager_offset = FloatBuffer();
-    s_.eager_momentum = FloatBuffer();
     if (poisoned_) s_.comm_buffer.data()[0] = saved_first_;
     poisoned_ = false;
+    saved_anchor_ = std::vector<float>();
+    saved_other_ = std::vector<float>();
+    saved_bits_ = std::vector<int32_t>();
+  }
+
+  // Hierarchical: the node's offsets, as a replicated rank keeps its own; flat: this rank's,
+  // e = R - a (the anchor part of the same segment comes first in the blob).
+  const float* saved_part(SavedPart part, size_t segment) override {
+    const S& s = s_;
+    const Segment& seg = s.segments[segment];
+    switch (part) {
+      case SavedPart::Anchor:
+        return assemble_segment(cur_, seg, saved_anchor_);
+      case SavedPart::Momentum:
+        return assemble_segment(momentum_, seg, saved_other_);
+      case SavedPart::EagerOffset:
+        if (s.hierarchical()) return assemble_segment(eager_offset_, seg, saved_other_);
+        saved_other_.resize(seg.count);
+        for (size_t i = 0; i < seg.count; ++i)
+          saved_other_[i] = round_start_.data()[seg.state_offset + i] - saved_anchor_[i];
+        return saved_other_.data();
+      case SavedPart::EagerMomentum:
+        if (s.hierarchical()) return assemble_segment(eager_momentum_, seg, saved_other_);
+        return eager_momentum_.data() + seg.state_offset;
+    }
+    return nullptr;
   }
 
   // Loaded: the full anchor, momentum and average slots. This rank keeps its shards; B takes the
@@ -425,10 +439,11 @@ class ShardedBackend final : public Backend {
     if (!s.eager_momentum.empty() && !eager_momentum_.empty())
       std::copy(s.eager_momentum.data() + from, s.eager_momentum.data() + from + eager_momentum_.size(),
                 eager_momentum_.data());
-    std::vector<float> start(s.anchor.data(), s.anchor.data() + s.state_count);
+    // The loaded anchor is not needed whole any more (its shard and B are taken): a + e in place.
+    float* start = s.anchor.data();
     for (size_t i = 0; !s.eager_offset.empty() && i < s.state_count; ++i) start[i] += s.eager_offset.data()[i];
-    unpack_parameters(s, start.data(), false);  // p <- a + e, as the replicated engine restores
-    if (rank_eager()) std::copy(start.begin(), start.end(), round_start_.data());
+    unpack_parameters(s, start, false);  // p <- a + e, as the replicated engine restores
+    if (rank_eager()) std::copy(start, start + s.state_count, round_start_.data());
     s.anchor = FloatBuffer();
     s.momentum = FloatBuffer();
     s.eager_offset = FloatBuffer();
@@ -745,12 +760,22 @@ class ShardedBackend final : public Backend {
     copy_shard(cur_.data(), s_.comm_buffer.data() + mine_.begin);
   }
 
-  // out[0, N) <- every rank's `shard` (blocking all-gather).
-  void gather_shards(const FloatBuffer& shard, float* out, Purpose purpose) {
-    S& s = s_;
-    copy_shard(out + mine_.begin, shard.data());
-    auto request = shards_->allgather_shards(out, s.state_count, DataType::F32, {shard_owner_, purpose});
+  // into <- segment `seg` of a sharded buffer, from the shards that hold a part of it: every
+  // other rank contributes zeros, summed as integers so that every bit pattern (-0, NaN)
+  // arrives unchanged (blocking, collective over the shards' ranks).
+  const float* assemble_segment(const FloatBuffer& shard, const Segment& seg, std::vector<float>& into) {
+    saved_bits_.assign(seg.count, 0);
+    const size_t begin = std::max(seg.state_offset, mine_.begin);
+    const size_t end = std::min(seg.state_offset + seg.count, mine_.end);
+    if (begin < end)
+      std::memcpy(saved_bits_.data() + (begin - seg.state_offset), shard.data() + (begin - mine_.begin),
+                  (end - begin) * sizeof(float));
+    auto request = shards_->allreduce(saved_bits_.data(), seg.count, DataType::I32, ReduceOp::Sum,
+                                      {shard_owner_, Purpose::Consensus});
     if (request->wait_status() != Status::Ok) fail(shards_->error_status(), shards_->error_message());
+    into.resize(seg.count);
+    std::memcpy(into.data(), saved_bits_.data(), seg.count * sizeof(float));
+    return into.data();
   }
 
   void count_state() {
@@ -792,6 +817,8 @@ class ShardedBackend final : public Backend {
   FloatBuffer eager_offset_, eager_momentum_, round_start_;
   bool poisoned_ = false;
   float saved_first_ = 0.0f;
+  std::vector<float> saved_anchor_, saved_other_;  // a save's current segment (saved_part)
+  std::vector<int32_t> saved_bits_;                // ... as the integers its assembly sums
 };
 
 }  // namespace

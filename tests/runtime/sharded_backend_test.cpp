@@ -52,6 +52,7 @@ struct Rank {
   std::vector<int> nonfinite_steps;
   Status failed = Status::Ok;  // another error ended the training
   std::string failure;
+  bool full_anchor_while_saving = false;  // the engine held a full-size anchor copy at a write
 };
 
 // What one rank's training does between engine calls; `before_step` may poison the parameters.
@@ -71,6 +72,8 @@ struct Plan {
   std::function<void(int step, int rank, bool boundary, Engine&)> after_step;
   transport::local::LinkModel link;  // a slowed link keeps a chain in flight longer
   bool abort_group_on_error = true;  // off: every rank must learn of a failure from the engine
+  // Called before each step's gradients, with the rank's engine (e.g. to evaluate mid-round).
+  std::function<void(int step, int rank, Engine&, Rank&)> at_step;
 };
 
 std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
@@ -109,10 +112,12 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
         if (step == plan.save_after) {
           std::vector<char>& blob = (*plan.saved)[size_t(rank)];
           engine.save([&](const void* data, size_t length) {
+            me.full_anchor_while_saving = me.full_anchor_while_saving || engine.anchor_for_testing() != nullptr;
             blob.insert(blob.end(), static_cast<const char*>(data), static_cast<const char*>(data) + length);
             return true;
           });
         }
+        if (plan.at_step) plan.at_step(step, rank, engine, me);
         std::vector<std::vector<float>> g(me.params.size());
         std::vector<void*> trained;
         for (size_t t = 0; t < me.params.size(); ++t) {
@@ -283,6 +288,68 @@ TEST(ShardedOuterState, BetaChangedWhileAChainIsInFlightActsAsReplicated) {
     expect_bitwise_equal_across_ranks(b, what);
     expect_close(b[0].anchor, a[0].anchor, what);
     EXPECT_EQ(b[0].stats.resolved_outer_momentum, 0.7) << what;
+  }
+}
+
+// A refused average saved in flight (the blob's average slot says so by a NaN) and loaded into
+// a sharded engine: the next boundary refuses it there too and keeps the anchor, as a
+// replicated engine loading the same blob does (issue 23, 11: before, the sharded engine took
+// the refused average for its anchor).
+TEST(ShardedOuterState, ARefusedAverageRestoredFromACheckpointKeepsTheAnchor) {
+  Plan save;
+  save.before_step = [](int step, int rank, std::vector<std::vector<float>>& p) {
+    if (step == 7 && rank == 1) p[0][500] = std::nanf("");  // round 3's deltas are not finite
+  };
+  save.steps = 14;       // past the refusal at step 11: the saving run ends well
+  save.save_after = 9;  // round 3's average in flight
+  std::vector<std::vector<char>> blobs(2);
+  save.saved = &blobs;
+  for (const Rank& r : train(2, co2_config(true), save)) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+  Plan resume;
+  resume.restore = &blobs;
+  resume.first_step = 9;
+  const auto replicated = train(2, co2_config(false), resume);
+  const auto sharded = train(2, co2_config(true), resume);
+  EXPECT_EQ(replicated[0].nonfinite_steps, std::vector<int>{11});  // refused at the next boundary
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(sharded[size_t(r)].nonfinite_steps, replicated[size_t(r)].nonfinite_steps) << "rank " << r;
+    EXPECT_EQ(sharded[size_t(r)].failed, Status::Ok) << sharded[size_t(r)].failure;
+  }
+  ASSERT_TRUE(all_of(sharded[0].anchor.begin(), sharded[0].anchor.end(), [](float v) { return std::isfinite(v); }));
+  expect_close(sharded[0].anchor, replicated[0].anchor, "sharded resume of a refused average");
+}
+
+// Flat sharding with the eager policy keeps each rank's round start R = a + e; the blob holds
+// e = R - a (the replicated format), and a load adds it to the anchor again. R was itself rounded
+// from a + (its offset), so R comes back bit for bit, and a save followed by a load (co2.torch's
+// save_portable restores its run that way) leaves the trajectory as it was. Resumed mid-round
+// with the rank's own parameters, as state_dict() does.
+TEST(ShardedOuterState, EagerRoundStartSurvivesACheckpointBitForBit) {
+  EngineConfig config = with_policy(co2_config(true), Policy::Eager);
+  config.clip = Clip::None;
+  std::vector<std::vector<char>> blobs(2);
+  Plan save;
+  // Large steps: offsets larger than the anchor's elements.
+  save.gradient_of = [](size_t t, size_t i, int step, int rank) { return 100.0f * gradient(t, i, step, rank); };
+  save.save_after = 4;  // mid-round 1: the anchor is still the initial one, some elements ~1e-8
+  save.saved = &blobs;
+  std::vector<std::vector<std::vector<float>>> params_at_save(2);
+  save.at_step = [&](int step, int rank, Engine&, Rank& me) {
+    if (step == 4) params_at_save[size_t(rank)] = me.params;
+  };
+  const auto straight = train(2, config, save);
+  Plan resume;
+  resume.gradient_of = save.gradient_of;
+  resume.restore = &blobs;
+  resume.first_step = 4;
+  resume.at_step = [&](int step, int rank, Engine&, Rank& me) {
+    if (step == 4) me.params = params_at_save[size_t(rank)];  // the rank's mid-round values
+  };
+  const auto resumed = train(2, config, resume);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(resumed[size_t(r)].failed, Status::Ok) << resumed[size_t(r)].failure;
+    for (size_t t = 0; t < std::size(kShapes); ++t)
+      EXPECT_EQ(resumed[size_t(r)].params[t], straight[size_t(r)].params[t]) << "rank " << r << " " << kShapes[t].name;
   }
 }
 
@@ -535,6 +602,70 @@ TEST(HierarchicalCo2, AutomaticBetaCountsNodesAlsoAfterARestore) {
   const auto resumed = train(32, config, resume);
   ASSERT_EQ(resumed[0].failed, Status::Ok) << resumed[0].failure;
   EXPECT_EQ(resumed[0].stats.resolved_outer_momentum, default_outer_momentum(8));
+}
+
+// consensus(ANCHOR) pairs no collective under sharding or hierarchy (issue 23, 5): one rank
+// evaluates alone mid-round and gets the anchor its next boundary starts from (the average in
+// flight applied), bitwise; every rank then trains on exactly as without the evaluation.
+void expect_consensus_of_one_rank_is_local(int world, const EngineConfig& config, Plan plan, const std::string& what) {
+  const int evaluator = world - 1;
+  std::vector<float> seen, next_start;
+  plan.at_step = [&](int step, int rank, Engine& engine, Rank& me) {
+    if (rank != evaluator) return;
+    if (step == 7) {  // mid-round: the average of boundary 2 (after step 5) is in flight
+      seen.assign(engine.num_elements(), std::nanf(""));
+      engine.consensus(ConsensusKind::Anchor, seen.data(), seen.size());
+    }
+    if (step == 9)  // after the boundary of step 8: the parameters took the anchor
+      for (const auto& tensor : me.params) next_start.insert(next_start.end(), tensor.begin(), tensor.end());
+  };
+  const auto evaluated = train(world, config, plan);
+  plan.at_step = nullptr;
+  const auto plain = train(world, config, plan);
+  for (const Rank& r : evaluated) ASSERT_EQ(r.failed, Status::Ok) << what << ": " << r.failure;
+  ASSERT_EQ(seen.size(), next_start.size()) << what;
+  EXPECT_EQ(std::memcmp(seen.data(), next_start.data(), seen.size() * sizeof(float)), 0)
+      << what << ": consensus(ANCHOR) is not the anchor the next boundary starts from";
+  for (size_t r = 0; r < evaluated.size(); ++r)
+    for (size_t t = 0; t < std::size(kShapes); ++t)
+      EXPECT_EQ(evaluated[r].params[t], plain[r].params[t]) << what << ": rank " << r << " " << kShapes[t].name;
+}
+
+TEST(ShardedOuterState, ConsensusOfTheAnchorOnOneRankNeedsNoCollective) {
+  expect_consensus_of_one_rank_is_local(2, co2_config(true), Plan{}, "sharded W 2");
+  expect_consensus_of_one_rank_is_local(3, with_policy(co2_config(true), Policy::GapNorm), Plan{}, "sharded W 3, gap/norm");
+}
+
+// A sharded save writes the replicated format without a full-size copy of the anchor (or of the
+// momentum, the node's offsets): one segment at a time from the shards (issue 23, 11). What it
+// writes is checked by the checkpoint tests around (sharded <-> replicated, other W, eager).
+TEST(ShardedOuterState, SaveHoldsNoFullSizeCopyOfTheShardedState) {
+  for (bool hierarchical : {false, true}) {
+    std::vector<std::vector<char>> blobs(4);
+    Plan plan = hierarchical ? hierarchical_2x2() : Plan{};
+    plan.save_after = 12;
+    plan.saved = &blobs;
+    EngineConfig config = co2_config(!hierarchical);
+    config.eager = Eager::On;
+    const std::string what = hierarchical ? "hierarchical" : "flat sharded";
+    const auto straight = train(hierarchical ? 4 : 2, config, plan);
+    for (const Rank& r : straight) {
+      ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+      EXPECT_FALSE(r.full_anchor_while_saving) << what;
+    }
+    Plan resume = hierarchical ? hierarchical_2x2() : Plan{};
+    resume.restore = &blobs;
+    resume.first_step = 12;
+    const auto resumed = train(hierarchical ? 4 : 2, config, resume);
+    ASSERT_EQ(resumed[0].failed, Status::Ok) << resumed[0].failure;
+    expect_close(resumed[0].anchor, straight[0].anchor, what + " resumed");
+    for (size_t t = 0; t < std::size(kShapes); ++t)
+      expect_close(resumed[1].params[t], straight[1].params[t], what + " resumed " + kShapes[t].name);
+  }
+}
+
+TEST(HierarchicalCo2, ConsensusOfTheAnchorOnOneRankNeedsNoCollective) {
+  expect_consensus_of_one_rank_is_local(4, co2_config(false), hierarchical_2x2(), "hierarchical 2 x 2");
 }
 
 TEST(ShardedOuterState, RefusesWhatItDoesNotImplementNamingIt) {

@@ -1,13 +1,22 @@
 """The portable checkpoint: one file, written by rank 0, loadable at any world size or without co2.
 
     {"format": "co2.torch.portable/1",
-     "model": the module's state_dict holding the consensus (the engine's anchor: the model
-              every rank agrees on; localsgd, which keeps none: the ranks' average; buffers
-              that are not averaged: rank 0's),
+     "model": the module's state_dict holding the model finalize() gives at this step (co2:
+              the average in flight applied and the partial round's deltas averaged, as
+              finalize() does them; sync, diloco, localsgd: synchronize()'s model; buffers that
+              are not averaged: rank 0's),
      "optimizer": rank 0's inner-optimizer state_dict (or None),
-     "engine": the shared engine state (co2_engine_save: anchor, outer momentum, the average
-               in flight, counters; it loads at another world size, docs/capi.md),
+     "engine": the shared engine state after that finalize() (co2_engine_save: its anchor is
+               "model", its outer momentum, counters; it loads at another world size,
+               docs/capi.md), so that a resumed run continues from "model",
      "algorithm", "world_size", "steps"}
+
+The run that saves is not changed by it: every rank saves its own engine state and its
+parameters, finalizes, saves the finalized state, and then restores what it saved (a restart
+from a checkpoint: co2_engine_load, then the rank's own mid-round values). Every rank does the
+same collectives in the same order, whatever its rank, sharding (shard_outer_state) or
+hierarchy ("nodes"): a rank that returned early would leave the others waiting. The price: each
+rank holds its engine state as bytes meanwhile (the size of co2_engine_state_size).
 
 Rank 0's optimizer state rather than an average over ranks: it is one trajectory's consistent
 state (Adam's first and second moments and step count belong together; an average of second
@@ -24,19 +33,25 @@ FORMAT = "co2.torch.portable/1"
 def save(trainer, path):
     """Collective; rank 0 writes `path` (atomically: a temporary file, then a rename)."""
     write = trainer.rank == 0
-    engine_state = trainer.engine.save(keep=write)
-    kind = trainer.consensus_kind             # localsgd: the ranks' average, collective
-    if not write and kind == "anchor":
-        return
-    with trainer.consensus_weights(kind):
+    engine = trainer.engine
+    resume = engine.save()                        # this rank's state, to continue from
+    local = [t.detach().clone() for _, t, _ in trainer._segments]
+    try:
+        engine.finalize()
+        engine_state = engine.save(keep=write)
         model = {k: v.detach().to("cpu", copy=True) for k, v in
                  trainer.module.state_dict().items()} if write else None
+        steps = engine.stats()["steps"]
+    finally:
+        engine.load(resume)                       # not collective: every rank on its own
+        with torch.no_grad():
+            for (_, tensor, _), saved in zip(trainer._segments, local):
+                tensor.copy_(saved)
     if not write:
         return
     optimizer = trainer.optimizer.state_dict() if trainer.optimizer is not None else None
     state = {"format": FORMAT, "model": model, "optimizer": optimizer, "engine": engine_state,
-             "algorithm": trainer.algorithm, "world_size": trainer.world_size,
-             "steps": trainer.engine.stats()["steps"]}
+             "algorithm": trainer.algorithm, "world_size": trainer.world_size, "steps": steps}
     temporary = f"{path}.tmp{os.getpid()}"
     torch.save(state, temporary)
     os.replace(temporary, path)

@@ -255,7 +255,8 @@ class Engine(OwnsHandle):
 
     def consensus(self, kind="anchor", out=None):
         """The consensus model as one flat float32 array, without changing the trajectory:
-        kind "anchor" (no communication) or "local_average" (collective). `out` (numpy or
+        kind "anchor" (no communication; sharded or hierarchical: includes this rank's average
+        in flight, waited for) or "local_average" (collective). `out` (numpy or
         torch, float32, num_elements long) is filled and returned; None allocates numpy."""
         kind = _values.choice(CONSENSUS, kind, "consensus kind")
         if out is None:

@@ -471,8 +471,9 @@ class Distributed:
     def consensus_weights(self, kind=None):
         """Puts the consensus model into the module for the with-block (evaluation) and restores
         this rank's parameters after, bitwise: the training trajectory does not change.
-        kind "anchor" (the model the ranks agreed on at the last boundary; no communication;
-        the default) or "local_average" (the average of the ranks' current parameters;
+        kind "anchor" (the model the ranks agreed on at the last boundary; no communication, so
+        one rank may evaluate alone; sharded or hierarchical: the anchor the next boundary starts
+        from, the average in flight included; the default) or "local_average" (the average of the ranks' current parameters;
         collective: every rank enters the block at the same step; localsgd's default)."""
         kind = self.consensus_kind if kind is None else kind
         local = [t.detach().clone() for _, t, _ in self._segments]
@@ -540,9 +541,10 @@ class Distributed:
         self._seen_version = _wiring.version(self._params)
 
     def save_portable(self, path):
-        """Collective: call it on every rank; rank 0 writes `path`: one file with the consensus
-        model (a plain state_dict), rank 0's optimizer state and the shared engine state, which
-        load_portable() restores at any world size. See _portable.py."""
+        """Collective: call it on every rank; rank 0 writes `path`: one file with the model
+        finalize() gives at this step (a plain state_dict), rank 0's optimizer state and the
+        finalized engine state, which load_portable() restores at any world size. This run goes
+        on unchanged. See _portable.py."""
         self._collective("save_portable()", lambda: _portable.save(self, path))
         self._life.steps_unsaved = 0
 

@@ -163,8 +163,9 @@ enum {
 
 typedef int32_t co2_consensus_t;
 enum {
-    CO2_CONSENSUS_ANCHOR = 0,       /* the current anchor (whether it communicates: see
-                                       co2_engine_consensus)                                  */
+    CO2_CONSENSUS_ANCHOR = 0,       /* the current anchor (no communication; sharded or
+                                       hierarchical: waits for this rank's average in flight
+                                       and includes it)                             */
     CO2_CONSENSUS_LOCAL_AVERAGE = 1 /* the average of the ranks' current parameters (collective) */
 };
 
@@ -499,6 +500,7 @@ co2_status_t co2_engine_finalize(co2_engine_t engine);
 
 /* Writes the consensus model (fp32, all PARAMETER and BUFFER elements in registration order,
  * `count` = co2_engine_num_elements) into `out` without changing the trajectory.
+ * CO2_CONSENSUS_ANCHOR pairs no collective (one rank may call it alone);
  * CO2_CONSENSUS_LOCAL_AVERAGE is collective. */
 co2_status_t co2_engine_consensus(co2_engine_t engine, co2_consensus_t kind, float *out,
                                   size_t count);

@@ -5,6 +5,8 @@
     multiprocess_worker.py checkpoint ALGORITHM PHASE OUT_DIR    (PHASE: full, first, second)
     multiprocess_worker.py rank0_saves OUT_DIR     (the DDP habit: only rank 0 calls state_dict)
     multiprocess_worker.py uneven join|nojoin OUT_DIR     (the last rank is 5 batches short)
+    multiprocess_worker.py portable LAYOUT PHASE OUT_DIR     (LAYOUT: sharded, nodes, one_node;
+        PHASE: save, plain, finalized, resumed; see test_multiprocess.py)
 """
 import json
 import os
@@ -106,6 +108,49 @@ def uneven(mode, out):
     comm.close()
 
 
+# shard_outer_state, or hierarchy "nodes" (the nodes from GROUP_RANK, as co2run sets it).
+PORTABLE_LAYOUTS = {"sharded": {"shard_outer_state": True},
+                    "nodes": {"hierarchy": "nodes"}, "one_node": {"hierarchy": "nodes"}}
+
+
+def portable(layout, phase, out):
+    """tau 3, 13 steps, the cut at step 7 (mid-round, an average in flight). save: rank 0 alone
+    evaluates with consensus_weights(), every rank reads engine.consensus("anchor") and calls
+    save_portable(); plain: no evaluation, no save; finalized: finalize() at the cut;
+    resumed: a fresh model from the portable file. Writes {phase}{rank}.npy (the parameters at
+    the end), cut{rank}.npy (finalized: what finalize() gave at the cut), anchor{rank}.npy and,
+    rank 0, seen.npy (save: the anchor read, and what consensus_weights() showed)."""
+    comm = co2.Communicator.from_env(timeout_ms=MISUSE_TIMEOUT_MS)
+    rank = comm.rank
+    model = tiny_model(7 if phase == "resumed" else 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = co2.torch.distribute(model, optimizer, comm=comm, tau=3,
+                                   **PORTABLE_LAYOUTS[layout])
+    path = os.path.join(out, "portable.pt")
+
+    def flat():
+        return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy().copy()
+    if phase == "resumed":
+        trainer.load_portable(path)
+    else:
+        train_steps(model, optimizer, rank, 0, CUT)
+    if phase == "save":
+        if rank == 0:
+            with trainer.consensus_weights():
+                np.save(os.path.join(out, "seen.npy"), flat())
+        anchor = trainer.engine.consensus("anchor")
+        np.save(os.path.join(out, f"anchor{rank}.npy"), anchor[:flat().size])
+        trainer.save_portable(path)
+    elif phase == "finalized":
+        trainer.finalize()
+        np.save(os.path.join(out, f"cut{rank}.npy"), flat())
+    train_steps(model, optimizer, rank, CUT, TOTAL_STEPS)
+    trainer.finalize()
+    np.save(os.path.join(out, f"{phase}{rank}.npy"), flat())
+    trainer.close()
+    comm.close()
+
+
 def main(argv):
     torch.set_num_threads(1)
     if argv[0] == "train":
@@ -114,6 +159,8 @@ def main(argv):
         uneven(argv[1], argv[2])
     elif argv[0] == "rank0_saves":
         rank0_saves(argv[1])
+    elif argv[0] == "portable":
+        portable(argv[1], argv[2], argv[3])
     elif argv[0] == "checkpoint":
         checkpoint(argv[1], argv[2], argv[3])
     else:

@@ -273,23 +273,37 @@ def test_state_dict_on_one_rank_says_it_is_collective():
 
 
 def test_portable_checkpoint_saved_at_two_ranks_loads_at_one_and_two(tmp_path):
+    """The portable model is the one finalize() gives at that step (issue 23, 15; before: the
+    anchor, which lags the ranks by the average in flight), and the saving run goes on as if
+    nothing happened."""
     path = str(tmp_path / "portable.pt")
 
-    def save(rank, comm):
+    def save(rank, comm, action):
         model = tiny_model(0)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         with co2.torch.distribute(model, optimizer, comm=comm, tau=3) as trainer:
             train(model, optimizer, rank, 0, 7)                     # mid-round
-            trainer.save_portable(path)
             anchor = torch.from_numpy(trainer.engine.consensus("anchor"))
-            return anchor, flat_params(model)
-    (anchor, local0), (_, local1) = run_world(2, save)
+            local = flat_params(model)
+            if action == "save":
+                trainer.save_portable(path)
+            elif action == "finalize":
+                trainer.finalize()
+                return flat_params(model)
+            train(model, optimizer, rank, 7, 11)
+            trainer.finalize()
+            return anchor, local, flat_params(model)
+    (anchor, local0, end0), (_, local1, end1) = run_world(2, lambda r, c: save(r, c, "save"))
     assert not torch.equal(local0, local1)                           # mid-round: they differ
+    unsaved = run_world(2, lambda r, c: save(r, c, "none"))
+    assert torch.equal(end0, unsaved[0][2]) and torch.equal(end1, unsaved[1][2])
+    finalized = run_world(2, lambda r, c: save(r, c, "finalize"))[0]
     saved = co2.torch.load_portable(path)
     assert saved["world_size"] == 2 and saved["optimizer"]["state"]
     plain = tiny_model(7)                                            # plain torch, no engine
     plain.load_state_dict(saved["model"])
-    assert torch.equal(flat_params(plain), anchor)
+    assert torch.equal(flat_params(plain), finalized)
+    assert not torch.equal(finalized, anchor)                        # not the lagging anchor
 
     def resume(rank, comm):
         model = tiny_model(99)
@@ -305,7 +319,7 @@ def test_portable_checkpoint_saved_at_two_ranks_loads_at_one_and_two(tmp_path):
     for world in (1, 2):
         results = run_world(world, resume)
         for loaded, final in results:
-            assert torch.equal(loaded, anchor)
+            assert torch.equal(loaded, finalized)
             assert torch.equal(final, results[0][1])
 
 
