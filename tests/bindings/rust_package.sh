@@ -7,7 +7,8 @@
 # 2. The .crate files become a vendored directory source that replaces crates.io.
 # 3. The packaged example, unpacked outside the repository, builds with `--locked` from
 #    `co2 = "VERSION"`, with libco2 found through pkg-config in a `meson install` of this build
-#    (no CO2_LIB_DIR), and trains on 3 ranks against the installed library alone.
+#    (no CO2_LIB_DIR), and trains on 3 ranks against the installed library alone; it builds
+#    too with libco2 only on the compiler's default path (LIBRARY_PATH).
 # 4. co2-sys's build script stops with what to do when CO2_LIB_DIR holds no libco2, when nothing
 #    finds libco2, and when pkg-config's libco2 has a version the crate cannot use.
 set -euo pipefail
@@ -64,6 +65,10 @@ echo "$ldd_out" | grep -q "libco2.so.* => $lib_dir/" || fail "the example does n
 LD_LIBRARY_PATH="$lib_dir" ${asan:+env LD_PRELOAD=$asan} "$binary" \
   --world 3 --rounds 12 --tau 6 --group "rust-package-$$"
 
+echo "== the packaged example, libco2 on the compiler's default path (LIBRARY_PATH)"
+(cd "$work/app" && env -u CO2_LIB_DIR PKG_CONFIG_PATH="$work/empty" PKG_CONFIG_LIBDIR="$work/empty" \
+  LIBRARY_PATH="$lib_dir" CARGO_TARGET_DIR="$work/target" cargo build --offline --locked)
+
 # Each must fail in co2-sys's build script with a message naming the cause and the fix.
 expect_build_error() {
   local what=$1 message=$2
@@ -80,12 +85,13 @@ echo "== co2-sys's build script errors"
 expect_build_error "CO2_LIB_DIR without libco2" "CO2_LIB_DIR=$work/empty holds no libco2.so" \
   env CO2_LIB_DIR="$work/empty" CARGO_TARGET_DIR="$work/target"
 
-default_library=$(${CC:-cc} -print-file-name=libco2.so)
+default_library=$(env -u LIBRARY_PATH ${CC:-cc} -print-file-name=libco2.so)
 if [ "${default_library#/}" != "$default_library" ] && [ -e "$default_library" ]; then
   echo "skipped: a libco2 on the linker's default path would be found"
 else
   expect_build_error "no libco2 anywhere" "libco2 not found: neither CO2_LIB_DIR is set" \
-    env -u CO2_LIB_DIR PKG_CONFIG_PATH="$work/empty" PKG_CONFIG_LIBDIR="$work/empty" CARGO_TARGET_DIR="$work/target"
+    env -u CO2_LIB_DIR -u LIBRARY_PATH PKG_CONFIG_PATH="$work/empty" PKG_CONFIG_LIBDIR="$work/empty" \
+    CARGO_TARGET_DIR="$work/target"
 fi
 
 major=${version%%.*}

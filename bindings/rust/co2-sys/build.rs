@@ -15,7 +15,7 @@ use std::process::{exit, Command};
 const LIBRARY_FILE: &str = "libco2.so";
 
 fn main() {
-    for var in ["CO2_LIB_DIR", "PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR", "CC"] {
+    for var in ["CO2_LIB_DIR", "PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR", "CC", "LIBRARY_PATH"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=build.rs");
@@ -88,8 +88,14 @@ fn pkg_config(args: &[&str]) -> Option<String> {
 /// libco2.so where the C compiler (the linker driver rustc uses) finds it without -L; it
 /// answers a bare file name when it has none.
 fn compiler_default_library() -> Option<PathBuf> {
+    // CC may carry a launcher or flags ("ccache gcc").
     let compiler = env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let out = Command::new(compiler).arg(format!("-print-file-name={LIBRARY_FILE}")).output().ok()?;
+    let mut words = compiler.split_whitespace();
+    let out = Command::new(words.next().unwrap_or("cc"))
+        .args(words)
+        .arg(format!("-print-file-name={LIBRARY_FILE}"))
+        .output()
+        .ok()?;
     let printed = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     (out.status.success() && printed.is_absolute() && printed.exists()).then_some(printed)
 }
