@@ -6,6 +6,9 @@
 #                 fails on memory errors and on definitely/indirectly lost blocks (a handle that
 #                 Drop did not destroy leaks its C++ objects)
 #       example   cargo run of examples/rust with the given arguments
+#       doc       cargo doc of the workspace; any rustdoc warning fails it
+#       package   rust_package.sh: cargo package, the packaged example built from a vendored
+#                 directory against an installed libco2 and run; args: the meson project version
 # Exit 77 (meson: skipped) when cargo is not installed, or for valgrind when valgrind is missing
 # or libco2 is built with ASan (which then checks leaks itself during MODE=test).
 set -euo pipefail
@@ -51,6 +54,14 @@ case "$mode" in
   example)
     [ -n "$asan" ] && export "$runner_var=env LD_PRELOAD=$asan"
     exec cargo run --offline -q -p co2-example-regression -- "$@"
+    ;;
+  doc)
+    export RUSTDOCFLAGS="-D warnings"
+    exec cargo doc --offline --no-deps --workspace "$@"
+    ;;
+  package)
+    export asan
+    exec bash "$root/tests/bindings/rust_package.sh" "$build" "$root" "$@"
     ;;
   *)
     echo "unknown mode $mode" >&2
