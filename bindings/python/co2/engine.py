@@ -96,7 +96,8 @@ def engine_defaults():
 class Engine(OwnsHandle):
     """The outer algorithm for one rank. Keyword arguments left out (or None) keep the C API's
     defaults (see co2.engine_defaults()): algorithm "co2", tau 12, outer_lr 1.0, outer_momentum
-    "auto" (by world size), no penalty, no clipping, anchor check every 100 rounds, eager
+    "auto" (by the number of outer participants: ranks, or nodes under hierarchy), no penalty,
+    no clipping, anchor check every 100 rounds, eager
     "auto" (co2 only: each rank starts its round from the anchor plus its own fresh delta's
     share, docs/algorithm.md "The eager policy"; "auto" is eager on host tensors and the
     delayed update on CUDA tensors; True / False force it), wire_format "fp32" (the outer
