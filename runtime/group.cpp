@@ -105,6 +105,20 @@ bool parse_tcp_id(const std::string& id, IdParts& parts) {
   return true;
 }
 
+// Why rank 0 cannot serve the store at its port, and what to do: one sentence.
+std::string port_in_use_message(const store::LaunchEnvironment& launched) {
+  const std::string variable = launched.master_port_variable.empty() ? "the port" : launched.master_port_variable;
+  const std::string port = variable + "=" + std::to_string(launched.master_port);
+  if (launched.under_torchrun && launched.master_port_variable == "MASTER_PORT")
+    return port + " is taken by torchrun's agent, which serves torch's own store there: give co2's store a free "
+           "port of its own with CO2_MASTER_PORT, or form the group with co2_comm_create_with_id from an id "
+           "passed through torch's store (co2.Communicator() in Python does this by itself under torchrun)";
+  return port + " is already in use on rank 0's host (another program holds it, or a co2 run that is still "
+         "alive, or a second process given RANK=0): set " +
+         (launched.master_port_variable.empty() ? std::string("CO2_MASTER_PORT") : variable) +
+         " to a free port on every rank, or stop what holds it (ss -ltnp shows who)";
+}
+
 // Rank 0 serves the store at MASTER_PORT, listening where store::choose_store_bind says; every
 // communicator of this process that forms over that port at the same time shares one server.
 std::shared_ptr<store::TcpStoreServer> serve_master_port(const store::LaunchEnvironment& launched,
@@ -119,9 +133,8 @@ std::shared_ptr<store::TcpStoreServer> serve_master_port(const store::LaunchEnvi
   std::shared_ptr<store::TcpStoreServer> server;
   try {
     server = store::TcpStoreServer::start(bind, port, token);
-  } catch (const transport::RendezvousError& error) {
-    throw transport::RendezvousError(std::string(error.what()) +
-                                     " (if another process of this job holds it: were two processes given RANK=0?)");
+  } catch (const store::PortInUseError&) {
+    throw transport::RendezvousError(port_in_use_message(launched));
   }
   registry.by_port[port] = server;
   return server;
@@ -151,7 +164,11 @@ void agree_on_the_group(store::Store& store, const std::string& prefix, int rank
       theirs = store.get(prefix + "world/" + std::to_string(peer), left);
     } catch (const transport::RendezvousError& e) {
       throw transport::RendezvousError("rank " + std::to_string(peer) + " never arrived within " +
-                                       std::to_string(timeout.count()) + " ms (" + e.what() + ")");
+                                       std::to_string(timeout.count()) + " ms (" + e.what() + "): start all " +
+                                       std::to_string(world_size) + " ranks of WORLD_SIZE (co2run -n " +
+                                       std::to_string(world_size) +
+                                       " starts them), each with its own RANK and the same MASTER_ADDR and "
+                                       "MASTER_PORT");
     }
     if (theirs != std::to_string(world_size))
       throw transport::RendezvousError("world size mismatch: rank " + std::to_string(peer) + " says " + theirs +
@@ -175,6 +192,20 @@ void leave_together(store::Store& store, const std::string& prefix, int rank, in
   if (serves_store) store.wait(keys("left/"), timeout);
 }
 
+// What a build without UCX says wherever processes need it.
+constexpr const char* kBuiltWithoutUcx =
+    "this libco2 was built without UCX, the transport between processes: install libucx-dev and build co2 "
+    "again (pip install ., or meson setup -Ducx=enabled), or run the ranks as threads of one process "
+    "(transport local)";
+
+// Whether this build has the UCX transport at all; ucx_built() also asks whether UCX can start.
+constexpr bool kUcxCompiledIn =
+#ifdef CO2_HAVE_UCX
+    true;
+#else
+    false;
+#endif
+
 std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, const std::string& prefix, int rank, int world_size,
                                                const CommOptions& options) {
 #ifdef CO2_HAVE_UCX
@@ -182,7 +213,7 @@ std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, const std::s
   return std::make_shared<Communicator>(std::move(transport), options);
 #else
   (void)store, (void)prefix, (void)rank, (void)world_size, (void)options;
-  fail(Status::Unsupported, "this build has no UCX transport (configure with -Ducx=enabled and libucx-dev)");
+  fail(Status::Unsupported, kBuiltWithoutUcx);
 #endif
 }
 
@@ -263,7 +294,7 @@ TransportChoice choose_transport(TransportKind requested, const std::string& env
   if (launched.present && launched.world_size > 1) {
     if (!ucx_is_built)
       fail(Status::Unsupported, "a launcher (" + launched.source + ") started " + std::to_string(launched.world_size) +
-                                    " processes, but this build has no UCX transport to connect them");
+                                    " processes, but " + kBuiltWithoutUcx);
     return {TransportKind::Ucx, "a launcher (" + launched.source + ") started " +
                                     std::to_string(launched.world_size) + " processes"};
   }
@@ -279,7 +310,8 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
   }
   const char* override_text = std::getenv("CO2_TRANSPORT");
   const TransportChoice choice =
-      choose_transport(request.transport, override_text ? override_text : "", launched, request.world_size, ucx_built());
+      choose_transport(request.transport, override_text ? override_text : "", launched, request.world_size,
+                       kUcxCompiledIn);
   log::info(describe(request) + ": transport " + transport_name(choice.kind) + " (" + choice.reason + ")");
 
   switch (choice.kind) {

@@ -231,6 +231,7 @@ LaunchEnvironment read_launch_environment() {
     return environment;  // not launched by anything we know
   }
   environment.present = true;
+  environment.under_torchrun = variable("TORCHELASTIC_RUN_ID").has_value();
   check_consistent(environment, names);
 
   if (const auto address = variable("MASTER_ADDR")) {
@@ -247,8 +248,10 @@ LaunchEnvironment read_launch_environment() {
 
   if (const auto port = variable("CO2_MASTER_PORT")) {
     environment.master_port = uint16_t(parse_integer("CO2_MASTER_PORT", *port, 1, 65535));
+    environment.master_port_variable = "CO2_MASTER_PORT";
   } else if (const auto master_port = variable("MASTER_PORT")) {
     environment.master_port = uint16_t(parse_integer("MASTER_PORT", *master_port, 1, 65535));
+    environment.master_port_variable = "MASTER_PORT";
   } else if (job_id && !job_id->empty()) {
     environment.master_port = derived_port(*job_id);
   }

@@ -256,6 +256,21 @@ class UcxTransport final : public PointToPoint {
 
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
 
+// UCX could not make a context and worker (no usable transport or device, typically): names the
+// UCX_* selections in effect, the usual cause, and what to do, in one sentence.
+std::string cannot_start_message(ucs_status_t status) {
+  std::string selections;
+  for (const char* name : {"UCX_TLS", "UCX_NET_DEVICES"}) {
+    if (const char* value = std::getenv(name))
+      selections += std::string(selections.empty() ? "" : ", ") + name + "=" + value;
+  }
+  return "UCX cannot start here (creating the UCP context and worker failed: " + status_text(status) + ") " +
+         (selections.empty() ? std::string("with UCX's default transports")
+                             : "with " + selections + " in the environment") +
+         ": unset UCX_TLS and UCX_NET_DEVICES, or set them to transports and devices this host has "
+         "(ucx_info -d lists them; UCX_TLS=tcp UCX_NET_DEVICES=lo on one host)";
+}
+
 UcxTransport::UcxTransport(int rank, int size, std::chrono::microseconds spin)
     : rank_(rank), size_(size), spin_(spin) {
   const std::string where = "ucx transport rank " + std::to_string(rank) + ": ";
@@ -293,9 +308,7 @@ UcxTransport::UcxTransport(int rank, int size, std::chrono::microseconds spin)
     event_fd_ = -1;
   }
   ucp_config_release(config);
-  if (!worker_)
-    throw RendezvousError(where + "creating the UCP context and worker failed: " +
-                          status_text(status) + " (check UCX_TLS / UCX_NET_DEVICES)");
+  if (!worker_) throw RendezvousError(where + cannot_start_message(status));
 
   ucp_address_t* address = nullptr;
   size_t address_length = 0;
