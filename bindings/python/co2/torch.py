@@ -528,9 +528,8 @@ class Distributed:
             raise ValueError("load_state_dict() takes what trainer.state_dict() returned (with "
                              "the engine state); a model's own state_dict does not restore "
                              "co2's anchor and outer momentum")
-        if state.get("algorithm") != self.algorithm:
-            raise ValueError(f"checkpoint of algorithm {state.get('algorithm')!r}, engine runs "
-                             f"{self.algorithm!r}")
+        _portable.check_matches(self, state.get("module"), state.get("algorithm"),
+                                "the checkpoint")
         self.engine.load(state["engine"])            # parameters = restored anchor
         with torch.no_grad():                        # then this rank's mid-round values,
             for key, value in self.module.state_dict().items():   # in place (views stay)
