@@ -105,20 +105,6 @@ bool parse_tcp_id(const std::string& id, IdParts& parts) {
   return true;
 }
 
-// Why rank 0 cannot serve the store at its port, and what to do: one sentence.
-std::string port_in_use_message(const store::LaunchEnvironment& launched) {
-  const std::string variable = launched.master_port_variable.empty() ? "the port" : launched.master_port_variable;
-  const std::string port = variable + "=" + std::to_string(launched.master_port);
-  if (launched.under_torchrun && launched.master_port_variable == "MASTER_PORT")
-    return port + " is taken by torchrun's agent, which serves torch's own store there: give co2's store a free "
-           "port of its own with CO2_MASTER_PORT, or form the group with co2_comm_create_with_id from an id "
-           "passed through torch's store (co2.Communicator() in Python does this by itself under torchrun)";
-  return port + " is already in use on rank 0's host (another program holds it, or a co2 run that is still "
-         "alive, or a second process given RANK=0): set " +
-         (launched.master_port_variable.empty() ? std::string("CO2_MASTER_PORT") : variable) +
-         " to a free port on every rank, or stop what holds it (ss -ltnp shows who)";
-}
-
 // Rank 0 serves the store at MASTER_PORT, listening where store::choose_store_bind says; every
 // communicator of this process that forms over that port at the same time shares one server.
 std::shared_ptr<store::TcpStoreServer> serve_master_port(const store::LaunchEnvironment& launched,
@@ -134,7 +120,7 @@ std::shared_ptr<store::TcpStoreServer> serve_master_port(const store::LaunchEnvi
   try {
     server = store::TcpStoreServer::start(bind, port, token);
   } catch (const store::PortInUseError&) {
-    throw transport::RendezvousError(port_in_use_message(launched));
+    throw transport::RendezvousError(store::port_in_use_message(launched));
   }
   registry.by_port[port] = server;
   return server;

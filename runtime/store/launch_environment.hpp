@@ -33,6 +33,11 @@ struct LaunchEnvironment {
 // A malformed or inconsistent value throws co2::Error(Status::InvalidArgument) naming the variable.
 LaunchEnvironment read_launch_environment();
 
+// Why rank 0 cannot serve the store at `environment`'s port (store::PortInUseError) and what to
+// do, in one sentence: torchrun's agent holds MASTER_PORT under torchrun, else another program,
+// a co2 run still alive or a second RANK=0 holds it.
+std::string port_in_use_message(const LaunchEnvironment& environment);
+
 // Which node (host) this process is on, as far as the launcher says; see read_node_name.
 struct NodeName {
   int64_t id = -1;     // >= 0: the launcher's node index; -1: none, `host` names the node
