@@ -49,7 +49,14 @@ import types
 import warnings
 import weakref
 
-import torch
+try:
+    import torch
+except ImportError as missing:
+    import sys
+    raise ImportError(f"co2.torch needs PyTorch, which {sys.executable} cannot import "
+                      f"({missing}): install it (Debian: apt-get install python3-torch) or run "
+                      f"the Python that has it; the co2 package itself works without torch"
+                      ) from missing
 
 from . import _buffers, _control, _errors, _join, _portable, _roles, _values, _wiring
 from . import capi

@@ -242,3 +242,21 @@ def test_engine_checkpoint_of_another_layout_or_a_newer_co2():
                 same.load(newer)
             one_sentence_fix(str(raised.value), "format version 99",
                              "written by a newer co2", "load it with that version")
+
+
+# --- and before any of these: a Python without numpy or torch --------------------------------
+
+@pytest.mark.parametrize("hidden, imported, parts", [
+    ("numpy", "co2", ["co2 needs numpy", "python3-numpy", "/usr/bin/python3"]),
+    ("torch", "co2.torch", ["co2.torch needs PyTorch", "python3-torch",
+                            "the co2 package itself works without torch"]),
+])
+def test_a_python_without_numpy_or_torch_is_told_which(hidden, imported, parts):
+    # None in sys.modules is Python's own "this module cannot be imported".
+    code = f"import sys; sys.modules[{hidden!r}] = None; import {imported}"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S)
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError"), run.stderr
+    one_sentence_fix(last, *parts)
