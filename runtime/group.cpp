@@ -330,6 +330,11 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         return connect_over_nccl(*threads_store(), group + std::to_string(generation) + "/", request.rank,
                                  request.world_size, request.device_index, request.options);
       }
+#ifdef CO2_HAVE_UCX
+      // Before any rank meets the store: every rank whose UCX cannot start says why, none waits
+      // for a peer that already gave up.
+      if (choice.kind == TransportKind::Ucx) transport::ucx::check_can_start();
+#endif
       store::TcpStoreOptions where;
       where.timeout = request.options.timeout;
       std::shared_ptr<store::TcpStoreServer> server;

@@ -1071,25 +1071,39 @@ std::unique_ptr<PointToPoint> connect(Rendezvous& rendezvous, const std::string&
   return transport;
 }
 
-bool available() {
-  static const bool answer = [] {
+namespace {
+
+// Whether a UCP context and worker can be made with the current UCX_* settings: UCS_OK or the
+// first failure. Kept from the first call (the settings are read once per process, as UCX does).
+ucs_status_t start_status() {
+  static const ucs_status_t answer = [] {
     ucp_config_t* config = nullptr;
-    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return false;
+    ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+    if (status != UCS_OK) return status;
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG;
     ucp_context_h context = nullptr;
-    const ucs_status_t status = ucp_init(&params, config, &context);
+    status = ucp_init(&params, config, &context);
     ucp_config_release(config);
-    if (status != UCS_OK) return false;
+    if (status != UCS_OK) return status;
     ucp_worker_params_t worker_params{};
     ucp_worker_h worker = nullptr;
-    const bool ok = ucp_worker_create(context, &worker_params, &worker) == UCS_OK;
-    if (ok) ucp_worker_destroy(worker);
+    status = ucp_worker_create(context, &worker_params, &worker);
+    if (status == UCS_OK) ucp_worker_destroy(worker);
     ucp_cleanup(context);
-    return ok;
+    return status;
   }();
   return answer;
+}
+
+}  // namespace
+
+bool available() { return start_status() == UCS_OK; }
+
+void check_can_start() {
+  const ucs_status_t status = start_status();
+  if (status != UCS_OK) throw RendezvousError(cannot_start_message(status));
 }
 
 }  // namespace co2::transport::ucx
