@@ -208,7 +208,9 @@ std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::
 #ifdef CO2_HAVE_NCCL
   const int devices = transport::nccl::usable_devices();
   require(devices > 0, Status::Unsupported,
-          "the NCCL transport needs a usable CUDA device (cudaGetDeviceCount found none)");
+          "the NCCL transport needs a usable CUDA device and cudaGetDeviceCount found none on this machine: run "
+          "where a GPU and its driver are visible (nvidia-smi lists them), or use UCX (transport auto) for "
+          "parameters in host memory");
   require(device_index < devices, Status::InvalidArgument,
           "CUDA device " + std::to_string(device_index) + " does not exist (" + std::to_string(devices) +
               " found); device_index defaults to the launcher's LOCAL_RANK: start at most one rank per GPU, "
@@ -217,7 +219,9 @@ std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::
   return std::make_shared<Communicator>(std::move(transport), options);
 #else
   (void)store, (void)prefix, (void)rank, (void)world_size, (void)device_index, (void)options;
-  fail(Status::Unsupported, "this build has no NCCL transport (built without the cuda/nccl options)");
+  fail(Status::Unsupported,
+       "this libco2 was built without NCCL: build co2 again where nvcc and NCCL are found (/usr/local/cuda; "
+       "meson setup -Dcuda=enabled -Dnccl=enabled), or use UCX (transport auto) for parameters in host memory");
 #endif
 }
 

@@ -42,12 +42,15 @@ def free_port():
 
 
 def rank_env(rank, world, port, **extra):
+    """A launcher's environment for `rank`; port None: no MASTER_PORT."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("CO2_MASTER_PORT", "TORCHELASTIC_RUN_ID", "UCX_TLS", "UCX_NET_DEVICES")}
+           if k not in ("CO2_MASTER_PORT", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "UCX_TLS",
+                        "UCX_NET_DEVICES")}
     env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                "CO2_TIMEOUT_MS": str(SHORT_TIMEOUT_MS)})
+                "OMP_NUM_THREADS": "1", "CO2_TIMEOUT_MS": str(SHORT_TIMEOUT_MS)})
+    if port is not None:
+        env["MASTER_PORT"] = str(port)
     env.update(extra)
     return env
 
@@ -99,6 +102,14 @@ def test_a_rank_that_never_starts_is_named():
     assert rank0.get("error") == "RendezvousError", rank0
     one_sentence_fix(rank0["message"], "rank 1 never arrived", "start all 2 ranks of WORLD_SIZE",
                      "co2run -n 2")
+
+
+def test_ranks_set_by_hand_without_master_port_are_told_what_is_missing():
+    results = run_ranks(2, None)
+    for result in results:
+        assert result.get("error") == "InvalidArgumentError", result
+        one_sentence_fix(result["message"], "needs MASTER_ADDR and MASTER_PORT",
+                         "as co2run and torchrun set them")
 
 
 # --- 2. torchrun's agent holds MASTER_PORT ---------------------------------------------------
