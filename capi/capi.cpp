@@ -271,7 +271,7 @@ const char* status_text(co2_status_t status) {
     case CO2_OK: return "success";
     case CO2_ERR_INVALID_ARGUMENT: return "invalid argument: a NULL pointer, a zero or mismatched size, or a value out of range; see co2_last_error_message()";
     case CO2_ERR_INVALID_STATE: return "invalid state: the call is not allowed now (for example step before commit, or register after commit)";
-    case CO2_ERR_UNSUPPORTED: return "unsupported: this build or version cannot do this (for example bf16 parameters, or a transport or device this build lacks); see co2_last_error_message()";
+    case CO2_ERR_UNSUPPORTED: return "unsupported: this build or version cannot do this (for example a transport or device this build lacks); see co2_last_error_message()";
     case CO2_ERR_INVALID_CONFIG: return "invalid config: initialise config structs with their INIT macro or init function";
     case CO2_ERR_UNKNOWN_ENUM: return "unknown enum value: the library is older than the header you compiled against, or the value is garbage";
     case CO2_ERR_DUPLICATE_TENSOR: return "duplicate tensor: the same name or memory was registered twice (register tied weights once)";

@@ -112,6 +112,12 @@ std::unique_ptr<Backend> make_sharded_backend(Engine::State& s);
 // Whether this build has the device backend at all.
 bool device_backend_built();
 
+// What a build without the device backend says for CUDA memory: the cause and both ways out.
+inline constexpr const char* kBuiltWithoutCuda =
+    "CUDA tensors need a libco2 built with CUDA, and this one was built without it: keep the parameters in host "
+    "memory (model.cpu() in torch), or build co2 again where nvcc and the CUDA runtime are found "
+    "(/usr/local/cuda; meson setup -Dcuda=enabled)";
+
 // The backend for tensors on CUDA device `device_index`. Throws Unsupported without CUDA or
 // without a usable device.
 std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index);

@@ -138,6 +138,16 @@ void visit_header(Io& io, H& h) {
   io(h.nonfinite_rounds); io(h.num_segments);
 }
 
+std::string algorithm_name(uint32_t algorithm) {
+  switch (Algorithm(algorithm)) {
+    case Algorithm::Co2: return "co2";
+    case Algorithm::Sync: return "sync";
+    case Algorithm::LocalSgd: return "localsgd";
+    case Algorithm::Diloco: return "diloco";
+  }
+  return std::to_string(algorithm);
+}
+
 size_t stateful_segments(const Engine::State& s) {
   size_t n = 0;
   for (const Segment& seg : s.segments) n += seg.role != Role::Excluded;
@@ -286,8 +296,9 @@ void Engine::load(const ReadFn& read) {
   const auto version = in.value<uint32_t>();
   require(version != 0, Status::CheckpointCorrupt, "checkpoint format version is 0: the blob is corrupted");
   require(version >= kFormatVersion && version <= kValueAverageFormatVersion, Status::CheckpointMismatch,
-          "checkpoint format version " + std::to_string(version) + " is not supported (this library reads " +
-              std::to_string(kFormatVersion) + " to " + std::to_string(kValueAverageFormatVersion) + ")");
+          "checkpoint format version " + std::to_string(version) + " is newer than this library reads (" +
+              std::to_string(kFormatVersion) + " to " + std::to_string(kValueAverageFormatVersion) +
+              "): it was written by a newer co2, so load it with that version or a later one");
   Header h;
   auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
   visit_header(get, h);
@@ -298,9 +309,15 @@ void Engine::load(const ReadFn& read) {
   const uint32_t header_crc = in.crc();
   require(in.value<uint32_t>() == header_crc, Status::CheckpointCorrupt, "checkpoint header CRC mismatch");
   require(h.layout_hash == s.layout_hash && h.num_segments == stateful_segments(s), Status::CheckpointMismatch,
-          "the checkpoint was saved from another parameter layout (names, counts, roles or order differ)");
+          "the checkpoint was saved from another parameter layout (it holds " + std::to_string(h.num_segments) +
+              " tensors, this engine " + std::to_string(stateful_segments(s)) +
+              "; names, counts, roles or order differ: the model changed since the save?): resume with the model "
+              "it was saved from, registered in the same order, or start a changed model from the old weights "
+              "alone (load them into the model before commit) with a fresh engine");
   require(h.algorithm == uint32_t(s.config.algorithm), Status::CheckpointMismatch,
-          "the checkpoint was saved by another algorithm (" + std::to_string(h.algorithm) + ")");
+          "the checkpoint was saved by algorithm " + algorithm_name(h.algorithm) + ", this engine runs " +
+              algorithm_name(uint32_t(s.config.algorithm)) + ": create the engine with the checkpoint's algorithm "
+              "to resume it");
 
   EngineConfig config = s.config;
   config.tau = h.tau;

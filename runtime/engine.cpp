@@ -74,7 +74,7 @@ void validate_storage(const StorageDesc& storage) {
               std::string(storage.dtype == int(ParamDType::BF16) ? "bf16" : "fp16") +
                   " parameters are supported on host tensors only: CUDA tensors must be fp32 for now");
       require(device_backend_built(), Status::Unsupported,
-              "CUDA tensors need a build with the cuda option (this libco2 was built without CUDA)");
+              kBuiltWithoutCuda);
       break;
     default:
       fail(Status::UnknownEnum, "unknown device kind " + std::to_string(storage.device));

@@ -119,9 +119,8 @@ std::shared_ptr<store::TcpStoreServer> serve_master_port(const store::LaunchEnvi
   std::shared_ptr<store::TcpStoreServer> server;
   try {
     server = store::TcpStoreServer::start(bind, port, token);
-  } catch (const transport::RendezvousError& error) {
-    throw transport::RendezvousError(std::string(error.what()) +
-                                     " (if another process of this job holds it: were two processes given RANK=0?)");
+  } catch (const store::PortInUseError&) {
+    throw transport::RendezvousError(store::port_in_use_message(launched));
   }
   registry.by_port[port] = server;
   return server;
@@ -151,7 +150,11 @@ void agree_on_the_group(store::Store& store, const std::string& prefix, int rank
       theirs = store.get(prefix + "world/" + std::to_string(peer), left);
     } catch (const transport::RendezvousError& e) {
       throw transport::RendezvousError("rank " + std::to_string(peer) + " never arrived within " +
-                                       std::to_string(timeout.count()) + " ms (" + e.what() + ")");
+                                       std::to_string(timeout.count()) + " ms (" + e.what() + "): start all " +
+                                       std::to_string(world_size) + " ranks of WORLD_SIZE (co2run -n " +
+                                       std::to_string(world_size) +
+                                       " starts them), each with its own RANK and the same MASTER_ADDR and "
+                                       "MASTER_PORT");
     }
     if (theirs != std::to_string(world_size))
       throw transport::RendezvousError("world size mismatch: rank " + std::to_string(peer) + " says " + theirs +
@@ -175,6 +178,20 @@ void leave_together(store::Store& store, const std::string& prefix, int rank, in
   if (serves_store) store.wait(keys("left/"), timeout);
 }
 
+// What a build without UCX says wherever processes need it.
+constexpr const char* kBuiltWithoutUcx =
+    "this libco2 was built without UCX, the transport between processes: install libucx-dev and build co2 "
+    "again (pip install ., or meson setup -Ducx=enabled), or run the ranks as threads of one process "
+    "(transport local)";
+
+// Whether this build has the UCX transport at all; ucx_built() also asks whether UCX can start.
+constexpr bool kUcxCompiledIn =
+#ifdef CO2_HAVE_UCX
+    true;
+#else
+    false;
+#endif
+
 std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, const std::string& prefix, int rank, int world_size,
                                                const CommOptions& options) {
 #ifdef CO2_HAVE_UCX
@@ -182,7 +199,7 @@ std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, const std::s
   return std::make_shared<Communicator>(std::move(transport), options);
 #else
   (void)store, (void)prefix, (void)rank, (void)world_size, (void)options;
-  fail(Status::Unsupported, "this build has no UCX transport (configure with -Ducx=enabled and libucx-dev)");
+  fail(Status::Unsupported, kBuiltWithoutUcx);
 #endif
 }
 
@@ -191,7 +208,9 @@ std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::
 #ifdef CO2_HAVE_NCCL
   const int devices = transport::nccl::usable_devices();
   require(devices > 0, Status::Unsupported,
-          "the NCCL transport needs a usable CUDA device (cudaGetDeviceCount found none)");
+          "the NCCL transport needs a usable CUDA device and cudaGetDeviceCount found none on this machine: run "
+          "where a GPU and its driver are visible (nvidia-smi lists them), or use UCX (transport auto) for "
+          "parameters in host memory");
   require(device_index < devices, Status::InvalidArgument,
           "CUDA device " + std::to_string(device_index) + " does not exist (" + std::to_string(devices) +
               " found); device_index defaults to the launcher's LOCAL_RANK: start at most one rank per GPU, "
@@ -200,7 +219,9 @@ std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::
   return std::make_shared<Communicator>(std::move(transport), options);
 #else
   (void)store, (void)prefix, (void)rank, (void)world_size, (void)device_index, (void)options;
-  fail(Status::Unsupported, "this build has no NCCL transport (built without the cuda/nccl options)");
+  fail(Status::Unsupported,
+       "this libco2 was built without NCCL: build co2 again where nvcc and NCCL are found (/usr/local/cuda; "
+       "meson setup -Dcuda=enabled -Dnccl=enabled), or use UCX (transport auto) for parameters in host memory");
 #endif
 }
 
@@ -263,7 +284,7 @@ TransportChoice choose_transport(TransportKind requested, const std::string& env
   if (launched.present && launched.world_size > 1) {
     if (!ucx_is_built)
       fail(Status::Unsupported, "a launcher (" + launched.source + ") started " + std::to_string(launched.world_size) +
-                                    " processes, but this build has no UCX transport to connect them");
+                                    " processes, but " + kBuiltWithoutUcx);
     return {TransportKind::Ucx, "a launcher (" + launched.source + ") started " +
                                     std::to_string(launched.world_size) + " processes"};
   }
@@ -279,7 +300,8 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
   }
   const char* override_text = std::getenv("CO2_TRANSPORT");
   const TransportChoice choice =
-      choose_transport(request.transport, override_text ? override_text : "", launched, request.world_size, ucx_built());
+      choose_transport(request.transport, override_text ? override_text : "", launched, request.world_size,
+                       kUcxCompiledIn);
   log::info(describe(request) + ": transport " + transport_name(choice.kind) + " (" + choice.reason + ")");
 
   switch (choice.kind) {
@@ -312,6 +334,11 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         return connect_over_nccl(*threads_store(), group + std::to_string(generation) + "/", request.rank,
                                  request.world_size, request.device_index, request.options);
       }
+#ifdef CO2_HAVE_UCX
+      // Before any rank meets the store: every rank whose UCX cannot start says why, none waits
+      // for a peer that already gave up.
+      if (choice.kind == TransportKind::Ucx) transport::ucx::check_can_start();
+#endif
       store::TcpStoreOptions where;
       where.timeout = request.options.timeout;
       std::shared_ptr<store::TcpStoreServer> server;

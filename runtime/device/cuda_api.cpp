@@ -26,7 +26,9 @@ int device_count() {
 void use_device(int index) {
   const int count = device_count();
   require(count > 0, Status::Unsupported,
-          "CUDA tensors need a usable CUDA device (cudaGetDeviceCount found none on this machine)");
+          "CUDA tensors need a usable CUDA device and cudaGetDeviceCount found none on this machine: run where "
+          "a GPU and its driver are visible (nvidia-smi lists them), or keep the parameters in host memory "
+          "(model.cpu() in torch)");
   require(index >= 0 && index < count, Status::InvalidArgument,
           "device_index " + std::to_string(index) + " is not a CUDA device of this machine (" +
               std::to_string(count) + " found)");

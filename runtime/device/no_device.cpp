@@ -9,7 +9,7 @@ bool device_backend_built() { return false; }
 
 std::unique_ptr<Backend> make_device_backend(Engine::State&, int /*device_index*/) {
   fail(Status::Unsupported,
-       "CUDA tensors need a build with the cuda option (this libco2 was built without CUDA)");
+       kBuiltWithoutCuda);
 }
 
 bool is_cuda_memory(const void*) { return false; }

@@ -182,6 +182,19 @@ std::string choose_store_bind(const LaunchEnvironment& environment, std::string&
   return host;
 }
 
+std::string port_in_use_message(const LaunchEnvironment& launched) {
+  const std::string variable = launched.master_port_variable.empty() ? "the port" : launched.master_port_variable;
+  const std::string port = variable + "=" + std::to_string(launched.master_port);
+  if (launched.under_torchrun && launched.master_port_variable == "MASTER_PORT")
+    return port + " is taken by torchrun's agent, which serves torch's own store there: give co2's store a free "
+           "port of its own with CO2_MASTER_PORT, or form the group with co2_comm_create_with_id from an id "
+           "passed through torch's store (co2.Communicator() in Python does this by itself under torchrun)";
+  return port + " is already in use on rank 0's host (another program holds it, or a co2 run that is still "
+         "alive, or a second process given RANK=0): set " +
+         (launched.master_port_variable.empty() ? std::string("CO2_MASTER_PORT") : variable) +
+         " to a free port on every rank, or stop what holds it (ss -ltnp shows who)";
+}
+
 LaunchEnvironment read_launch_environment() {
   LaunchEnvironment environment;
   std::optional<std::string> job_id;  // for a derived port
@@ -231,6 +244,7 @@ LaunchEnvironment read_launch_environment() {
     return environment;  // not launched by anything we know
   }
   environment.present = true;
+  environment.under_torchrun = variable("TORCHELASTIC_RUN_ID").has_value();
   check_consistent(environment, names);
 
   if (const auto address = variable("MASTER_ADDR")) {
@@ -247,8 +261,10 @@ LaunchEnvironment read_launch_environment() {
 
   if (const auto port = variable("CO2_MASTER_PORT")) {
     environment.master_port = uint16_t(parse_integer("CO2_MASTER_PORT", *port, 1, 65535));
+    environment.master_port_variable = "CO2_MASTER_PORT";
   } else if (const auto master_port = variable("MASTER_PORT")) {
     environment.master_port = uint16_t(parse_integer("MASTER_PORT", *master_port, 1, 65535));
+    environment.master_port_variable = "MASTER_PORT";
   } else if (job_id && !job_id->empty()) {
     environment.master_port = derived_port(*job_id);
   }

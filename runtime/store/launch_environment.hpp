@@ -11,6 +11,10 @@ struct LaunchEnvironment {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   std::string master_addr;  // "" when the launcher gives none and the ranks span several hosts
   uint16_t master_port = 0;  // 0 when neither given nor derivable
+  // Where master_port came from, for messages: "CO2_MASTER_PORT", "MASTER_PORT", or "" (derived).
+  std::string master_port_variable;
+  // TORCHELASTIC_RUN_ID is set: torchrun's agent serves its own store at MASTER_PORT.
+  bool under_torchrun = false;
   std::string source;  // "torchrun/co2run", "openmpi", "slurm"
   // CO2_STORE_BIND as given ("" = unset): where rank 0's store listens ("*" = every address).
   std::string store_bind;
@@ -28,6 +32,11 @@ struct LaunchEnvironment {
 // else one derived from the Open MPI or Slurm job id (10000-29999), else 0.
 // A malformed or inconsistent value throws co2::Error(Status::InvalidArgument) naming the variable.
 LaunchEnvironment read_launch_environment();
+
+// Why rank 0 cannot serve the store at `environment`'s port (store::PortInUseError) and what to
+// do, in one sentence: torchrun's agent holds MASTER_PORT under torchrun, else another program,
+// a co2 run still alive or a second RANK=0 holds it.
+std::string port_in_use_message(const LaunchEnvironment& environment);
 
 // Which node (host) this process is on, as far as the launcher says; see read_node_name.
 struct NodeName {

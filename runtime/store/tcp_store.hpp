@@ -52,6 +52,13 @@ struct TcpStoreLimits {
   size_t max_buffered_bytes = kMaxBufferedBytes;
 };
 
+// What TcpStoreServer::start throws when another socket already holds the port: the caller
+// knows whose port it is (MASTER_PORT, torchrun's) and says what to do.
+class PortInUseError : public transport::RendezvousError {
+ public:
+  using transport::RendezvousError::RendezvousError;
+};
+
 // A store server on its own thread (one poll() loop for every connection: a client that sends
 // garbage, half a frame or nothing only ever loses its own connection). A get() or wait() for a
 // key that is not there yet waits on the server, which answers when the key is set or the
@@ -61,7 +68,8 @@ class TcpStoreServer {
  public:
   // Listens on bind_host:port ("" = every address, IPv6 and IPv4; a name = every address it
   // resolves to; port 0 = a free port). With a non-empty auth_token, a client whose Hello does
-  // not carry the same token is refused. Throws transport::RendezvousError when it cannot listen.
+  // not carry the same token is refused. Throws transport::RendezvousError when it cannot listen,
+  // PortInUseError when the port is taken.
   static std::unique_ptr<TcpStoreServer> start(const std::string& bind_host, uint16_t port,
                                                const std::string& auth_token, const TcpStoreLimits& limits = {});
 

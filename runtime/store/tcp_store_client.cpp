@@ -128,11 +128,19 @@ class TcpStore final : public Store {
       } else if (!server_may_be_late) {
         fail(what + ": cannot reconnect (" + error + "); the store's host, rank 0, is gone?");
       }
-      if (Clock::now() + pause >= deadline)
-        fail("no TCP store answered at " + where_ + " within " + std::to_string(options_.timeout.count()) + " ms (" +
-             std::to_string(attempt) + " attempts; last error: " + error +
-             "); is rank 0 running, and do MASTER_ADDR and MASTER_PORT (or CO2_MASTER_PORT) agree on every rank? "
-             "Under torchrun MASTER_PORT is torchrun's own store: give co2's store another port with CO2_MASTER_PORT");
+      if (Clock::now() + pause >= deadline) {
+        const std::string tried = " within " + std::to_string(options_.timeout.count()) + " ms (" +
+                                  std::to_string(attempt) + " attempts; last error: " + error + ")";
+        // A connection that was accepted but never answered the Hello: a program other than a
+        // co2 store listens there.
+        if (socket.valid())
+          fail("something listens at " + where_ + " but does not answer as a co2 store" + tried +
+               ": another program holds the port (under torchrun, torchrun's agent holds MASTER_PORT), so give "
+               "co2's store a free port with CO2_MASTER_PORT on every rank");
+        fail("no co2 store answered at " + where_ + tried +
+             ": start rank 0 too (every rank of WORLD_SIZE), and give every rank the same MASTER_ADDR and "
+             "MASTER_PORT (or CO2_MASTER_PORT)");
+      }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, kLongestRetryPause);
     }

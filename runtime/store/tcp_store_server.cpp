@@ -522,9 +522,7 @@ Socket listen_on(int family, const sockaddr* address, socklen_t length, std::str
   }
   if (::bind(socket.fd(), address, length) != 0 || ::listen(socket.fd(), SOMAXCONN) != 0) {
     error = std::strerror(errno);
-    if (errno == EADDRINUSE)
-      error += " (another program holds this port; under torchrun MASTER_PORT belongs to torchrun's own "
-               "store: give co2 another port with CO2_MASTER_PORT)";
+    if (errno == EADDRINUSE) error += " (another program holds this port)";
     return Socket();
   }
   return socket;
@@ -599,6 +597,8 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(const std::string& bind_ho
     // whoever holds it.
     if (in_use) listeners.clear();
   }
+  if (listeners.empty() && error.find("Address already in use") != std::string::npos)
+    throw PortInUseError("TCP store server: cannot listen on " + where + ": " + error);
   if (listeners.empty()) listen_failure(where, error);
   const uint16_t bound_port = port_of(listeners.front(), where);
   return std::make_unique<Server>(std::move(listeners), bound_port, auth_token, limits);

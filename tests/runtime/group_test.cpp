@@ -58,6 +58,9 @@ TEST(ChooseTransport, MultiProcessLaunchWithoutUcxIsUnsupported) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::Unsupported);
+    // The cause and the way out: install UCX and build again, or threads of one process.
+    EXPECT_NE(std::string(e.what()).find("built without UCX"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("libucx-dev"), std::string::npos) << e.what();
   }
 }
 

@@ -256,6 +256,21 @@ class UcxTransport final : public PointToPoint {
 
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
 
+// UCX could not make a context and worker (no usable transport or device, typically): names the
+// UCX_* selections in effect, the usual cause, and what to do, in one sentence.
+std::string cannot_start_message(ucs_status_t status) {
+  std::string selections;
+  for (const char* name : {"UCX_TLS", "UCX_NET_DEVICES"}) {
+    if (const char* value = std::getenv(name))
+      selections += std::string(selections.empty() ? "" : ", ") + name + "=" + value;
+  }
+  return "UCX cannot start here (creating the UCP context and worker failed: " + status_text(status) + ") " +
+         (selections.empty() ? std::string("with UCX's default transports")
+                             : "with " + selections + " in the environment") +
+         ": unset UCX_TLS and UCX_NET_DEVICES, or set them to transports and devices this host has "
+         "(ucx_info -d lists them; UCX_TLS=tcp UCX_NET_DEVICES=lo on one host)";
+}
+
 UcxTransport::UcxTransport(int rank, int size, std::chrono::microseconds spin)
     : rank_(rank), size_(size), spin_(spin) {
   const std::string where = "ucx transport rank " + std::to_string(rank) + ": ";
@@ -293,9 +308,7 @@ UcxTransport::UcxTransport(int rank, int size, std::chrono::microseconds spin)
     event_fd_ = -1;
   }
   ucp_config_release(config);
-  if (!worker_)
-    throw RendezvousError(where + "creating the UCP context and worker failed: " +
-                          status_text(status) + " (check UCX_TLS / UCX_NET_DEVICES)");
+  if (!worker_) throw RendezvousError(where + cannot_start_message(status));
 
   ucp_address_t* address = nullptr;
   size_t address_length = 0;
@@ -1058,25 +1071,39 @@ std::unique_ptr<PointToPoint> connect(Rendezvous& rendezvous, const std::string&
   return transport;
 }
 
-bool available() {
-  static const bool answer = [] {
+namespace {
+
+// Whether a UCP context and worker can be made with the current UCX_* settings: UCS_OK or the
+// first failure. Kept from the first call (the settings are read once per process, as UCX does).
+ucs_status_t start_status() {
+  static const ucs_status_t answer = [] {
     ucp_config_t* config = nullptr;
-    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return false;
+    ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+    if (status != UCS_OK) return status;
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG;
     ucp_context_h context = nullptr;
-    const ucs_status_t status = ucp_init(&params, config, &context);
+    status = ucp_init(&params, config, &context);
     ucp_config_release(config);
-    if (status != UCS_OK) return false;
+    if (status != UCS_OK) return status;
     ucp_worker_params_t worker_params{};
     ucp_worker_h worker = nullptr;
-    const bool ok = ucp_worker_create(context, &worker_params, &worker) == UCS_OK;
-    if (ok) ucp_worker_destroy(worker);
+    status = ucp_worker_create(context, &worker_params, &worker);
+    if (status == UCS_OK) ucp_worker_destroy(worker);
     ucp_cleanup(context);
-    return ok;
+    return status;
   }();
   return answer;
+}
+
+}  // namespace
+
+bool available() { return start_status() == UCS_OK; }
+
+void check_can_start() {
+  const ucs_status_t status = start_status();
+  if (status != UCS_OK) throw RendezvousError(cannot_start_message(status));
 }
 
 }  // namespace co2::transport::ucx

@@ -30,4 +30,8 @@ std::unique_ptr<PointToPoint> connect(Rendezvous& rendezvous, const std::string&
 // settings (the answer of the first call is kept).
 bool available();
 
+// Throws RendezvousError naming UCX's failure, the UCX_TLS / UCX_NET_DEVICES in effect and what
+// to do when available() is false: for callers that fail before they meet any peer.
+void check_can_start();
+
 }  // namespace co2::transport::ucx

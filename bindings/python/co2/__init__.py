@@ -12,6 +12,14 @@
 PyTorch: co2.torch.distribute(model, optimizer, ...). Every failing call raises a co2.Error
 subclass carrying the library's message. See bindings/python/README.md.
 """
+try:
+    import numpy  # noqa: F401 - the SWIG module needs it before anything else
+except ImportError as missing:
+    import sys
+    raise ImportError(f"co2 needs numpy, which {sys.executable} cannot import ({missing}): "
+                      f"run the Python co2 was built for (Debian's /usr/bin/python3), or install "
+                      f"numpy for this one (apt-get install python3-numpy)") from missing
+
 from . import capi
 from ._errors import (Error, InvalidArgumentError, InvalidStateError, UnsupportedError,
                       InvalidConfigError, UnknownEnumError, DuplicateTensorError,

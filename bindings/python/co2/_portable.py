@@ -27,7 +27,36 @@ import os
 
 import torch
 
+from ._errors import CheckpointMismatchError
+
 FORMAT = "co2.torch.portable/1"
+
+
+def check_matches(trainer, saved_model, algorithm, what):
+    """Raises co2.CheckpointMismatchError, naming the difference and what to do, when a
+    checkpoint (its algorithm and the module's state_dict as saved) does not fit this trainer:
+    the common case is a model changed since the save (a layer added, renamed or resized)."""
+    if algorithm != trainer.algorithm:
+        raise CheckpointMismatchError(
+            f"{what} was saved by algorithm {algorithm!r}, this trainer runs "
+            f"{trainer.algorithm!r}: distribute(..., algorithm={algorithm!r}) to resume it")
+    if not isinstance(saved_model, dict):
+        return
+    current = trainer.module.state_dict()
+    shapes = {k: tuple(v.shape) for k, v in saved_model.items() if hasattr(v, "shape")}
+    missing = sorted(k for k in current if k not in saved_model)
+    unexpected = sorted(k for k in saved_model if k not in current)
+    resized = sorted(f"{k} {list(shapes[k])} -> {list(v.shape)}" for k, v in current.items()
+                     if k in shapes and shapes[k] != tuple(v.shape))
+    differences = "; ".join(part for part in (
+        f"not in the checkpoint: {', '.join(missing)}" if missing else "",
+        f"no longer in the model: {', '.join(unexpected)}" if unexpected else "",
+        f"resized: {', '.join(resized)}" if resized else "") if part)
+    if differences:
+        raise CheckpointMismatchError(
+            f"{what} was saved from another model ({differences}): resume with the model it was "
+            f"saved from, or start the changed model from the old weights alone with "
+            f"model.load_state_dict(weights, strict=False) before distribute()")
 
 
 def save(trainer, path):
@@ -71,9 +100,7 @@ def load(trainer, path):
     the consensus, the engine continues from the saved shared state, the optimizer from rank 0's
     state."""
     state = read(path)
-    if state["algorithm"] != trainer.algorithm:
-        raise ValueError(f"portable checkpoint of algorithm {state['algorithm']!r}, engine runs "
-                         f"{trainer.algorithm!r}")
+    check_matches(trainer, state["model"], state["algorithm"], f"the portable checkpoint {path}")
     trainer.engine.load(state["engine"])
     with torch.no_grad():
         trainer.module.load_state_dict(state["model"])     # in place: the views stay

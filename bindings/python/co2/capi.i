@@ -40,8 +40,14 @@ static PyObject *co2_error_factory = NULL;
 
 /* Raises the exception for `status`; reads the thread-local detail first (it is only valid until
  * the next co2 call on this thread). Needs the GIL. */
+static void co2_raise_with(co2_status_t status, const char *function, const char *detail);
+
 static void co2_raise(co2_status_t status, const char *function) {
-    const char *detail = co2_last_error_message();
+    co2_raise_with(status, function, co2_last_error_message());
+}
+
+/* The exception for `status` with a detail of the binding's own. */
+static void co2_raise_with(co2_status_t status, const char *function, const char *detail) {
     PyObject *exc;
     if (co2_error_factory == NULL) {
         PyErr_Format(PyExc_RuntimeError, "%s failed: %s (status %d): %s", function,
@@ -414,6 +420,11 @@ co2_status_t engine_adopt_flat_array(co2_engine_t engine, float *array, size_t c
 %{
 /* Checkpoint streams. The C library calls these on the thread that called save/load, which has
  * released the GIL; bytes sinks never touch Python, file sinks take the GIL per chunk. */
+/* A blob or file that ends before the saved state does: the engine is unchanged. */
+#define CO2_TRUNCATED_CHECKPOINT                                                                 \
+    "the checkpoint ends before the saved state does (a save that was interrupted, or a copy "  \
+    "that is incomplete); the engine is unchanged: load an earlier checkpoint"
+
 typedef struct {
     char *data;
     size_t length, used;
@@ -561,8 +572,7 @@ PyObject *engine_load_bytes(co2_engine_t engine, PyObject *blob) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (status == CO2_ERR_CALLBACK && stream.short_read) {
-        PyErr_Format(PyExc_ValueError, "co2_engine_load: the checkpoint is truncated (%zu bytes "
-                     "given, more needed)", stream.length);
+        co2_raise_with(CO2_ERR_CHECKPOINT_CORRUPT, "co2_engine_load", CO2_TRUNCATED_CHECKPOINT);
         return NULL;
     }
     if (status != CO2_OK) { co2_raise(status, "co2_engine_load"); return NULL; }
@@ -594,7 +604,7 @@ PyObject *engine_load_from(co2_engine_t engine, PyObject *file) {
     status = co2_engine_load(engine, co2_file_read, &s);
     Py_END_ALLOW_THREADS
     if (status == CO2_ERR_CALLBACK && s.error_type == NULL) {
-        PyErr_SetString(PyExc_ValueError, "co2_engine_load: the checkpoint file ended early");
+        co2_raise_with(CO2_ERR_CHECKPOINT_CORRUPT, "co2_engine_load", CO2_TRUNCATED_CHECKPOINT);
         return NULL;
     }
     if (status != CO2_OK) return co2_file_error(&s, status, "co2_engine_load");

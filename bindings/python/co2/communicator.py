@@ -101,7 +101,9 @@ class Communicator(OwnsHandle):
     all world_size ranks joined (or fails after timeout_ms with co2.RendezvousError).
 
     rank, world_size: default to the launcher's environment (RANK/WORLD_SIZE as torchrun and
-        co2run set them, else OMPI_COMM_WORLD_*, SLURM_*), else a group of one.
+        co2run set them, else OMPI_COMM_WORLD_*, SLURM_*), else a group of one. Under torchrun,
+        whose agent already holds MASTER_PORT, the ranks then meet through torch's store (the
+        group id goes through it) unless CO2_MASTER_PORT gives co2's store a free port.
     transport: "auto" (the default: the in-process transport, or UCX when the environment
         describes several processes), "local" (ranks are threads of this process), "ucx".
     group_name: ranks of the local transport with equal names form one group.
@@ -121,6 +123,8 @@ class Communicator(OwnsHandle):
                              "environment's RANK/WORLD_SIZE are used)")
         if rank is None:
             rank, world_size = _launch.rank_and_world() or (0, 1)
+            if unique_id is None and _torchrun_holds_master_port(world_size):
+                unique_id = _unique_id_through_torch(rank, world_size)
         config = _config(transport, timeout_ms, chunk_bytes, device_index, node_id)
         config.rank = _values.integer("rank", rank, 0, _values.INT32_MAX)
         config.world_size = _values.integer("world_size", world_size, 0, _values.INT32_MAX)
@@ -170,17 +174,8 @@ class Communicator(OwnsHandle):
 
     @classmethod
     def from_env(cls, **kwargs):
-        """The communicator a launcher describes. Under torchrun, whose agent already holds
-        MASTER_PORT, the group id goes through torch.distributed's store (or set
-        CO2_MASTER_PORT to a free port for co2's own store)."""
-        found = _launch.rank_and_world()
-        if found is None:
-            return cls(0, 1, **kwargs)
-        rank, world = found
-        if (world > 1 and _launch.under_torchrun() and "CO2_MASTER_PORT" not in os.environ
-                and "unique_id" not in kwargs):
-            kwargs["unique_id"] = _unique_id_through_torch(rank, world)
-        return cls(rank, world, **kwargs)
+        """The communicator a launcher describes: the same as Communicator(**kwargs)."""
+        return cls(**kwargs)
 
     @property
     def handle(self):
@@ -257,6 +252,14 @@ def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=No
 def _not_a_buffer(buffer, what):
     raise TypeError(f"{what}: expected a numpy array or a torch tensor, got "
                     f"{type(buffer).__name__}")
+
+
+def _torchrun_holds_master_port(world_size):
+    """Under torchrun its agent serves torch's own store at MASTER_PORT, where co2's rank 0
+    would serve co2's: the group id then goes through torch's store instead, unless
+    CO2_MASTER_PORT gives co2's store a port of its own."""
+    return (world_size > 1 and _launch.under_torchrun()
+            and "CO2_MASTER_PORT" not in os.environ)
 
 
 def _unique_id_through_torch(rank, world):

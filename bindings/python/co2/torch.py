@@ -49,7 +49,14 @@ import types
 import warnings
 import weakref
 
-import torch
+try:
+    import torch
+except ImportError as missing:
+    import sys
+    raise ImportError(f"co2.torch needs PyTorch, which {sys.executable} cannot import "
+                      f"({missing}): install it (Debian: apt-get install python3-torch) or run "
+                      f"the Python that has it; the co2 package itself works without torch"
+                      ) from missing
 
 from . import _buffers, _control, _errors, _join, _portable, _roles, _values, _wiring
 from . import capi
@@ -529,9 +536,8 @@ class Distributed:
             raise ValueError("load_state_dict() takes what trainer.state_dict() returned (with "
                              "the engine state); a model's own state_dict does not restore "
                              "co2's anchor and outer momentum")
-        if state.get("algorithm") != self.algorithm:
-            raise ValueError(f"checkpoint of algorithm {state.get('algorithm')!r}, engine runs "
-                             f"{self.algorithm!r}")
+        _portable.check_matches(self, state.get("module"), state.get("algorithm"),
+                                "the checkpoint")
         self.engine.load(state["engine"])            # parameters = restored anchor
         with torch.no_grad():                        # then this rank's mid-round values,
             for key, value in self.module.state_dict().items():   # in place (views stay)

@@ -20,7 +20,7 @@ const char* const kVariables[] = {
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
     "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
     "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_JOB_ID",
-    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "GROUP_RANK"};
+    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "GROUP_RANK", "TORCHELASTIC_RUN_ID"};
 
 class LaunchEnvironmentTest : public ::testing::Test {
  protected:
@@ -82,9 +82,27 @@ TEST_F(LaunchEnvironmentTest, Co2MasterPortWinsOverTorchrunsMasterPort) {
        {"CO2_MASTER_PORT", "29612"}});
   const auto environment = read_launch_environment();
   EXPECT_EQ(environment.master_port, 29612);
+  EXPECT_EQ(environment.master_port_variable, "CO2_MASTER_PORT");
   // Without local variables every rank is taken to be on this host.
   EXPECT_EQ(environment.local_rank, 0);
   EXPECT_EQ(environment.local_world_size, 2);
+}
+
+// A taken port names the variable that chose it, and torchrun's agent when torchrun launched us.
+TEST_F(LaunchEnvironmentTest, PortInUseMessageNamesWhoseItIs) {
+  set({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}});
+  auto environment = read_launch_environment();
+  EXPECT_EQ(environment.master_port_variable, "MASTER_PORT");
+  EXPECT_FALSE(environment.under_torchrun);
+  EXPECT_CONTAINS(port_in_use_message(environment), "MASTER_PORT=29500 is already in use");
+  EXPECT_CONTAINS(port_in_use_message(environment), "set MASTER_PORT to a free port on every rank");
+  set({{"TORCHELASTIC_RUN_ID", "job"}});
+  environment = read_launch_environment();
+  EXPECT_TRUE(environment.under_torchrun);
+  EXPECT_CONTAINS(port_in_use_message(environment), "MASTER_PORT=29500 is taken by torchrun's agent");
+  EXPECT_CONTAINS(port_in_use_message(environment), "CO2_MASTER_PORT");
+  set({{"CO2_MASTER_PORT", "29612"}});  // co2's own port under torchrun: not the agent's
+  EXPECT_CONTAINS(port_in_use_message(read_launch_environment()), "CO2_MASTER_PORT=29612 is already in use");
 }
 
 TEST_F(LaunchEnvironmentTest, SingleHostWithoutMasterAddrUsesLoopback) {

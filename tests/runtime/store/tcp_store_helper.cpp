@@ -44,7 +44,11 @@ int rank_main() {
   if (environment.rank == 0 && serve_flag != nullptr && std::strcmp(serve_flag, "1") == 0)
   {
     std::string why;
-    server = TcpStoreServer::start(choose_store_bind(environment, why), environment.master_port, token ? token : "");
+    try {
+      server = TcpStoreServer::start(choose_store_bind(environment, why), environment.master_port, token ? token : "");
+    } catch (const co2::store::PortInUseError&) {
+      throw co2::transport::RendezvousError(port_in_use_message(environment));  // as co2_comm_create says it
+    }
     std::printf("serving\n");
     std::fflush(stdout);
   }
