@@ -22,10 +22,8 @@ double seconds(uint64_t ns) { return double(ns) / 1e9; }
                                     "or unset it to run without the metrics endpoint");
 }
 
-bool numeric_address(const std::string& host) {
-  unsigned char buffer[16];
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    return inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buffer) == 1;
+bool ipv4_address(const std::string& host) {
+  unsigned char buffer[4];
   return inet_pton(AF_INET, host.c_str(), buffer) == 1;
 }
 
@@ -38,8 +36,9 @@ MetricsAddress parse_metrics_address(const std::string& value, int local_rank) {
   if (colon != std::string::npos) {
     address.host = value.substr(0, colon);
     port = value.substr(colon + 1);
-    if (!numeric_address(address.host))
-      bad_value(value, "'" + address.host + "' is not a numeric IPv4 address or a bracketed IPv6 address ([::1])");
+    // Debian's civetweb listens on IPv4 only: an IPv6 address would fail later, less clearly.
+    if (!ipv4_address(address.host))
+      bad_value(value, "'" + address.host + "' is not a numeric IPv4 address (no host names; IPv6 is not supported)");
   }
   if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
     bad_value(value, "'" + port + "' is not a port number (0 to " + std::to_string(kMaxPort) + ")");

@@ -24,7 +24,7 @@ namespace co2 {
 // port + its launcher's local rank, so that the ranks of one host get one port each (port 0:
 // any free port, which the info log line names).
 struct MetricsAddress {
-  std::string host = "0.0.0.0";  // every IPv4 address unless the variable names one
+  std::string host = "0.0.0.0";  // every IPv4 address unless the variable names one (IPv4 only)
   int port = 0;
   std::string text() const { return host + ":" + std::to_string(port); }
 };
