@@ -143,8 +143,8 @@ std::unique_ptr<Metrics> Metrics::from_environment(int rank, uint32_t engine) {
   const int local_rank = store::read_launch_environment().local_rank;
   const MetricsAddress wanted = parse_metrics_address(text, local_rank);
   auto series = std::make_shared<MetricsSeries>(rank, engine);
-  metrics_endpoint::add(series, wanted, std::string(kVariable) + "=" + text + " (local rank " +
-                                            std::to_string(local_rank) + ")");
+  metrics_endpoint::add(series, wanted, std::string(kVariable) + "=" + text + ", local rank " +
+                                            std::to_string(local_rank));
   return std::make_unique<Metrics>(std::move(series));
 }
 
