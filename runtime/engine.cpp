@@ -882,9 +882,7 @@ double Engine::get_param(Param key) const {
 
 EngineStats Engine::stats() const {
   if (state_->committed) state_->backend->fold_reports(/*wait=*/false);
-  EngineStats out = state_->stats;
-  fill_observed_stats(*state_, out);
-  return out;
+  return observed_stats(*state_);
 }
 
 float* Engine::anchor_for_testing() { return state_->anchor.data(); }

@@ -35,7 +35,7 @@ MetricsAddress parse_metrics_address(const std::string& value, int local_rank);
 
 // What one engine last published.
 struct MetricsSnapshot {
-  EngineStats stats;  // with the derived fields (fill_observed_stats)
+  EngineStats stats;  // as co2_engine_get_stats reports them (observed_stats)
   uint32_t tau = 0;   // the configured tau (the round in progress may still run the old one)
 };
 

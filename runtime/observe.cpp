@@ -210,11 +210,13 @@ void fill_observed_stats(const Engine::State& s, EngineStats& out) {
   out.last_hidden_fraction = hidden(out.last_boundary_wait_ns, out.last_collective_ns);
 }
 
-void publish_metrics(const Engine::State& s) {
+EngineStats observed_stats(const Engine::State& s) {
   EngineStats out = s.stats;
   fill_observed_stats(s, out);
-  s.metrics->series().publish(out, s.config.tau);
+  return out;
 }
+
+void publish_metrics(const Engine::State& s) { s.metrics->series().publish(observed_stats(s), s.config.tau); }
 
 RoundsSettled::~RoundsSettled() {
   settle_agreements(s_);
