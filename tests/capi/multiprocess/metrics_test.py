@@ -73,11 +73,13 @@ def scrape(port):
     return types, samples
 
 
-def wait_until(condition, what, process):
+def wait_until(condition, what, run):
+    """Polls `condition` until it holds; fails (with co2run's output) if the run ends first or
+    WAIT_LIMIT_S passes."""
     deadline = time.monotonic() + WAIT_LIMIT_S
     while not condition():
-        assert process.poll() is None, f"co2run ended ({process.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {WAIT_LIMIT_S} s"
+        assert run.process.poll() is None, f"co2run ended ({run.process.returncode}) before {what}:\n{run.log()}"
+        assert time.monotonic() < deadline, f"no {what} within {WAIT_LIMIT_S} s:\n{run.log()}"
         time.sleep(0.02)
 
 
@@ -114,7 +116,7 @@ class Run:
 
     def reach(self, stage):
         wait_until(lambda: all(os.path.exists(os.path.join(self.out, f"stats.{stage}.{r}.json")) for r in range(WORLD)),
-                   f"stats.{stage} files", self.process)
+                   f"stats.{stage} files", self)
 
     def release(self, name):
         open(os.path.join(self.out, name), "w").close()
@@ -133,7 +135,7 @@ def run(tmp_path_factory):
         run.reach("trained")
         # The line is written at engine creation, long before the stats file; co2run forwards
         # it, so wait for it as for any other output.
-        wait_until(lambda: len(run.ports()) == WORLD, "endpoint line per rank", run.process)
+        wait_until(lambda: len(run.ports()) == WORLD, "endpoint line per rank", run)
         run.scraped = {"trained": [scrape(p) for p in run.ports()]}
         run.release("go")
         run.reach("finalized")
