@@ -551,6 +551,8 @@ Engine::Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config)
   s.stats.world_size = s.comm->size();
   s.stats.resolved_outer_momentum = s.beta;
   s.trace = Trace::from_environment(s.comm->rank(), s.owner);
+  s.metrics = Metrics::from_environment(s.comm->rank(), s.owner);
+  if (s.metrics) publish_metrics(s);
   s.backend = make_host_side_backend(s);  // until a CUDA tensor brings the device backend
 }
 
@@ -726,6 +728,7 @@ bool Engine::step(void* stream) {
   s.advisor.step_ended();
   const AdvisorExitGuard left{s.advisor};
   ++s.stats.steps;
+  if (s.metrics) s.metrics->series().count_step(s.stats.steps);
   if (++s.steps_in_round < s.round_tau) return false;
   s.steps_in_round = 0;
   s.round_tau = s.config.tau;  // a tau change takes effect here
@@ -886,9 +889,7 @@ double Engine::get_param(Param key) const {
 
 EngineStats Engine::stats() const {
   if (state_->committed) state_->backend->fold_reports(/*wait=*/false);
-  EngineStats out = state_->stats;
-  fill_observed_stats(*state_, out);
-  return out;
+  return observed_stats(*state_);
 }
 
 float* Engine::anchor_for_testing() { return state_->anchor.data(); }

@@ -13,6 +13,7 @@
 #include "runtime/boundary_pass.hpp"
 #include "runtime/device/allocator.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/observe.hpp"
 #include "runtime/param_types.hpp"
 #include "runtime/tau_advisor.hpp"
@@ -126,6 +127,7 @@ struct Engine::State {
   TauAdvisor advisor;  // step and all-reduce times -> the smallest tau that hides the all-reduce
   Observer observer;   // the advice agreed across ranks, the round log line
   std::unique_ptr<Trace> trace;  // CO2_TRACE only: every hook tests this pointer first
+  std::unique_ptr<Metrics> metrics;  // CO2_METRICS_PORT only: likewise
 
   // Where the state lives and how it is computed (runtime/backend.hpp): the host backend, or
   // the device backend once a CUDA tensor is registered; the device backend keeps the outer

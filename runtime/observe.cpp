@@ -178,6 +178,7 @@ void observe_round(Engine::State& s) {
   submit_agreement(s);
   while (o.agreements.size() > kAgreementLag) adopt_oldest(s);
   log_round(s, now);
+  if (s.metrics) publish_metrics(s);
 }
 
 void settle_agreements(Engine::State& s) noexcept {
@@ -209,8 +210,17 @@ void fill_observed_stats(const Engine::State& s, EngineStats& out) {
   out.last_hidden_fraction = hidden(out.last_boundary_wait_ns, out.last_collective_ns);
 }
 
+EngineStats observed_stats(const Engine::State& s) {
+  EngineStats out = s.stats;
+  fill_observed_stats(s, out);
+  return out;
+}
+
+void publish_metrics(const Engine::State& s) { s.metrics->series().publish(observed_stats(s), s.config.tau); }
+
 RoundsSettled::~RoundsSettled() {
   settle_agreements(s_);
+  if (s_.metrics) publish_metrics(s_);
   if (!finalizing_) return;
   try {
     log_summary(s_);

@@ -59,6 +59,11 @@ void settle_agreements(Engine::State& s) noexcept;
 // At engine destruction: waits for what is in flight (bounded by the communicator's timeout)
 // and writes the trace.
 void finish_observing(Engine::State& s) noexcept;
+// The statistics as co2_engine_get_stats reports them (after the backend folded its reports).
+EngineStats observed_stats(const Engine::State& s);
+// observed_stats to the metrics endpoint (call only with s.metrics): at engine creation, every
+// boundary and the end of finalize / synchronize.
+void publish_metrics(const Engine::State& s);
 // The derived fields of `out` (hidden fractions, the agreed advice, this rank's own inputs).
 void fill_observed_stats(const Engine::State& s, EngineStats& out);
 

@@ -51,7 +51,7 @@ ensure_packages() {
 # even across --reconfigure, so a build directory configured before one of them was installed
 # (demo.sh before test.sh) would silently keep leaving that part out.
 OPTIONAL_PACKAGES=(libtorch-dev swig python3-dev python3-numpy python3-torch libgtest-dev
-                   libgmock-dev libucx-dev bindgen libclang-dev python3-clang zlib1g-dev)
+                   libgmock-dev libucx-dev bindgen libclang-dev python3-clang zlib1g-dev prometheus-cpp-dev)
 PACKAGES_STAMP=co2-optional-packages.txt
 
 # The installed versions of OPTIONAL_PACKAGES, one line each (empty where not installed).

@@ -428,7 +428,10 @@ typedef struct co2_segment {
 /* *segment = CO2_SEGMENT_INIT, for languages that cannot use the macro. */
 co2_status_t co2_segment_init(co2_segment_t *segment);
 
-/* `config` may be NULL for defaults. The engine keeps `comm` alive. */
+/* `config` may be NULL for defaults. The engine keeps `comm` alive. With CO2_METRICS_PORT set it
+ * joins the process's Prometheus endpoint (docs/observability.md, "Metrics"): a malformed value
+ * or a port that cannot be listened on is CO2_ERR_INVALID_ARGUMENT, a build without
+ * prometheus-cpp CO2_ERR_UNSUPPORTED. */
 co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_config_t *config,
                                co2_engine_t *out_engine);
 co2_status_t co2_engine_destroy(co2_engine_t engine);
