@@ -14,14 +14,20 @@ state (Adam's first and second moments and step count belong together; an averag
 moments is not the second moment of anything), it needs no communication, and the inner state is
 re-learnt within a few steps after the model restarts from the anchor anyway.
 """
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from .torch import Distributed, Path
 
 FORMAT = "co2.torch.portable/1"
 
 
-def save(trainer, path):
+def save(trainer: Distributed, path: Path) -> None:
     """Collective; rank 0 writes `path` (atomically: a temporary file, then a rename)."""
     write = trainer.rank == 0
     engine_state = trainer.engine.save(keep=write)
@@ -42,7 +48,7 @@ def save(trainer, path):
     os.replace(temporary, path)
 
 
-def read(path, map_location="cpu"):
+def read(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     state = torch.load(path, map_location=map_location)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a co2.torch portable checkpoint (written by "
@@ -51,7 +57,7 @@ def read(path, map_location="cpu"):
     return state
 
 
-def load(trainer, path):
+def load(trainer: Distributed, path: Path) -> dict[str, Any]:
     """Not collective: every rank reads the same file. Parameters and averaged buffers become
     the consensus, the engine continues from the saved shared state, the optimizer from rank 0's
     state."""
