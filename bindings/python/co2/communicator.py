@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # What the collectives take: a numpy array or a torch tensor, reduced or broadcast in place.
 Buffer = Union[npt.NDArray[Any], "torch.Tensor"]
-_Buffer = TypeVar("_Buffer", npt.NDArray[Any], "torch.Tensor")
+_Buffer = TypeVar("_Buffer", bound=Buffer)
 TransportName = Literal["auto", "local", "ucx", "nccl"]
 ReduceOpName = Literal["sum", "avg", "min", "max"]
 
@@ -215,7 +215,8 @@ class Communicator(OwnsHandle):
         """In-place all-reduce of a numpy array or torch tensor; returns a Request."""
         op = _values.choice(REDUCE_OPS, op, "reduce op")
         if isinstance(buffer, np.ndarray):
-            return Request(capi.allreduce(self.handle, buffer, op, None), buffer)
+            # cast: isinstance narrowed the buffer's type; the Request gives back the caller's.
+            return Request(capi.allreduce(self.handle, buffer, op, None), cast(_Buffer, buffer))
         memory = _buffers.TensorMemory(buffer, "allreduce") if _buffers.is_torch_tensor(buffer) \
             else _not_a_buffer(buffer, "allreduce")
         return Request(capi.allreduce_address(self.handle, memory.address, memory.count,
@@ -229,7 +230,8 @@ class Communicator(OwnsHandle):
 
     def broadcast_async(self, buffer: _Buffer, root: int = 0) -> Request[_Buffer]:
         if isinstance(buffer, np.ndarray):
-            return Request(capi.broadcast(self.handle, buffer, int(root), None), buffer)
+            return Request(capi.broadcast(self.handle, buffer, int(root), None),
+                           cast(_Buffer, buffer))
         memory = _buffers.TensorMemory(buffer, "broadcast") if _buffers.is_torch_tensor(buffer) \
             else _not_a_buffer(buffer, "broadcast")
         return Request(capi.broadcast_address(self.handle, memory.address, memory.count,
