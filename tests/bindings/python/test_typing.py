@@ -84,10 +84,15 @@ def test_package_sources_type_check_fully_annotated():
     assert status == 0 and not output.strip(), output
 
 
-def test_capi_stub_matches_the_generated_module():
+def test_capi_stub_matches_the_generated_module(tmp_path):
+    # stubtest keeps no cache: torch (which co2's modules name for their annotations) is left
+    # unread, as nothing in capi.pyi refers to it.
+    config = tmp_path / "stubtest.ini"
+    config.write_text("[mypy]\nenable_incomplete_feature = Unpack\n"
+                      "[mypy-torch.*]\nfollow_imports = skip\n")
     allowlist = os.path.join(HERE, "typing_stubtest_allowlist.txt")
-    status, output = _mypy("co2.capi", "--mypy-config-file", CONFIG, "--allowlist", allowlist,
-                           module="mypy.stubtest", cwd=PACKAGE_PARENT)
+    status, output = _mypy("co2.capi", "--mypy-config-file", str(config), "--allowlist",
+                           allowlist, module="mypy.stubtest", cwd=PACKAGE_PARENT)
     assert status == 0, output
 
 
