@@ -156,7 +156,7 @@ class EngineStats(TypedDict):
 _STATS_FIELDS = tuple(EngineStats.__annotations__)
 
 
-def engine_defaults() -> dict[str, Union[int, float]]:
+def engine_defaults() -> dict[str, Any]:
     """The C API's engine defaults (co2_engine_config_init) as a dict of Engine's keywords."""
     config = capi.engine_config()
     return {key: getattr(config, key) for key in _CONFIG_KEYS}

@@ -31,6 +31,7 @@ def plain_api(weights: npt.NDArray[np.float32]) -> None:
     assert_type(engine.stats()["hidden_fraction"], float)
     assert_type(engine.save(), Optional[bytes])
     assert_type(engine.get_param("tau"), float)
+    co2.Engine(comm, **co2.engine_defaults())               # the C defaults, passed back
 
     co2.Engine(comm, tau="12")                              # error: [arg-type]
     co2.Engine(comm, taux=12)                               # error: [call-arg]
