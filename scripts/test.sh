@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 ensure_packages meson ninja-build gcc g++ libc6-dev binutils pkg-config zlib1g-dev libgtest-dev libgmock-dev \
   libucx-dev ucx-utils bindgen libclang-dev python3-clang valgrind iproute2 \
-  swig python3-dev python3-numpy python3-pytest python3-torch python3-sklearn python3-matplotlib \
+  swig python3-dev python3-numpy python3-pytest python3-torch python3-sklearn python3-matplotlib mypy \
   python3-mesonpy patchelf python3-venv python3-pip \
   python3-doc prometheus-cpp-dev \
   libtorch-dev || exit 1

@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -47,8 +49,10 @@ LR = 0.05
 MOMENTUM = 0.9
 HIDDEN = 64
 TAU = {"localsgd": 4, "diloco": 4, "co2": 2}
-OUTER = {"diloco": {"outer_lr": 0.7, "outer_momentum": 0.5, "nesterov": True},
-         "co2": {"outer_lr": 0.7}}
+# co2.EngineOptions types the engine keywords: mypy names a misspelt key or a wrong value.
+OUTER: dict[str, co2.EngineOptions] = {
+    "diloco": {"outer_lr": 0.7, "outer_momentum": 0.5, "nesterov": True},
+    "co2": {"outer_lr": 0.7}}
 TEST_FRACTION = 0.25                                                # 450 of 1797 images
 
 
@@ -137,7 +141,7 @@ def train_co2(algorithm, comm, data, seed, epochs=EPOCHS, tau=None, **engine_con
     x, y = shard(train_x, train_y, comm.rank, comm.world_size)
     model = make_model(seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    config = dict(OUTER.get(algorithm, {}))
+    config: dict[str, Any] = dict(OUTER.get(algorithm, {}))
     config.update(engine_config)
     if algorithm != "sync":
         config["tau"] = tau or TAU[algorithm]
@@ -158,6 +162,7 @@ def train_co2(algorithm, comm, data, seed, epochs=EPOCHS, tau=None, **engine_con
     trainer.finalize()                                                                # co2:
     wall = time.perf_counter() - start
     stats = trainer.stats()
+    assert trainer.flat is not None     # distribute() flattened the parameters (flat=True)
     result = {"algorithm": algorithm, "seed": seed, "rank": comm.rank,
               "world_size": comm.world_size, "steps": step,
               "accuracy": accuracy(model, test_x, test_y), "wall_s": wall,
@@ -235,7 +240,7 @@ def slowest(comm, seconds):
 def run_processes(args):
     """This process is one rank of a launcher (co2run, torchrun, mpirun)."""
     import torch.distributed as dist
-    rank, world = co2.rank_and_world()
+    rank, world = co2.rank_and_world() or (0, 1)     # no launcher: a group of one
     if not args.no_ddp:
         if co2._launch.under_torchrun():
             dist.init_process_group("gloo")          # torchrun's agent store
@@ -269,10 +274,11 @@ def run_threads(args):
     """Ranks are threads of this process over the in-process transport (co2 algorithms only:
     DDP needs processes)."""
     data = load_digits()
-    runs = []
+    runs: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         for name in args.algorithms:
-            results, errors = [None] * args.threads, []
+            results: list[Any] = [None] * args.threads
+            errors: list[BaseException] = []
 
             def rank_main(rank):
                 try:

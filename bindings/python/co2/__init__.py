@@ -11,6 +11,9 @@
 
 PyTorch: co2.torch.distribute(model, optimizer, ...). Every failing call raises a co2.Error
 subclass carrying the library's message. See bindings/python/README.md.
+
+The package is typed (py.typed; capi.pyi for the generated co2.capi): EngineOptions types the
+engine keywords of Engine() and co2.torch.distribute(), EngineStats what Engine.stats() returns.
 """
 try:
     import numpy  # noqa: F401 - the SWIG module needs it before anything else
@@ -29,12 +32,13 @@ from ._errors import (Error, InvalidArgumentError, InvalidStateError, Unsupporte
                       CollectiveMismatchError, AbortedError, TransportError, RendezvousError,
                       InternalError)
 from .communicator import Communicator, Request, unique_id, comm_defaults
-from .engine import Engine, engine_defaults
+from .engine import Engine, EngineOptions, EngineStats, engine_defaults
 from ._launch import rank_and_world
 
 __version__ = "{}.{}.{}".format(*capi.get_version())
 
 __all__ = ["Communicator", "Engine", "Request", "unique_id", "comm_defaults", "engine_defaults",
+           "EngineOptions", "EngineStats",
            "rank_and_world", "Error", "InvalidArgumentError", "InvalidStateError",
            "UnsupportedError", "InvalidConfigError", "UnknownEnumError", "DuplicateTensorError",
            "OutOfMemoryError", "NonFiniteError", "LayoutMismatchError", "AnchorMismatchError",

@@ -2,9 +2,17 @@
 numpy's C API; float16 arrays by address after the same checks here) and torch tensors (passed
 by data pointer after the checks below). Nothing is ever copied or converted: a wrong dtype, a
 non-contiguous or read-only array raises TypeError, a wrong length ValueError."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, TypeGuard
+
 import numpy as np
+import numpy.typing as npt
 
 from . import capi
+
+if TYPE_CHECKING:
+    import torch
 
 _NUMPY_DTYPES = {
     np.dtype(np.float32): capi.CO2_DTYPE_FP32,
@@ -15,12 +23,12 @@ _NUMPY_DTYPES = {
 }
 
 
-def is_torch_tensor(obj):
+def is_torch_tensor(obj: object) -> TypeGuard[torch.Tensor]:
     module = type(obj).__module__
     return module.startswith("torch") and hasattr(obj, "data_ptr")
 
 
-def _torch_dtypes():
+def _torch_dtypes() -> dict[torch.dtype, int]:
     import torch
     return {
         torch.float32: capi.CO2_DTYPE_FP32,
@@ -37,7 +45,7 @@ class TensorMemory:
 
     __slots__ = ("tensor", "address", "count", "dtype", "device", "device_index")
 
-    def __init__(self, tensor, what):
+    def __init__(self, tensor: torch.Tensor, what: str) -> None:
         dtypes = _torch_dtypes()
         if tensor.dtype not in dtypes:
             raise TypeError(f"{what}: torch dtype {tensor.dtype} is not supported "
@@ -63,7 +71,7 @@ class TensorMemory:
             raise TypeError(f"{what}: device {tensor.device} is not supported (cpu, cuda)")
 
 
-def numpy_dtype_code(array, what):
+def numpy_dtype_code(array: npt.NDArray[Any], what: str) -> int:
     try:
         return _NUMPY_DTYPES[array.dtype]
     except KeyError:
@@ -76,15 +84,16 @@ def numpy_dtype_code(array, what):
 PARAMETER_DTYPES = ("float32", "bfloat16", "float16")
 FP64_PARAMETERS = ("fp64 parameters are not supported: train in float32 (model.float()) or in "
                    "bf16 (model.bfloat16()), whose outer state co2 keeps in fp32")
-_DTYPE_NAMES = {capi.CO2_DTYPE_FP32: "float32", capi.CO2_DTYPE_BF16: "bfloat16",
-                capi.CO2_DTYPE_FP16: "float16"}
+_DTYPE_NAMES: dict[Optional[int], str] = {
+    capi.CO2_DTYPE_FP32: "float32", capi.CO2_DTYPE_BF16: "bfloat16",
+    capi.CO2_DTYPE_FP16: "float16"}
 
 
-def dtype_name(code):
+def dtype_name(code: Optional[int]) -> str:
     return _DTYPE_NAMES.get(code, str(code))
 
 
-def parameter_dtype(buffer, what):
+def parameter_dtype(buffer: object, what: str) -> int:
     """The co2 dtype of parameter memory (a numpy array or torch tensor of float32, bfloat16 or
     float16); TypeError that says what to do for float64 and anything else."""
     if isinstance(buffer, np.ndarray):
@@ -98,13 +107,13 @@ def parameter_dtype(buffer, what):
                         f"{type(buffer).__name__}")
     if code == capi.CO2_DTYPE_FP64:
         raise TypeError(f"{what}: {FP64_PARAMETERS}")
-    if code not in _DTYPE_NAMES:
+    if code is None or code not in _DTYPE_NAMES:
         raise TypeError(f"{what}: {name} is not a parameter dtype "
                         f"({', '.join(PARAMETER_DTYPES)})")
     return code
 
 
-def numpy_address(array, what):
+def numpy_address(array: npt.NDArray[Any], what: str) -> tuple[int, int]:
     """Address and element count of a numpy array the engine reads and writes in place (the
     checks the SWIG module makes for the arrays it takes itself)."""
     if not array.flags.c_contiguous:
@@ -119,7 +128,7 @@ def numpy_address(array, what):
     return array.ctypes.data, array.size
 
 
-def element_count(buffer, what):
+def element_count(buffer: object, what: str) -> int:
     """Element count of a numpy array or torch tensor; TypeError for anything else."""
     if isinstance(buffer, np.ndarray):
         return buffer.size
@@ -129,13 +138,13 @@ def element_count(buffer, what):
                     f"{type(buffer).__name__}")
 
 
-def check_count(buffer, expected, what):
+def check_count(buffer: object, expected: int, what: str) -> None:
     count = element_count(buffer, what)
     if count != expected:
         raise ValueError(f"{what}: expected {expected} elements, got {count}")
 
 
-def current_stream(memory):
+def current_stream(memory: Optional[TensorMemory]) -> Optional[int]:
     """The caller's CUDA stream for device memory (as an address), None on the host."""
     if memory is None or memory.device != capi.CO2_DEVICE_CUDA:
         return None

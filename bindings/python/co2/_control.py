@@ -11,11 +11,18 @@ CollectiveMismatchError names both collectives with their counts, and translate(
 The payload: slot r holds rank r's engine step count, slot W + r a flag (1: this rank's
 parameters changed without an engine step; join: 1 while the rank still has batches).
 """
+from __future__ import annotations
+
 import re
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _errors
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
 
 # Operation codes (part of the element count: never reuse one for another meaning).
 OPERATIONS = {"finalize()": 1, "synchronize()": 2, "state_dict()": 3, "save_portable()": 4,
@@ -27,7 +34,8 @@ UNEQUAL_HINT = "give every rank the same number of batches or use trainer.join()
 COLLECTIVE_HINT = "{op} is collective: call it on every rank"
 
 
-def agree(comm, operation, steps, flag):
+def agree(comm: Communicator, operation: str, steps: int, flag: Union[bool, int]
+          ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Collective: every rank's (steps, flag) as two int64 arrays of length world_size."""
     world = comm.world_size
     payload = np.zeros(2 * world + OPERATIONS[operation], dtype=np.int64)
@@ -37,7 +45,7 @@ def agree(comm, operation, steps, flag):
     return payload[:world], payload[world:2 * world]
 
 
-def peer_operation(error, world, mine):
+def peer_operation(error: BaseException, world: int, mine: Optional[str]) -> Optional[str]:
     """The co2.torch operation a peer was in, other than `mine`, read from a
     CollectiveMismatchError's message (None: the peer's collective was not one of ours, it was
     training)."""
@@ -52,7 +60,8 @@ _STOPS = ("finalize()", "synchronize()", "join round")
 _SAVES = ("state_dict()", "save_portable()")
 
 
-def translate(error, world, rank, steps, mine):
+def translate(error: _errors.Error, world: int, rank: int, steps: int,
+              mine: Optional[str]) -> Optional[_errors.Error]:
     """A clearer exception for a peer failure in or around a co2.torch collective, or None.
 
     mine: the operation this rank was in (None: a training step or boundary)."""
@@ -88,7 +97,7 @@ def translate(error, world, rank, steps, mine):
     return _reraised(error, f"{text}; {UNEQUAL_HINT}")
 
 
-def unequal_steps_error(steps):
+def unequal_steps_error(steps: Sequence[Any]) -> Optional[UnequalStepsError]:
     """The error for an agreement whose step counts differ (None when they are equal)."""
     steps = [int(s) for s in steps]
     if min(steps) == max(steps):
@@ -104,7 +113,7 @@ class UnequalStepsError(_errors.Error):
     same collective operation)."""
 
 
-def _reraised(error, text):
+def _reraised(error: _errors.Error, text: str) -> _errors.Error:
     """The same co2 exception class, with the torch-level explanation first."""
     clearer = type(error)(f"{text}. [library: {error}]", error.status, error.function,
                           error.status_string, error.detail)

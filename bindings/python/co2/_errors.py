@@ -4,6 +4,11 @@ Every failing C call raises an instance of the class for its status, carrying th
 function that failed and co2_last_error_message() (the library's own explanation). Classes also
 derive from the matching builtin (ValueError, TimeoutError, ...) so ordinary handlers work.
 """
+from __future__ import annotations
+
+import builtins
+from typing import Optional
+
 from . import capi
 
 
@@ -11,9 +16,10 @@ class Error(RuntimeError):
     """A co2 call failed. `status` is the co2_status_t, `function` the C function, `detail` the
     library's message (co2_last_error_message()), `status_string` what the status means."""
 
-    status = None
+    status: Optional[int] = None
 
-    def __init__(self, message, status=None, function=None, status_string=None, detail=None):
+    def __init__(self, message: str, status: Optional[int] = None, function: Optional[str] = None,
+                 status_string: Optional[str] = None, detail: Optional[str] = None) -> None:
         super().__init__(message)
         if status is not None:
             self.status = status
@@ -75,7 +81,7 @@ class CallbackError(Error):
     status = capi.CO2_ERR_CALLBACK
 
 
-class TimeoutError(Error, TimeoutError):  # noqa: A001 - co2.TimeoutError is also the builtin
+class TimeoutError(Error, builtins.TimeoutError):  # noqa: A001 - also the builtin
     """A wait with a caller-given timeout expired; the operation is still pending."""
     status = capi.CO2_ERR_TIMEOUT
 
@@ -113,7 +119,7 @@ class InternalError(PeerError):
     status = capi.CO2_ERR_INTERNAL
 
 
-_BY_STATUS = {cls.status: cls for cls in (
+_BY_STATUS: dict[Optional[int], type[Error]] = {cls.status: cls for cls in (
     InvalidArgumentError, InvalidStateError, UnsupportedError, InvalidConfigError,
     UnknownEnumError, DuplicateTensorError, OutOfMemoryError, NonFiniteError,
     LayoutMismatchError, AnchorMismatchError, CheckpointCorruptError, CheckpointMismatchError,
@@ -121,7 +127,8 @@ _BY_STATUS = {cls.status: cls for cls in (
     AbortedError, TransportError, RendezvousError, InternalError)}
 
 
-def _make_error(status, function, status_string, detail):
+def _make_error(status: int, function: str, status_string: str, detail: str) -> Error:
+    cls: type[Error]
     if status in _BY_STATUS:
         cls = _BY_STATUS[status]
     elif 100 <= status <= 199:

@@ -24,14 +24,23 @@ the average a parameter that no rank touched keeps p.grad None (like DDP); one t
 touched gets the average on every rank, so the optimizers of all ranks update the same tensors.
 Gradients are averaged in float32 whatever the parameter's dtype.
 """
+from __future__ import annotations
+
 import contextlib
 import time
+
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
 from ._errors import Error as Co2Error
 from ._errors import TimeoutError as Co2TimeoutError
 from .communicator import TIMEOUT_VARIABLE, default_timeout_ms
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+NamedParameters = Sequence[tuple[str, torch.Tensor]]
 
 DEFAULT_BUCKET_MB = 25.0       # torch DDP's bucket_cap_mb
 FIRST_BUCKET_MB = 1.0          # DDP's first bucket: the last layers' gradients leave early
@@ -46,37 +55,40 @@ class _Bucket:
     __slots__ = ("index", "params", "offsets", "numel", "buffer", "flags", "missing", "request",
                  "ready")
 
-    def __init__(self, index, params):
+    def __init__(self, index: int, params: list[tuple[int, str, torch.Tensor]]) -> None:
         self.index = index
         self.params = params               # [(slot, name, Parameter)]
-        self.offsets = []
+        self.offsets: list[int] = []
         offset = 0
         for _, _, p in params:
             self.offsets.append(offset)
             offset += p.numel()
         self.numel = offset                # gradients; then one "had a gradient" flag each
-        self.buffer = None
+        self.buffer: Any = None            # a float32 tensor from the first launch on
         self.flags = [0.0] * len(params)   # written into the buffer's tail at launch
         self.missing = 0
-        self.request = None
+        self.request: Any = None           # the Request of its all-reduce in flight
         self.ready = False
 
 
-def check_bucket_mb(bucket_mb):
+def check_bucket_mb(bucket_mb: object) -> None:
     """ValueError unless bucket_mb is a positive number (before distribute() builds anything)."""
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or \
             not bucket_mb > 0:
         raise ValueError(f"bucket_mb must be a number > 0 (MiB), got {bucket_mb!r}")
 
 
-def plan_buckets(params, bucket_mb, first_bucket_mb=FIRST_BUCKET_MB):
+def plan_buckets(params: NamedParameters, bucket_mb: float,
+                 first_bucket_mb: float = FIRST_BUCKET_MB) -> list[list[tuple[str, torch.Tensor]]]:
     """Lists of (name, Parameter) per bucket, in reverse order of `params`. As DDP does, a
     bucket is closed once it holds bucket_mb MiB or more (the first: min(first_bucket_mb,
     bucket_mb)), so it exceeds the size by less than its last parameter, and a bias is not
     left alone in a bucket of its own before its weight."""
     limit = max(1, int(bucket_mb * (1 << 20)) // _BYTES_PER_ELEMENT)
     first = min(int(first_bucket_mb * (1 << 20)) // _BYTES_PER_ELEMENT, limit)
-    buckets, current, size = [], [], 0
+    buckets: list[list[tuple[str, torch.Tensor]]] = []
+    current: list[tuple[str, torch.Tensor]] = []
+    size = 0
     for name, p in reversed(params):
         current.append((name, p))
         size += p.numel()
@@ -92,8 +104,9 @@ class GradientSync:
     """Averages the gradients of `params` ([(name, Parameter)], the same list on every rank)
     over `comm` during backward. Created by co2.torch.distribute(algorithm="sync")."""
 
-    def __init__(self, params, comm, bucket_mb=DEFAULT_BUCKET_MB,
-                 timeout_s=None, explain=None):
+    def __init__(self, params: NamedParameters, comm: Communicator,
+                 bucket_mb: float = DEFAULT_BUCKET_MB, timeout_s: Optional[float] = None,
+                 explain: Optional[Callable[[Co2Error], BaseException]] = None) -> None:
         """explain(error): the exception to raise for a failed bucket all-reduce (co2.torch
         names the cause, e.g. unequal step counts); None raises the library's. timeout_s None:
         the communicators' default no-progress timeout (CO2_TIMEOUT_MS, else 5 minutes)."""
@@ -109,20 +122,20 @@ class GradientSync:
         trained = [(name, p) for name, p in params if p.requires_grad]
         self.buckets = [_Bucket(i, [(j, name, p) for j, (name, p) in enumerate(group)])
                         for i, group in enumerate(plan_buckets(trained, self.bucket_mb))]
-        self._where = {}                       # id(param) -> (bucket, slot)
+        self._where: dict[int, tuple[_Bucket, int]] = {}   # id(param) -> (bucket, slot)
         for bucket in self.buckets:
             for slot, _, p in bucket.params:
                 self._where[id(p)] = (bucket, slot)
-        self._seen = set()                     # id(param) whose hook ran in this backward
+        self._seen: set[int] = set()                     # id(param) whose hook ran in this backward
         self._next_launch = 0
         self._in_backward = False
-        self._broken = None                    # why the state can no longer be trusted
+        self._broken: Optional[str] = None     # why the state can no longer be trusted
         self._enabled = True                   # False inside no_sync()
         self._reduced_since_step = False
         self.backward_reductions = 0           # statistics: reduced backward passes,
         self.wait_ns = 0                       # time spent waiting at the end of backward
-        self._accumulators = []                # the AccumulateGrad nodes must stay alive
-        self._handles = []
+        self._accumulators: list[Any] = []                # the AccumulateGrad nodes must stay alive
+        self._handles: list[Any] = []
         with torch.enable_grad():
             for bucket in self.buckets:
                 for _, name, p in bucket.params:
@@ -133,7 +146,7 @@ class GradientSync:
     # --- user-facing ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def no_sync(self):
+    def no_sync(self) -> Iterator[None]:
         """Backward passes inside do not average: gradients accumulate in p.grad on each rank;
         the first backward after the context averages the accumulated sum."""
         previous, self._enabled = self._enabled, False
@@ -142,7 +155,7 @@ class GradientSync:
         finally:
             self._enabled = previous
 
-    def before_step(self):
+    def before_step(self) -> None:
         """Called by optimizer.step: fails loudly where the gradients it is about to apply were
         not averaged (backward ended in an error, or only ran under no_sync, or the
         parameters' gradient accumulators were replaced after distribute())."""
@@ -159,7 +172,7 @@ class GradientSync:
                 "replaces the gradient hooks)")
         self._reduced_since_step = False
 
-    def shadow_backward(self):
+    def shadow_backward(self) -> None:
         """The collectives of one averaging backward with nothing from this rank (zeros, no
         gradient flags): for a rank without a batch while the others train (a join), so that
         the ranks' collectives still match. This rank's gradients are left alone; the others
@@ -175,7 +188,7 @@ class GradientSync:
             bucket.request = self.comm.allreduce_async(bucket.buffer, "avg")
         self._wait_all()
 
-    def close(self):
+    def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -183,17 +196,17 @@ class GradientSync:
 
     # --- backward ------------------------------------------------------------------------------
 
-    def _any_gradient(self):
+    def _any_gradient(self) -> bool:
         return any(p.grad is not None for b in self.buckets for _, _, p in b.params)
 
-    def _fail(self, message):
+    def _fail(self, message: str) -> None:
         self._broken = message
         raise RuntimeError(message)
 
-    def _make_hook(self, param, name):
+    def _make_hook(self, param: torch.Tensor, name: str) -> Callable[..., None]:
         key = id(param)
 
-        def hook(*_):
+        def hook(*_: Any) -> None:
             if not self._enabled:
                 return
             if self._broken is not None:
@@ -215,7 +228,7 @@ class GradientSync:
 
         return hook
 
-    def _start(self):
+    def _start(self) -> None:
         self._in_backward = True
         self._seen.clear()
         self._next_launch = 0
@@ -228,11 +241,11 @@ class GradientSync:
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
     @staticmethod
-    def _new_buffer(bucket):
+    def _new_buffer(bucket: _Bucket) -> torch.Tensor:
         return torch.empty(bucket.numel + len(bucket.params), dtype=torch.float32,
                            device=bucket.params[0][2].device)
 
-    def _contribute(self, bucket, slot, name, p):
+    def _contribute(self, bucket: _Bucket, slot: int, name: str, p: torch.Tensor) -> None:
         offset, n = bucket.offsets[slot], p.numel()
         grad = p.grad
         with torch.no_grad():
@@ -245,7 +258,7 @@ class GradientSync:
             bucket.buffer[offset:offset + n].view_as(grad).copy_(grad)
             bucket.flags[slot] = 1.0
 
-    def _launch_ready(self):
+    def _launch_ready(self) -> None:
         """Launches the ready buckets in bucket order: bucket i only after buckets < i."""
         while self._next_launch < len(self.buckets):
             bucket = self.buckets[self._next_launch]
@@ -259,7 +272,7 @@ class GradientSync:
             bucket.request = self.comm.allreduce_async(bucket.buffer, "avg")
             self._next_launch += 1
 
-    def _finish(self):
+    def _finish(self) -> None:
         """End of backward: the buckets with parameters autograd did not reach, then waits."""
         try:
             for bucket in self.buckets[self._next_launch:]:
@@ -278,7 +291,7 @@ class GradientSync:
         self._reduced_since_step = True
         self.backward_reductions += 1
 
-    def _wait_all(self):
+    def _wait_all(self) -> None:
         start = time.perf_counter_ns()
         for bucket in self.buckets:
             try:
@@ -295,7 +308,7 @@ class GradientSync:
             bucket.request = None
         self.wait_ns += time.perf_counter_ns() - start
 
-    def _write_back(self, bucket):
+    def _write_back(self, bucket: _Bucket) -> None:
         flags = bucket.buffer[bucket.numel:].tolist()
         for (slot, _, p), offset, flag in zip(bucket.params, bucket.offsets, flags):
             if flag == 0.0:             # no rank had a gradient: stays as it is (None)

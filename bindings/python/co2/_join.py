@@ -12,24 +12,32 @@ gradients with its optimizer; when all are done every rank takes the parameters 
 trained to the end), so its delta is zero from its next round on. When every rank reports 0, all
 leave together, at the same step count.
 """
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, Optional
+
 import torch
+
+if TYPE_CHECKING:
+    from .torch import Distributed
 
 
 class Join:
-    def __init__(self, trainer):
+    def __init__(self, trainer: Distributed) -> None:
         self.trainer = trainer
         self.round_pending = True     # the next round starts with a report
         self.rounds = 0
         self.shadow_steps = 0
         self.last_active = 0          # a rank that trained in the latest round with any
 
-    def __enter__(self):
+    def __enter__(self) -> Join:
         if self.trainer._join is not None:
             raise RuntimeError("trainer.join() is already active")
         self.trainer._join = self
         return self
 
-    def report_if_due(self, active=True):
+    def report_if_due(self, active: bool = True) -> Optional[int]:
         """Called before a rank's work of a round; returns how many ranks still train."""
         if not self.round_pending:
             return None
@@ -40,11 +48,12 @@ class Join:
             self.last_active = int(flags.nonzero()[0][0])
         return int(flags.sum())
 
-    def after_step(self, boundary):
+    def after_step(self, boundary: bool) -> None:
         if boundary:
             self.round_pending = True
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> Literal[False]:
         trainer = self.trainer
         try:
             if exc_type is not None:
@@ -69,13 +78,14 @@ class Join:
                     # arrives: the parameters stay those of the active ranks.
                     for _, p in trainer._params:
                         p.grad = torch.zeros_like(p)
+                    assert trainer.optimizer is not None   # checked on entry
                     trainer.optimizer.step()     # wrapped: reduce, step, engine step
                 else:
                     trainer._engine_step()
         finally:
             trainer._join = None
 
-    def _adopt_parameters_of(self, root):
+    def _adopt_parameters_of(self, root: int) -> None:
         """sync: every rank takes the parameters of a rank that trained to the end. A shadow
         applied the same averaged gradients, but with its own learning rate: an LR scheduler
         stepped in the user's loop stood still on it (torch's DDP Join likewise broadcasts the

@@ -5,9 +5,12 @@ sets OMPI_COMM_WORLD_*; srun sets SLURM_*. The library reads the store's address
 (MASTER_ADDR; CO2_MASTER_PORT, else MASTER_PORT); this module only needs rank and size, the same
 families in the same order as runtime/store/launch_environment.cpp.
 """
-import os
+from __future__ import annotations
 
-def _families(environ):
+import os
+from typing import Iterator, Mapping, Optional
+
+def _families(environ: Mapping[str, str]) -> Iterator[tuple[str, str]]:
     """(rank variable, size variable) pairs in runtime/store/launch_environment's order."""
     yield "RANK", "WORLD_SIZE"                                    # torchrun, co2run
     yield "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"          # mpirun
@@ -16,7 +19,7 @@ def _families(environ):
                                else "SLURM_NTASKS")
 
 
-def rank_and_world(environ=None):
+def rank_and_world(environ: Optional[Mapping[str, str]] = None) -> Optional[tuple[int, int]]:
     """(rank, world_size) from the environment, or None when no launcher set them."""
     environ = os.environ if environ is None else environ
     for rank_name, size_name in _families(environ):
@@ -32,7 +35,7 @@ def rank_and_world(environ=None):
     return None
 
 
-def under_torchrun(environ=None):
+def under_torchrun(environ: Optional[Mapping[str, str]] = None) -> bool:
     """torchrun's agent holds MASTER_PORT for its own store: co2 must not bind it."""
     environ = os.environ if environ is None else environ
     return "TORCHELASTIC_RUN_ID" in environ

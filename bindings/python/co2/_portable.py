@@ -23,16 +23,21 @@ state (Adam's first and second moments and step count belong together; an averag
 moments is not the second moment of anything), it needs no communication, and the inner state is
 re-learnt within a few steps after the model restarts from the anchor anyway.
 """
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._errors import CheckpointMismatchError
+if TYPE_CHECKING:
+    from .torch import Distributed, Path
 
 FORMAT = "co2.torch.portable/1"
 
 
-def check_matches(trainer, saved_model, algorithm, what):
+def check_matches(trainer: Distributed, saved_model: object, algorithm: str, what: str) -> None:
     """Raises co2.CheckpointMismatchError, naming the difference and what to do, when a
     checkpoint (its algorithm and the module's state_dict as saved) does not fit this trainer:
     the common case is a model changed since the save (a layer added, renamed or resized)."""
@@ -59,7 +64,7 @@ def check_matches(trainer, saved_model, algorithm, what):
             f"model.load_state_dict(weights, strict=False) before distribute()")
 
 
-def save(trainer, path):
+def save(trainer: Distributed, path: Path) -> None:
     """Collective; rank 0 writes `path` (atomically: a temporary file, then a rename)."""
     write = trainer.rank == 0
     engine = trainer.engine
@@ -86,7 +91,7 @@ def save(trainer, path):
     os.replace(temporary, path)
 
 
-def read(path, map_location="cpu"):
+def read(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     state = torch.load(path, map_location=map_location)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a co2.torch portable checkpoint (written by "
@@ -95,7 +100,7 @@ def read(path, map_location="cpu"):
     return state
 
 
-def load(trainer, path):
+def load(trainer: Distributed, path: Path) -> dict[str, Any]:
     """Not collective: every rank reads the same file. Parameters and averaged buffers become
     the consensus, the engine continues from the saved shared state, the optimizer from rank 0's
     state."""

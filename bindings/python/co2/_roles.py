@@ -10,7 +10,17 @@ whose dtype no collective carries (bool masks) are left alone from the start.
 
 `buffers=` overrides it: a role name for every buffer, or a {name: role} dict on top of the rule.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Union
+
 import torch
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+# (name, tensor, role) per buffer, in named_buffers order.
+BufferRoles = list[tuple[str, torch.Tensor, str]]
 
 AVERAGE, BROADCAST, IGNORE = "average", "broadcast", "ignore"
 ROLES = (AVERAGE, BROADCAST, IGNORE)
@@ -19,7 +29,7 @@ RUNNING_STATISTICS = ("running_mean", "running_var")
 BROADCASTABLE = (torch.float32, torch.float64, torch.int32, torch.int64)
 
 
-def _is_running_statistic(module, name):
+def _is_running_statistic(module: torch.nn.Module, name: str) -> bool:
     owner_path, _, leaf = name.rpartition(".")
     if leaf in RUNNING_STATISTICS:
         return True
@@ -29,13 +39,14 @@ def _is_running_statistic(module, name):
         and leaf != "num_batches_tracked"
 
 
-def default_role(module, name, tensor):
+def default_role(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> str:
     if tensor.is_floating_point() and _is_running_statistic(module, name):
         return AVERAGE
     return BROADCAST if tensor.dtype in BROADCASTABLE else IGNORE
 
 
-def assign(module, override=None):
+def assign(module: torch.nn.Module,
+           override: Union[str, Mapping[str, str], None] = None) -> BufferRoles:
     """[(name, tensor, role)] for the module's buffers, in named_buffers order."""
     named = [(name, b) for name, b in module.named_buffers() if b is not None]
     known = {name for name, _ in named}
@@ -53,7 +64,7 @@ def assign(module, override=None):
         if role not in ROLES:
             raise ValueError(f"buffers=: role {role!r} of {name!r} is not one of "
                              f"{', '.join(ROLES)}")
-    result = []
+    result: BufferRoles = []
     for name, tensor in named:
         role = override.get(name) or default_role(module, name, tensor)
         if role == BROADCAST and tensor.dtype not in BROADCASTABLE:
@@ -71,7 +82,7 @@ def assign(module, override=None):
     return result
 
 
-def broadcast_once(comm, buffers):
+def broadcast_once(comm: Communicator, buffers: BufferRoles) -> None:
     """Every rank takes rank 0's value of each BROADCAST buffer (collective, in order)."""
     with torch.no_grad():
         for name, tensor, role in buffers:

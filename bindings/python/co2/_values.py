@@ -9,7 +9,10 @@ the C API's own refusal of a field raises), an unknown enum name co2.UnknownEnum
 the C API checks itself (tau >= 1, outer_momentum in [0, 1), ...) are left to it: it names them
 too.
 """
+from __future__ import annotations
+
 import numbers
+from typing import Mapping
 
 import numpy as np
 
@@ -19,17 +22,17 @@ UINT32_MAX = 2 ** 32 - 1
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
 
 
-def _describe(what, value):
+def _describe(what: str, value: object) -> str:
     return f"{what}={value!r} ({type(value).__name__})"
 
 
-def _wrong(value):
+def _wrong(value: object) -> type[Exception]:
     """The class to raise for a refused value: its type was right (an integer) or not."""
     integral = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
     return InvalidArgumentError if integral else TypeError
 
 
-def flag(what, value):
+def flag(what: str, value: object) -> int:
     """A C flag (0 / 1): True or False (also numpy's), or the C values 0 and 1."""
     if isinstance(value, (bool, np.bool_)):
         return int(bool(value))
@@ -39,7 +42,7 @@ def flag(what, value):
                         f"1 / 0)")
 
 
-def tristate(what, value, auto_name, auto_value):
+def tristate(what: str, value: object, auto_name: str, auto_value: int) -> int:
     """A C flag with an automatic choice: True, False, `auto_name` or the C values 1, 0 and
     `auto_value`."""
     allowed = (f"{what} is True, False or {auto_name!r} (or the C values 1, 0, "
@@ -55,7 +58,7 @@ def tristate(what, value, auto_name, auto_value):
     raise _wrong(value)(f"{_describe(what, value)}: {allowed}")
 
 
-def integer(what, value, low, high):
+def integer(what: str, value: object, low: int, high: int) -> int:
     """A whole number in [low, high]: int or numpy integer, not bool, float or str."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{_describe(what, value)}: {what} is an integer in [{low}, {high}]")
@@ -65,14 +68,14 @@ def integer(what, value, low, high):
     return int(value)
 
 
-def number(what, value):
+def number(what: str, value: object) -> float:
     """A real number: int, float or a numpy scalar, not bool or str."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{_describe(what, value)}: {what} is a number")
     return float(value)
 
 
-def choice(table, value, what):
+def choice(table: Mapping[str, int], value: object, what: str) -> int:
     """An enum: one of the table's names (any case) or a C constant (an int; the C API names
     an unknown one)."""
     if isinstance(value, str):

@@ -16,12 +16,22 @@
   Distributed checks it at every training forward (autograd on, train() or eval() mode),
   optimizer step and collective operation.
 """
+from __future__ import annotations
+
 import gc
 import sys
 import warnings
 import weakref
 
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+
 import torch
+
+if TYPE_CHECKING:
+    from .torch import Distributed
+
+# (name, tensor) pairs, as module.named_parameters() gives them.
+NamedTensors = Sequence[tuple[str, torch.Tensor]]
 
 _OWNER_ATTRIBUTE = "_co2_distributed"
 
@@ -36,7 +46,7 @@ class ModelChangedError(WiringError):
     trains."""
 
 
-def claim(module, owner):
+def claim(module: torch.nn.Module, owner: Distributed) -> None:
     previous = getattr(module, _OWNER_ATTRIBUTE, None)
     previous = previous() if previous is not None else None
     if previous is not None and previous.engine is not None:
@@ -47,18 +57,19 @@ def claim(module, owner):
     object.__setattr__(module, _OWNER_ATTRIBUTE, weakref.ref(owner))
 
 
-def release(module, owner):
+def release(module: torch.nn.Module, owner: Distributed) -> None:
     current = getattr(module, _OWNER_ATTRIBUTE, None)
     if current is not None and current() in (owner, None):
         object.__delattr__(module, _OWNER_ATTRIBUTE)
 
 
-def version(params):
+def version(params: NamedTensors) -> int:
     """Sum of the parameters' version counters: changes with every in-place update."""
     return sum(p._version for _, p in params)
 
 
-def optimizers_over(params, holding_any=False):
+def optimizers_over(params: NamedTensors,
+                    holding_any: bool = False) -> list[torch.optim.Optimizer]:
     """The live torch optimizers all of whose parameters are among `params`, and that hold the
     first trained one (holding_any: any trained one; one scan still, but its cost grows with
     the number of parameters: for error messages). Walks the referrers up from the
@@ -72,9 +83,9 @@ def optimizers_over(params, holding_any=False):
         anchors = anchors[:1]
     ids = {id(p) for _, p in params}
     optimizer_type = torch.optim.Optimizer
-    found = []
+    found: list[torch.optim.Optimizer] = []
 
-    def owners_of(groups):
+    def owners_of(groups: object) -> Iterator[Any]:
         for holder in gc.get_referrers(groups):
             if issubclass(type(holder), optimizer_type):       # 3.11: inline attributes
                 yield holder
@@ -105,7 +116,7 @@ _REBUILD = ("build the final model (cast, move, replace or add layers) before di
             + _DISTRIBUTE_AGAIN)
 
 
-def _facts(tensor):
+def _facts(tensor: torch.Tensor) -> tuple[Any, ...]:
     return tensor.data_ptr(), tensor.dtype, tensor.device, tuple(tensor.shape)
 
 
@@ -118,7 +129,8 @@ class Layout:
     (each submodule's parameter and child objects, the parameters' data pointers: a cast or a
     move always allocates) and builds a message only when one differs."""
 
-    def __init__(self, module, params, buffers, trained_only):
+    def __init__(self, module: torch.nn.Module, params: NamedTensors, buffers: NamedTensors,
+                 trained_only: bool) -> None:
         """params, buffers: [(name, tensor)] as the engine has them. trained_only: whether
         parameters that did not require a gradient at distribute() must not start to (under
         sync the gradient average covers only the parameters that required one then)."""
@@ -135,37 +147,38 @@ class Layout:
             owner = module.get_submodule(owner_path) if owner_path else module
             self.buffers.append((name, owner, leaf, b, _facts(b)))
         self.frozen = [(name, p) for name, p in params if trained_only and not p.requires_grad]
-        self.optimizer = None
-        self.groups = None
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.groups: Optional[tuple[int, ...]] = None
 
-    def attach(self, optimizer):
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         self.groups = self._group_sizes(optimizer)
 
-    def _record_structure(self):
+    def _record_structure(self) -> None:
         """Every submodule's parameter and child slots: (dict, key, object) and (dict, size)."""
-        tables = [t for m in self.module.modules() for t in (m._parameters, m._modules)]
+        tables: list[Any] = [t for m in self.module.modules()
+                             for t in (m._parameters, m._modules)]
         self.slots = [(table, key, value) for table in tables for key, value in table.items()]
         self.sizes = [(table, len(table)) for table in tables]
 
-    def _same_structure(self):
+    def _same_structure(self) -> bool:
         return all(table.get(key) is value for table, key, value in self.slots) and \
             all(len(table) == size for table, size in self.sizes)
 
-    def _pointers(self):
+    def _pointers(self) -> list[int]:
         return list(map(torch.Tensor.data_ptr, self.tensors))
 
     @staticmethod
-    def _group_sizes(optimizer):
+    def _group_sizes(optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
         return tuple(len(group["params"]) for group in optimizer.param_groups)
 
-    def check(self):
+    def check(self) -> Optional[ModelChangedError]:
         """None, or the ModelChangedError naming what changed and what to do."""
         message = (self._parameter_set() or self._storage() or self._unfrozen() or
                    self._optimizer_groups())
         return None if message is None else ModelChangedError(message)
 
-    def _parameter_set(self):
+    def _parameter_set(self) -> Optional[str]:
         if self._same_structure():
             return None
         now = list(self.module.named_parameters())
@@ -188,19 +201,19 @@ class Layout:
                 f"only the parameters it was given, so the ranks would end with different "
                 f"models: {_REBUILD}")
 
-    def _storage(self):
+    def _storage(self) -> Optional[str]:
         if self._pointers() != self.pointers:
             return self._parameter_storage()
         return self._buffer_storage()
 
-    def _parameter_storage(self):
+    def _parameter_storage(self) -> Optional[str]:
         for name, p, facts in self.params:
             change = _change(f"parameter {name!r}", facts, _facts(p))
             if change:
                 return change
         return None
 
-    def _buffer_storage(self):
+    def _buffer_storage(self) -> Optional[str]:
         for name, owner, leaf, b, facts in self.buffers:
             current = owner._buffers.get(leaf)
             if current is b and current.data_ptr() == facts[0]:
@@ -213,7 +226,7 @@ class Layout:
                 return change
         return None
 
-    def _unfrozen(self):
+    def _unfrozen(self) -> Optional[str]:
         thawed = [name for name, p in self.frozen if p.requires_grad]
         if not thawed:
             return None
@@ -224,7 +237,7 @@ class Layout:
                 f"distribute() (to hold a layer still, give its param group lr 0), or close() "
                 f"this trainer and distribute() again after unfreezing")
 
-    def _optimizer_groups(self):
+    def _optimizer_groups(self) -> Optional[str]:
         if self.optimizer is None or self._group_sizes(self.optimizer) == self.groups:
             return None
         ids = set(self.ids)
@@ -240,7 +253,7 @@ class Layout:
                 f"before distribute() (then add their group), or {_DISTRIBUTE_AGAIN}")
 
 
-def _change(what, then, now):
+def _change(what: str, then: tuple[Any, ...], now: tuple[Any, ...]) -> Optional[str]:
     """The message for a tensor whose memory, dtype, device or shape differs from `then`."""
     if now == then:
         return None
@@ -265,7 +278,7 @@ def _change(what, then, now):
     return f"{what} {cause}"
 
 
-def check_optimizer(optimizer, params):
+def check_optimizer(optimizer: object, params: NamedTensors) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"attach() takes a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -283,13 +296,13 @@ class Lifecycle:
 
     __slots__ = ("rank", "steps_unsaved", "done")
 
-    def __init__(self, rank):
+    def __init__(self, rank: int) -> None:
         self.rank = rank
         self.steps_unsaved = 0    # engine steps since the last finalize/state_dict/save_portable
         self.done = False
 
 
-def warn_unfinalized(life, when):
+def warn_unfinalized(life: Lifecycle, when: str) -> None:
     if life.done or life.steps_unsaved == 0:
         return
     life.done = True
@@ -303,7 +316,7 @@ def warn_unfinalized(life, when):
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def watch_exit(owner, life):
+def watch_exit(owner: Distributed, life: Lifecycle) -> weakref.finalize:
     """Warns at interpreter exit (or when `owner` is collected) unless finalized."""
     return weakref.finalize(owner, warn_unfinalized, life,
                             "the process exited (or the Distributed was collected)")

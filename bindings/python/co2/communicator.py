@@ -1,8 +1,12 @@
 """co2.Communicator: a group of ranks, and raw collectives on numpy arrays / torch tensors."""
+from __future__ import annotations
+
 import itertools
 import os
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Optional, TypeVar, Union, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from . import capi
 from ._handle import OwnsHandle
@@ -10,6 +14,15 @@ from . import _buffers
 from . import _launch
 from . import _values
 from ._errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+
+# What the collectives take: a numpy array or a torch tensor, reduced or broadcast in place.
+Buffer = Union[npt.NDArray[Any], "torch.Tensor"]
+_Buffer = TypeVar("_Buffer", bound=Buffer)
+TransportName = Literal["auto", "local", "ucx", "nccl"]
+ReduceOpName = Literal["sum", "avg", "min", "max"]
 
 TRANSPORTS = {"auto": capi.CO2_TRANSPORT_AUTO, "local": capi.CO2_TRANSPORT_LOCAL,
               "ucx": capi.CO2_TRANSPORT_UCX, "nccl": capi.CO2_TRANSPORT_NCCL}
@@ -26,7 +39,7 @@ _torchrun_sequence = itertools.count()
 TIMEOUT_VARIABLE = "CO2_TIMEOUT_MS"
 
 
-def default_timeout_ms():
+def default_timeout_ms() -> int:
     """The no-progress timeout of a communicator made without timeout_ms=: CO2_TIMEOUT_MS (a
     whole number of milliseconds >= 1) if set, else the C API's CO2_DEFAULT_TIMEOUT_MS."""
     text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
@@ -44,28 +57,28 @@ def default_timeout_ms():
     return value
 
 
-def unique_id():
+def unique_id() -> bytes:
     """A fresh group id (bytes) for Communicator(unique_id=...): create it on one rank and hand
     it to the others by your own means (MPI, torch.distributed, a file)."""
     return capi.get_unique_id()
 
 
-def comm_defaults():
+def comm_defaults() -> dict[str, int]:
     """The C API's communicator defaults (co2_comm_config_init) as a dict."""
     config = capi.comm_config()
     return {"transport": config.transport, "timeout_ms": config.timeout_ms,
             "chunk_bytes": config.chunk_bytes}
 
 
-class Request:
+class Request(Generic[_Buffer]):
     """An asynchronous collective in flight. The buffer stays referenced (and must stay
     untouched) until wait() returned or test() said done."""
 
-    def __init__(self, handle, buffer):
+    def __init__(self, handle: Optional[capi._Request], buffer: _Buffer) -> None:
         self._handle = handle
-        self._buffer = buffer
+        self._buffer: _Buffer = buffer
 
-    def test(self):
+    def test(self) -> bool:
         """True once complete (and frees the request); raises the collective's failure."""
         if self._handle is None:
             return True
@@ -74,7 +87,7 @@ class Request:
             return True
         return False
 
-    def wait(self, timeout_ms=None):
+    def wait(self, timeout_ms: Optional[float] = None) -> _Buffer:
         """Waits for completion (None: until done or the communicator's no-progress timeout).
         co2.TimeoutError leaves the request pending and usable. Returns the buffer."""
         if self._handle is not None:
@@ -83,11 +96,12 @@ class Request:
             self._free()
         return self._buffer
 
-    def _free(self):
+    def _free(self) -> None:
         handle, self._handle = self._handle, None
-        capi.request_free(handle)
+        if handle is not None:
+            capi.request_free(handle)
 
-    def __del__(self):
+    def __del__(self) -> None:
         # An incomplete request is waited for by co2_request_free: the buffer is in use.
         if getattr(self, "_handle", None) is not None:
             try:
@@ -115,9 +129,14 @@ class Communicator(OwnsHandle):
         GROUP_RANK or SLURM_NODEID, else the host name).
     """
 
-    def __init__(self, rank=None, world_size=None, *, transport="auto", group_name=None,
-                 unique_id=None, timeout_ms=None, chunk_bytes=None, device_index=None,
-                 node_id=None):
+    rank: int
+    world_size: int
+
+    def __init__(self, rank: Optional[int] = None, world_size: Optional[int] = None, *,
+                 transport: Union[TransportName, int] = "auto", group_name: Optional[str] = None,
+                 unique_id: Optional[bytes] = None, timeout_ms: Optional[int] = None,
+                 chunk_bytes: Optional[int] = None, device_index: Optional[int] = None,
+                 node_id: Optional[int] = None) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither (then the "
                              "environment's RANK/WORLD_SIZE are used)")
@@ -128,20 +147,21 @@ class Communicator(OwnsHandle):
         config = _config(transport, timeout_ms, chunk_bytes, device_index, node_id)
         config.rank = _values.integer("rank", rank, 0, _values.INT32_MAX)
         config.world_size = _values.integer("world_size", world_size, 0, _values.INT32_MAX)
-        self._handle = None
+        self._handle: Optional[capi._Comm] = None
         if unique_id is None:
             self._adopt(capi.comm_create(config, group_name))
         else:
             self._adopt(capi.comm_create_with_id(config, group_name, unique_id, config.rank,
                                                  config.world_size))
 
-    def _adopt(self, handle):
+    def _adopt(self, handle: capi._Comm) -> Communicator:
         self._handle = handle
         self.rank = capi.comm_rank(handle)
         self.world_size = capi.comm_size(handle)
         return self
 
-    def split(self, color, key=None, **options):
+    def split(self, color: Optional[int], key: Optional[int] = None,
+              **options: Any) -> Optional[Communicator]:
         """Collective over this group: the ranks passing the same `color` (an int >= 0) form a
         new Communicator, ranked by (`key`, this rank); color None joins no group and returns
         None. key None: this rank. The new groups use this one's kind of transport unless
@@ -158,7 +178,7 @@ class Communicator(OwnsHandle):
             return None
         return Communicator.__new__(Communicator)._adopt(handle)
 
-    def split_nodes(self, **options):
+    def split_nodes(self, **options: Any) -> tuple[Communicator, Communicator]:
         """Collective over this group: (intra, inter), two new Communicators for hierarchical
         training. intra: the ranks of this rank's node, ranked by rank here (its rank is the
         local index); inter: the ranks with this local index on every node, ranked by node (its
@@ -173,66 +193,70 @@ class Communicator(OwnsHandle):
                 Communicator.__new__(Communicator)._adopt(inter))
 
     @classmethod
-    def from_env(cls, **kwargs):
+    def from_env(cls, **kwargs: Any) -> Communicator:
         """The communicator a launcher describes: the same as Communicator(**kwargs)."""
         return cls(**kwargs)
 
     @property
-    def handle(self):
+    def handle(self) -> capi._Comm:
         if self._handle is None:
             raise ValueError("the communicator was closed")
         return self._handle
 
     # --- raw collectives ---------------------------------------------------------------------
 
-    def allreduce_async(self, buffer, op="sum"):
+    def allreduce_async(self, buffer: _Buffer,
+                        op: Union[ReduceOpName, int] = "sum") -> Request[_Buffer]:
         """In-place all-reduce of a numpy array or torch tensor; returns a Request."""
         op = _values.choice(REDUCE_OPS, op, "reduce op")
         if isinstance(buffer, np.ndarray):
-            return Request(capi.allreduce(self.handle, buffer, op, None), buffer)
+            # cast: isinstance narrowed the buffer's type; the Request gives back the caller's.
+            return Request(capi.allreduce(self.handle, buffer, op, None), cast(_Buffer, buffer))
         memory = _buffers.TensorMemory(buffer, "allreduce") if _buffers.is_torch_tensor(buffer) \
             else _not_a_buffer(buffer, "allreduce")
         return Request(capi.allreduce_address(self.handle, memory.address, memory.count,
                                               memory.dtype, op, _buffers.current_stream(memory)),
                        buffer)
 
-    def allreduce(self, buffer, op="sum"):
+    def allreduce(self, buffer: _Buffer, op: Union[ReduceOpName, int] = "sum") -> _Buffer:
         """Blocking in-place all-reduce; returns the buffer. The result is bit-identical on every
         rank."""
         return self.allreduce_async(buffer, op).wait()
 
-    def broadcast_async(self, buffer, root=0):
+    def broadcast_async(self, buffer: _Buffer, root: int = 0) -> Request[_Buffer]:
         if isinstance(buffer, np.ndarray):
-            return Request(capi.broadcast(self.handle, buffer, int(root), None), buffer)
+            return Request(capi.broadcast(self.handle, buffer, int(root), None),
+                           cast(_Buffer, buffer))
         memory = _buffers.TensorMemory(buffer, "broadcast") if _buffers.is_torch_tensor(buffer) \
             else _not_a_buffer(buffer, "broadcast")
         return Request(capi.broadcast_address(self.handle, memory.address, memory.count,
                                               memory.dtype, int(root),
                                               _buffers.current_stream(memory)), buffer)
 
-    def broadcast(self, buffer, root=0):
+    def broadcast(self, buffer: _Buffer, root: int = 0) -> _Buffer:
         """Blocking in-place broadcast from `root`; returns the buffer."""
         return self.broadcast_async(buffer, root).wait()
 
     # --- lifetime ---------------------------------------------------------------------------
 
-    def abort(self):
+    def abort(self) -> None:
         """Fails every pending and future operation of the group with co2.AbortedError. Safe
         from any thread, also while another thread is blocked in a call."""
         capi.comm_abort(self.handle)
 
-    def close(self):
+    def close(self) -> None:
         """Releases this reference (engines created on the communicator keep it alive)."""
         handle, self._handle = self._handle, None
         if handle is not None:
             capi.comm_destroy(handle)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self._handle is None else f"rank {self.rank} of {self.world_size}"
         return f"<co2.Communicator {state}>"
 
 
-def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=None, node_id=None):
+def _config(transport: object = "auto", timeout_ms: object = None, chunk_bytes: object = None,
+            device_index: object = None, node_id: object = None) -> capi.comm_config:
     """A co2_comm_config_t from keyword options; None keeps the C API's default (timeout_ms:
     CO2_TIMEOUT_MS's if set, default_timeout_ms())."""
     config = capi.comm_config()
@@ -249,12 +273,12 @@ def _config(transport="auto", timeout_ms=None, chunk_bytes=None, device_index=No
     return config
 
 
-def _not_a_buffer(buffer, what):
+def _not_a_buffer(buffer: object, what: str) -> NoReturn:
     raise TypeError(f"{what}: expected a numpy array or a torch tensor, got "
                     f"{type(buffer).__name__}")
 
 
-def _torchrun_holds_master_port(world_size):
+def _torchrun_holds_master_port(world_size: int) -> bool:
     """Under torchrun its agent serves torch's own store at MASTER_PORT, where co2's rank 0
     would serve co2's: the group id then goes through torch's store instead, unless
     CO2_MASTER_PORT gives co2's store a port of its own."""
@@ -262,15 +286,15 @@ def _torchrun_holds_master_port(world_size):
             and "CO2_MASTER_PORT" not in os.environ)
 
 
-def _unique_id_through_torch(rank, world):
+def _unique_id_through_torch(rank: int, world: int) -> bytes:
     """Rank 0 creates the id; everybody reads it from torch.distributed (its process group if
     initialised, else torchrun's agent store at MASTER_ADDR:MASTER_PORT)."""
     import datetime
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
-        box = [unique_id() if rank == 0 else None]
+        box: list[Optional[bytes]] = [unique_id() if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return cast(bytes, box[0])   # rank 0 filled it
     timeout = datetime.timedelta(milliseconds=default_timeout_ms())
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           False, timeout)
@@ -278,5 +302,5 @@ def _unique_id_through_torch(rank, world):
                                           os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
                                           next(_torchrun_sequence))
     if rank == 0:
-        store.set(key, unique_id())
+        store.set(key, unique_id())  # type: ignore[arg-type]  # torch 1.13's stub: str only
     return bytes(store.get(key))

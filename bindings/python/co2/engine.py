@@ -1,11 +1,55 @@
 """co2.Engine: the algorithm's state for one rank, driven from the training thread."""
+from __future__ import annotations
+
+from typing import (TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Literal, Optional,
+                    TypedDict, Union, cast)
+
 import numpy as np
+import numpy.typing as npt
 
 from . import capi
 from ._handle import OwnsHandle
 from . import _buffers
 from . import _values
 from ._errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+    from .communicator import Communicator
+    from typing_extensions import Unpack
+
+AlgorithmName = Literal["co2", "sync", "localsgd", "diloco"]
+RoleName = Literal["parameter", "buffer", "excluded"]
+ConsensusName = Literal["anchor", "local_average"]
+ParamName = Literal["outer_lr", "outer_momentum", "tau", "clip_threshold", "penalty_constant",
+                    "inner_lr", "anchor_check_interval"]
+# A C flag: True / False, or the C values 1 / 0.
+Flag = Union[bool, Literal[0, 1]]
+# Parameter memory: a numpy float32 / float16 array or a torch float32 / bfloat16 / float16 tensor.
+Tensor = Union[npt.NDArray[Any], "torch.Tensor"]
+
+
+class EngineOptions(TypedDict, total=False):
+    """Engine's (and co2.torch.distribute's) keyword arguments besides `algorithm`: the
+    co2_engine_config_t fields of the same names. A name (any case) or the C constant for
+    enums; None, like a keyword left out, keeps the C API's default (co2.engine_defaults())."""
+    tau: Optional[int]
+    warmup_sync_rounds: Optional[int]
+    outer_lr: Optional[float]
+    outer_momentum: Union[float, Literal["auto"], None]
+    nesterov: Optional[Flag]
+    penalty: Union[Literal["none", "constant", "gap"], int, None]
+    penalty_constant: Optional[float]
+    clip: Union[Literal["none", "value", "norm"], int, None]
+    anchor_check_interval: Optional[int]
+    clip_threshold: Optional[float]
+    inner_lr: Optional[float]
+    state_dtype: Union[Literal["float32", "fp32"], int, None]
+    eager: Union[bool, Literal["auto"], int, None]
+    wire_format: Union[Literal["fp32", "bf16", "int8"], int, None]
+    error_feedback: Optional[Flag]
+    shard_outer_state: Optional[Flag]
+    hierarchy: Union[Literal["flat", "nodes"], int, None]
 
 ALGORITHMS = {"co2": capi.CO2_ALGO_CO2, "sync": capi.CO2_ALGO_SYNC,
               "localsgd": capi.CO2_ALGO_LOCALSGD, "diloco": capi.CO2_ALGO_DILOCO}
@@ -27,23 +71,23 @@ DTYPES = {"float32": capi.CO2_DTYPE_FP32, "fp32": capi.CO2_DTYPE_FP32}
 # Hyper-parameters that are whole numbers (set_param takes a double in C).
 _WHOLE_PARAMS = (capi.CO2_PARAM_TAU, capi.CO2_PARAM_ANCHOR_CHECK_INTERVAL)
 
-def _count(key):
+def _count(key: str) -> Callable[[Any], int]:
     return lambda value: _values.integer(key, value, 0, _values.UINT32_MAX)
 
 
-def _number(key):
+def _number(key: str) -> Callable[[Any], float]:
     return lambda value: _values.number(key, value)
 
 
-def _flag(key):
+def _flag(key: str) -> Callable[[Any], int]:
     return lambda value: _values.flag(key, value)
 
 
-def _choice(table, key):
+def _choice(table: dict[str, int], key: str) -> Callable[[Any], int]:
     return lambda value: _values.choice(table, value, key)
 
 
-def _outer_momentum(value):
+def _outer_momentum(value: object) -> float:
     if isinstance(value, str):
         if value != "auto":
             raise InvalidArgumentError(f"outer_momentum={value!r}: outer_momentum is a number "
@@ -52,7 +96,7 @@ def _outer_momentum(value):
     return _values.number("outer_momentum", value)
 
 
-def _eager(value):
+def _eager(value: object) -> int:
     return _values.tristate("eager", value, "auto", capi.CO2_EAGER_AUTO)
 
 
@@ -72,22 +116,47 @@ _CONFIG_KEYS = {"algorithm": _choice(ALGORITHMS, "algorithm"), "tau": _count("ta
                 # sharded outer state and hierarchical co2 (docs/capi.md)
                 "shard_outer_state": _flag("shard_outer_state"),
                 "hierarchy": _choice(HIERARCHIES, "hierarchy")}
-_STATS_FIELDS = ("world_size", "steps", "rounds", "outer_updates", "bytes_reduced",
-                 "collective_ns", "boundary_wait_ns", "last_boundary_wait_ns",
-                 "nonfinite_rounds", "nonfinite_local", "anchor_checks",
-                 "resolved_outer_momentum", "last_penalty_min", "last_penalty_max",
-                 "last_clip_scale_min", "last_clip_fraction", "step_time_ns",
-                 "allreduce_time_ns", "advised_tau",
-                 # 1.1: observability (docs/observability.md)
-                 "last_collective_ns", "last_round_ns", "hidden_fraction",
-                 "last_hidden_fraction", "rank_step_time_ns", "rank_allreduce_time_ns",
-                 # compressed outer all-reduce
-                 "wire_bytes_last_round", "wire_bytes_total",
-                 # sharded outer state: bytes of outer state this rank holds
-                 "outer_state_bytes")
 
 
-def engine_defaults():
+class EngineStats(TypedDict):
+    """Engine.stats(): co2_engine_stats_t's fields (docs/capi.md, co2_engine_get_stats)."""
+    world_size: int
+    steps: int
+    rounds: int
+    outer_updates: int
+    bytes_reduced: int
+    collective_ns: int
+    boundary_wait_ns: int
+    last_boundary_wait_ns: int
+    nonfinite_rounds: int
+    nonfinite_local: int
+    anchor_checks: int
+    resolved_outer_momentum: float
+    last_penalty_min: float
+    last_penalty_max: float
+    last_clip_scale_min: float
+    last_clip_fraction: float
+    step_time_ns: int
+    allreduce_time_ns: int
+    advised_tau: int
+    # 1.1: observability (docs/observability.md)
+    last_collective_ns: int
+    last_round_ns: int
+    hidden_fraction: float
+    last_hidden_fraction: float
+    rank_step_time_ns: int
+    rank_allreduce_time_ns: int
+    # compressed outer all-reduce
+    wire_bytes_last_round: int
+    wire_bytes_total: int
+    # sharded outer state: bytes of outer state this rank holds
+    outer_state_bytes: int
+
+
+_STATS_FIELDS = tuple(EngineStats.__annotations__)
+
+
+def engine_defaults() -> dict[str, Any]:
     """The C API's engine defaults (co2_engine_config_init) as a dict of Engine's keywords."""
     config = capi.engine_config()
     return {key: getattr(config, key) for key in _CONFIG_KEYS}
@@ -115,8 +184,9 @@ class Engine(OwnsHandle):
     finalize(). Memory handed over must outlive the engine: the engine keeps a reference.
     """
 
-    def __init__(self, comm, algorithm="co2", **config):
-        values = {"algorithm": algorithm, **config}
+    def __init__(self, comm: Communicator, algorithm: Union[AlgorithmName, int] = "co2",
+                 **config: Unpack[EngineOptions]) -> None:
+        values: dict[str, object] = {"algorithm": algorithm, **config}
         c_config = capi.engine_config()
         for key, value in values.items():
             if key not in _CONFIG_KEYS:
@@ -128,23 +198,25 @@ class Engine(OwnsHandle):
         self.comm = comm
         self.algorithm = next((k for k, v in ALGORITHMS.items() if v == c_config.algorithm),
                               c_config.algorithm)
-        self._keep = []          # memory handed to the engine: it must outlive it
-        self._trained = []       # (element count, co2 dtype) of PARAMETER tensors/segments
-        self._flat_dtype = None  # the adopted flat storage's co2 dtype
+        self._keep: list[object] = []  # memory handed to the engine: it must outlive it
+        # (element count, co2 dtype) of PARAMETER tensors/segments
+        self._trained: list[tuple[int, Optional[int]]] = []
+        self._flat_dtype: Optional[int] = None  # the adopted flat storage's co2 dtype
         self._elements = 0       # PARAMETER + BUFFER elements
-        self._flat = None
-        self._handle = None
+        self._flat: Optional[Tensor] = None
+        self._handle: Optional[capi._Engine] = None
         self._handle = capi.engine_create(comm.handle, c_config)
 
     @property
-    def handle(self):
+    def handle(self) -> capi._Engine:
         if self._handle is None:
             raise ValueError("the engine was closed")
         return self._handle
 
     # --- layout -------------------------------------------------------------------------------
 
-    def register(self, name, tensor, role="parameter"):
+    def register(self, name: str, tensor: Tensor,
+                 role: Union[RoleName, int] = "parameter") -> None:
         """Registers a tensor the framework keeps: a numpy float32 / float16 array or a torch
         float32 / bfloat16 / float16 tensor (16-bit parameters keep an fp32 outer state)."""
         role = _values.choice(ROLES, role, "role")
@@ -165,7 +237,7 @@ class Engine(OwnsHandle):
         self._record(role, count, dtype)
         self._keep.append(tensor)
 
-    def adopt_flat(self, storage):
+    def adopt_flat(self, storage: Tensor) -> None:
         """Adopts one flat storage (1-D numpy array or torch tensor of a parameter dtype) the
         caller allocated; declare its segments with add_segment."""
         dtype = _buffers.parameter_dtype(storage, "adopt_flat")
@@ -183,7 +255,8 @@ class Engine(OwnsHandle):
         self._flat_dtype = dtype
         self._keep.append(storage)
 
-    def add_segment(self, name, offset, count, role="parameter"):
+    def add_segment(self, name: str, offset: int, count: int,
+                    role: Union[RoleName, int] = "parameter") -> None:
         """Declares [offset, offset + count) elements of the flat storage as one tensor."""
         role = _values.choice(ROLES, role, "role")
         offset = _values.integer("offset", offset, 0, 2 ** 64 - 1)
@@ -191,13 +264,13 @@ class Engine(OwnsHandle):
         capi.engine_add_segment(self.handle, name, offset, count, role)
         self._record(role, count, self._flat_dtype)
 
-    def _record(self, role, count, dtype):
+    def _record(self, role: int, count: int, dtype: Optional[int]) -> None:
         if role == capi.CO2_ROLE_PARAMETER:
             self._trained.append((count, dtype))
         if role in (capi.CO2_ROLE_PARAMETER, capi.CO2_ROLE_BUFFER):
             self._elements += count
 
-    def commit(self):
+    def commit(self) -> None:
         """Collective. Freezes the layout, checks that it and every engine setting that changes
         the math are the same on every rank (LayoutMismatchError naming the first difference)
         and gives every rank rank 0's values."""
@@ -205,11 +278,12 @@ class Engine(OwnsHandle):
 
     # --- training -----------------------------------------------------------------------------
 
-    def step(self, stream=None):
+    def step(self, stream: Optional[int] = None) -> bool:
         """Call after every optimizer step; True when this call was a round boundary."""
         return bool(capi.engine_step(self.handle, stream))
 
-    def reduce_gradients(self, grads, stream=None):
+    def reduce_gradients(self, grads: Iterable[Optional[Tensor]],
+                         stream: Optional[int] = None) -> None:
         """Collective, blocking: averages gradients in place. grads[i] belongs to the i-th
         PARAMETER tensor (registration order): a numpy array or torch tensor of that tensor's
         size and dtype (bf16/fp16 gradients are averaged in fp32 and rounded once), or None
@@ -218,7 +292,7 @@ class Engine(OwnsHandle):
         if len(grads) != len(self._trained):
             raise ValueError(f"reduce_gradients: expected {len(self._trained)} gradients (one "
                              f"per trained tensor), got {len(grads)}")
-        items = []
+        items: list[Union[npt.NDArray[Any], int, None]] = []
         for i, (grad, (count, dtype)) in enumerate(zip(grads, self._trained)):
             what = f"reduce_gradients (gradient {i})"
             if grad is None:
@@ -239,22 +313,23 @@ class Engine(OwnsHandle):
                 items.append(memory.address)
         capi.engine_reduce_gradients(self.handle, items, stream)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Collective: every rank ends with the identical model (parameters = anchor)."""
         capi.engine_synchronize(self.handle)
 
-    def finalize(self):
+    def finalize(self) -> None:
         """Collective. End of training, as synchronize(): applies the average in flight and
         averages the steps since the last boundary into one more update (no step's work is
         lost); parameters = anchor."""
         capi.engine_finalize(self.handle)
 
     @property
-    def num_elements(self):
+    def num_elements(self) -> int:
         """PARAMETER + BUFFER elements (after commit)."""
         return capi.engine_num_elements(self.handle)
 
-    def consensus(self, kind="anchor", out=None):
+    def consensus(self, kind: Union[ConsensusName, int] = "anchor",
+                  out: Optional[Tensor] = None) -> Tensor:
         """The consensus model as one flat float32 array, without changing the trajectory:
         kind "anchor" (no communication; sharded or hierarchical: includes this rank's average
         in flight, waited for) or "local_average" (collective). `out` (numpy or
@@ -277,56 +352,56 @@ class Engine(OwnsHandle):
 
     # --- parameters and statistics ------------------------------------------------------------
 
-    def set_param(self, key, value):
+    def set_param(self, key: Union[ParamName, int], value: float) -> None:
         """Changes a hyper-parameter (outer_lr, outer_momentum, tau, clip_threshold,
         penalty_constant, inner_lr, anchor_check_interval) on this rank; every rank must make
         the same change at the same step."""
         code = _values.choice(PARAMS, key, "parameter")
-        name = next((k for k, v in PARAMS.items() if v == code), key)
+        name = next((k for k, v in PARAMS.items() if v == code), str(key))
         if code in _WHOLE_PARAMS:
             value = _values.integer(name, value, 0, _values.UINT32_MAX)
         capi.engine_set_param(self.handle, code, _values.number(name, value))
 
-    def get_param(self, key):
+    def get_param(self, key: Union[ParamName, int]) -> float:
         code = _values.choice(PARAMS, key, "parameter")
         value = capi.engine_get_param(self.handle, code)
         return int(value) if code in _WHOLE_PARAMS else value
 
-    def stats(self):
+    def stats(self) -> EngineStats:
         """Statistics as a dict: steps, rounds, outer_updates, bytes_reduced, collective_ns,
         boundary_wait_ns (time the training thread waited for the network), hidden_fraction
         (1 - boundary_wait_ns / collective_ns), last_hidden_fraction, advised_tau (the same
         on every rank), ... (docs/capi.md, co2_engine_get_stats)."""
         raw = capi.engine_get_stats(self.handle)
-        return {field: getattr(raw, field) for field in _STATS_FIELDS}
+        return cast(EngineStats, {field: getattr(raw, field) for field in _STATS_FIELDS})
 
     # --- checkpoint -----------------------------------------------------------------------------
 
-    def state_size(self):
+    def state_size(self) -> int:
         return capi.engine_state_size(self.handle)
 
-    def save(self, keep=True):
+    def save(self, keep: Flag = True) -> Optional[bytes]:
         """Collective. The shared engine state as bytes (for torch.save / pickle); ranks that
         pass keep=False take part and get None."""
         return capi.engine_save_bytes(self.handle, _values.flag("keep", keep))
 
-    def load(self, state):
+    def load(self, state: Union[bytes, bytearray, memoryview]) -> None:
         """Not collective. Restores a state from save() (bytes-like); parameters become the
         restored anchor (restore per-rank mid-round parameters afterwards)."""
         capi.engine_load_bytes(self.handle, state)
 
-    def save_to(self, file):
+    def save_to(self, file: Optional[BinaryIO]) -> None:
         """Collective. Streams the state into a binary file object (file.write); ranks that
         pass None take part only. For states too large to hold twice in memory."""
         capi.engine_save_to(self.handle, file)
 
-    def load_from(self, file):
+    def load_from(self, file: BinaryIO) -> None:
         """Not collective. Reads one saved state from a binary file object (file.read)."""
         capi.engine_load_from(self.handle, file)
 
     # --- lifetime -------------------------------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """Destroys the engine (waits for its all-reduce in flight); then releases the memory
         it was handed."""
         handle, self._handle = self._handle, None
@@ -334,6 +409,6 @@ class Engine(OwnsHandle):
             capi.engine_destroy(handle)
         self._keep = []
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self._handle is None else f"{len(self._trained)} trained tensors"
         return f"<co2.Engine {self.algorithm}, {state}>"

@@ -44,10 +44,15 @@ step counts (the control all-reduce of _control.py).
 Device tensors (CUDA) go to the GPU path with the current stream when co2 was built with it;
 otherwise the C API raises co2.UnsupportedError.
 """
+from __future__ import annotations
+
 import contextlib
+import os
 import types
 import warnings
 import weakref
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Literal, Mapping,
+                    Optional, TypeVar, Union, cast)
 
 try:
     import torch
@@ -64,29 +69,53 @@ from ._control import UnequalStepsError
 from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync, check_bucket_mb
 from ._wiring import ModelChangedError, WiringError
 from .communicator import Communicator
-from .engine import HIERARCHIES, Engine
+from .engine import HIERARCHIES, AlgorithmName, ConsensusName, Engine, EngineOptions, \
+    EngineStats, Flag
 
-__all__ = ["distribute", "Distributed", "load_portable", "WiringError", "ModelChangedError",
-           "UnequalStepsError"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+_Result = TypeVar("_Result")
+# buffers=: one role for every buffer, or {name: role} on top of the default rule (_roles.py).
+BufferRole = Literal["average", "broadcast", "ignore"]
+Buffers = Union[BufferRole, Mapping[str, BufferRole], None]
+# A path torch.save / torch.load take.
+Path = Union[str, "os.PathLike[str]"]
+
+
+class DistributeOptions(EngineOptions, total=False):
+    """distribute()'s keyword arguments beyond its own: the engine's (EngineOptions) and, with
+    hierarchy="nodes", who averages the gradients inside a node."""
+    intra_node_average: Literal["co2", "framework"]
+
+__all__ = ["distribute", "Distributed", "DistributeOptions", "load_portable", "WiringError",
+           "ModelChangedError", "UnequalStepsError"]
 
 
 class Distributed:
     """The engine behind a module and its optimizer; see co2.torch.distribute."""
 
-    def __init__(self, module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
-                 buffers=None, bucket_mb=DEFAULT_BUCKET_MB, reduce_in_backward=True,
-                 **engine_config):
+    _forward_hook: Optional[torch.utils.hooks.RemovableHandle]
+
+    def __init__(self, module: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 *, algorithm: Union[AlgorithmName, int] = "co2",
+                 comm: Optional[Communicator] = None, flat: Flag = True,
+                 buffers: Buffers = None, bucket_mb: float = DEFAULT_BUCKET_MB,
+                 reduce_in_backward: Flag = True,
+                 **engine_config: Unpack[DistributeOptions]) -> None:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
         check_bucket_mb(bucket_mb)
         flat = bool(_values.flag("flat", flat))
         reduce_in_backward = bool(_values.flag("reduce_in_backward", reduce_in_backward))
         self.module = module
-        self.optimizer = None
-        self.engine = None
-        self.comm = None
-        self.grad_sync = None
-        self._node_comms = ()      # hierarchy="nodes": (intra, inter) for the intra-node average
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        # An Engine and a Communicator from here until close(); None only while unmade.
+        self.engine: Engine = None  # type: ignore[assignment]
+        self.comm: Communicator = None  # type: ignore[assignment]
+        self.grad_sync: Optional[GradientSync] = None
+        # hierarchy="nodes": (intra, inter) for the intra-node average
+        self._node_comms: tuple[Communicator, ...] = ()
         self._own_comm = comm is None
         self._params = [(name, p) for name, p in module.named_parameters()]
         if not self._params:
@@ -106,14 +135,14 @@ class Distributed:
             raise ValueError(f"intra_node_average is 'co2' or 'framework', not {intra_node_average!r}")
         try:
             self.comm = Communicator.from_env() if comm is None else comm
-            self.engine = Engine(self.comm, algorithm, **engine_config)
+            self.engine = Engine(self.comm, algorithm, **cast(EngineOptions, engine_config))
             # What the engine took: a name in any case, or the C constant.
             hierarchy = engine_config.get("hierarchy")
             self.hierarchical = hierarchy is not None and _values.choice(
                 HIERARCHIES, hierarchy, "hierarchy") == capi.CO2_HIERARCHY_NODES
             self._average_in_node = self.hierarchical and intra_node_average == "co2"
             self.algorithm = self.engine.algorithm
-            self.flat = None
+            self.flat: Optional[torch.Tensor] = None
             if flat:
                 self._adopt_flat()
             else:
@@ -127,9 +156,9 @@ class Distributed:
         self._segments = [(n, t, "parameter") for n, t in self._params] + \
                          [(n, t, "buffer") for n, t in self._buffers]
         self._stream_memory = _buffers.TensorMemory(self._params[0][1].data, "parameters")
-        self._original_step = None
-        self._original_load = None
-        self._join = None
+        self._original_step: Optional[Callable[..., Any]] = None
+        self._original_load: Optional[Callable[..., Any]] = None
+        self._join: Optional[_join.Join] = None
         self._searched = False
         self._evaluating = False        # inside consensus_weights(): not a training forward
         self._inside_step = False       # inside the wrapped optimizer.step (closure forwards)
@@ -138,7 +167,7 @@ class Distributed:
         self._exit_warning = _wiring.watch_exit(self, self._life)
         self_ref = weakref.ref(self)      # the module must not keep its Distributed alive
 
-        def before_forward(_module, _inputs):
+        def before_forward(_module: torch.nn.Module, _inputs: Any) -> None:
             trainer = self_ref()
             if trainer is not None:
                 trainer._before_forward()
@@ -149,11 +178,13 @@ class Distributed:
         if self._average_in_node and reduce_in_backward:
             # The engine has its own node communicators; these carry the backward buckets.
             self._node_comms = self.comm.split_nodes()
-            self.grad_sync = GradientSync(self._params, self._node_comms[0], bucket_mb,
-                                          explain=lambda error: self_ref()._explained(error, None))
+            self.grad_sync = GradientSync(
+                self._params, self._node_comms[0], bucket_mb,
+                explain=lambda error: _alive(self_ref)._explained(error, None))
         elif self.algorithm == "sync" and reduce_in_backward:
-            self.grad_sync = GradientSync(self._params, self.comm, bucket_mb,
-                                          explain=lambda error: self_ref()._explained(error, None))
+            self.grad_sync = GradientSync(
+                self._params, self.comm, bucket_mb,
+                explain=lambda error: _alive(self_ref)._explained(error, None))
         # What the engine (and the backward hooks) were given, checked before every use.
         self._layout = _wiring.Layout(module, self._params, self._buffers,
                                       trained_only=self.grad_sync is not None)
@@ -162,7 +193,7 @@ class Distributed:
 
     # --- setup ----------------------------------------------------------------------------------
 
-    def _adopt_flat(self):
+    def _adopt_flat(self) -> None:
         tensors = self._params + self._buffers
         first = tensors[0][1]
         for name, t in tensors:
@@ -187,24 +218,25 @@ class Distributed:
                 view = self.flat[offset:offset + n].view_as(t)
                 view.copy_(t)
                 t.data = view   # the Parameter object stays: optimizers keep working
-                role = "parameter" if index < len(self._params) else "buffer"
+                role: Literal["parameter", "buffer"] = \
+                    "parameter" if index < len(self._params) else "buffer"
                 self.engine.add_segment(name, offset, n, role)
                 offset += n
 
-    def _register(self):
+    def _register(self) -> None:
         # Each tensor keeps its dtype (float32, bfloat16, float16; fp64 is refused with what to do).
         for name, p in self._params:
             self.engine.register(name, p.data, "parameter")
         for name, b in self._buffers:
             self.engine.register(name, b.data, "buffer")
 
-    def _hook(self, optimizer):
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
         """optimizer.step becomes: [reduce gradients (sync)], the original step, engine step.
         A bound method (not a plain function) so torch's LR schedulers can wrap it again."""
         original = optimizer.step
         distributed = self
 
-        def step(opt, *args, **kwargs):
+        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
             distributed._check_layout()     # before the optimizer applies anything
             distributed._start_round()
             if distributed.grad_sync is not None:
@@ -228,11 +260,11 @@ class Distributed:
         # An LR scheduler made before distribute() wrapped step with its step counter and
         # checks for that marker: keep it (the counter still runs inside `original`).
         if getattr(original, "_with_counter", False):
-            step._with_counter = True
+            step._with_counter = True  # type: ignore[attr-defined]
         self._original_step = original
-        optimizer.step = types.MethodType(step, optimizer)
+        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[assignment]
 
-    def attach(self, optimizer, *, _stepped=False):
+    def attach(self, optimizer: torch.optim.Optimizer, *, _stepped: bool = False) -> Distributed:
         """Hands `optimizer` (over this module's parameters) to co2: its step() then also runs
         the engine's step (and under sync averages the gradients first). For an optimizer
         created after distribute(); call it before the first optimizer.step()."""
@@ -254,7 +286,7 @@ class Distributed:
         self._hook(optimizer)
         original_load = optimizer.load_state_dict
 
-        def load_state_dict(opt, state_dict):
+        def load_state_dict(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
             warnings.warn("optimizer.load_state_dict() after distribute() restores only the "
                           "inner optimizer, not co2's engine state (anchor, outer momentum, "
                           "average in flight, step count): the run continues differently from "
@@ -263,14 +295,17 @@ class Distributed:
             return original_load(state_dict)
 
         self._original_load = original_load
-        optimizer.load_state_dict = types.MethodType(load_state_dict, optimizer)
+        optimizer.load_state_dict = types.MethodType(  # type: ignore[assignment]
+            load_state_dict, optimizer)
         return self
 
-    def _load_optimizer(self, state):
-        load = self._original_load or self.optimizer.load_state_dict
-        load(state)
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        if self._original_load is not None:
+            self._original_load(state)
+        elif self.optimizer is not None:
+            self.optimizer.load_state_dict(state)
 
-    def _before_forward(self):
+    def _before_forward(self) -> None:
         """A forward with autograd on, in train() or eval() mode (training; not inside
         consensus_weights() or a closure optimizer's step): the first time, find an optimizer
         created after distribute(); always, refuse a model changed since distribute() and
@@ -290,14 +325,14 @@ class Distributed:
         if self.module.training:
             self._start_round()
 
-    def _check_layout(self):
+    def _check_layout(self) -> None:
         """Raises ModelChangedError when the model or the optimizer's groups changed since
         distribute() in a way no version counter shows (a cast, a replaced layer, ...)."""
         error = self._layout.check()
         if error is not None:
             raise error
 
-    def _changed_outside(self):
+    def _changed_outside(self) -> None:
         """The parameters changed in place since the engine last saw them."""
         found = _wiring.optimizers_over(self._params) if self.optimizer is None else []
         if len(found) == 1 and self.algorithm != "sync":
@@ -308,7 +343,7 @@ class Distributed:
             return
         raise WiringError(self._unwired_message(self.rank))
 
-    def _unwired_message(self, rank):
+    def _unwired_message(self, rank: int) -> str:
         if self.optimizer is None:
             return (f"rank {rank}: the parameters changed but co2's engine was never stepped: "
                     f"the optimizer was never attached: call trainer.attach(optimizer) (or "
@@ -331,17 +366,17 @@ class Distributed:
     # --- training -------------------------------------------------------------------------------
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self.comm.rank
 
     @property
-    def world_size(self):
+    def world_size(self) -> int:
         return self.comm.world_size
 
-    def _stream(self):
+    def _stream(self) -> Optional[int]:
         return _buffers.current_stream(self._stream_memory)
 
-    def reduce_gradients(self):
+    def reduce_gradients(self) -> None:
         """Averages the gradients across ranks (collective, blocking). Reads param.grad now:
         frameworks reallocate gradients, and a None gradient contributes zeros. Under sync with
         reduce_in_backward (the default) backward has averaged them already: an error."""
@@ -363,7 +398,7 @@ class Distributed:
         except _errors.Error as exc:
             raise self._explained(exc, None) from None
 
-    def no_sync(self):
+    def no_sync(self) -> ContextManager[None]:
         """Context for gradient accumulation, as DDP's. Where gradients are averaged in
         backward (sync, and hierarchy="nodes" inside a node), backward passes inside it leave
         each rank's gradients unaveraged, accumulating in p.grad; the next backward outside it
@@ -374,14 +409,14 @@ class Distributed:
             return contextlib.nullcontext()
         return self.grad_sync.no_sync()
 
-    def step(self):
+    def step(self) -> bool:
         """The engine's step (done by optimizer.step when an optimizer is attached). True at a
         round boundary."""
         self._check_layout()
         self._start_round()
         return self._engine_step()
 
-    def _engine_step(self):
+    def _engine_step(self) -> bool:
         try:
             boundary = self.engine.step(self._stream())
         except _errors.Error as exc:
@@ -392,23 +427,23 @@ class Distributed:
             self._join.after_step(boundary)
         return boundary
 
-    def _start_round(self):
+    def _start_round(self) -> None:
         if self._join is not None:
             self._join.report_if_due(active=True)
 
     # --- collectives ----------------------------------------------------------------------------
 
-    def _steps(self):
+    def _steps(self) -> int:
         return self.engine.stats()["steps"]
 
-    def _agree(self, operation, flag):
+    def _agree(self, operation: str, flag: Union[bool, int]) -> tuple[Any, Any]:
         """The control collective before `operation` (see _control.py)."""
         try:
             return _control.agree(self.comm, operation, self._steps(), flag)
         except _errors.Error as exc:
             raise self._explained(exc, operation) from None
 
-    def _collective(self, operation, run):
+    def _collective(self, operation: str, run: Callable[[], _Result]) -> _Result:
         """Checks that every rank is wired and at the same step, then runs `run`."""
         self._check_layout()
         changed = _wiring.version(self._params) != self._seen_version
@@ -428,7 +463,7 @@ class Distributed:
         self._seen_version = _wiring.version(self._params)
         return result
 
-    def _explained(self, error, operation):
+    def _explained(self, error: _errors.Error, operation: Optional[str]) -> BaseException:
         """The library's error, in the training loop's terms where co2.torch knows more."""
         if isinstance(error, _errors.NonFiniteError):
             return self._nonfinite(error)
@@ -436,7 +471,7 @@ class Distributed:
         clearer = _control.translate(error, self.world_size, self.rank, steps, operation)
         return clearer if clearer is not None else error
 
-    def _nonfinite(self, error):
+    def _nonfinite(self, error: _errors.Error) -> _errors.Error:
         for name, tensor, role in self._segments:
             if not bool(torch.isfinite(tensor).all()):
                 where = f"{role} {name!r} holds NaN or Inf on rank {self.rank}"
@@ -450,32 +485,33 @@ class Distributed:
         clearer.__cause__ = error
         return clearer
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Collective: every rank ends with the identical model (changes the trajectory: for
         evaluation use consensus_weights())."""
         self._collective("synchronize()", self.engine.synchronize)
 
-    def finalize(self):
+    def finalize(self) -> None:
         """Collective. End of training: applies the average in flight and the steps since the
         last boundary (no step's work is lost); every rank then holds the same model. Fails with UnequalStepsError when the ranks took different numbers of
         steps (use join()), with WiringError when an optimizer stepped without co2."""
         self._collective("finalize()", self.engine.finalize)
         self._life.steps_unsaved = 0
 
-    def join(self):
+    def join(self) -> _join.Join:
         """Context for uneven inputs: `with trainer.join(): for batch in my_batches: ...`.
         A rank whose batches ran out shadows the others' rounds with zero updates until every
         rank is done (a one-flag all-reduce per round inside the context). See _join.py."""
         return _join.Join(self)
 
     @property
-    def consensus_kind(self):
+    def consensus_kind(self) -> ConsensusName:
         """consensus_weights()'s default: "anchor", or "local_average" for localsgd, which
         keeps no anchor."""
         return "local_average" if self.algorithm == "localsgd" else "anchor"
 
     @contextlib.contextmanager
-    def consensus_weights(self, kind=None):
+    def consensus_weights(self, kind: Union[ConsensusName, int, None] = None
+                          ) -> Iterator[torch.nn.Module]:
         """Puts the consensus model into the module for the with-block (evaluation) and restores
         this rank's parameters after, bitwise: the training trajectory does not change.
         kind "anchor" (the model the ranks agreed on at the last boundary; no communication, so
@@ -506,18 +542,18 @@ class Distributed:
                     tensor.copy_(saved)
             self._seen_version = _wiring.version(self._params)
 
-    def stats(self):
+    def stats(self) -> EngineStats:
         return self.engine.stats()
 
     # --- checkpoint -----------------------------------------------------------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """Collective: call it on every rank. Everything needed to continue this rank exactly:
         the shared engine state (bytes), this rank's parameters and buffers as they are
         mid-round, and the optimizer's state. Put it into your own dict (with the data
         position) and torch.save it per rank. For one file that loads at any world size (or in
         plain torch) use save_portable()."""
-        def build():
+        def build() -> dict[str, Any]:
             return {"engine": self.engine.save(),
                     "rank": self.rank, "world_size": self.world_size,
                     "algorithm": self.algorithm,
@@ -529,7 +565,7 @@ class Distributed:
         self._life.steps_unsaved = 0
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Not collective. Restores what state_dict() returned (after distribute() on a fresh
         process: same model, optimizer and engine configuration)."""
         if not isinstance(state, dict) or "engine" not in state:
@@ -546,7 +582,7 @@ class Distributed:
             self._load_optimizer(state["optimizer"])
         self._seen_version = _wiring.version(self._params)
 
-    def save_portable(self, path):
+    def save_portable(self, path: Path) -> None:
         """Collective: call it on every rank; rank 0 writes `path`: one file with the model
         finalize() gives at this step (a plain state_dict), rank 0's optimizer state and the
         finalized engine state, which load_portable() restores at any world size. This run goes
@@ -554,7 +590,7 @@ class Distributed:
         self._collective("save_portable()", lambda: _portable.save(self, path))
         self._life.steps_unsaved = 0
 
-    def load_portable(self, path):
+    def load_portable(self, path: Path) -> dict[str, Any]:
         """Not collective: every rank reads the file save_portable() wrote, at any world size.
         Every rank restarts from the consensus model."""
         state = _portable.load(self, path)
@@ -563,7 +599,7 @@ class Distributed:
 
     # --- lifetime -------------------------------------------------------------------------------
 
-    def close(self, _warn=True):
+    def close(self, _warn: bool = True) -> None:
         """Destroys the engine (and the communicator if distribute() created it) and gives the
         optimizer its own step back. The parameters stay views of self.flat, which torch owns.
         Warns when steps ran since the last finalize() or checkpoint."""
@@ -574,14 +610,15 @@ class Distributed:
             life.done = True
             self._exit_warning.detach()
         if getattr(self, "_forward_hook", None) is not None:
+            assert self._forward_hook is not None
             self._forward_hook.remove()
             self._forward_hook = None
         if self.optimizer is not None:
             if self._original_step is not None:
-                self.optimizer.step = self._original_step
+                self.optimizer.step = self._original_step  # type: ignore[assignment]
                 self._original_step = None
             if self._original_load is not None:
-                self.optimizer.load_state_dict = self._original_load
+                self.optimizer.load_state_dict = self._original_load  # type: ignore[assignment]
                 self._original_load = None
         if self.grad_sync is not None:
             self.grad_sync.close()
@@ -591,21 +628,29 @@ class Distributed:
         self._node_comms = ()
         if self.engine is not None:
             self.engine.close()
-            self.engine = None
+            self.engine = None  # type: ignore[assignment]
         if self._own_comm and self.comm is not None:
             self.comm.close()
-            self.comm = None
+            self.comm = None  # type: ignore[assignment]
         _wiring.release(self.module, self)
 
-    def __enter__(self):
+    def __enter__(self) -> Distributed:
         return self
 
-    def __exit__(self, exc_type, *exc):
+    def __exit__(self, exc_type: Optional[type[BaseException]], *exc: Any) -> None:
         self.close(_warn=exc_type is None)
 
 
-def distribute(module, optimizer=None, *, algorithm="co2", comm=None, flat=True, buffers=None,
-               bucket_mb=DEFAULT_BUCKET_MB, reduce_in_backward=True, **engine_config):
+def _alive(reference: weakref.ref[Distributed]) -> Distributed:
+    """The Distributed a backward hook belongs to (alive while its hooks can run)."""
+    return cast(Distributed, reference())
+
+
+def distribute(module: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
+               algorithm: Union[AlgorithmName, int] = "co2", comm: Optional[Communicator] = None,
+               flat: Flag = True, buffers: Buffers = None, bucket_mb: float = DEFAULT_BUCKET_MB,
+               reduce_in_backward: Flag = True,
+               **engine_config: Unpack[DistributeOptions]) -> Distributed:
     """Hands `module`'s parameters to a co2 engine and returns the Distributed object (attach(),
     finalize(), join(), consensus_weights(), no_sync(), state_dict(), save_portable(), stats(),
     rank, world_size, close()). The optimizer may be given here, attached later with
@@ -627,7 +672,7 @@ def distribute(module, optimizer=None, *, algorithm="co2", comm=None, flat=True,
                        reduce_in_backward=reduce_in_backward, **engine_config)
 
 
-def load_portable(path, map_location="cpu"):
+def load_portable(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     """Reads a portable checkpoint without co2's engine: a dict whose "model" is a plain
     state_dict of the consensus model (model.load_state_dict(ckpt["model"])) and "optimizer"
     rank 0's optimizer state."""

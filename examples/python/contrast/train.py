@@ -179,12 +179,15 @@ def recompute_batchnorm(encoder, x, comm):
     layers = [m for m in encoder.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     for layer in layers:
         layer.reset_running_stats()
-        layer.momentum = None        # a cumulative average: one pass gives the shard's statistics
+        # A cumulative average: one pass gives the shard's statistics (torch 1.13's annotation
+        # says float, its code takes None).
+        layer.momentum = None  # type: ignore[assignment]
     encoder.train()
     with torch.no_grad():
         encoder(x)
     for layer in layers:
         for stat in (layer.running_mean, layer.running_var):
+            assert stat is not None          # reset_running_stats() above: they are tracked
             total = comm.allreduce(stat.detach().double().numpy().copy(), "sum")
             stat.copy_(torch.from_numpy(total / comm.world_size))
     encoder.eval()
@@ -232,7 +235,7 @@ def train(algorithm, loss, data, seed, args, comm, rank, world):
     interleaved = torch.arange(BATCH).view(BN_GROUPS, -1).t().flatten()
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
-    curve = {"step": [], "loss": [], "nce": [], "consistency": []}
+    curve: dict[str, list[float]] = {"step": [], "loss": [], "nce": [], "consistency": []}
     window = []
     source = batches(train_x, seed, rank)
     start = time.perf_counter()

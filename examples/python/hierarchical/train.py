@@ -56,7 +56,7 @@ def main():
     if args.intra == "none":
         trainer = co2.torch.distribute(model, intra_node_average="framework", anchor_check_interval=1,
                                        **engine_options)
-        forward = model
+        forward: torch.nn.Module = model
     elif args.intra == "co2":
         # co2: one call; gradients are averaged over the node's ranks during backward.
         trainer = co2.torch.distribute(model, **engine_options)

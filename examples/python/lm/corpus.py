@@ -111,7 +111,7 @@ def load(root=None):
             return data["train"], data["validation"]
     except (OSError, KeyError, ValueError):
         pass
-    splits = {False: [], True: []}
+    splits: dict[bool, list[str]] = {False: [], True: []}
     for rel in pages:
         text = page_text(os.path.join(root, rel))
         if text:

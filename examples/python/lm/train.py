@@ -137,12 +137,13 @@ def train(algorithm, data, seed, steps, *, comm=None, rank=0, world=1, eval_ever
             return evaluate(model, data)
         # localsgd keeps no anchor: the average of the ranks' models (collective; every rank
         # evaluates at the same steps).
+        assert trainer is not None           # a shadow model only for co2's algorithms
         trainer.engine.consensus("local_average" if algorithm == "localsgd" else "anchor",
                                  out=anchor)
         torch.nn.utils.vector_to_parameters(anchor, shadow.parameters())
         return evaluate(shadow, data)
 
-    curve = {"step": [], "seconds": [], "loss": [], "train_loss": []}
+    curve: dict[str, list[float]] = {"step": [], "seconds": [], "loss": [], "train_loss": []}
     eval_seconds = 0.0
     start = time.perf_counter()
 
@@ -237,7 +238,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     import co2
-    rank, world = co2.rank_and_world()
+    rank, world = co2.rank_and_world() or (0, 1)     # no launcher: a group of one
     comm = None
     if args.algorithm == "ddp":
         init_gloo(rank, world)
