@@ -9,6 +9,8 @@
     devices:      host (not built: cuda)
     wire formats: fp32, bf16, int8 (bf16 and int8: local and ucx transports)
 """
+from __future__ import annotations
+
 import ctypes
 import importlib.metadata
 import os
@@ -24,7 +26,7 @@ class _DlInfo(ctypes.Structure):
                 ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
 
 
-def library_path():
+def library_path() -> str | None:
     """The file of the libco2 this process loaded (the dynamic loader's answer, so whatever
     RUNPATH or LD_LIBRARY_PATH chose), or None where the loader cannot say."""
     try:
@@ -40,7 +42,7 @@ def library_path():
     return os.path.realpath(os.fsdecode(info.dli_fname))
 
 
-def co2run_path():
+def co2run_path() -> str | None:
     """The co2run that pip installed with this package (its RECORD names it), else the one on
     PATH (a meson build: build/launcher/co2run), else None."""
     try:
@@ -54,14 +56,14 @@ def co2run_path():
     return os.path.abspath(found) if found else None
 
 
-def _built(features):
+def _built(features: list[tuple[str, bool]]) -> str:
     """'a, b (not built: c)' from (name, built) pairs."""
     built = [name for name, present in features if present]
     absent = [name for name, present in features if not present]
     return ", ".join(built) + (f" (not built: {', '.join(absent)})" if absent else "")
 
 
-def report():
+def report() -> list[str]:
     """The lines `python -m co2` prints."""
     package = os.path.dirname(os.path.abspath(capi.__file__))
     return [

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 FORMAT = "co2.torch.portable/1"
 
 
-def check_matches(trainer: Distributed, saved_model: object, algorithm: str, what: str) -> None:
+def check_matches(trainer: Distributed, saved_model: object, algorithm: object, what: str) -> None:
     """Raises co2.CheckpointMismatchError, naming the difference and what to do, when a
     checkpoint (its algorithm and the module's state_dict as saved) does not fit this trainer:
     the common case is a model changed since the save (a layer added, renamed or resized)."""
@@ -69,6 +69,7 @@ def save(trainer: Distributed, path: Path) -> None:
     write = trainer.rank == 0
     engine = trainer.engine
     resume = engine.save()                        # this rank's state, to continue from
+    assert resume is not None                     # keep=True: every rank keeps its bytes
     local = [t.detach().clone() for _, t, _ in trainer._segments]
     try:
         engine.finalize()
