@@ -451,7 +451,67 @@ class ShardedBackend final : public Backend {
     count_state();
   }
 
+  // --- checkpoints: the per-rank format (every rank its own shard) ---
+  bool shard_view(ShardView* view) const override {
+    const S& s = s_;
+    view->shards = uint32_t(shards_->size());
+    view->shard_rank = uint32_t(shards_->rank());
+    view->begin = mine_.begin;
+    view->count = mine_.count();
+    view->hierarchical = s.hierarchical();
+    view->eager_whole = rank_eager();
+    view->anchor = cur_.data();
+    view->momentum = momentum_.empty() ? nullptr : momentum_.data();
+    view->buffer = s.comm_buffer.data();
+    view->eager_offset = rank_eager() ? round_start_.data() : eager_offset_.data();
+    view->eager_momentum = eager_momentum_.empty() ? nullptr : eager_momentum_.data();
+    return true;
+  }
+
+  // B is rebuilt from every rank's shard (no full-size copy arrives): first the round start
+  // a + e for the parameters, then what B held at the save (the next anchor, a raw average).
+  void load_shard(LoadedShard&& in) override {
+    S& s = s_;
+    cur_ = std::move(in.anchor);
+    if (!in.momentum.empty()) {
+      momentum_ = std::move(in.momentum);
+    } else if (s.momentum_needed() || !momentum_.empty()) {
+      momentum_ = FloatBuffer(mine_.count());
+    }
+    allocate_eager_state();
+    clear_eager_state();
+    if (!in.eager_momentum.empty()) eager_momentum_ = std::move(in.eager_momentum);
+    const bool node_offsets = s.hierarchical() && !in.eager_offset.empty();
+    if (node_offsets) eager_offset_ = std::move(in.eager_offset);
+    float* b = s.comm_buffer.data();
+    for (size_t i = 0; i < mine_.count(); ++i)
+      b[mine_.begin + i] = cur_.data()[i] + (node_offsets ? eager_offset_.data()[i] : 0.0f);
+    gather_shards(b);
+    if (rank_eager() && !in.eager_offset.empty()) {
+      round_start_ = std::move(in.eager_offset);
+      // The blob holds the round start of PARAMETER segments; a BUFFER's starts at the anchor.
+      for (const Segment& seg : s.segments)
+        if (seg.role == Role::Buffer)
+          std::copy(b + seg.state_offset, b + seg.state_offset + seg.count, round_start_.data() + seg.state_offset);
+      unpack_parameters(s, round_start_.data(), false);
+    } else {
+      unpack_parameters(s, b, false);
+      if (rank_eager()) std::copy(b, b + s.state_count, round_start_.data());
+    }
+    if (node_offsets || !in.average.empty()) {
+      copy_shard(b + mine_.begin, in.average.empty() ? cur_.data() : in.average.data());
+      gather_shards(b);
+    }
+    deltas_in_buffer_ = anchor_outside_shard_ = false;
+    count_state();
+  }
+
  private:
+  void gather_shards(float* b) {
+    auto request = shards_->allgather_shards(b, s_.state_count, DataType::F32, {shard_owner_, Purpose::Consensus});
+    if (request->wait_status() != Status::Ok) fail(shards_->error_status(), shards_->error_message());
+  }
+
   // The boundary's pass (see the top of the file). params_take_anchor: p <- the anchor in B
   // (co2); otherwise p stays (warm-up: the chain is waited for and the parameters take its
   // result). Returns whether every delta was finite.
