@@ -121,11 +121,14 @@ class Backend {
   };
   // False for a backend whose state is not sharded.
   virtual bool shard_view(ShardView*) const { return false; }
-  // A per-rank checkpoint, read and checked on every rank, becomes this rank's state; the
-  // parameters take the round start a + e (collective over the shards' ranks). Buffers of the
-  // ShardView's extents; average: the shard of what B held at the save (empty: the anchor).
+  // A checkpoint, read and checked on every rank (its shards of a per-rank or a portable blob),
+  // becomes this rank's state; the parameters take the round start a + e (collective over the
+  // shards' ranks). Buffers of the ShardView's extents; average: the shard of what B holds next
+  // (empty: the anchor); eager_offsets: the eager slot holds e (a portable blob's), not flat
+  // sharding's whole round start.
   struct LoadedShard {
     FloatBuffer anchor, momentum, average, eager_offset, eager_momentum;
+    bool eager_offsets = false;
   };
   virtual void load_shard(LoadedShard&&) {}
 };

@@ -358,7 +358,9 @@ struct Loaded {
   Header h;
   EngineConfig config;
   bool prepared = false;
-  bool shard = false;  // the per-rank format (version 6)
+  bool shard = false;  // a sharded engine's shards (of either format)
+  bool eager_offsets = true;  // the eager slot holds offsets e (else flat sharding's round start)
+  bool average_finite = true;  // every element of this rank's part of the average
   FloatBuffer anchor, momentum, average, eager_offset, eager_momentum, residual;
   std::vector<GapHistory> history;
 };
@@ -402,13 +404,14 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
   require(h.algorithm == uint32_t(s.config.algorithm), Status::CheckpointMismatch,
           "the checkpoint was saved by another algorithm (" + std::to_string(h.algorithm) + ")");
   Backend::ShardView view;
+  const bool sharded_engine = s.backend->shard_view(&view);
   if (shard_blob) {
     const std::string whose = "the checkpoint holds the outer-state shard of rank " + std::to_string(eager_rank) +
                               " of a sharded engine at " + std::to_string(h.world_size) + " ranks";
     const std::string portable =
         "; to resume at another world size, with other sharding or without it, save with "
         "co2_engine_save_portable (the replicated format) instead";
-    require(s.backend->shard_view(&view), Status::CheckpointMismatch,
+    require(sharded_engine, Status::CheckpointMismatch,
             whose + ", which loads only into that sharded engine (this engine does not shard its outer state)" +
                 portable);
     require(eager_rank == uint32_t(s.comm->rank()) && h.world_size == uint32_t(s.comm->size()),
@@ -488,17 +491,19 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
               " of " + std::to_string(s.comm->size()) + "; this rank's next round starts from the anchor");
 
   // Read everything into fresh buffers; the caller commits them only after the CRC matched. A
-  // shard blob's buffers are shards (of the blob's extents), except the eager state of flat
-  // sharding and the residual, which are this rank's whole.
+  // sharded engine keeps only its shard of the anchor, momentum and average (of a portable blob
+  // too: the rest is read for the CRC and dropped); the eager state of flat sharding and the
+  // residual are this rank's whole.
   const size_t full = s.state_count;
-  const size_t part = shard_blob ? shard_count : full;
-  const size_t base = shard_blob ? shard_begin : 0;
-  const bool eager_whole = !shard_blob || !(h.flags & kHierarchical);
+  const size_t part = sharded_engine ? view.count : full;
+  const size_t base = sharded_engine ? view.begin : 0;
+  const bool eager_whole = !sharded_engine || !view.hierarchical;
   const size_t eager_base = eager_whole ? 0 : base;
-  l.shard = shard_blob;
+  l.shard = sharded_engine;
+  l.eager_offsets = !shard_blob;
   l.anchor = FloatBuffer((h.flags & kHasAnchor) ? part : 0);
   l.momentum = FloatBuffer((h.flags & kHasMomentum) ? part : 0);
-  l.average = FloatBuffer(shard_blob ? ((h.flags & kHasAverage) ? part : 0) : full);
+  l.average = FloatBuffer(sharded_engine ? ((h.flags & kHasAverage) ? part : 0) : full);
   l.eager_offset = FloatBuffer(eager_blob ? (eager_whole ? full : part) : 0);
   l.eager_momentum = FloatBuffer(eager_blob && (h.flags & kHasMomentum) ? l.eager_offset.size() : 0);
   l.residual = FloatBuffer(s.error_feedback() ? full : 0);
@@ -521,24 +526,33 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
     history[i].last_step_norm = in.value<double>();
     history[i].gap_sum = in.value<double>();
     history[i].updates = in.value<uint64_t>();
-    // Reads this segment's slot into `target` (whose first element is state element `first`),
-    // or, restore false, reads it for the CRC and drops it.
-    const auto slot = [&](FloatBuffer& target, bool whole, size_t first, bool restore = true) {
-      const Extent e = extent_of(seg, whole, base, part);
-      if (e.size() == 0) return;
-      if (restore) return in.bytes(target.data() + (e.begin - first), e.size() * sizeof(float));
-      skipped.resize(e.size());
-      in.bytes(skipped.data(), e.size() * sizeof(float));
+    // Reads this segment's slot, which the blob holds `stored_whole` or as the blob's shard:
+    // the elements the engine keeps (all, or `keep_whole` false, those of its shard) into
+    // `target` (whose first element is state element `first`); the others, and all of them when
+    // restore is false, only for the CRC.
+    const bool whole = !sharded_engine;
+    const auto slot = [&](FloatBuffer& target, bool keep_whole, size_t first, bool restore, bool stored_whole) {
+      const Extent stored = extent_of(seg, stored_whole, shard_begin, shard_count);
+      Extent kept = restore ? extent_of(seg, keep_whole, base, part) : Extent{stored.end, stored.end};
+      if (kept.size() == 0) kept = Extent{stored.end, stored.end};
+      const auto skip = [&](size_t length) {
+        skipped.resize(std::min(length, size_t(1) << 16));
+        for (size_t done = 0; done < length; done += skipped.size())
+          in.bytes(skipped.data(), std::min(skipped.size(), length - done) * sizeof(float));
+      };
+      skip(kept.begin - stored.begin);
+      if (kept.size()) in.bytes(target.data() + (kept.begin - first), kept.size() * sizeof(float));
+      skip(stored.end - kept.end);
     };
-    const bool whole = !shard_blob;
-    if (!l.anchor.empty()) slot(l.anchor, whole, base);
-    if (!l.momentum.empty()) slot(l.momentum, whole, base);
-    if (h.flags & kHasAverage) slot(l.average, whole, base);
+    if (!l.anchor.empty()) slot(l.anchor, whole, base, true, !shard_blob);
+    if (!l.momentum.empty()) slot(l.momentum, whole, base, true, !shard_blob);
+    if (h.flags & kHasAverage) slot(l.average, whole, base, true, !shard_blob);
     if (eager_blob && seg.role == Role::Parameter) {
-      slot(l.eager_offset, eager_whole, eager_base, restore_eager);
-      if (h.flags & kHasMomentum) slot(l.eager_momentum, eager_whole, eager_base, restore_eager);
+      const bool stored_whole = !shard_blob || !(h.flags & kHierarchical);
+      slot(l.eager_offset, eager_whole, eager_base, restore_eager, stored_whole);
+      if (h.flags & kHasMomentum) slot(l.eager_momentum, eager_whole, eager_base, restore_eager, stored_whole);
     }
-    if (residual_blob) slot(l.residual, true, 0, restore_residual);
+    if (residual_blob) slot(l.residual, true, 0, restore_residual, true);
   }
   const uint32_t body_crc = in.crc();
   require(in.value<uint32_t>() == body_crc, Status::CheckpointCorrupt,
@@ -547,7 +561,10 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
   in.bytes(trailer, sizeof trailer);
   require(std::memcmp(trailer, kTrailer, sizeof trailer) == 0, Status::CheckpointCorrupt,
           "checkpoint trailer missing: the blob is truncated or corrupted");
-  if (h.flags & kRefusedAverage) l.average = FloatBuffer();  // B holds the anchor: never applied
+  // Whether this rank's part of the average may be applied (a sharded engine's ranks combine
+  // theirs); a refused one is never applied, B holds the anchor instead.
+  l.average_finite = !(h.flags & kRefusedAverage) && all_finite(l.average.data(), l.average.size());
+  if (h.flags & kRefusedAverage) l.average = FloatBuffer();
 
   // No writer saves a non-finite anchor, momentum, eager state or gap history (a refused update
   // leaves them as they were), and loaded they would make every later boundary refuse its
@@ -574,9 +591,10 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
   if ((h.flags & kHasAverage) && !prepared && !value_average && !shard_blob && config.algorithm == Algorithm::Co2 &&
       !l.anchor.empty())
     for (const Segment& seg : s.segments)
-      if (seg.role == Role::Buffer)
-        for (size_t i = seg.state_offset; i < seg.state_offset + seg.count; ++i)
-          l.average.data()[i] -= l.anchor.data()[i];
+      if (seg.role == Role::Buffer) {
+        const Extent e = extent_of(seg, !sharded_engine, base, part);
+        for (size_t i = e.begin; i < e.end; ++i) l.average.data()[i - base] -= l.anchor.data()[i - base];
+      }
   return l;
 }
 
@@ -594,7 +612,8 @@ void commit_blob(Engine::State& s, Loaded&& l) {
   s.average_ready = (h.flags & kHasAverage) != 0;
   s.residual = std::move(l.residual);
   if (l.shard) {
-    s.ready_average_finite = !(h.flags & kRefusedAverage);
+    s.ready_average_finite = l.average_finite;  // the ranks' verdict (Engine::load)
+    if (!l.average_finite) l.average = FloatBuffer();  // B keeps the anchor
   } else {
     s.anchor = std::move(l.anchor);
     s.momentum = std::move(l.momentum);
@@ -620,7 +639,8 @@ void commit_blob(Engine::State& s, Loaded&& l) {
   s.stats.resolved_outer_momentum = s.beta;
   if (l.shard)
     s.backend->load_shard(Backend::LoadedShard{std::move(l.anchor), std::move(l.momentum), std::move(l.average),
-                                               std::move(l.eager_offset), std::move(l.eager_momentum)});
+                                               std::move(l.eager_offset), std::move(l.eager_momentum),
+                                               l.eager_offsets});
   else
     s.backend->stage_in();
 }
@@ -647,15 +667,19 @@ void Engine::load(const ReadFn& read) {
     mine = Status::OutOfMemory;
     why = "out of memory reading this rank's checkpoint; the engine is unchanged";
   }
-  const std::vector<int64_t> verdicts =
-      gathered_from_every_rank(s, *s.comm, s.id(Purpose::Consensus), {int64_t(mine)});
+  // Each rank read its shard of the average: applied only if every part is finite.
+  const std::vector<int64_t> verdicts = gathered_from_every_rank(
+      s, *s.comm, s.id(Purpose::Consensus), {int64_t(mine), int64_t(mine == Status::Ok && loaded.average_finite)});
   if (mine != Status::Ok) fail(mine, why);
-  for (size_t rank = 0; rank < verdicts.size(); ++rank)
-    if (verdicts[rank] != int64_t(Status::Ok))
-      fail(Status(verdicts[rank]),
-           "rank " + std::to_string(rank) + " could not load its checkpoint (status " +
-               std::to_string(verdicts[rank]) + "; that rank's message says why), so no rank of this "
-               "sharded engine loaded: the engine is unchanged; give every rank a good blob and load again");
+  for (size_t rank = 0; rank < verdicts.size() / 2; ++rank) {
+    const int64_t status = verdicts[2 * rank];
+    if (status != int64_t(Status::Ok))
+      fail(Status(status),
+           "rank " + std::to_string(rank) + " could not load its checkpoint (status " + std::to_string(status) +
+               "; that rank's message says why), so no rank of this sharded engine loaded: the engine is "
+               "unchanged; give every rank a good blob and load again");
+    loaded.average_finite = loaded.average_finite && verdicts[2 * rank + 1] != 0;
+  }
   commit_blob(s, std::move(loaded));
 }
 
