@@ -364,8 +364,9 @@ class ShardedBackend final : public Backend {
     if (s_.pending) s_.pending->wait_status();
   }
 
-  // --- checkpoints: the replicated format. A save assembles one segment at a time from the
-  // ranks' shards (saved_part), so that it never holds a full-size copy of what is sharded. ---
+  // --- checkpoints: the portable (replicated) format, save_portable. A save assembles one
+  // segment at a time from the ranks' shards (saved_part), so that it never holds a full-size
+  // copy of what is sharded; every load goes through load_shard below. ---
   bool has_momentum() const override { return !momentum_.empty(); }
 
   void stage_out() override {
