@@ -900,6 +900,7 @@ TEST(ShardedOuterState, OneRanksBadShardFailsTheLoadOnEveryRank) {
        Status::CheckpointCorrupt, Status::CheckpointCorrupt},
       {"rank 0's shard on rank 1", [](auto& b) { b[1] = b[0]; }, Status::CheckpointMismatch,
        Status::CheckpointMismatch},
+      {"a read callback that fails at once", [](auto& b) { b[1].clear(); }, Status::Callback, Status::Callback},
   };
   for (const Case& c : cases) {
     auto spoiled = blobs;

@@ -575,7 +575,7 @@ co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_stats_t *out_s
 /* Checkpoint of the engine state: the shared part (anchor, momentum, in-flight average,         */
 /* counters, penalty history, resolved beta, layout hash, world size, config) and, with the     */
 /* eager policy or error feedback, this rank's own part (its eager offsets, its residual;       */
-/* restored on the same rank at the same world size only). Formats 1-5: docs/capi.md. The      */
+/* restored on the same rank at the same world size only). Formats 1-6: docs/capi.md. The      */
 /* framework's per-rank state (local parameters mid-round, inner optimizer) is its to save.    */
 /* ------------------------------------------------------------------------------------------ */
 
