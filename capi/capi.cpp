@@ -720,10 +720,30 @@ CO2_EXPORT co2_status_t co2_engine_state_size(co2_engine_t engine, size_t* out_b
   });
 }
 
+CO2_EXPORT co2_status_t co2_engine_save_portable(co2_engine_t engine, co2_write_fn write, void* user) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    co2::WriteFn sink;
+    if (write) sink = [write, user](const void* data, size_t length) { return write(user, data, length) == 0; };
+    e.save_portable(sink);
+  });
+}
+
+CO2_EXPORT co2_status_t co2_engine_portable_state_size(co2_engine_t engine, size_t* out_bytes) {
+  return guarded([&] {
+    co2::Engine& e = engine_of(engine);
+    require_arg(out_bytes != nullptr, "out_bytes is NULL");
+    *out_bytes = e.portable_state_size();
+  });
+}
+
 CO2_EXPORT co2_status_t co2_engine_load(co2_engine_t engine, co2_read_fn read, void* user) {
   return guarded([&] {
     co2::Engine& e = engine_of(engine);
-    require_arg(read != nullptr, "read callback is NULL");
-    e.load([read, user](void* data, size_t length) { return read(user, data, length) == 0; });
+    // A NULL read reaches the engine as an empty callback: a sharded engine's ranks then fail
+    // together at the load's verdict instead of leaving the others waiting for this one.
+    co2::ReadFn source;
+    if (read) source = [read, user](void* data, size_t length) { return read(user, data, length) == 0; };
+    e.load(source);
   });
 }

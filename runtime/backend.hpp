@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "runtime/buffer.hpp"
 #include "runtime/engine.hpp"
 
 namespace co2 {
@@ -103,6 +104,33 @@ class Backend {
   // every rank asks for the same parts in the same order).
   enum class SavedPart { Anchor, Momentum, EagerOffset, EagerMomentum };
   virtual const float* saved_part(SavedPart, size_t /*segment*/) { return nullptr; }
+
+  // A sharded backend's per-rank checkpoint (format 6, runtime/checkpoint.cpp): this rank's
+  // shard [begin, begin + count) of the state over `shards` ranks (all, or the node's), read in
+  // place by the save. eager_whole: the eager slots are this rank's whole round start a + e and
+  // the momentum of its own deltas (flat sharding), not shards of the node's (hierarchical).
+  struct ShardView {
+    uint32_t shards = 0, shard_rank = 0;
+    size_t begin = 0, count = 0;
+    bool hierarchical = false, eager_whole = false;
+    const float* anchor = nullptr;          // shard
+    const float* momentum = nullptr;        // shard, or null without a momentum
+    const float* buffer = nullptr;          // B, full-size: the average or the next anchor at begin
+    const float* eager_offset = nullptr;    // shard, or whole round start (eager_whole)
+    const float* eager_momentum = nullptr;  // as eager_offset, or null
+  };
+  // False for a backend whose state is not sharded.
+  virtual bool shard_view(ShardView*) const { return false; }
+  // A checkpoint, read and checked on every rank (its shards of a per-rank or a portable blob),
+  // becomes this rank's state; the parameters take the round start a + e (collective over the
+  // shards' ranks). Buffers of the ShardView's extents; average: the shard of what B holds next
+  // (empty: the anchor); eager_offsets: the eager slot holds e (a portable blob's), not flat
+  // sharding's whole round start.
+  struct LoadedShard {
+    FloatBuffer anchor, momentum, average, eager_offset, eager_momentum;
+    bool eager_offsets = false;
+  };
+  virtual void load_shard(LoadedShard&&) {}
 };
 
 std::unique_ptr<Backend> make_host_backend(Engine::State& s);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -18,8 +19,12 @@ class FloatBuffer {
     data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
     if (!data_) throw std::bad_alloc();
     std::memset(data_, 0, bytes);
+    account(count_);
   }
-  ~FloatBuffer() { std::free(data_); }
+  ~FloatBuffer() {
+    if (data_) account(-count_);
+    std::free(data_);
+  }
   FloatBuffer(FloatBuffer&& other) noexcept { swap(other); }
   FloatBuffer& operator=(FloatBuffer&& other) noexcept {
     FloatBuffer moved(std::move(other));
@@ -34,7 +39,27 @@ class FloatBuffer {
   size_t size() const { return count_; }
   bool empty() const { return count_ == 0; }
 
+  // Floats held by every FloatBuffer of the process, and the most held at once since
+  // reset_peak(): what the memory tests measure a save or a load by (tests/runtime).
+  static size_t floats_in_use() { return in_use().load(); }
+  static size_t peak_floats() { return peak().load(); }
+  static void reset_peak() { peak().store(in_use().load()); }
+
  private:
+  static std::atomic<size_t>& in_use() {
+    static std::atomic<size_t> floats{0};
+    return floats;
+  }
+  static std::atomic<size_t>& peak() {
+    static std::atomic<size_t> floats{0};
+    return floats;
+  }
+  static void account(size_t delta) {  // delta wraps around for a release
+    const size_t now = in_use().fetch_add(delta) + delta;
+    size_t seen = peak().load();
+    while (now > seen && !peak().compare_exchange_weak(seen, now)) {
+    }
+  }
   void swap(FloatBuffer& other) noexcept {
     std::swap(data_, other.data_);
     std::swap(count_, other.count_);

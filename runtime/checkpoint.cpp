@@ -33,8 +33,22 @@
 // part already holds values, which flags.value_average says, so that it is not converted as a
 // 1.0 blob's deltas would be. The layout hash of a CUDA engine differs from a host engine's:
 // such a blob loads into an engine on CUDA tensors only.
+//
+// Version 6 is the per-rank checkpoint of a sharded engine (flags.shard): what co2_engine_save
+// writes there, one blob per rank, none of them a full-size copy of the sharded state. The
+// header is followed by u32 rank, u32 shards (the ranks the state is sharded over: all, or the
+// node's with flags.hierarchical), u32 shard_rank, u64 shard_begin, u64 shard_count. Each
+// segment record holds, of its elements inside [shard_begin, +shard_count): the anchor, the
+// momentum (flags.momentum), and, when an average was collected (flags.average), what B held
+// (the next anchor if flags.prepared; the anchor if the average was refused,
+// flags.refused_average; else the raw average); then the eager slots of PARAMETER segments (the node's offsets and their momentum,
+// shards; flat sharding: this rank's whole round start a + e and its momentum) and the whole
+// residual. It loads only on the same rank of the same sharded engine; the replicated format
+// (co2_engine_save_portable) moves between W and sharding.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "runtime/backend.hpp"
@@ -57,6 +71,7 @@ constexpr uint32_t kPreparedFormatVersion = 2;
 constexpr uint32_t kEagerFormatVersion = 3;
 constexpr uint32_t kErrorFeedbackFormatVersion = 4;
 constexpr uint32_t kValueAverageFormatVersion = 5;
+constexpr uint32_t kShardFormatVersion = 6;
 
 constexpr uint32_t kBetaAuto = 1u << 0;
 constexpr uint32_t kNesterov = 1u << 1;
@@ -67,8 +82,12 @@ constexpr uint32_t kPrepared = 1u << 5;  // version 2
 constexpr uint32_t kEager = 1u << 6;     // version 3
 constexpr uint32_t kErrorFeedback = 1u << 7;  // version 4
 constexpr uint32_t kValueAverage = 1u << 8;   // version 5
+constexpr uint32_t kShard = 1u << 9;          // version 6
+constexpr uint32_t kHierarchical = 1u << 10;  // version 6
+constexpr uint32_t kRefusedAverage = 1u << 11;  // version 6
+constexpr uint32_t kShardFlags = kShard | kHierarchical | kRefusedAverage;
 constexpr uint32_t kKnownFlags = kBetaAuto | kNesterov | kHasMomentum | kHasAverage | kHasAnchor | kPrepared |
-                                   kEager | kErrorFeedback | kValueAverage;
+                                   kEager | kErrorFeedback | kValueAverage | kShardFlags;
 
 // Counts bytes and CRC; forwards to the user's callback when there is one. Without one it only
 // counts and never reads `data`: state_size runs while the progress thread may be writing the
@@ -186,9 +205,24 @@ Header header_of(const Engine::State& s, bool with_average, bool prepared) {
   return h;
 }
 
-void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& out) {
+// The state elements of `seg` that a slot holds: all of them, or those in the shard.
+struct Extent {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+Extent extent_of(const Segment& seg, bool whole, size_t shard_begin, size_t shard_count) {
+  if (whole) return {seg.state_offset, seg.state_offset + seg.count};
+  const size_t begin = std::max(seg.state_offset, shard_begin);
+  const size_t end = std::min(seg.state_offset + seg.count, shard_begin + shard_count);
+  return begin < end ? Extent{begin, end} : Extent{begin, begin};
+}
+
+// shard: the per-rank format (version 6) of a sharded backend's state; null: the replicated one.
+void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& out,
+               const Backend::ShardView* shard = nullptr) {
   out.bytes(kMagic, sizeof kMagic);
-  out.value(with_average && !prepared && s.on_device() ? kValueAverageFormatVersion
+  out.value(shard ? kShardFormatVersion
+             : with_average && !prepared && s.on_device() ? kValueAverageFormatVersion
              : s.error_feedback() ? kErrorFeedbackFormatVersion
              : s.eager()        ? kEagerFormatVersion
              : prepared         ? kPreparedFormatVersion
@@ -196,8 +230,19 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
   Header h = header_of(s, with_average, prepared);
   const std::vector<GapHistory>& history = prepared ? s.prepared.history : s.history;
   auto put = [&](auto v) { out.value(v); };
+  if (shard)
+    h.flags |= kShard | (shard->hierarchical ? kHierarchical : 0) |
+               (with_average && !s.ready_average_finite ? kRefusedAverage : 0);
   visit_header(put, h);
-  if (h.flags & (kEager | kErrorFeedback)) out.value(uint32_t(s.comm->rank()));
+  if (shard) {
+    out.value(uint32_t(s.comm->rank()));
+    out.value(shard->shards);
+    out.value(shard->shard_rank);
+    out.value(uint64_t(shard->begin));
+    out.value(uint64_t(shard->count));
+  } else if (h.flags & (kEager | kErrorFeedback)) {
+    out.value(uint32_t(s.comm->rank()));
+  }
   out.value(out.crc());
   for (size_t i = 0; i < s.segments.size(); ++i) {
     const Segment& seg = s.segments[i];
@@ -209,6 +254,23 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
     out.value(history[i].last_step_norm);
     out.value(history[i].gap_sum);
     out.value(history[i].updates);
+    if (shard) {
+      // base: the state index of the buffer's first element (the shard's, or 0 when full-size).
+      const auto slot = [&](const float* buffer, bool whole, size_t base) {
+        const Extent e = extent_of(seg, whole, shard->begin, shard->count);
+        out.bytes(out.counting() || e.size() == 0 ? nullptr : buffer + (e.begin - base), e.size() * sizeof(float));
+      };
+      slot(shard->anchor, false, shard->begin);
+      if (h.flags & kHasMomentum) slot(shard->momentum, false, shard->begin);
+      if (h.flags & kHasAverage) slot(shard->buffer, false, 0);  // refused: B_J holds the anchor
+      if ((h.flags & kEager) && seg.role == Role::Parameter) {
+        const size_t base = shard->eager_whole ? 0 : shard->begin;
+        slot(shard->eager_offset, shard->eager_whole, base);
+        if (h.flags & kHasMomentum) slot(shard->eager_momentum, shard->eager_whole, base);
+      }
+      if (h.flags & kErrorFeedback) slot(s.residual.data(), true, 0);
+      continue;
+    }
     const size_t bytes = seg.count * sizeof(float);
     // A counting Sink (state_size) reads nothing, must not make the sharded backend's
     // collectives, and forms no pointer into an empty buffer (null + offset is undefined).
@@ -235,17 +297,37 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
 
 }  // namespace
 
-size_t Engine::state_size() const {
-  const State& s = *state_;
+namespace {
+
+// An average in flight counts: save collects it before writing. Whether its update is prepared
+// (or refused) changes no size (and is the progress thread's to write until it is collected).
+size_t size_of_blob(const Engine::State& s, bool portable) {
   require(s.committed, Status::InvalidState, "commit the layout before asking for the state size");
-  // An average in flight counts: save collects it before writing. Whether its update is
-  // prepared changes no size (and is the progress thread's to write until it is collected).
+  Backend::ShardView shard;
+  const bool per_rank = !portable && s.backend->shard_view(&shard);
   Sink counter(nullptr);
-  serialize(s, s.average_ready || s.pending != nullptr, /*prepared=*/false, counter);
+  serialize(s, s.average_ready || s.pending != nullptr, /*prepared=*/false, counter, per_rank ? &shard : nullptr);
   return counter.total();
 }
 
+}  // namespace
+
+size_t Engine::state_size() const { return size_of_blob(*state_, /*portable=*/false); }
+size_t Engine::portable_state_size() const { return size_of_blob(*state_, /*portable=*/true); }
+
 void Engine::save(const WriteFn& write) {
+  State& s = *state_;
+  Backend::ShardView shard;
+  if (!s.committed || !s.backend->shard_view(&shard)) return save_portable(write);
+  s.advisor.pause();  // a save between steps is not a training step
+  collect_pending_average(s);
+  check_anchor(s);
+  s.backend->shard_view(&shard);  // B's content may have changed with the collect
+  Sink out(&write);
+  serialize(s, s.average_ready, s.average_ready && s.prepared.ready, out, &shard);
+}
+
+void Engine::save_portable(const WriteFn& write) {
   State& s = *state_;
   require(s.committed, Status::InvalidState, "commit the layout before saving");
   s.advisor.pause();  // a save between steps is not a training step
@@ -265,29 +347,38 @@ void Engine::save(const WriteFn& write) {
 
 namespace {
 
-// Throws CheckpointCorrupt naming the segment of the first non-finite element of `state`.
-void require_finite_in_blob(const Engine::State& s, const FloatBuffer& state, const char* what) {
+// Throws CheckpointCorrupt naming the segment of the first non-finite element of `state`, whose
+// first element is state element `base` (0 for a full-size buffer, the shard's begin for a shard).
+void require_finite_in_blob(const Engine::State& s, const FloatBuffer& state, size_t base, const char* what) {
   if (all_finite(state.data(), state.size())) return;
   for (const Segment& seg : s.segments) {
     if (seg.role == Role::Excluded) continue;
-    const float* x = state.data() + seg.state_offset;
-    for (size_t i = 0; i < seg.count; ++i)
-      if (!std::isfinite(x[i]))
+    const Extent e = extent_of(seg, false, base, state.size());
+    for (size_t i = e.begin; i < e.end; ++i)
+      if (!std::isfinite(state.data()[i - base]))
         fail(Status::CheckpointCorrupt,
              std::string("checkpoint holds a non-finite ") + what + " (segment '" + seg.name + "', element " +
-                 std::to_string(i) + "), which no co2 writer saves: the blob is corrupted or was not "
-                 "written by co2; load another checkpoint");
+                 std::to_string(i - seg.state_offset) + "), which no co2 writer saves: the blob is corrupted or "
+                 "was not written by co2; load another checkpoint");
   }
 }
 
-}  // namespace
+// A blob read and checked, not yet committed.
+struct Loaded {
+  Header h;
+  EngineConfig config;
+  bool prepared = false;
+  bool shard = false;  // a sharded engine's shards (of either format)
+  bool eager_offsets = true;  // the eager slot holds offsets e (else flat sharding's round start)
+  bool average_finite = true;  // every element of this rank's part of the average
+  FloatBuffer anchor, momentum, average, eager_offset, eager_momentum, residual;
+  std::vector<GapHistory> history;
+};
 
-void Engine::load(const ReadFn& read) {
-  State& s = *state_;
-  require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
-  s.advisor.pause();
-  s.backend->wait_for_caller("load");
+Loaded read_blob(const Engine::State& s, const ReadFn& read) {
   require(static_cast<bool>(read), Status::InvalidArgument, "read callback is NULL");
+  Loaded l;
+  Header& h = l.h;
   Source in(read);
   char magic[8];
   in.bytes(magic, sizeof magic);
@@ -295,19 +386,31 @@ void Engine::load(const ReadFn& read) {
           "not a co2 checkpoint (bad magic)");
   const auto version = in.value<uint32_t>();
   require(version != 0, Status::CheckpointCorrupt, "checkpoint format version is 0: the blob is corrupted");
-  require(version >= kFormatVersion && version <= kValueAverageFormatVersion, Status::CheckpointMismatch,
+  require(version >= kFormatVersion && version <= kShardFormatVersion, Status::CheckpointMismatch,
           "checkpoint format version " + std::to_string(version) + " is newer than this library reads (" +
-              std::to_string(kFormatVersion) + " to " + std::to_string(kValueAverageFormatVersion) +
+              std::to_string(kFormatVersion) + " to " + std::to_string(kShardFormatVersion) +
               "): it was written by a newer co2, so load it with that version or a later one");
   Header h;
   auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
   visit_header(get, h);
-  // Per-rank state (version 3: eager; version 4: error feedback, possibly eager too).
+  // Per-rank state (version 3: eager; version 4: error feedback, possibly eager too; version 6:
+  // a sharded engine's shard).
+  const bool shard_blob = version >= kShardFormatVersion && (h.flags & kShard) != 0;
   const bool eager_blob = version >= kEagerFormatVersion && (h.flags & kEager) != 0;
   const bool residual_blob = version >= kErrorFeedbackFormatVersion && (h.flags & kErrorFeedback) != 0;
-  const uint32_t eager_rank = eager_blob || residual_blob ? in.value<uint32_t>() : 0;
+  const uint32_t eager_rank = shard_blob || eager_blob || residual_blob ? in.value<uint32_t>() : 0;
+  uint32_t shards = 0, shard_rank = 0;
+  uint64_t shard_begin = 0, shard_count = 0;
+  if (shard_blob) {
+    shards = in.value<uint32_t>();
+    shard_rank = in.value<uint32_t>();
+    shard_begin = in.value<uint64_t>();
+    shard_count = in.value<uint64_t>();
+  }
   const uint32_t header_crc = in.crc();
   require(in.value<uint32_t>() == header_crc, Status::CheckpointCorrupt, "checkpoint header CRC mismatch");
+  require(shard_blob == (version == kShardFormatVersion) && (shard_blob || !(h.flags & kShardFlags)),
+          Status::CheckpointCorrupt, "checkpoint flags are inconsistent (a shard's flags outside format 6)");
   require(h.layout_hash == s.layout_hash && h.num_segments == stateful_segments(s), Status::CheckpointMismatch,
           "the checkpoint was saved from another parameter layout (it holds " + std::to_string(h.num_segments) +
               " tensors, this engine " + std::to_string(stateful_segments(s)) +
@@ -318,8 +421,31 @@ void Engine::load(const ReadFn& read) {
           "the checkpoint was saved by algorithm " + algorithm_name(h.algorithm) + ", this engine runs " +
               algorithm_name(uint32_t(s.config.algorithm)) + ": create the engine with the checkpoint's algorithm "
               "to resume it");
+  Backend::ShardView view;
+  const bool sharded_engine = s.backend->shard_view(&view);
+  if (shard_blob) {
+    const std::string whose = "the checkpoint holds the outer-state shard of rank " + std::to_string(eager_rank) +
+                              " of a sharded engine at " + std::to_string(h.world_size) + " ranks";
+    const std::string portable =
+        "; to resume at another world size, with other sharding or without it, save with "
+        "co2_engine_save_portable (the replicated format) instead";
+    require(sharded_engine, Status::CheckpointMismatch,
+            whose + ", which loads only into that sharded engine (this engine does not shard its outer state)" +
+                portable);
+    require(eager_rank == uint32_t(s.comm->rank()) && h.world_size == uint32_t(s.comm->size()),
+            Status::CheckpointMismatch,
+            whose + " but this is rank " + std::to_string(s.comm->rank()) + " of " + std::to_string(s.comm->size()) +
+                ": every rank loads the blob it saved" + portable);
+    require(shards == view.shards && shard_rank == view.shard_rank && shard_begin == view.begin &&
+                shard_count == view.count && ((h.flags & kHierarchical) != 0) == view.hierarchical,
+            Status::CheckpointMismatch,
+            whose + " sharded over " + std::to_string(shards) + " ranks" +
+                ((h.flags & kHierarchical) ? " (hierarchical)" : "") + ", but this engine shards over " +
+                std::to_string(view.shards) + (view.hierarchical ? " (hierarchical)" : "") + portable);
+  }
 
-  EngineConfig config = s.config;
+  EngineConfig& config = l.config;
+  config = s.config;
   config.tau = h.tau;
   config.warmup_sync_rounds = h.warmup_sync_rounds;
   config.penalty = Penalty(h.penalty);
@@ -341,7 +467,7 @@ void Engine::load(const ReadFn& read) {
           "checkpoint round counters are inconsistent");
   // The CRC only proves the blob is what some writer wrote: every flag must also be one this
   // engine's writer would have set, or the commit below would read buffers that are not there.
-  const bool prepared = (h.flags & kPrepared) != 0;
+  const bool prepared = l.prepared = (h.flags & kPrepared) != 0;
   require(!prepared || (version >= kPreparedFormatVersion && (h.flags & kHasAverage) &&
                         h.algorithm == uint32_t(Algorithm::Co2)),
           Status::CheckpointCorrupt, "checkpoint flags are inconsistent (a prepared update without its average)");
@@ -354,6 +480,8 @@ void Engine::load(const ReadFn& read) {
           "checkpoint flags are inconsistent: momentum without an anchor");
   require(!(h.flags & kHasAverage) || h.algorithm == uint32_t(Algorithm::Co2), Status::CheckpointCorrupt,
           "checkpoint flags are inconsistent: only co2 saves an average in flight");
+  require(!(h.flags & kRefusedAverage) || ((h.flags & kHasAverage) && !prepared), Status::CheckpointCorrupt,
+          "checkpoint flags are inconsistent (a refused average that is not there, or prepared)");
   require(h.world_size >= 1, Status::CheckpointCorrupt, "checkpoint world size is 0");
   require(eager_blob == ((h.flags & kEager) != 0) && (!eager_blob || h.algorithm == uint32_t(Algorithm::Co2)) &&
               (version != kEagerFormatVersion || eager_blob),
@@ -363,7 +491,7 @@ void Engine::load(const ReadFn& read) {
           Status::CheckpointCorrupt,
           "checkpoint flags are inconsistent (error-feedback state without a compressed outer all-reduce)");
   // The eager state is one rank's own: another rank, or the same rank at another W, starts its
-  // next round from the anchor instead (as after finalize).
+  // next round from the anchor instead (as after finalize). A shard is always the same rank's.
   const bool same_rank = eager_rank == uint32_t(s.comm->rank()) && h.world_size == uint32_t(s.comm->size());
   const bool restore_eager = eager_blob && same_rank;
   // The residual is one rank's drop from the sum: elsewhere it is lost (a one-round rounding
@@ -380,15 +508,26 @@ void Engine::load(const ReadFn& read) {
               std::to_string(h.world_size) + " are not restored on rank " + std::to_string(s.comm->rank()) +
               " of " + std::to_string(s.comm->size()) + "; this rank's next round starts from the anchor");
 
-  // Read everything into fresh buffers; swap them in only after the CRC matched.
-  FloatBuffer anchor((h.flags & kHasAnchor) ? s.state_count : 0);
-  FloatBuffer momentum((h.flags & kHasMomentum) ? s.state_count : 0);
-  FloatBuffer average(s.state_count);
-  FloatBuffer eager_offset(eager_blob ? s.state_count : 0);
-  FloatBuffer eager_momentum(eager_blob && (h.flags & kHasMomentum) ? s.state_count : 0);
-  FloatBuffer residual(s.error_feedback() ? s.state_count : 0);
+  // Read everything into fresh buffers; the caller commits them only after the CRC matched. A
+  // sharded engine keeps only its shard of the anchor, momentum and average (of a portable blob
+  // too: the rest is read for the CRC and dropped); the eager state of flat sharding and the
+  // residual are this rank's whole.
+  const size_t full = s.state_count;
+  const size_t part = sharded_engine ? view.count : full;
+  const size_t base = sharded_engine ? view.begin : 0;
+  const bool eager_whole = !sharded_engine || !view.hierarchical;
+  const size_t eager_base = eager_whole ? 0 : base;
+  l.shard = sharded_engine;
+  l.eager_offsets = !shard_blob;
+  l.anchor = FloatBuffer((h.flags & kHasAnchor) ? part : 0);
+  l.momentum = FloatBuffer((h.flags & kHasMomentum) ? part : 0);
+  l.average = FloatBuffer(sharded_engine ? ((h.flags & kHasAverage) ? part : 0) : full);
+  l.eager_offset = FloatBuffer(eager_blob ? (eager_whole ? full : part) : 0);
+  l.eager_momentum = FloatBuffer(eager_blob && (h.flags & kHasMomentum) ? l.eager_offset.size() : 0);
+  l.residual = FloatBuffer(s.error_feedback() ? full : 0);
   std::vector<float> skipped;  // another rank's eager state: read for the CRC, then dropped
-  std::vector<GapHistory> history(s.segments.size());
+  std::vector<GapHistory>& history = l.history;
+  history.resize(s.segments.size());
   for (size_t i = 0; i < s.segments.size(); ++i) {
     const Segment& seg = s.segments[i];
     if (seg.role == Role::Excluded) continue;
@@ -405,27 +544,33 @@ void Engine::load(const ReadFn& read) {
     history[i].last_step_norm = in.value<double>();
     history[i].gap_sum = in.value<double>();
     history[i].updates = in.value<uint64_t>();
-    const size_t bytes = seg.count * sizeof(float);
-    if (!anchor.empty()) in.bytes(anchor.data() + seg.state_offset, bytes);
-    if (!momentum.empty()) in.bytes(momentum.data() + seg.state_offset, bytes);
-    if (h.flags & kHasAverage) in.bytes(average.data() + seg.state_offset, bytes);
+    // Reads this segment's slot, which the blob holds `stored_whole` or as the blob's shard:
+    // the elements the engine keeps (all, or `keep_whole` false, those of its shard) into
+    // `target` (whose first element is state element `first`); the others, and all of them when
+    // restore is false, only for the CRC.
+    const bool whole = !sharded_engine;
+    const auto slot = [&](FloatBuffer& target, bool keep_whole, size_t first, bool restore, bool stored_whole) {
+      const Extent stored = extent_of(seg, stored_whole, shard_begin, shard_count);
+      Extent kept = restore ? extent_of(seg, keep_whole, base, part) : Extent{stored.end, stored.end};
+      if (kept.size() == 0) kept = Extent{stored.end, stored.end};
+      const auto skip = [&](size_t length) {
+        skipped.resize(std::min(length, size_t(1) << 16));
+        for (size_t done = 0; done < length; done += skipped.size())
+          in.bytes(skipped.data(), std::min(skipped.size(), length - done) * sizeof(float));
+      };
+      skip(kept.begin - stored.begin);
+      if (kept.size()) in.bytes(target.data() + (kept.begin - first), kept.size() * sizeof(float));
+      skip(stored.end - kept.end);
+    };
+    if (!l.anchor.empty()) slot(l.anchor, whole, base, true, !shard_blob);
+    if (!l.momentum.empty()) slot(l.momentum, whole, base, true, !shard_blob);
+    if (h.flags & kHasAverage) slot(l.average, whole, base, true, !shard_blob);
     if (eager_blob && seg.role == Role::Parameter) {
-      for (FloatBuffer* target : {&eager_offset, &eager_momentum}) {
-        if (target == &eager_momentum && !(h.flags & kHasMomentum)) continue;
-        if (restore_eager) {
-          in.bytes(target->data() + seg.state_offset, bytes);
-        } else {
-          skipped.resize(seg.count);
-          in.bytes(skipped.data(), bytes);
-        }
-      }
+      const bool stored_whole = !shard_blob || !(h.flags & kHierarchical);
+      slot(l.eager_offset, eager_whole, eager_base, restore_eager, stored_whole);
+      if (h.flags & kHasMomentum) slot(l.eager_momentum, eager_whole, eager_base, restore_eager, stored_whole);
     }
-    if (restore_residual) {
-      in.bytes(residual.data() + seg.state_offset, bytes);
-    } else if (residual_blob) {
-      skipped.resize(seg.count);
-      in.bytes(skipped.data(), bytes);
-    }
+    if (residual_blob) slot(l.residual, true, 0, restore_residual, true);
   }
   const uint32_t body_crc = in.crc();
   require(in.value<uint32_t>() == body_crc, Status::CheckpointCorrupt,
@@ -434,16 +579,19 @@ void Engine::load(const ReadFn& read) {
   in.bytes(trailer, sizeof trailer);
   require(std::memcmp(trailer, kTrailer, sizeof trailer) == 0, Status::CheckpointCorrupt,
           "checkpoint trailer missing: the blob is truncated or corrupted");
+  // Whether this rank's part of the average may be applied (a sharded engine's ranks combine
+  // theirs); a refused one is never applied, B holds the anchor instead.
+  l.average_finite = !(h.flags & kRefusedAverage) && all_finite(l.average.data(), l.average.size());
+  if (h.flags & kRefusedAverage) l.average = FloatBuffer();
 
   // No writer saves a non-finite anchor, momentum, eager state or gap history (a refused update
   // leaves them as they were), and loaded they would make every later boundary refuse its
   // update: in a CRC-valid blob they are corruption. (The average in flight and the residual may
   // legitimately hold NaN: the next boundary refuses such an average, the residual skips it.)
-  for (const auto& [state, what] : {std::pair<const FloatBuffer*, const char*>{&anchor, "anchor"},
-                                    {&momentum, "outer momentum"},
-                                    {&eager_offset, "eager offset"},
-                                    {&eager_momentum, "eager momentum"}})
-    require_finite_in_blob(s, *state, what);
+  require_finite_in_blob(s, l.anchor, base, "anchor");
+  require_finite_in_blob(s, l.momentum, base, "outer momentum");
+  require_finite_in_blob(s, l.eager_offset, eager_base, eager_whole && shard_blob ? "eager round start" : "eager offset");
+  require_finite_in_blob(s, l.eager_momentum, eager_base, "eager momentum");
   for (size_t i = 0; i < s.segments.size(); ++i)
     require(std::isfinite(history[i].last_step_norm) && std::isfinite(history[i].gap_sum) &&
                 history[i].last_step_norm >= 0.0 && history[i].gap_sum >= 0.0,
@@ -453,38 +601,53 @@ void Engine::load(const ReadFn& read) {
 
   // A co2 average that was not prepared comes from a 1.0 blob (1.1 saves it prepared, unless it
   // was refused as non-finite): its BUFFER part is a delta from the anchor, where 1.1 sends
-  // values (OuterCoefficients::anchor_weight). As values it applies what 1.0 would have.
+  // values (OuterCoefficients::anchor_weight). As values it applies what 1.0 would have. (A
+  // shard's raw average was converted when its engine loaded it.)
   const bool value_average = (h.flags & kValueAverage) != 0;
   require(!value_average || (version >= kValueAverageFormatVersion && (h.flags & kHasAverage) && !prepared),
           Status::CheckpointCorrupt, "checkpoint flags are inconsistent (a value average without its average)");
-  if ((h.flags & kHasAverage) && !prepared && !value_average && config.algorithm == Algorithm::Co2 && !anchor.empty())
+  if ((h.flags & kHasAverage) && !prepared && !value_average && !shard_blob && config.algorithm == Algorithm::Co2 &&
+      !l.anchor.empty())
     for (const Segment& seg : s.segments)
-      if (seg.role == Role::Buffer)
-        for (size_t i = seg.state_offset; i < seg.state_offset + seg.count; ++i) average.data()[i] -= anchor.data()[i];
+      if (seg.role == Role::Buffer) {
+        const Extent e = extent_of(seg, !sharded_engine, base, part);
+        for (size_t i = e.begin; i < e.end; ++i) l.average.data()[i - base] -= l.anchor.data()[i - base];
+      }
+  return l;
+}
 
-  // Commit. An all-reduce still in flight writes into the old comm buffer: finish it first.
+void commit_blob(Engine::State& s, Loaded&& l) {
+  const Header& h = l.h;
+  const EngineConfig& config = l.config;
+  const bool prepared = l.prepared;
+  // An all-reduce still in flight writes into the old comm buffer: finish it first.
   if (s.pending) s.pending->wait_status();
   s.pending.reset();
   s.config = config;
   s.eager_resolved = config.eager == Eager::On;
   s.beta_auto = (h.flags & kBetaAuto) != 0;
   s.beta = s.beta_auto ? default_outer_momentum(s.outer_participants()) : h.beta;
-  s.anchor = std::move(anchor);
-  s.momentum = std::move(momentum);
-  if (s.has_anchor() && s.momentum_needed() && s.momentum.empty() && !s.on_device())
-    s.momentum = FloatBuffer(s.state_count);
-  s.comm_buffer = std::move(average);
-  s.eager_offset = std::move(eager_offset);
-  s.eager_momentum = std::move(eager_momentum);
-  s.residual = std::move(residual);
-  if (s.eager() && s.momentum_needed() && s.eager_momentum.empty()) s.eager_momentum = FloatBuffer(s.state_count);
   s.average_ready = (h.flags & kHasAverage) != 0;
-  s.ready_average_finite = s.average_ready ? all_finite(s.comm_buffer.data(), s.state_count) : true;
+  s.residual = std::move(l.residual);
+  if (l.shard) {
+    s.ready_average_finite = l.average_finite;  // the ranks' verdict (Engine::load)
+    if (!l.average_finite) l.average = FloatBuffer();  // B keeps the anchor
+  } else {
+    s.anchor = std::move(l.anchor);
+    s.momentum = std::move(l.momentum);
+    if (s.has_anchor() && s.momentum_needed() && s.momentum.empty() && !s.on_device())
+      s.momentum = FloatBuffer(s.state_count);
+    s.comm_buffer = std::move(l.average);
+    s.eager_offset = std::move(l.eager_offset);
+    s.eager_momentum = std::move(l.eager_momentum);
+    if (s.eager() && s.momentum_needed() && s.eager_momentum.empty()) s.eager_momentum = FloatBuffer(s.state_count);
+    s.ready_average_finite = s.average_ready ? all_finite(s.comm_buffer.data(), s.state_count) : true;
+  }
   s.prepared.ready = prepared;
   s.prepared.summary_known = !prepared;
   s.prepared.settings = outer_settings_of(s);
-  if (prepared) s.prepared.history = history;
-  s.history = std::move(history);
+  if (prepared) s.prepared.history = l.history;
+  s.history = std::move(l.history);
   s.round_tau = h.round_tau;
   s.steps_in_round = h.steps_in_round;
   s.stats.steps = h.steps;
@@ -492,7 +655,50 @@ void Engine::load(const ReadFn& read) {
   s.stats.outer_updates = h.outer_updates;
   s.stats.nonfinite_rounds = h.nonfinite_rounds;
   s.stats.resolved_outer_momentum = s.beta;
-  s.backend->stage_in();
+  if (l.shard)
+    s.backend->load_shard(Backend::LoadedShard{std::move(l.anchor), std::move(l.momentum), std::move(l.average),
+                                               std::move(l.eager_offset), std::move(l.eager_momentum),
+                                               l.eager_offsets});
+  else
+    s.backend->stage_in();
+}
+
+}  // namespace
+
+void Engine::load(const ReadFn& read) {
+  State& s = *state_;
+  require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
+  s.advisor.pause();
+  s.backend->wait_for_caller("load");
+  if (!s.sharded()) return commit_blob(s, read_blob(s, read));
+  // A sharded engine's load is collective (its ranks gather the state from each other's
+  // shards), and every rank's blob must be good before any rank takes its own: one verdict.
+  Status mine = Status::Ok;
+  std::string why;
+  Loaded loaded;
+  try {
+    loaded = read_blob(s, read);
+  } catch (const Error& e) {
+    mine = e.status();
+    why = e.what();
+  } catch (const std::bad_alloc&) {
+    mine = Status::OutOfMemory;
+    why = "out of memory reading this rank's checkpoint; the engine is unchanged";
+  }
+  // Each rank read its shard of the average: applied only if every part is finite.
+  const std::vector<int64_t> verdicts = gathered_from_every_rank(
+      s, *s.comm, s.id(Purpose::Consensus), {int64_t(mine), int64_t(mine == Status::Ok && loaded.average_finite)});
+  if (mine != Status::Ok) fail(mine, why);
+  for (size_t rank = 0; rank < verdicts.size() / 2; ++rank) {
+    const int64_t status = verdicts[2 * rank];
+    if (status != int64_t(Status::Ok))
+      fail(Status(status),
+           "rank " + std::to_string(rank) + " could not load its checkpoint (status " + std::to_string(status) +
+               "; that rank's message says why), so no rank of this sharded engine loaded: the engine is "
+               "unchanged; give every rank a good blob and load again");
+    loaded.average_finite = loaded.average_finite && verdicts[2 * rank + 1] != 0;
+  }
+  commit_blob(s, std::move(loaded));
 }
 
 }  // namespace co2

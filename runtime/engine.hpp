@@ -148,8 +148,13 @@ class Engine {
   EngineStats stats() const;
 
   // --- checkpoint (runtime/checkpoint.cpp) ---
-  void save(const WriteFn& write);  // collective; write may be empty on ranks that do not write
+  // A sharded engine saves this rank's shard (every rank writes its own blob); any engine's
+  // save_portable writes the replicated format, loadable at any W and sharding. Both collective;
+  // write may be empty on ranks that do not write. A sharded engine's load is collective too.
+  void save(const WriteFn& write);
+  void save_portable(const WriteFn& write);
   size_t state_size() const;
+  size_t portable_state_size() const;
   void load(const ReadFn& read);
 
   // For tests of the invariant checks only: the live anchor.

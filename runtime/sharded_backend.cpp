@@ -364,8 +364,9 @@ class ShardedBackend final : public Backend {
     if (s_.pending) s_.pending->wait_status();
   }
 
-  // --- checkpoints: the replicated format. A save assembles one segment at a time from the
-  // ranks' shards (saved_part), so that it never holds a full-size copy of what is sharded. ---
+  // --- checkpoints: the portable (replicated) format, save_portable. A save assembles one
+  // segment at a time from the ranks' shards (saved_part), so that it never holds a full-size
+  // copy of what is sharded; every load goes through load_shard below. ---
   bool has_momentum() const override { return !momentum_.empty(); }
 
   void stage_out() override {
@@ -410,48 +411,72 @@ class ShardedBackend final : public Backend {
     return nullptr;
   }
 
-  // Loaded: the full anchor, momentum and average slots. This rank keeps its shards; B takes the
-  // average slot (the next anchor when prepared; a raw average is prepared at the next collect),
-  // or else (no average, or a refused one) the anchor.
-  void stage_in() override {
+  // A sharded engine loads every checkpoint through load_shard (its shards only).
+  void stage_in() override {}
+
+  // --- checkpoints: the per-rank format (every rank its own shard) ---
+  bool shard_view(ShardView* view) const override {
+    const S& s = s_;
+    view->shards = uint32_t(shards_->size());
+    view->shard_rank = uint32_t(shards_->rank());
+    view->begin = mine_.begin;
+    view->count = mine_.count();
+    view->hierarchical = s.hierarchical();
+    view->eager_whole = rank_eager();
+    view->anchor = cur_.data();
+    view->momentum = momentum_.empty() ? nullptr : momentum_.data();
+    view->buffer = s.comm_buffer.data();
+    view->eager_offset = rank_eager() ? round_start_.data() : eager_offset_.data();
+    view->eager_momentum = eager_momentum_.empty() ? nullptr : eager_momentum_.data();
+    return true;
+  }
+
+  // B is rebuilt from every rank's shard (no full-size copy arrives): first the round start
+  // a + e for the parameters, then what B held at the save (the next anchor, a raw average).
+  void load_shard(LoadedShard&& in) override {
     S& s = s_;
-    copy_shard(cur_.data(), s.anchor.data() + mine_.begin);
-    if (s.momentum_needed() && momentum_.empty()) momentum_ = FloatBuffer(mine_.count());
-    if (!momentum_.empty()) {
-      if (s.momentum.empty())
-        std::fill(momentum_.data(), momentum_.data() + momentum_.size(), 0.0f);
-      else
-        copy_shard(momentum_.data(), s.momentum.data() + mine_.begin);
+    cur_ = std::move(in.anchor);
+    if (!in.momentum.empty()) {
+      momentum_ = std::move(in.momentum);
+    } else if (s.momentum_needed() || !momentum_.empty()) {
+      momentum_ = FloatBuffer(mine_.count());
     }
-    if (s.comm_buffer.empty()) s.comm_buffer = FloatBuffer(s.state_count);
-    // A refused (non-finite) average is never applied: B holds the anchor then too, not the
-    // average slot with its NaN marker (stage_out), which the next pass would adopt.
-    if (!s.average_ready || !s.ready_average_finite)
-      std::memcpy(s.comm_buffer.data(), s.anchor.data(), s.state_count * sizeof(float));
-    deltas_in_buffer_ = anchor_outside_shard_ = false;
-    // The eager state: this rank's shards of what the blob restored (its node's offsets), else
-    // zero (the next round starts from the anchor, as after finalize).
     allocate_eager_state();
     clear_eager_state();
-    const size_t from = s.hierarchical() ? mine_.begin : 0;  // a shard of the node's, or all
-    if (!s.eager_offset.empty() && !eager_offset_.empty())
-      std::copy(s.eager_offset.data() + from, s.eager_offset.data() + from + eager_offset_.size(), eager_offset_.data());
-    if (!s.eager_momentum.empty() && !eager_momentum_.empty())
-      std::copy(s.eager_momentum.data() + from, s.eager_momentum.data() + from + eager_momentum_.size(),
-                eager_momentum_.data());
-    // The loaded anchor is not needed whole any more (its shard and B are taken): a + e in place.
-    float* start = s.anchor.data();
-    for (size_t i = 0; !s.eager_offset.empty() && i < s.state_count; ++i) start[i] += s.eager_offset.data()[i];
-    unpack_parameters(s, start, false);  // p <- a + e, as the replicated engine restores
-    if (rank_eager()) std::copy(start, start + s.state_count, round_start_.data());
-    s.anchor = FloatBuffer();
-    s.momentum = FloatBuffer();
-    s.eager_offset = FloatBuffer();
-    s.eager_momentum = FloatBuffer();
+    if (!in.eager_momentum.empty()) eager_momentum_ = std::move(in.eager_momentum);
+    const bool node_offsets = s.hierarchical() && !in.eager_offset.empty();
+    if (node_offsets) eager_offset_ = std::move(in.eager_offset);
+    float* b = s.comm_buffer.data();
+    for (size_t i = 0; i < mine_.count(); ++i)
+      b[mine_.begin + i] = cur_.data()[i] + (node_offsets ? eager_offset_.data()[i] : 0.0f);
+    gather_shards(b);
+    if (rank_eager() && !in.eager_offset.empty()) {
+      round_start_ = std::move(in.eager_offset);
+      // The blob holds the round start (or a portable blob the offset) of PARAMETER segments; a
+      // BUFFER's starts at the anchor.
+      float* r = round_start_.data();
+      for (const Segment& seg : s.segments)
+        for (size_t i = seg.state_offset; seg.role != Role::Excluded && i < seg.state_offset + seg.count; ++i)
+          r[i] = seg.role == Role::Buffer ? b[i] : in.eager_offsets ? b[i] + r[i] : r[i];
+      unpack_parameters(s, r, false);
+    } else {
+      unpack_parameters(s, b, false);
+      if (rank_eager()) std::copy(b, b + s.state_count, round_start_.data());
+    }
+    if (node_offsets || !in.average.empty()) {
+      copy_shard(b + mine_.begin, in.average.empty() ? cur_.data() : in.average.data());
+      gather_shards(b);
+    }
+    deltas_in_buffer_ = anchor_outside_shard_ = false;
     count_state();
   }
 
  private:
+  void gather_shards(float* b) {
+    auto request = shards_->allgather_shards(b, s_.state_count, DataType::F32, {shard_owner_, Purpose::Consensus});
+    if (request->wait_status() != Status::Ok) fail(shards_->error_status(), shards_->error_message());
+  }
+
   // The boundary's pass (see the top of the file). params_take_anchor: p <- the anchor in B
   // (co2); otherwise p stays (warm-up: the chain is waited for and the parameters take its
   // result). Returns whether every delta was finite.

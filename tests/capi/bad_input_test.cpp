@@ -237,6 +237,9 @@ TEST(BadInputGlobal, NullHandlesEverywhere) {
                 co2_engine_save(nullptr, [](void*, const void*, size_t) { return 0; }, nullptr));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_state_size(nullptr, &n));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT,
+                co2_engine_save_portable(nullptr, [](void*, const void*, size_t) { return 0; }, nullptr));
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_portable_state_size(nullptr, &n));
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT,
                 co2_engine_load(nullptr, [](void*, void*, size_t) { return 0; }, nullptr));
 
   // Outputs untouched.
@@ -1011,6 +1014,9 @@ TEST_F(BadInput, CallsBeforeCommit) {
   EXPECT_EQ(n, 7u);
   EXPECT_STATUS(CO2_ERR_INVALID_STATE,
                 co2_engine_save(e, [](void*, const void*, size_t) { return 0; }, nullptr));
+  EXPECT_STATUS(CO2_ERR_INVALID_STATE,
+                co2_engine_save_portable(e, [](void*, const void*, size_t) { return 0; }, nullptr));
+  EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_portable_state_size(e, &n));
   EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_load(e, [](void*, void*, size_t) { return 0; }, nullptr));
   // Nothing registered: commit refuses an empty layout.
   EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_commit(e));
@@ -1267,6 +1273,13 @@ TEST_F(BadInput, SaveArguments) {
   size_t bytes = 0;
   EXPECT_STATUS(CO2_OK, co2_engine_state_size(e, &bytes));
   EXPECT_EQ(blob.bytes.size(), bytes);
+  // An engine that does not shard writes the same portable blob either way.
+  Blob portable;
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_portable_state_size(e, nullptr));
+  EXPECT_STATUS(CO2_OK, co2_engine_save_portable(e, blob_write, &portable));
+  EXPECT_EQ(portable.bytes, blob.bytes);
+  EXPECT_STATUS(CO2_OK, co2_engine_portable_state_size(e, &bytes));
+  EXPECT_EQ(portable.bytes.size(), bytes);
   run_steps(e, 2);
 }
 

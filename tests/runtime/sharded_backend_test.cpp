@@ -6,6 +6,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -14,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/buffer.hpp"
+#include "runtime/checksum.hpp"
 #include "runtime/engine.hpp"
 #include "tests/runtime/thread_group.hpp"
 #include "transports/local/transport.hpp"
@@ -61,6 +66,7 @@ struct Plan {
   int first_step = 0;
   std::function<void(int step, int rank, std::vector<std::vector<float>>&)> before_step;
   int save_after = -1;                              // save at this step count (collective)
+  bool portable = false;                            // save_portable (else save: per rank if sharded)
   std::vector<std::vector<char>>* saved = nullptr;  // per rank
   const std::vector<std::vector<char>>* restore = nullptr;
   // The gradient of element i of tensor t (default: gradient()); PARAMETER gradients averaged by
@@ -111,11 +117,15 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
       for (int step = plan.first_step; step < plan.steps; ++step) {
         if (step == plan.save_after) {
           std::vector<char>& blob = (*plan.saved)[size_t(rank)];
-          engine.save([&](const void* data, size_t length) {
+          const WriteFn write = [&](const void* data, size_t length) {
             me.full_anchor_while_saving = me.full_anchor_while_saving || engine.anchor_for_testing() != nullptr;
             blob.insert(blob.end(), static_cast<const char*>(data), static_cast<const char*>(data) + length);
             return true;
-          });
+          };
+          if (plan.portable)
+            engine.save_portable(write);
+          else
+            engine.save(write);
         }
         if (plan.at_step) plan.at_step(step, rank, engine, me);
         std::vector<std::vector<float>> g(me.params.size());
@@ -302,21 +312,29 @@ TEST(ShardedOuterState, ARefusedAverageRestoredFromACheckpointKeepsTheAnchor) {
   };
   save.steps = 14;       // past the refusal at step 11: the saving run ends well
   save.save_after = 9;  // round 3's average in flight
-  std::vector<std::vector<char>> blobs(2);
+  save.portable = true;
+  std::vector<std::vector<char>> blobs(2), shards(2);
   save.saved = &blobs;
+  for (const Rank& r : train(2, co2_config(true), save)) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+  save.portable = false;  // and each rank's shard (flags.refused_average)
+  save.saved = &shards;
   for (const Rank& r : train(2, co2_config(true), save)) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
   Plan resume;
   resume.restore = &blobs;
   resume.first_step = 9;
   const auto replicated = train(2, co2_config(false), resume);
-  const auto sharded = train(2, co2_config(true), resume);
   EXPECT_EQ(replicated[0].nonfinite_steps, std::vector<int>{11});  // refused at the next boundary
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(sharded[size_t(r)].nonfinite_steps, replicated[size_t(r)].nonfinite_steps) << "rank " << r;
-    EXPECT_EQ(sharded[size_t(r)].failed, Status::Ok) << sharded[size_t(r)].failure;
+  for (const auto* saved : {&blobs, &shards}) {
+    resume.restore = saved;
+    const std::string what = saved == &blobs ? "sharded resume of a refused average" : "per-rank resume of it";
+    const auto sharded = train(2, co2_config(true), resume);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(sharded[size_t(r)].nonfinite_steps, replicated[size_t(r)].nonfinite_steps) << what << " rank " << r;
+      EXPECT_EQ(sharded[size_t(r)].failed, Status::Ok) << sharded[size_t(r)].failure;
+    }
+    ASSERT_TRUE(all_of(sharded[0].anchor.begin(), sharded[0].anchor.end(), [](float v) { return std::isfinite(v); }));
+    expect_close(sharded[0].anchor, replicated[0].anchor, what);
   }
-  ASSERT_TRUE(all_of(sharded[0].anchor.begin(), sharded[0].anchor.end(), [](float v) { return std::isfinite(v); }));
-  expect_close(sharded[0].anchor, replicated[0].anchor, "sharded resume of a refused average");
 }
 
 // Flat sharding with the eager policy keeps each rank's round start R = a + e; the blob holds
@@ -325,10 +343,12 @@ TEST(ShardedOuterState, ARefusedAverageRestoredFromACheckpointKeepsTheAnchor) {
 // save_portable restores its run that way) leaves the trajectory as it was. Resumed mid-round
 // with the rank's own parameters, as state_dict() does.
 TEST(ShardedOuterState, EagerRoundStartSurvivesACheckpointBitForBit) {
+  for (bool portable : {true, false}) {
   EngineConfig config = with_policy(co2_config(true), Policy::Eager);
   config.clip = Clip::None;
   std::vector<std::vector<char>> blobs(2);
   Plan save;
+  save.portable = portable;  // per rank: the blob holds R itself
   // Large steps: offsets larger than the anchor's elements.
   save.gradient_of = [](size_t t, size_t i, int step, int rank) { return 100.0f * gradient(t, i, step, rank); };
   save.save_after = 4;  // mid-round 1: the anchor is still the initial one, some elements ~1e-8
@@ -349,7 +369,9 @@ TEST(ShardedOuterState, EagerRoundStartSurvivesACheckpointBitForBit) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(resumed[size_t(r)].failed, Status::Ok) << resumed[size_t(r)].failure;
     for (size_t t = 0; t < std::size(kShapes); ++t)
-      EXPECT_EQ(resumed[size_t(r)].params[t], straight[size_t(r)].params[t]) << "rank " << r << " " << kShapes[t].name;
+      EXPECT_EQ(resumed[size_t(r)].params[t], straight[size_t(r)].params[t])
+          << (portable ? "portable" : "per rank") << " rank " << r << " " << kShapes[t].name;
+  }
   }
 }
 
@@ -359,6 +381,7 @@ std::vector<Rank> save_then_resume(int save_world, bool save_sharded, int load_w
   Plan save;
   save.save_after = 12;
   save.saved = &blobs;
+  save.portable = true;
   train(save_world, co2_config(save_sharded), save);
   Plan resume;
   resume.restore = &blobs;
@@ -442,6 +465,7 @@ TEST(HierarchicalCo2, NormClippingAndTheGapHistoryEqualFlatCo2OverTheNodes) {
   Plan save = hierarchical_2x2();
   save.save_after = 12;
   save.saved = &blobs;
+  save.portable = true;  // to resume without hierarchy
   train(4, config, save);
   const std::vector<std::vector<char>> node_blobs = {blobs[0], blobs[2]};
   Plan resume = flat;
@@ -645,6 +669,7 @@ TEST(ShardedOuterState, SaveHoldsNoFullSizeCopyOfTheShardedState) {
     Plan plan = hierarchical ? hierarchical_2x2() : Plan{};
     plan.save_after = 12;
     plan.saved = &blobs;
+    plan.portable = true;
     EngineConfig config = co2_config(!hierarchical);
     config.eager = Eager::On;
     const std::string what = hierarchical ? "hierarchical" : "flat sharded";
@@ -680,6 +705,257 @@ TEST(ShardedOuterState, RefusesWhatItDoesNotImplementNamingIt) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("shard"), std::string::npos) << e.what();
     }
+  }
+}
+
+// --- the per-rank checkpoint of a sharded engine (issue 23, 11) ---
+
+// Rank threads meet here (C++17 has no std::barrier).
+class Barrier {
+ public:
+  explicit Barrier(int count) : count_(count) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t generation = generation_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++generation_;
+      changed_.notify_all();
+      return;
+    }
+    changed_.wait(lock, [&] { return generation_ != generation; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int count_, arrived_ = 0;
+  uint64_t generation_ = 0;
+};
+
+struct CheckpointMemory {
+  size_t state_floats = 0;  // PARAMETER + BUFFER elements (N)
+  size_t save_extra = 0;    // floats of FloatBuffers the save added at its peak, per rank
+  size_t load_extra = 0;    // ... the load
+  size_t blob_bytes = 0;    // rank 0's blob
+  std::vector<float> anchor_before, anchor_after;  // rank 0's consensus(ANCHOR)
+};
+
+// W rank threads train co2 (momentum, the average in flight at the save) over a PARAMETER
+// tensor of `trained` elements and a BUFFER of 9, save (per rank, or portable), and load the
+// blobs back into the same engines. The FloatBuffers of every rank together are measured from
+// a quiet point (every rank at a barrier) to the next, divided by W.
+CheckpointMemory measure_checkpoint(int world, bool hierarchical, size_t trained, bool portable) {
+  auto group = make_group(world);
+  Barrier barrier(world);
+  CheckpointMemory out;
+  std::vector<std::string> failures(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        EngineConfig config = co2_config(true);
+        if (hierarchical) {
+          config.hierarchy = Hierarchy::Nodes;
+          config.node_id = rank / 2;
+        }
+        Engine engine(group[size_t(rank)], config);
+        std::vector<std::vector<float>> params{std::vector<float>(trained), std::vector<float>(9)};
+        for (size_t t = 0; t < 2; ++t) {
+          for (size_t i = 0; i < params[t].size(); ++i) params[t][i] = 0.01f * float(i % 89) - 0.4f;
+          TensorDesc desc;
+          desc.name = t == 0 ? "w" : "stats";
+          desc.data = params[t].data();
+          desc.count = params[t].size();
+          desc.role = int(t);
+          engine.register_tensor(desc);
+        }
+        engine.commit();
+        for (int step = 0; step < 12; ++step) {  // 4 boundaries of tau 3: an average in flight
+          for (auto& p : params)
+            for (size_t i = 0; i < p.size(); ++i) p[i] -= 0.05f * (gradient(0, i, step, 0) + 0.5f * p[i]);
+          engine.step(nullptr);
+        }
+        std::vector<char> blob;
+        const WriteFn write = [&](const void* data, size_t length) {
+          blob.insert(blob.end(), static_cast<const char*>(data), static_cast<const char*>(data) + length);
+          return true;
+        };
+        size_t base = 0;
+        const auto quiet_start = [&] {
+          barrier.wait();
+          if (rank == 0) {
+            base = FloatBuffer::floats_in_use();
+            FloatBuffer::reset_peak();
+          }
+          barrier.wait();
+        };
+        const auto quiet_end = [&](size_t* extra) {
+          barrier.wait();
+          if (rank == 0) *extra = (FloatBuffer::peak_floats() - base) / size_t(world);
+          barrier.wait();
+        };
+        quiet_start();
+        if (portable)
+          engine.save_portable(write);
+        else
+          engine.save(write);
+        quiet_end(&out.save_extra);
+        if (rank == 0) {
+          out.state_floats = engine.num_elements();
+          out.blob_bytes = blob.size();
+          out.anchor_before.resize(engine.num_elements());
+          engine.consensus(ConsensusKind::Anchor, out.anchor_before.data(), out.anchor_before.size());
+        }
+        size_t offset = 0;
+        quiet_start();
+        engine.load([&](void* data, size_t length) {
+          if (offset + length > blob.size()) return false;
+          std::memcpy(data, blob.data() + offset, length);
+          offset += length;
+          return true;
+        });
+        quiet_end(&out.load_extra);
+        if (rank == 0) {
+          out.anchor_after.resize(engine.num_elements());
+          engine.consensus(ConsensusKind::Anchor, out.anchor_after.data(), out.anchor_after.size());
+        }
+        engine.finalize();
+      } catch (const Error& e) {
+        failures[size_t(rank)] = e.what();
+        group[size_t(rank)]->abort();
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  for (int rank = 0; rank < world; ++rank) EXPECT_EQ(failures[size_t(rank)], "") << "rank " << rank;
+  return out;
+}
+
+// A sharded engine's save writes this rank's shard without any full-size buffer, and its load
+// reads the shards back with only shard-size buffers (the anchor, momentum and collected next
+// anchor of this rank's shard): peak N + O(N / W). A portable blob's load keeps only the
+// shards too (before, it held the full anchor, momentum and average). The state comes back bit
+// for bit.
+TEST(ShardedOuterState, SavesAndLoadsItsOwnShardWithoutAFullSizeCopy) {
+  for (bool portable : {false, true})
+  for (auto [world, hierarchical] : {std::pair{2, false}, std::pair{4, false}, std::pair{4, true}}) {
+    const std::string what = std::string(portable ? "portable" : "per rank") + " W=" + std::to_string(world) +
+                             (hierarchical ? " hierarchical" : " flat");
+    const CheckpointMemory m = measure_checkpoint(world, hierarchical, 1003, portable);
+    const size_t shards = hierarchical ? 2 : size_t(world);
+    const size_t shard = (m.state_floats + shards - 1) / shards;
+    if (!portable) EXPECT_EQ(m.save_extra, 0u) << what;
+    EXPECT_LE(m.load_extra, 3 * shard) << what << ": the load held more than 3 shards (N = " << m.state_floats << ")";
+    if (!portable)
+      EXPECT_LE(m.blob_bytes, 3 * shard * sizeof(float) + 512) << what << ": the blob holds more than the shard";
+    ASSERT_EQ(m.anchor_after.size(), m.anchor_before.size()) << what;
+    EXPECT_EQ(std::memcmp(m.anchor_after.data(), m.anchor_before.data(), m.anchor_before.size() * sizeof(float)), 0)
+        << what << ": the anchor did not come back bit for bit";
+  }
+}
+
+// Per-rank blobs saved at a boundary with the average in flight resume bit for bit, under every
+// policy with per-rank or sharded state: norm clipping and the gap penalty, the eager policy
+// (flat: each rank's round start; hierarchical: the node's offsets) and error feedback (each
+// rank's residual).
+TEST(ShardedOuterState, PerRankCheckpointsResumeBitForBit) {
+  for (bool hierarchical : {false, true})
+    for (int variant = 0; variant < 3; ++variant) {
+      EngineConfig config = with_policy(co2_config(!hierarchical), variant == 0 ? Policy::GapNorm : Policy::Eager);
+      if (variant == 2) {
+        config.eager = Eager::Off;
+        config.wire_format = WireFormat::Int8;
+        config.error_feedback = true;
+      }
+      const std::string what = std::string(hierarchical ? "hierarchical" : "flat") + " variant " + std::to_string(variant);
+      const int world = hierarchical ? 4 : 2;
+      std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+      Plan save = hierarchical ? hierarchical_2x2() : Plan{};
+      save.save_after = 12;
+      save.saved = &blobs;
+      const auto straight = train(world, config, save);
+      Plan resume = hierarchical ? hierarchical_2x2() : Plan{};
+      resume.restore = &blobs;
+      resume.first_step = 12;
+      const auto resumed = train(world, config, resume);
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(resumed[size_t(r)].failed, Status::Ok) << what << ": " << resumed[size_t(r)].failure;
+        EXPECT_EQ(resumed[size_t(r)].anchor, straight[size_t(r)].anchor) << what << " rank " << r;
+        for (size_t t = 0; t < std::size(kShapes); ++t)
+          EXPECT_EQ(resumed[size_t(r)].params[t], straight[size_t(r)].params[t]) << what << " rank " << r << " " << kShapes[t].name;
+      }
+    }
+}
+
+// The numbers of docs/algorithm.md ("Checkpoints of sharded engines"), N = 4M: run with
+// --gtest_also_run_disabled_tests.
+TEST(ShardedOuterState, DISABLED_CheckpointPeakMemoryAtFourMillion) {
+  for (bool portable : {false, true})
+    for (int world : {2, 4}) {
+      const CheckpointMemory m = measure_checkpoint(world, false, (size_t(4) << 20) - 9, portable);
+      std::printf("%s W=%d N=%zu: save +%zu floats (%.3f N), load +%zu floats (%.3f N), blob %zu bytes\n",
+                  portable ? "portable" : "per rank", world, m.state_floats, m.save_extra,
+                  double(m.save_extra) / double(m.state_floats), m.load_extra,
+                  double(m.load_extra) / double(m.state_floats), m.blob_bytes);
+    }
+}
+
+// Per-rank blobs, then a load where one rank's blob is bad: every rank fails (none loads, none
+// waits for a timeout), the bad rank with its reason, the others naming that rank.
+TEST(ShardedOuterState, OneRanksBadShardFailsTheLoadOnEveryRank) {
+  std::vector<std::vector<char>> blobs(2);
+  Plan save;
+  save.save_after = 12;
+  save.saved = &blobs;
+  for (const Rank& r : train(2, co2_config(true), save)) ASSERT_EQ(r.failed, Status::Ok) << r.failure;
+  // Rank 1's first anchor element: after the header (172 bytes with the shard's fields) and
+  // segment w's record (41 bytes), inside rank 1's part of w.
+  constexpr size_t kAnchorAt = 172 + 41;
+  ASSERT_EQ(blobs[1][176], 'w');
+  struct Case {
+    const char* what;
+    std::function<void(std::vector<std::vector<char>>&)> spoil;
+    Status bad_rank, other_rank;
+  };
+  const auto fix_crc = [](std::vector<char>& blob) {
+    const uint32_t crc = crc32_update(0, blob.data(), blob.size() - 12);
+    std::memcpy(blob.data() + blob.size() - 12, &crc, sizeof crc);
+  };
+  const Case cases[] = {
+      {"a flipped byte", [](auto& b) { b[1][kAnchorAt + 1] ^= 0x10; }, Status::CheckpointCorrupt,
+       Status::CheckpointCorrupt},
+      {"a non-finite anchor element (CRC valid)",
+       [&](auto& b) {
+         const float nan = std::nanf("");
+         std::memcpy(b[1].data() + kAnchorAt, &nan, sizeof nan);
+         fix_crc(b[1]);
+       },
+       Status::CheckpointCorrupt, Status::CheckpointCorrupt},
+      {"rank 0's shard on rank 1", [](auto& b) { b[1] = b[0]; }, Status::CheckpointMismatch,
+       Status::CheckpointMismatch},
+      {"a read callback that fails at once", [](auto& b) { b[1].clear(); }, Status::Callback, Status::Callback},
+  };
+  for (const Case& c : cases) {
+    auto spoiled = blobs;
+    c.spoil(spoiled);
+    Plan resume;
+    resume.restore = &spoiled;
+    resume.first_step = 12;
+    resume.abort_group_on_error = false;  // each rank learns it from its own load
+    const auto ranks = train(2, co2_config(true), resume);
+    EXPECT_EQ(ranks[1].failed, c.bad_rank) << c.what << ": " << ranks[1].failure;
+    EXPECT_EQ(ranks[0].failed, c.other_rank) << c.what << ": " << ranks[0].failure;
+    EXPECT_NE(ranks[0].failure.find("rank 1 could not load"), std::string::npos) << c.what << ": " << ranks[0].failure;
+  }
+  // A shard in an engine that does not shard, or at another W: refused, naming the way out.
+  Plan resume;
+  resume.restore = &blobs;
+  resume.first_step = 12;
+  resume.abort_group_on_error = false;  // every rank fails at its own load
+  for (const auto& [world, sharded] : {std::pair{2, false}, std::pair{3, true}}) {
+    const auto ranks = train(world, co2_config(sharded), resume);
+    EXPECT_EQ(ranks[0].failed, Status::CheckpointMismatch) << ranks[0].failure;
+    EXPECT_NE(ranks[0].failure.find("co2_engine_save_portable"), std::string::npos) << ranks[0].failure;
   }
 }
 

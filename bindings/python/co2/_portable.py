@@ -6,17 +6,19 @@
               finalize() does them; sync, diloco, localsgd: synchronize()'s model; buffers that
               are not averaged: rank 0's),
      "optimizer": rank 0's inner-optimizer state_dict (or None),
-     "engine": the shared engine state after that finalize() (co2_engine_save: its anchor is
+     "engine": the shared engine state after that finalize() (co2_engine_save_portable: its anchor is
                "model", its outer momentum, counters; it loads at another world size,
                docs/capi.md), so that a resumed run continues from "model",
      "algorithm", "world_size", "steps"}
 
 The run that saves is not changed by it: every rank saves its own engine state and its
 parameters, finalizes, saves the finalized state, and then restores what it saved (a restart
-from a checkpoint: co2_engine_load, then the rank's own mid-round values). Every rank does the
+from a checkpoint: co2_engine_load, then the rank's own mid-round values; collective on a sharded
+engine). Every rank does the
 same collectives in the same order, whatever its rank, sharding (shard_outer_state) or
 hierarchy ("nodes"): a rank that returned early would leave the others waiting. The price: each
-rank holds its engine state as bytes meanwhile (the size of co2_engine_state_size).
+rank holds its engine state as bytes meanwhile (the size of co2_engine_state_size: a sharded
+engine's is its shard), and rank 0 the portable state.
 
 Rank 0's optimizer state rather than an average over ranks: it is one trajectory's consistent
 state (Adam's first and second moments and step count belong together; an average of second
@@ -73,12 +75,12 @@ def save(trainer: Distributed, path: Path) -> None:
     local = [t.detach().clone() for _, t, _ in trainer._segments]
     try:
         engine.finalize()
-        engine_state = engine.save(keep=write)
+        engine_state = engine.save(keep=write, portable=True)
         model = {k: v.detach().to("cpu", copy=True) for k, v in
                  trainer.module.state_dict().items()} if write else None
         steps = engine.stats()["steps"]
     finally:
-        engine.load(resume)                       # not collective: every rank on its own
+        engine.load(resume)                       # every rank its own (collective if sharded)
         with torch.no_grad():
             for (_, tensor, _), saved in zip(trainer._segments, local):
                 tensor.copy_(saved)

@@ -310,6 +310,7 @@ static int co2_address(PyObject *input, void **out, const char *what) {
 %ignore co2_engine_add_segment;
 %ignore co2_engine_save;
 %ignore co2_engine_load;
+%ignore co2_engine_save_portable;
 /* Runtime-owned storage is for C users: a Python view of it would dangle once the engine is
  * destroyed. Python adopts storage it owns (co2_engine_adopt_flat). */
 %ignore co2_engine_alloc_flat;
@@ -523,15 +524,17 @@ PyObject *get_unique_id(void) {
     return PyBytes_FromStringAndSize(id.internal, sizeof id.internal);
 }
 
-/* Collective. Every rank calls it; ranks with keep = 0 pass no writer and get None. */
-PyObject *engine_save_bytes(co2_engine_t engine, int keep) {
+/* Collective. Every rank calls it; ranks with keep = 0 pass no writer and get None. portable:
+ * co2_engine_save_portable (one blob for any world size), else co2_engine_save (a sharded
+ * engine: this rank's shard). */
+PyObject *engine_save_bytes(co2_engine_t engine, int keep, int portable) {
     co2_status_t status;
     size_t size = 0;
     PyObject *bytes = NULL;
     co2_memory_stream stream = {NULL, 0, 0, 0};
     if (keep) {
         Py_BEGIN_ALLOW_THREADS
-        status = co2_engine_state_size(engine, &size);
+        status = portable ? co2_engine_portable_state_size(engine, &size) : co2_engine_state_size(engine, &size);
         Py_END_ALLOW_THREADS
         if (status != CO2_OK) { co2_raise(status, "co2_engine_state_size"); return NULL; }
         bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
@@ -540,7 +543,8 @@ PyObject *engine_save_bytes(co2_engine_t engine, int keep) {
         stream.length = size;
     }
     Py_BEGIN_ALLOW_THREADS
-    status = co2_engine_save(engine, keep ? co2_memory_write : NULL, &stream);
+    status = (portable ? co2_engine_save_portable : co2_engine_save)(engine, keep ? co2_memory_write : NULL,
+                                                                     &stream);
     Py_END_ALLOW_THREADS
     if (status != CO2_OK) {
         Py_XDECREF(bytes);
@@ -584,13 +588,14 @@ PyObject *engine_load_bytes(co2_engine_t engine, PyObject *blob) {
     Py_RETURN_NONE;
 }
 
-/* Collective. Streams the state into file.write(); ranks with file None only take part. */
-PyObject *engine_save_to(co2_engine_t engine, PyObject *file) {
+/* Collective. Streams the state into file.write(); ranks with file None only take part.
+ * portable: as engine_save_bytes. */
+PyObject *engine_save_to(co2_engine_t engine, PyObject *file, int portable) {
     co2_file_stream s = {file, NULL, NULL, NULL};
     co2_status_t status;
     const int keep = file != Py_None;
     Py_BEGIN_ALLOW_THREADS
-    status = co2_engine_save(engine, keep ? co2_file_write : NULL, &s);
+    status = (portable ? co2_engine_save_portable : co2_engine_save)(engine, keep ? co2_file_write : NULL, &s);
     Py_END_ALLOW_THREADS
     if (status != CO2_OK) return co2_file_error(&s, status, "co2_engine_save");
     Py_RETURN_NONE;

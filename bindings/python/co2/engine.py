@@ -380,23 +380,29 @@ class Engine(OwnsHandle):
     def state_size(self) -> int:
         return capi.engine_state_size(self.handle)
 
-    def save(self, keep: Flag = True) -> Optional[bytes]:
+    def save(self, keep: Flag = True, portable: Flag = False) -> Optional[bytes]:
         """Collective. The shared engine state as bytes (for torch.save / pickle); ranks that
-        pass keep=False take part and get None."""
-        return capi.engine_save_bytes(self.handle, _values.flag("keep", keep))
+        pass keep=False take part and get None. A sharded engine (shard_outer_state, hierarchy
+        "nodes") saves this rank's shard only: every rank keeps its own and loads it back on
+        the same rank. portable=True: one state that loads at any world size and sharding
+        (co2_engine_save_portable)."""
+        return capi.engine_save_bytes(self.handle, _values.flag("keep", keep),
+                                      _values.flag("portable", portable))
 
     def load(self, state: Union[bytes, bytearray, memoryview]) -> None:
-        """Not collective. Restores a state from save() (bytes-like); parameters become the
-        restored anchor (restore per-rank mid-round parameters afterwards)."""
+        """Restores a state from save() (bytes-like); parameters become the restored anchor
+        (restore per-rank mid-round parameters afterwards). Not collective, except on a sharded
+        engine, whose ranks all load together (and all fail if one rank's state is bad)."""
         capi.engine_load_bytes(self.handle, state)
 
-    def save_to(self, file: Optional[BinaryIO]) -> None:
+    def save_to(self, file: Optional[BinaryIO], portable: Flag = False) -> None:
         """Collective. Streams the state into a binary file object (file.write); ranks that
-        pass None take part only. For states too large to hold twice in memory."""
-        capi.engine_save_to(self.handle, file)
+        pass None take part only. For states too large to hold twice in memory. portable: as
+        save()."""
+        capi.engine_save_to(self.handle, file, _values.flag("portable", portable))
 
     def load_from(self, file: BinaryIO) -> None:
-        """Not collective. Reads one saved state from a binary file object (file.read)."""
+        """As load(), from a binary file object (file.read): one saved state."""
         capi.engine_load_from(self.handle, file)
 
     # --- lifetime -------------------------------------------------------------------------------

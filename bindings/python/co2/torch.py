@@ -566,8 +566,11 @@ class Distributed:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Not collective. Restores what state_dict() returned (after distribute() on a fresh
-        process: same model, optimizer and engine configuration)."""
+        """Restores what state_dict() returned (after distribute() on a fresh process: same
+        model, optimizer and engine configuration). Not collective, except with sharded outer
+        state (shard_outer_state, hierarchy "nodes"): there state_dict() holds this rank's shard
+        of the engine state, and every rank loads its own at once (same rank, same world
+        size; save_portable() moves between them)."""
         if not isinstance(state, dict) or "engine" not in state:
             raise ValueError("load_state_dict() takes what trainer.state_dict() returned (with "
                              "the engine state); a model's own state_dict does not restore "
@@ -591,8 +594,9 @@ class Distributed:
         self._life.steps_unsaved = 0
 
     def load_portable(self, path: Path) -> dict[str, Any]:
-        """Not collective: every rank reads the file save_portable() wrote, at any world size.
-        Every rank restarts from the consensus model."""
+        """Every rank reads the file save_portable() wrote, at any world size (collective with
+        sharded outer state: every rank loads at once). Every rank restarts from the consensus
+        model."""
         state = _portable.load(self, path)
         self._seen_version = _wiring.version(self._params)
         return state

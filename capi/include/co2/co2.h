@@ -578,7 +578,7 @@ co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_stats_t *out_s
 /* Checkpoint of the engine state: the shared part (anchor, momentum, in-flight average,         */
 /* counters, penalty history, resolved beta, layout hash, world size, config) and, with the     */
 /* eager policy or error feedback, this rank's own part (its eager offsets, its residual;       */
-/* restored on the same rank at the same world size only). Formats 1-5: docs/capi.md. The      */
+/* restored on the same rank at the same world size only). Formats 1-6: docs/capi.md. The      */
 /* framework's per-rank state (local parameters mid-round, inner optimizer) is its to save.    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -590,17 +590,34 @@ typedef int (*co2_read_fn)(void *user, void *data, size_t length);
 /* Collective (it waits for the in-flight average and compares anchor checksums). Streams the
  * state through `write`; ranks that do not write pass write = NULL. A blob with per-rank state
  * (eager, error feedback) holds the writing rank's: for a bit-exact resume every rank saves and
- * loads its own. */
+ * loads its own. An engine with sharded outer state (shard_outer_state, hierarchy NODES) writes
+ * this rank's shard only (format 6, since 1.1: no full-size copy is made): every rank must
+ * write its own blob, which loads only on the same rank of the same sharded engine; for one
+ * file that loads anywhere, use co2_engine_save_portable. */
 co2_status_t co2_engine_save(co2_engine_t engine, co2_write_fn write, void *user);
 
 /* Exact size in bytes that co2_engine_save writes, after commit. */
 co2_status_t co2_engine_state_size(co2_engine_t engine, size_t *out_bytes);
 
-/* Not collective. Restores the state after commit and sets the parameters to the restored
- * anchor (restore per-rank mid-round parameters afterwards). Transactional: a corrupted or
- * mismatched blob leaves the engine as it was; a blob whose anchor, momentum or eager state is
- * not finite (which no writer saves) is CO2_ERR_CHECKPOINT_CORRUPT. Accepts a blob saved at
- * another world size (per-rank state is then dropped). */
+/* Added in 1.1. Collective. The replicated format (the shared state whole, one blob that
+ * loads at any world size, with or without sharding; per-rank state as co2_engine_save): what
+ * co2_engine_save writes for an engine that does not shard. A sharded engine assembles it one
+ * segment at a time from the ranks' shards (every rank takes part; ranks that do not write pass
+ * write = NULL). */
+co2_status_t co2_engine_save_portable(co2_engine_t engine, co2_write_fn write, void *user);
+
+/* Added in 1.1. Exact size in bytes that co2_engine_save_portable writes, after commit. */
+co2_status_t co2_engine_portable_state_size(co2_engine_t engine, size_t *out_bytes);
+
+/* Restores the state after commit and sets the parameters to the restored anchor (restore
+ * per-rank mid-round parameters afterwards). Not collective, except for an engine with sharded
+ * outer state, whose ranks all load together (each its own per-rank blob, or each the portable
+ * one) and agree on the outcome: if one rank's blob is bad, every rank fails and none loads.
+ * Transactional: a corrupted or mismatched blob leaves the engine as it was; a blob whose
+ * anchor, momentum or eager state is not finite (which no writer saves) is
+ * CO2_ERR_CHECKPOINT_CORRUPT. Accepts a portable blob saved at another world size (per-rank
+ * state is then dropped); a per-rank shard on another rank or engine is
+ * CO2_ERR_CHECKPOINT_MISMATCH. */
 co2_status_t co2_engine_load(co2_engine_t engine, co2_read_fn read, void *user);
 
 #ifdef __cplusplus

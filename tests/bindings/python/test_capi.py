@@ -631,6 +631,52 @@ def test_checkpoint_bytes_round_trip_and_bad_blobs():
             engine.load(blob + b"\0")
 
 
+def test_a_sharded_engine_saves_its_shard_and_exports_the_portable_state():
+    """shard_outer_state: save() is this rank's shard (smaller than the portable state), which
+    every rank loads back at once; save(portable=True) / save_to(..., portable=True) is one
+    state that a replicated engine loads, and a shard is refused there naming the way out."""
+    group, world = unique_group(), 2
+
+    def rank_main(rank):
+        comm = local_comm(rank, world, group)
+        # eager off: the parameters restored are then the anchor on every rank (with it, each
+        # rank's own round start, which a replicated engine at another W does not restore)
+        engine = co2.Engine(comm, algorithm="co2", tau=2, outer_momentum=0.5, eager=False,
+                            shard_outer_state=True)
+        w = np.linspace(0, 1, 1000, dtype=np.float32) + rank
+        engine.register("w", w)
+        engine.commit()
+        for step in range(5):
+            w -= 0.01 * (rank + 1) * (step + 1)
+            engine.step()
+        shard = engine.save()
+        assert len(shard) == engine.state_size()
+        portable = engine.save(keep=(rank == 0), portable=True)
+        stream = io.BytesIO()
+        engine.save_to(stream if rank == 0 else None, portable=True)
+        anchor = engine.consensus()
+        engine.load(shard)                                  # every rank its own, at once
+        np.testing.assert_array_equal(engine.consensus(), anchor)
+        restored = w.copy()                                 # parameters = the restored anchor
+        engine.close()
+        comm.close()
+        return shard, portable, stream.getvalue(), restored
+
+    results = run_ranks(world, rank_main)
+    shard, portable, streamed, restored = results[0]
+    assert streamed == portable
+    assert len(shard) < len(portable) * 0.75                # the shard: about half the state
+    with co2.Communicator(0, 1, transport="local", group_name=unique_group()) as comm, \
+            co2.Engine(comm, algorithm="co2", tau=2, outer_momentum=0.5, eager=False) as engine:
+        w = np.zeros(1000, np.float32)
+        engine.register("w", w)
+        engine.commit()
+        with pytest.raises(co2.CheckpointMismatchError, match="co2_engine_save_portable"):
+            engine.load(shard)
+        engine.load(portable)
+        np.testing.assert_array_equal(w, restored)
+
+
 def test_checkpoint_streams_through_file_objects():
     group = unique_group()
     setup = _trained_engines(group, 1)

@@ -568,15 +568,20 @@ function _read_trampoline(user::Ptr{Cvoid}, data::Ptr{Cvoid}, length::Csize_t)::
 end
 
 """Collective: streams the shared engine state into `io`; ranks that do not write pass `nothing`.
-Not in a GC-safe region: the callbacks run Julia code."""
-function save(e::Engine, io::Union{IO,Nothing})
+A sharded engine writes this rank's shard (every rank saves and loads its own); `portable = true`
+writes the replicated format, which loads at any world size and sharding
+(co2_engine_save_portable). Not in a GC-safe region: the callbacks run Julia code."""
+function save(e::Engine, io::Union{IO,Nothing}; portable::Bool = false)
     if io === nothing
-        return check(co2_engine_save(e, C_NULL, C_NULL))
+        return check(portable ? co2_engine_save_portable(e, C_NULL, C_NULL) : co2_engine_save(e, C_NULL, C_NULL))
     end
-    GC.@preserve io check(co2_engine_save(e, _write_callback[], pointer_from_objref(io)))
+    GC.@preserve io check(portable ?
+        co2_engine_save_portable(e, _write_callback[], pointer_from_objref(io)) :
+        co2_engine_save(e, _write_callback[], pointer_from_objref(io)))
 end
 
-"""Restores the shared state from `io` (transactional: a bad blob changes nothing)."""
+"""Restores the shared state from `io` (transactional: a bad blob changes nothing; collective on a
+sharded engine, where a bad blob on one rank fails every rank)."""
 function load!(e::Engine, io::IO)
     GC.@preserve io check(co2_engine_load(e, _read_callback[], pointer_from_objref(io)))
 end

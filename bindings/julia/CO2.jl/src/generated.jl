@@ -446,6 +446,16 @@ function co2_engine_state_size(engine, out_bytes)
     ccall(_co2_engine_state_size_ptr[], co2_status_t, (co2_engine_t, Ptr{Csize_t}), engine, out_bytes)
 end
 
+const _co2_engine_save_portable_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_engine_save_portable(engine, write, user)
+    ccall(_co2_engine_save_portable_ptr[], co2_status_t, (co2_engine_t, co2_write_fn, Ptr{Cvoid}), engine, write, user)
+end
+
+const _co2_engine_portable_state_size_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_engine_portable_state_size(engine, out_bytes)
+    ccall(_co2_engine_portable_state_size_ptr[], co2_status_t, (co2_engine_t, Ptr{Csize_t}), engine, out_bytes)
+end
+
 const _co2_engine_load_ptr = Ref{Ptr{Cvoid}}(C_NULL)
 function co2_engine_load(engine, read, user)
     ccall(_co2_engine_load_ptr[], co2_status_t, (co2_engine_t, co2_read_fn, Ptr{Cvoid}), engine, read, user)
@@ -604,6 +614,8 @@ const FUNCTION_NAMES = (
     :co2_engine_get_stats,
     :co2_engine_save,
     :co2_engine_state_size,
+    :co2_engine_save_portable,
+    :co2_engine_portable_state_size,
     :co2_engine_load,
 )
 
@@ -649,6 +661,8 @@ function bind_symbols!(handle::Ptr{Cvoid})
     _co2_engine_get_stats_ptr[] = Libdl.dlsym(handle, :co2_engine_get_stats)
     _co2_engine_save_ptr[] = Libdl.dlsym(handle, :co2_engine_save)
     _co2_engine_state_size_ptr[] = Libdl.dlsym(handle, :co2_engine_state_size)
+    _co2_engine_save_portable_ptr[] = Libdl.dlsym(handle, :co2_engine_save_portable)
+    _co2_engine_portable_state_size_ptr[] = Libdl.dlsym(handle, :co2_engine_portable_state_size)
     _co2_engine_load_ptr[] = Libdl.dlsym(handle, :co2_engine_load)
     return nothing
 end

@@ -2031,6 +2031,19 @@ extern "C" {
     pub fn co2_engine_state_size(engine: co2_engine_t, out_bytes: *mut usize) -> co2_status_t;
 }
 extern "C" {
+    pub fn co2_engine_save_portable(
+        engine: co2_engine_t,
+        write: co2_write_fn,
+        user: *mut ::std::os::raw::c_void,
+    ) -> co2_status_t;
+}
+extern "C" {
+    pub fn co2_engine_portable_state_size(
+        engine: co2_engine_t,
+        out_bytes: *mut usize,
+    ) -> co2_status_t;
+}
+extern "C" {
     pub fn co2_engine_load(
         engine: co2_engine_t,
         read: co2_read_fn,

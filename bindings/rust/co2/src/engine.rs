@@ -307,17 +307,40 @@ impl<'a> Engine<'a> {
         Ok(bytes)
     }
 
+    /// Exact number of bytes `save_portable` writes now.
+    pub fn portable_state_size(&self) -> Result<usize> {
+        let mut bytes = 0usize;
+        // SAFETY: valid handle and output.
+        check(unsafe { sys::co2_engine_portable_state_size(self.as_raw(), &mut bytes) })?;
+        Ok(bytes)
+    }
+
     /// Collective: saves the shared engine state into `writer`; ranks that do not write pass
     /// `None`. A writer error fails the save with `Status::Callback` (its text in the message).
+    /// A sharded engine writes this rank's shard: every rank saves and loads its own.
     pub fn save<W: Write>(&mut self, writer: Option<&mut W>) -> Result<()> {
+        self.save_with(sys::co2_engine_save, writer)
+    }
+
+    /// Collective: as `save`, in the replicated format, which loads at any world size and
+    /// sharding (one file for every rank).
+    pub fn save_portable<W: Write>(&mut self, writer: Option<&mut W>) -> Result<()> {
+        self.save_with(sys::co2_engine_save_portable, writer)
+    }
+
+    fn save_with<W: Write>(
+        &mut self,
+        save: unsafe extern "C" fn(sys::co2_engine_t, sys::co2_write_fn, *mut c_void) -> sys::co2_status_t,
+        writer: Option<&mut W>,
+    ) -> Result<()> {
         let Some(writer) = writer else {
             // SAFETY: a NULL callback means "this rank writes nothing".
-            return check(unsafe { sys::co2_engine_save(self.as_raw(), None, ptr::null_mut()) });
+            return check(unsafe { save(self.as_raw(), None, ptr::null_mut()) });
         };
         let mut ctx = CallbackContext { io: writer, error: None };
         // SAFETY: `ctx` outlives the blocking call; the trampoline casts `user` back to it.
         let status = unsafe {
-            sys::co2_engine_save(
+            save(
                 self.as_raw(),
                 Some(write_trampoline::<W>),
                 (&mut ctx as *mut CallbackContext<W>).cast(),
@@ -326,7 +349,8 @@ impl<'a> Engine<'a> {
         with_io_error(check(status), ctx.error)
     }
 
-    /// Restores the shared state (not collective; transactional: a bad blob changes nothing).
+    /// Restores the shared state (transactional: a bad blob changes nothing; not collective,
+    /// except on a sharded engine, where one rank's bad blob fails every rank).
     /// Parameters become the restored anchor.
     pub fn load<R: Read>(&mut self, reader: &mut R) -> Result<()> {
         let mut ctx = CallbackContext { io: reader, error: None };
