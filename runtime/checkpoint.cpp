@@ -390,7 +390,6 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
           "checkpoint format version " + std::to_string(version) + " is newer than this library reads (" +
               std::to_string(kFormatVersion) + " to " + std::to_string(kShardFormatVersion) +
               "): it was written by a newer co2, so load it with that version or a later one");
-  Header h;
   auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
   visit_header(get, h);
   // Per-rank state (version 3: eager; version 4: error feedback, possibly eager too; version 6:
