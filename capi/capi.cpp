@@ -703,12 +703,17 @@ CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_sta
 
 // --- checkpoint ---------------------------------------------------------------------------
 
+namespace {
+// The C callback as the engine's writer; none (a rank that only takes part) stays empty.
+co2::WriteFn write_fn_of(co2_write_fn write, void* user) {
+  if (!write) return {};
+  return [write, user](const void* data, size_t length) { return write(user, data, length) == 0; };
+}
+}  // namespace
+
 CO2_EXPORT co2_status_t co2_engine_save(co2_engine_t engine, co2_write_fn write, void* user) {
   return guarded([&] {
-    co2::Engine& e = engine_of(engine);
-    co2::WriteFn sink;
-    if (write) sink = [write, user](const void* data, size_t length) { return write(user, data, length) == 0; };
-    e.save(sink);
+    engine_of(engine).save(write_fn_of(write, user));
   });
 }
 
@@ -722,10 +727,7 @@ CO2_EXPORT co2_status_t co2_engine_state_size(co2_engine_t engine, size_t* out_b
 
 CO2_EXPORT co2_status_t co2_engine_save_portable(co2_engine_t engine, co2_write_fn write, void* user) {
   return guarded([&] {
-    co2::Engine& e = engine_of(engine);
-    co2::WriteFn sink;
-    if (write) sink = [write, user](const void* data, size_t length) { return write(user, data, length) == 0; };
-    e.save_portable(sink);
+    engine_of(engine).save_portable(write_fn_of(write, user));
   });
 }
 
