@@ -122,7 +122,7 @@ bool apply_prepared_segment(P* __restrict__ p, float* __restrict__ a, const floa
     constexpr int lanes = decltype(lane_count)::value;
     float delta[lanes];
     // The fused pass's expression: bit-identical deltas.
-    for (int l = 0; l < lanes; ++l) delta[l] = stored_value<P>(anchor_weight * a[base + l]) - widen(p[base + l]);
+    for (int l = 0; l < lanes; ++l) delta[l] = delta_element(anchor_weight * a[base + l], p[base + l]);
     for (int l = 0; l < lanes; ++l) probe[first_lane + l] += delta[l] * 0.0f;
     for (int l = 0; l < lanes; ++l) a[base + l] = delta[l];
     for (int l = 0; l < lanes; ++l) p[base + l] = narrow<P>(c[base + l]);
@@ -147,11 +147,10 @@ bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, f
   return finite_in_blocks(n, probe, [&](size_t base, int first_lane, auto lane_count) {
     constexpr int lanes = decltype(lane_count)::value;
     float d[lanes], y[lanes], filtered[lanes], offset[lanes];
-    for (int l = 0; l < lanes; ++l) d[l] = stored_value<P>(a[base + l] + e[base + l]) - widen(p[base + l]);
+    for (int l = 0; l < lanes; ++l) d[l] = delta_element(a[base + l] + e[base + l], p[base + l]);
     for (int l = 0; l < lanes; ++l) y[l] = next[base + l];
-    for (int l = 0; l < lanes; ++l) filtered[l] = k.momentum ? k.beta * q[base + l] + d[l] : d[l];
-    for (int l = 0; l < lanes; ++l)
-      offset[l] = -k.scale * (k.nesterov ? k.beta * filtered[l] + d[l] : filtered[l]);
+    for (int l = 0; l < lanes; ++l) filtered[l] = eager_filtered(d[l], k.momentum ? q[base + l] : 0.0f, k);
+    for (int l = 0; l < lanes; ++l) offset[l] = eager_offset(d[l], filtered[l], k);
     for (int l = 0; l < lanes; ++l) probe[first_lane + l] += d[l] * 0.0f;
     for (int l = 0; l < lanes; ++l) delta[base + l] = d[l];
     if (k.momentum)

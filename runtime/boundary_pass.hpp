@@ -9,13 +9,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "runtime/host_device.hpp"
 #include "runtime/param_types.hpp"
-
-#if defined(__CUDACC__)
-#define CO2_HOST_DEVICE __host__ __device__
-#else
-#define CO2_HOST_DEVICE
-#endif
 
 namespace co2 {
 
@@ -52,6 +47,31 @@ CO2_HOST_DEVICE inline float clip_momentum(float u, const OuterCoefficients& k, 
 template <bool kNesterov>
 CO2_HOST_DEVICE inline float outer_step(float m_new, float c, const OuterCoefficients& k) {
   return kNesterov ? k.beta * m_new + k.lambda * c : m_new;
+}
+
+// The delta of one element: R(start) - p, from the start the rank trained from as its P
+// parameter held it (stored_value), never from the fp32 start itself.
+template <typename P>
+CO2_HOST_DEVICE inline float delta_element(float start, P p) {
+  return stored_value<P>(start) - widen(p);
+}
+
+// The eager policy's rank-local correction (docs/algorithm.md, "The eager policy").
+struct EagerCoefficients {
+  float beta = 0.0f;      // the outer momentum, filtering this rank's own deltas
+  float scale = 0.0f;     // alpha / W
+  bool momentum = false;  // q is stored (beta > 0 or Nesterov)
+  bool nesterov = false;
+};
+
+// q' = beta*q + d (q' = d without a stored momentum): this rank's filtered delta.
+CO2_HOST_DEVICE inline float eager_filtered(float d, float q, const EagerCoefficients& k) {
+  return k.momentum ? k.beta * q + d : d;
+}
+
+// e' = -scale * (nesterov ? beta*q' + d : q'): the offset the next round starts from (p = a' + e').
+CO2_HOST_DEVICE inline float eager_offset(float d, float filtered, const EagerCoefficients& k) {
+  return -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
 }
 
 // Gap penalty of one segment at an update (docs/algorithm.md): g = alpha*||s|| of the previous
@@ -151,7 +171,7 @@ PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float
     }
     if (kWriteDelta) {
       for (int l = 0; l < lanes; ++l) {
-        const float delta = stored_value<P>(base_value[l]) - widen(p[base + l]);
+        const float delta = delta_element(base_value[l], p[base + l]);
         nan_probe[first_lane + l] += delta * 0.0f;  // stays 0 unless delta is NaN or infinite
         c[base + l] = delta;
       }
@@ -217,14 +237,6 @@ double momentum_candidate_sum_squares(const float* m, const float* c, size_t n,
 // (the prepared next anchor). Returns whether every delta was finite.
 template <typename P>
 bool apply_prepared_segment(P* p, float* a, const float* c, size_t n, float anchor_weight = 1.0f);
-
-// The eager policy's rank-local correction (docs/algorithm.md, "The eager policy").
-struct EagerCoefficients {
-  float beta = 0.0f;      // the outer momentum, filtering this rank's own deltas
-  float scale = 0.0f;     // alpha / W
-  bool momentum = false;  // q is stored (beta > 0 or Nesterov)
-  bool nesterov = false;
-};
 
 // One PARAMETER segment of a co2 boundary under the eager policy. `a` is the anchor the round
 // started from, `next` the anchor the next round starts from (`a` itself when nothing is

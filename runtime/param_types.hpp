@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "runtime/host_device.hpp"
+
 namespace co2 {
 
 struct Bf16 {
@@ -19,23 +21,31 @@ struct Fp16 {
 };
 
 namespace param_detail {
-inline uint32_t bits_of(float f) {
+CO2_HOST_DEVICE inline uint32_t bits_of(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
+#endif
 }
-inline float float_of(uint32_t u) {
+CO2_HOST_DEVICE inline float float_of(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+#endif
 }
 }  // namespace param_detail
 
-inline float widen(float x) { return x; }
+CO2_HOST_DEVICE inline float widen(float x) { return x; }
 
-inline float widen(Bf16 x) { return param_detail::float_of(uint32_t(x.bits) << 16); }
+CO2_HOST_DEVICE inline float widen(Bf16 x) { return param_detail::float_of(uint32_t(x.bits) << 16); }
 
-inline float widen(Fp16 x) {
+CO2_HOST_DEVICE inline float widen(Fp16 x) {
   using namespace param_detail;
   const uint32_t sign = uint32_t(x.bits & 0x8000u) << 16;
   const uint32_t magnitude = x.bits & 0x7fffu;
@@ -52,17 +62,17 @@ inline float widen(Fp16 x) {
 }
 
 template <typename P>
-P narrow(float x);
+CO2_HOST_DEVICE P narrow(float x);
 
 template <>
-inline float narrow<float>(float x) {
+CO2_HOST_DEVICE inline float narrow<float>(float x) {
   return x;
 }
 
 // Round to nearest even on the upper 16 bits; a NaN stays a NaN (quiet bit set: rounding the
 // payload away could otherwise make it an infinity).
 template <>
-inline Bf16 narrow<Bf16>(float x) {
+CO2_HOST_DEVICE inline Bf16 narrow<Bf16>(float x) {
   const uint32_t u = param_detail::bits_of(x);
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
@@ -72,7 +82,7 @@ inline Bf16 narrow<Bf16>(float x) {
 // Round to nearest even; beyond the largest half (65504, with its rounding half-ulp) gives
 // infinity, tiny values become subnormals or zero, NaN stays NaN.
 template <>
-inline Fp16 narrow<Fp16>(float x) {
+CO2_HOST_DEVICE inline Fp16 narrow<Fp16>(float x) {
   using namespace param_detail;
   const uint32_t u = bits_of(x);
   const uint32_t sign = (u >> 16) & 0x8000u;
@@ -95,7 +105,7 @@ inline Fp16 narrow<Fp16>(float x) {
 // from it, the start the rank really trained from (a master copy's delta, docs/algorithm.md,
 // "Mixed precision"), never from the fp32 x itself. The identity for fp32.
 template <typename P>
-inline float stored_value(float x) {
+CO2_HOST_DEVICE inline float stored_value(float x) {
   return widen(narrow<P>(x));
 }
 
