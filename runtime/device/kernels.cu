@@ -32,21 +32,14 @@ __device__ double block_sum(double v, double* shared) {
 
 __device__ OuterCoefficients coefficients_of(const Config& c, const SegmentEntry& seg,
                                              const SegmentCoefficients& sc) {
-  OuterCoefficients k;
-  if (seg.is_parameter) {
-    k.alpha = c.alpha;
-    k.beta = c.beta;
-    k.lambda = float(sc.lambda);
-    k.norm_scale = float(sc.norm_scale);
-    k.clip_value = float(c.clip_threshold);
-  }
-  return k;  // BUFFER: alpha 1, beta 0, lambda 1, no clip: a plain average
+  return update_coefficients_of(seg.is_parameter, anchor_weight_of(c.buffer_values, seg.is_parameter), c.alpha,
+                                c.beta, c.clip_threshold, sc.lambda, sc.norm_scale);
 }
 
 __global__ void finite_kernel(const float* x, size_t n, int* flag) {
   float probe = 0.0f;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    probe += x[i] * 0.0f;  // stays 0 unless x[i] is NaN or infinite
+    probe += finite_probe(x[i]);
   if (probe != 0.0f) atomicExch(flag, 1);
 }
 
@@ -64,13 +57,10 @@ __global__ void lambda_kernel(Tables t, Config c) {
   for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x) {
     double lambda = 1.0;
     if (update && t.segments[s].is_parameter) {
-      if (c.penalty == 1) lambda = 1.0 / c.penalty_constant;
-      if (c.penalty == 2) {
-        GapState& g = t.gap[s];
-        uint64_t updates = g.updates;
-        lambda = gap_penalty_lambda(g.last_step_norm, &g.gap_sum, &updates);
-        g.updates = updates;
-      }
+      GapState& g = t.gap[s];
+      uint64_t updates = g.updates;
+      lambda = penalty_lambda(c.penalty, c.penalty_constant, g.last_step_norm, &g.gap_sum, &updates);
+      g.updates = updates;
     }
     t.coefficients[s].lambda = lambda;
     t.coefficients[s].norm_scale = 1.0;
@@ -144,21 +134,20 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
       if (!in[b]) continue;
       const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
       const float anchor_old = av[b];
-      // OuterCoefficients::anchor_weight, as on the host.
-      const float base_value = (c.buffer_values && !seg.is_parameter ? 0.0f : 1.0f) * anchor_old;
+      const float base_value = anchor_base(anchor_old, k);
       float anchor_new = anchor_old;
       if (update) {
         const float average = cv[b];
         const float m_new = clip_momentum<kValueClip>(momentum_candidate(mv[b], average, k), k, clamped);
         const float step = nesterov ? outer_step<true>(m_new, average, k) : outer_step<false>(m_new, average, k);
         if (momentum) m[i] = m_new;
-        anchor_new = base_value - k.alpha * step;
+        anchor_new = next_anchor(base_value, step, k);
         a[i] = anchor_new;
         *step_squares += double(step) * double(step);
       }
       if (c.write_delta) {
-        const float delta = base_value - pv[b];
-        *probe += delta * 0.0f;
+        const float delta = delta_element(base_value, pv[b]);
+        *probe += finite_probe(delta);
         cb[i] = delta;
       }
       p[i] = anchor_new;
@@ -208,7 +197,7 @@ __global__ void fold_kernel(Tables t, Config c) {
       sum += t.chunk_squares[k];
       nclamped += t.chunk_clamped[k];
     }
-    t.gap[s].last_step_norm = double(c.alpha) * sqrt(sum);
+    t.gap[s].last_step_norm = step_gap(double(c.alpha), sum);
     const SegmentCoefficients sc = t.coefficients[s];
     pmin = fmin(pmin, sc.lambda);
     pmax = fmax(pmax, sc.lambda);
