@@ -156,6 +156,14 @@ decltype(auto) with_params(const Segment& seg, F&& f) {
   }
 }
 // --- shared by the host backends (host_backend.cpp, sharded_backend.cpp) ---
+// The backends (runtime/backend.hpp) over this state: host tensors replicated
+// (runtime/host_backend.cpp) or sharded (config.shard_outer_state, hierarchy;
+// runtime/sharded_backend.cpp); tensors on CUDA device `device_index` (throws Unsupported
+// without CUDA or without a usable device).
+std::unique_ptr<Backend> make_host_backend(Engine::State& s);
+std::unique_ptr<Backend> make_sharded_backend(Engine::State& s);
+std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index);
+
 // Packs the PARAMETER and BUFFER parameters into `out` (state order), widened to fp32 (exact);
 // unpack rounds to the parameters' dtype (nearest even).
 void pack_parameters(const Engine::State& s, float* out);

@@ -107,10 +107,13 @@ class HostBackend final : public Backend {
     return a;
   }
 
-  DeltasFinite apply_update_and_write_deltas() override { return deltas(apply_prepared(/*write_delta=*/true)); }
+  DeltasFinite boundary_pass(const BoundaryPass& plan) override {
+    if (plan.eager) return eager_pass(plan.update);
+    return plan.update ? deltas(apply_prepared(/*write_delta=*/true)) : write_deltas();
+  }
 
   // comm_buffer <- R(a) - p, p <- a.
-  DeltasFinite write_deltas() override {
+  DeltasFinite write_deltas() {
     S& s = s_;
     const TraceSpan pass(s.trace.get(), "delta pass");
     bool delta_finite = true;
@@ -131,7 +134,7 @@ class HostBackend final : public Backend {
   // exactly as without it; each PARAMETER segment's delta is taken from the point the rank
   // started at (anchor + its offset) and the next round starts from the next anchor plus the new
   // offset. BUFFER segments are only averaged, as always.
-  DeltasFinite eager_pass(bool update) override {
+  DeltasFinite eager_pass(bool update) {
     S& s = s_;
     const TraceSpan pass(s.trace.get(), "eager pass");
     const OuterSettings o = outer_settings_of(s);
@@ -157,10 +160,7 @@ class HostBackend final : public Backend {
       });
       delta_finite = delta_finite && finite;
     }
-    if (update) {
-      std::swap(s.anchor, s.comm_buffer);
-      adopt_prepared();
-    }
+    if (update) std::swap(s.anchor, s.comm_buffer);
     if (!delta_finite) {
       // This rank's NaN travels in the all-reduce and every rank skips that average; meanwhile
       // the rank restarts from the anchor instead of carrying the NaN in its offset.
@@ -268,7 +268,7 @@ class HostBackend final : public Backend {
 
   void set_parameters_to_anchor() override { unpack_parameters(s_, s_.anchor.data(), false); }
 
-  uint64_t consensus_checksum() override {
+  uint64_t anchor_checksum() override {
     if (!s_.has_anchor()) return parameters_checksum(s_);
     WordHasher hasher;
     hasher.update(s_.anchor.data(), s_.state_count);
@@ -341,15 +341,6 @@ class HostBackend final : public Backend {
     return finite->load();
   }
 
-  // After the prepared next anchor was swapped in: its gap history and statistics become the
-  // engine's.
-  void adopt_prepared() {
-    S& s = s_;
-    std::swap(s.history, s.prepared.history);
-    commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
-    s.prepared.ready = false;
-  }
-
   // Swaps in the prepared update (prepared.ready): the anchor becomes the next anchor and the
   // parameters follow it (params_current: they already did, in the prepare pass). write_delta:
   // comm_buffer receives this round's deltas a - p instead. Returns whether every delta was
@@ -371,7 +362,6 @@ class HostBackend final : public Backend {
       std::swap(s.anchor, s.comm_buffer);
       if (!params_current) set_parameters_to_anchor();
     }
-    adopt_prepared();
     return delta_finite;
   }
 

@@ -140,29 +140,28 @@ class ShardedBackend final : public Backend {
     return a;
   }
 
-  DeltasFinite apply_update_and_write_deltas() override {
-    adopt_update();
+  // With or without an update the pass is the same: B already holds the collected next anchor.
+  DeltasFinite boundary_pass(const BoundaryPass& plan) override {
+    if (plan.eager) return eager_pass(plan);
     return pass(/*params_take_anchor=*/true);
   }
-  DeltasFinite write_deltas() override { return pass(/*params_take_anchor=*/true); }
   // The eager policy, hierarchical CO2 only (refused at commit for flat sharding: there each
   // rank's offset is its own and full-size). A node's ranks hold the same parameters and deltas,
   // so the offset e and its momentum q are sharded like the anchor: the owner of J computes
   // d_J = (a_J + e_J) - p_J from the anchor in effect, updates q_J and e_J (docs/algorithm.md,
   // "The eager policy"; W there is the number of nodes), sends d_J across the nodes, and the node
   // all-gathers its next round's start a' + e (blocking, inside the node) into the parameters.
-  DeltasFinite eager_pass(bool update) override {
-    return s_.hierarchical() ? node_eager_pass(update) : rank_eager_pass(update);
+  DeltasFinite eager_pass(const BoundaryPass& plan) {
+    return s_.hierarchical() ? node_eager_pass() : rank_eager_pass(plan.anchor_check_due);
   }
 
   // The eager policy with flat sharding: each rank's offset is its own, so it keeps its round
   // start R = a + e (full-size) and the momentum q of its own deltas (full-size) instead of the
   // replicated engine's e and q: d = R - p needs no full anchor, and the next start is a' + e'
   // with a' = B. Outer state N (B) + N (R) [+ N (q)] + 3N/W, against the replicated eager 5N.
-  DeltasFinite rank_eager_pass(bool update) {
+  DeltasFinite rank_eager_pass(bool anchor_check_due) {
     S& s = s_;
     const TraceSpan trace(s.trace.get(), "sharded eager pass");
-    if (update) adopt_update();
     const OuterSettings o = outer_settings_of(s);
     const EagerCoefficients k = eager_coefficients_of(o, s.comm->size(), !eager_momentum_.empty());
     float* b = s.comm_buffer.data();  // a' in, this round's deltas out
@@ -170,10 +169,8 @@ class ShardedBackend final : public Backend {
     float* q = k.momentum ? eager_momentum_.data() : nullptr;
     copy_shard(cur_.data(), b + mine_.begin);
     std::fill(step_.data(), step_.data() + step_.size(), 0.0f);  // B holds the deltas themselves
-    // The anchor a' for the anchor check, hashed before the pass overwrites it (when the check is
-    // due at this boundary: engine.cpp's check_anchor_when_due rule).
-    const uint32_t every = s.config.anchor_check_interval;
-    const bool hash = every && s.stats.rounds % every == 0;
+    // The anchor a' for the anchor check, hashed before the pass overwrites it (when the engine
+    // checks it after this pass).
     WordHasher hasher;
     // A non-finite delta: the NaN still travels (every rank skips that average), and this rank
     // restarts from the anchor with its eager state cleared, as the replicated engine does.
@@ -191,7 +188,7 @@ class ShardedBackend final : public Backend {
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
       const size_t off = seg.state_offset;
-      if (hash) hasher.update(b + off, seg.count);
+      if (anchor_check_due) hasher.update(b + off, seg.count);
       const bool trained = seg.role == Role::Parameter;
       with_params(seg, [&](auto* p) {
         using P = std::remove_pointer_t<decltype(p)>;
@@ -219,10 +216,9 @@ class ShardedBackend final : public Backend {
   }
 
   // The eager policy, hierarchical CO2.
-  DeltasFinite node_eager_pass(bool update) {
+  DeltasFinite node_eager_pass() {
     S& s = s_;
     const TraceSpan trace(s.trace.get(), "sharded eager pass");
-    if (update) adopt_update();
     average_buffers_in_node();
     const OuterSettings o = outer_settings_of(s);
     const EagerCoefficients k = eager_coefficients_of(o, s.inter->size(), !eager_momentum_.empty());
@@ -277,7 +273,6 @@ class ShardedBackend final : public Backend {
 
   // finalize: the collected next anchor becomes the anchor and the parameters.
   void apply_update() override {
-    adopt_update();
     take_anchor_from_buffer();
     set_parameters_to_anchor();
   }
@@ -312,7 +307,7 @@ class ShardedBackend final : public Backend {
 
   // Right after a boundary's pass B holds deltas and the parameters hold the anchor; otherwise B
   // holds it. Either is the same on every rank that trains the same model.
-  uint64_t consensus_checksum() override {
+  uint64_t anchor_checksum() override {
     if (deltas_in_buffer_ && !anchor_outside_shard_ && rank_eager()) return pass_anchor_hash_;
     if (deltas_in_buffer_ && !anchor_outside_shard_) return parameters_checksum(s_);
     WordHasher hasher;
@@ -750,12 +745,6 @@ class ShardedBackend final : public Backend {
         with_params(seg, [&](auto* p) { narrow_into(node_buffers_.data() + offset, p, seg.count); });
         offset += seg.count;
       }
-  }
-
-  // The collected update's gap history and statistics become the engine's.
-  void adopt_update() {
-    s_.history = s_.prepared.history;
-    commit_update(s_, s_.prepared.settings.clip, s_.prepared.summary_known ? &s_.prepared.summary : nullptr);
   }
 
   // Copies this rank's shard (which may be empty: N < W leaves the last ranks none).
