@@ -200,7 +200,7 @@ class ShardedBackend final : public Backend {
             if (finite) {
               const float filtered = eager_filtered(d, q ? q[off + i] : 0.0f, k);
               if (q) q[off + i] = filtered;
-              start = following + eager_offset(d, filtered, k);
+              start = round_start(following, eager_offset(d, filtered, k));
             }
           }
           r[off + i] = start;
@@ -239,12 +239,12 @@ class ShardedBackend final : public Backend {
                    const float following = next[i];
                    float d = value_delta(p[first + i]), offset = 0.0f;  // BUFFER values travel (w = 0)
                    if (trained) {
-                     d = delta_element(a[i] + e[i], p[first + i]);
+                     d = delta_element(round_start(a[i], e[i]), p[first + i]);
                      const float filtered = eager_filtered(d, q ? q[i] : 0.0f, k);
                      if (q) q[i] = filtered;
                      offset = e[i] = eager_offset(d, filtered, k);
                    }
-                   start[part.begin + i] = following + offset;
+                   start[part.begin + i] = round_start(following, offset);
                    a[i] = following;
                    next[i] = d;
                    ok = ok && std::isfinite(d);

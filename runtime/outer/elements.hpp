@@ -110,6 +110,9 @@ CO2_HOST_DEVICE inline float eager_offset(float d, float filtered, const EagerCo
   return -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
 }
 
+// a + e: where a rank's round starts under the eager policy.
+CO2_HOST_DEVICE inline float round_start(float anchor, float offset) { return anchor + offset; }
+
 // --- the compressed wire (runtime/wire_format.cpp) ---
 
 // What an encoding dropped of x, which travels as `sent`, in units of the sum (error feedback:
