@@ -4,43 +4,22 @@
 #include <cuda_runtime.h>
 
 #include "runtime/boundary_pass.hpp"
+#include "runtime/device/kernel_math.hpp"
 #include "runtime/device/kernels.hpp"
 #include "runtime/device/state_checksum.hpp"
 
 namespace co2::device::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kPerThread = kChunkElements / kThreads;
-constexpr int kFoldThreads = 256;
-static_assert(kPerThread * kThreads == int(kChunkElements), "chunk = threads x elements per thread");
-
-__device__ bool update_happens(const Config& c, const int* average_nonfinite) {
-  return c.update_requested && *average_nonfinite == 0;
-}
-
 // Fixed-shape tree reduction of one double per thread; thread 0 gets the sum.
 __device__ double block_sum(double v, double* shared) {
   shared[threadIdx.x] = v;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (int(threadIdx.x) < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    tree_level(shared, stride, int(threadIdx.x));
     __syncthreads();
   }
   return shared[0];
-}
-
-__device__ OuterCoefficients coefficients_of(const Config& c, const SegmentEntry& seg,
-                                             const SegmentCoefficients& sc) {
-  OuterCoefficients k;
-  if (seg.is_parameter) {
-    k.alpha = c.alpha;
-    k.beta = c.beta;
-    k.lambda = float(sc.lambda);
-    k.norm_scale = float(sc.norm_scale);
-    k.clip_value = float(c.clip_threshold);
-  }
-  return k;  // BUFFER: alpha 1, beta 0, lambda 1, no clip: a plain average
 }
 
 __global__ void finite_kernel(const float* x, size_t n, int* flag) {
@@ -58,40 +37,20 @@ __global__ void checksum_kernel(const uint32_t* words, size_t n, unsigned long l
   if ((threadIdx.x & 31) == 0) atomicAdd(out, sum);  // modulo 2^64: any order gives the same sum
 }
 
-// Per segment: lambda (advancing the gap history when an update happens), norm scale reset.
 __global__ void lambda_kernel(Tables t, Config c) {
   const bool update = update_happens(c, t.average_nonfinite);
-  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x) {
-    double lambda = 1.0;
-    if (update && t.segments[s].is_parameter) {
-      if (c.penalty == 1) lambda = 1.0 / c.penalty_constant;
-      if (c.penalty == 2) {
-        GapState& g = t.gap[s];
-        uint64_t updates = g.updates;
-        lambda = gap_penalty_lambda(g.last_step_norm, &g.gap_sum, &updates);
-        g.updates = updates;
-      }
-    }
-    t.coefficients[s].lambda = lambda;
-    t.coefficients[s].norm_scale = 1.0;
-  }
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x)
+    segment_lambda(t, c, update, s);
 }
 
-// Norm clipping: per chunk, sum of (beta*m + lambda*c)^2 in double.
 __global__ void candidate_squares_kernel(Tables t, Config c) {
   __shared__ double shared[kThreads];
   const Chunk ch = t.chunks[blockIdx.x];
-  const SegmentEntry seg = t.segments[ch.segment];
   double sum = 0.0;
-  if (seg.is_parameter && update_happens(c, t.average_nonfinite)) {
-    const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
-    const size_t base = seg.state_offset + ch.begin;
+  if (t.segments[ch.segment].is_parameter && update_happens(c, t.average_nonfinite)) {
     for (int j = 0; j < kPerThread; ++j) {
-      const uint32_t i = threadIdx.x + uint32_t(j) * kThreads;
-      if (i < ch.count) {
-        const float u = momentum_candidate(t.momentum ? t.momentum[base + i] : 0.0f, t.comm[base + i], k);
-        sum += double(u) * double(u);
-      }
+      const uint32_t i = chunk_element(threadIdx.x, j);
+      if (i < ch.count) sum += candidate_square(t, c, ch, i);
     }
   }
   const double total = block_sum(sum, shared);
@@ -100,13 +59,8 @@ __global__ void candidate_squares_kernel(Tables t, Config c) {
 
 __global__ void norm_scale_kernel(Tables t, Config c) {
   if (!update_happens(c, t.average_nonfinite)) return;
-  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x) {
-    if (!t.segments[s].is_parameter) continue;
-    const uint32_t end = s + 1 < t.num_segments ? t.segments[s + 1].first_chunk : t.num_chunks;
-    double sum = 0.0;
-    for (uint32_t k = t.segments[s].first_chunk; k < end; ++k) sum += t.chunk_squares[k];
-    t.coefficients[s].norm_scale = norm_clip_scale(sum, c.clip_threshold);
-  }
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x)
+    segment_norm_scale(t, c, s);
 }
 
 // kFull: the chunk has all kChunkElements elements, so the loop needs no bounds check.
@@ -115,7 +69,6 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
                            const SegmentEntry& seg, double* step_squares, uint32_t* clamped, float* probe) {
   const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
   const bool momentum = seg.is_parameter && c.momentum;
-  const bool nesterov = seg.is_parameter && c.nesterov;
   const size_t base = seg.state_offset + ch.begin;
   // Distinct buffers: the layout rejects overlapping tensors.
   float* __restrict__ p = seg.params + ch.begin;
@@ -132,7 +85,7 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
     bool in[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
+      const uint32_t i = chunk_element(threadIdx.x, j0 + b);
       in[b] = kFull || i < ch.count;
       av[b] = in[b] ? a[i] : 0.0f;
       pv[b] = in[b] && c.write_delta ? p[i] : 0.0f;
@@ -142,26 +95,18 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (!in[b]) continue;
-      const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
-      const float anchor_old = av[b];
-      // OuterCoefficients::anchor_weight, as on the host.
-      const float base_value = (c.buffer_values && !seg.is_parameter ? 0.0f : 1.0f) * anchor_old;
-      float anchor_new = anchor_old;
+      const uint32_t i = chunk_element(threadIdx.x, j0 + b);
+      const PassResult r = pass_element<kValueClip>(c, k, update, seg.is_parameter, av[b], pv[b], mv[b], cv[b], clamped);
       if (update) {
-        const float average = cv[b];
-        const float m_new = clip_momentum<kValueClip>(momentum_candidate(mv[b], average, k), k, clamped);
-        const float step = nesterov ? outer_step<true>(m_new, average, k) : outer_step<false>(m_new, average, k);
-        if (momentum) m[i] = m_new;
-        anchor_new = base_value - k.alpha * step;
-        a[i] = anchor_new;
-        *step_squares += double(step) * double(step);
+        if (momentum) m[i] = r.momentum;
+        a[i] = r.anchor;
+        *step_squares += double(r.step) * double(r.step);
       }
       if (c.write_delta) {
-        const float delta = base_value - pv[b];
-        *probe += delta * 0.0f;
-        cb[i] = delta;
+        *probe += r.delta * 0.0f;
+        cb[i] = r.delta;
       }
-      p[i] = anchor_new;
+      p[i] = r.anchor;
     }
   }
 }
@@ -194,52 +139,14 @@ __global__ void pass_kernel(Tables t, Config c) {
 
 // One block: per segment the step norm (gap history) and the report, folded in a fixed order.
 __global__ void fold_kernel(Tables t, Config c) {
-  __shared__ double penalty_min[kFoldThreads], penalty_max[kFoldThreads], scale_min[kFoldThreads];
-  __shared__ unsigned long long clamped[kFoldThreads], trained[kFoldThreads], scaled[kFoldThreads];
+  __shared__ FoldPartial partials[kFoldThreads];
   const bool update = update_happens(c, t.average_nonfinite);
-  double pmin = 1e300, pmax = 0.0, smin = 1.0;
-  unsigned long long nclamped = 0, ntrained = 0, nscaled = 0;
-  for (uint32_t s = threadIdx.x; s < t.num_segments; s += kFoldThreads) {
-    const SegmentEntry seg = t.segments[s];
-    if (!update || !seg.is_parameter) continue;
-    const uint32_t end = s + 1 < t.num_segments ? t.segments[s + 1].first_chunk : t.num_chunks;
-    double sum = 0.0;
-    for (uint32_t k = seg.first_chunk; k < end; ++k) {
-      sum += t.chunk_squares[k];
-      nclamped += t.chunk_clamped[k];
-    }
-    t.gap[s].last_step_norm = double(c.alpha) * sqrt(sum);
-    const SegmentCoefficients sc = t.coefficients[s];
-    pmin = fmin(pmin, sc.lambda);
-    pmax = fmax(pmax, sc.lambda);
-    smin = fmin(smin, sc.norm_scale);
-    nscaled += sc.norm_scale < 1.0;
-    ntrained += seg.count;
-  }
-  penalty_min[threadIdx.x] = pmin;
-  penalty_max[threadIdx.x] = pmax;
-  scale_min[threadIdx.x] = smin;
-  clamped[threadIdx.x] = nclamped;
-  trained[threadIdx.x] = ntrained;
-  scaled[threadIdx.x] = nscaled;
+  FoldPartial mine = empty_fold();
+  for (uint32_t s = threadIdx.x; s < t.num_segments; s += kFoldThreads)
+    if (update && t.segments[s].is_parameter) fold_segment(t, c, s, &mine);
+  partials[threadIdx.x] = mine;
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  Report r{};
-  r.update_requested = c.update_requested;
-  r.applied = update;
-  r.delta_nonfinite = c.write_delta && *t.delta_nonfinite != 0;
-  r.penalty_min = 1e300;
-  r.penalty_max = 0.0;
-  r.scale_min = 1.0;
-  for (int i = 0; i < kFoldThreads; ++i) {
-    r.penalty_min = fmin(r.penalty_min, penalty_min[i]);
-    r.penalty_max = fmax(r.penalty_max, penalty_max[i]);
-    r.scale_min = fmin(r.scale_min, scale_min[i]);
-    r.clamped += clamped[i];
-    r.trained_elements += trained[i];
-    r.scaled_segments += scaled[i];
-  }
-  *t.report = r;
+  if (threadIdx.x == 0) *t.report = fold_report(t, c, update, partials, kFoldThreads);
 }
 
 __global__ void spin_kernel(unsigned long long nanoseconds) {
