@@ -259,15 +259,7 @@ class DeviceBackend final : public Backend {
   void fold_reports(bool wait) override {
     if (comm_.empty()) return;  // not committed (a failed commit)
     S& s = s_;
-    while (!ring_.empty()) {
-      const size_t slot = ring_.oldest();
-      if (wait)
-        report_ready_[slot]->synchronize();
-      else if (!report_ready_[slot]->done())
-        break;
-      fold(reports_.as<kernels::Report>()[slot]);
-      ring_.pop();
-    }
+    fold_ring(wait);
     while (!in_flight_.empty()) {
       // A failed all-reduce has failed the communicator: its error surfaces at the next call.
       if (wait) {
@@ -336,6 +328,9 @@ class DeviceBackend final : public Backend {
     check(cudaMemcpyAsync(gap.data(), gap_.as(), gap.size() * sizeof(kernels::GapState), cudaMemcpyDeviceToHost, st),
           "stage gap history out");
     wait_for_caller("save");
+    // The checkpoint's statistics (outer updates, clip figures) count every boundary so far:
+    // without this, the reports still in the ring would be lost to the resumed run.
+    fold_ring(/*wait=*/true);
     size_t entry = 0;
     for (size_t i = 0; i < s.segments.size(); ++i) {
       if (s.segments[i].role == Role::Excluded) continue;
@@ -556,6 +551,19 @@ class DeviceBackend final : public Backend {
       case device::Event::ReportReady: break;
     }
     return *report_ready_[last_report_slot_];
+  }
+
+  // The boundary reports in the ring, oldest first; without `wait`, up to the first unfinished.
+  void fold_ring(bool wait) {
+    while (!ring_.empty()) {
+      const size_t slot = ring_.oldest();
+      if (wait)
+        report_ready_[slot]->synchronize();
+      else if (!report_ready_[slot]->done())
+        break;
+      fold(reports_.as<kernels::Report>()[slot]);
+      ring_.pop();
+    }
   }
 
   void report(cudaStream_t caller) {

@@ -1,0 +1,151 @@
+// The device backend on the host executor (runtime/device/host_executor/): device_backend.cpp,
+// its kernels' element math and its staging run on the CPU, so every build checks the CUDA path
+// against the host backend without a GPU.
+//
+// Equality is bit for bit where no norm is involved: the host executor runs the kernels'
+// CO2_HOST_DEVICE element functions (kernel_math.hpp), and the averages arrive through the same
+// communicator in the same order. The gap penalty and norm clipping depend on a sum of squares
+// that the host pass folds in fp32 lanes of 128 elements and the kernels in fp64 per chunk: the
+// penalties and scales then agree to about 1e-7 relative, and the parameters to the GPU test's
+// tolerance (2e-5 relative).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/device/host_executor/executor_log.hpp"
+#include "tests/runtime/device/device_training.hpp"
+
+namespace {
+
+using namespace co2test::device_training;
+namespace executor = co2::device::host_executor;
+
+bool uses_norms(const co2_engine_config_t& c) { return c.penalty == CO2_PENALTY_GAP || c.clip == CO2_CLIP_NORM; }
+
+void expect_equal(const Result& device, const Result& host, bool bitwise, const std::string& what) {
+  ASSERT_EQ(device.params.size(), host.params.size()) << what;
+  for (size_t t = 0; t < host.params.size(); ++t)
+    for (size_t i = 0; i < host.params[t].size(); ++i) {
+      const float d = device.params[t][i], h = host.params[t][i];
+      if (bitwise)
+        ASSERT_EQ(std::memcmp(&d, &h, sizeof(float)), 0)
+            << what << ": tensor " << kShapes[t].name << " element " << i << ": device " << d << " host " << h;
+      else
+        ASSERT_NEAR(d, h, 2e-5f * (1.0f + std::fabs(h))) << what << ": tensor " << kShapes[t].name << " element " << i;
+    }
+  EXPECT_EQ(device.stats.rounds, host.stats.rounds) << what;
+  EXPECT_EQ(device.stats.outer_updates, host.stats.outer_updates) << what;
+  const double relative = bitwise ? 0.0 : 1e-6;
+  EXPECT_NEAR(device.stats.last_penalty_min, host.stats.last_penalty_min, relative * host.stats.last_penalty_min) << what;
+  EXPECT_NEAR(device.stats.last_clip_scale_min, host.stats.last_clip_scale_min, relative * host.stats.last_clip_scale_min)
+      << what;
+  EXPECT_NEAR(device.stats.last_clip_fraction, host.stats.last_clip_fraction, bitwise ? 0.0 : 1e-3) << what;
+}
+
+// The delayed policy on both sides (CO2_EAGER_AUTO is eager on host tensors only).
+co2_engine_config_t delayed_config_of(const Policy& p) {
+  co2_engine_config_t c = config_of(p);
+  c.eager = 0;
+  return c;
+}
+
+TEST(HostExecutor, DevicePathEqualsHostForEveryAlgorithmAndPolicy) {
+  for (const Policy& p : kPolicies)
+    for (int world : {1, 2}) {
+      const auto c = delayed_config_of(p);
+      expect_equal(run(true, world, c, 14), run(false, world, c, 14), !uses_norms(c),
+                   std::string(p.name) + " W=" + std::to_string(world));
+    }
+}
+
+// Saved at a boundary with the co2 average in flight, an engine resumes bit for bit: the
+// average, the anchor, the momentum and the gap history travel through the checkpoint. Only the
+// algorithms with an anchor: localsgd and sync keep no copy of the parameters, which the
+// framework checkpoints itself.
+TEST(HostExecutor, CheckpointsResumeBitForBitOnDeviceAsOnHost) {
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
+    for (bool device : {true, false})
+      for (int world : {1, 2}) {
+        const auto c = delayed_config_of(p);  // tau 3
+        std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+        Checkpointing save;
+        save.save_after = 9;
+        save.saved = &blobs;
+        const Result straight = run(device, world, c, 15, save);
+        Checkpointing resume;
+        resume.restore = &blobs;
+        resume.resume_at = 9;
+        const Result resumed = run(device, world, c, 15, resume);
+        expect_equal(resumed, straight, true,
+                     std::string(p.name) + (device ? " device" : " host") + " resumed W=" + std::to_string(world));
+      }
+  }
+}
+
+size_t first_at_or_after(const std::vector<std::string>& ops, const std::string& op, size_t from) {
+  return size_t(std::find(ops.begin() + std::ptrdiff_t(std::min(from, ops.size())), ops.end(), op) - ops.begin());
+}
+
+// A co2 boundary on one rank (nothing staged): the coefficients, then the fused pass, then its
+// fold; each boundary after the first applies the average that the previous one submitted, so
+// the kernels repeat in this order once per boundary and never interleave.
+TEST(HostExecutor, Co2BoundariesIssueCoefficientsPassFoldInOrder) {
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2) continue;
+    executor::clear_recorded();
+    run(true, 1, delayed_config_of(p), 12);  // tau 3: 4 boundaries
+    std::vector<std::string> kernels;
+    for (const std::string& op : executor::recorded())
+      if (op == "kernel lambda" || op == "kernel pass" || op == "kernel fold") kernels.push_back(op);
+    ASSERT_FALSE(kernels.empty()) << p.name;
+    ASSERT_EQ(kernels.size() % 3, 0u) << p.name;
+    for (size_t i = 0; i < kernels.size(); i += 3) {
+      EXPECT_EQ(kernels[i], "kernel lambda") << p.name << " at " << i;
+      EXPECT_EQ(kernels[i + 1], "kernel pass") << p.name << " at " << i;
+      EXPECT_EQ(kernels[i + 2], "kernel fold") << p.name << " at " << i;
+    }
+  }
+}
+
+// Two ranks over a point-to-point communicator take the staged path: at each co2 boundary the
+// arrived average is staged in (host to device) before the pass, and the deltas the pass writes
+// are staged out (device to host) after it, as the host backend applies before it submits.
+TEST(HostExecutor, StagedCo2BoundaryStagesInThenPassesThenStagesOut) {
+  executor::clear_recorded();
+  run(true, 2, delayed_config_of(kPolicies[0]), 12);
+  const std::vector<std::string> ops = executor::recorded();
+  size_t boundaries = 0;
+  for (size_t at = first_at_or_after(ops, "kernel pass", 0); at < ops.size();
+       at = first_at_or_after(ops, "kernel pass", at + 1)) {
+    ++boundaries;
+    EXPECT_LT(first_at_or_after(ops, "copy D2H", at), ops.size()) << "no delta staged out after pass " << boundaries;
+  }
+  EXPECT_GE(boundaries, 8u);  // 4 boundaries x 2 ranks
+  // Before the first pass that applies an average, an average was staged in.
+  EXPECT_LT(first_at_or_after(ops, "copy H2D", 0), first_at_or_after(ops, "kernel pass", 0));
+}
+
+// Tensors that are not device memory are refused with a message, not read as device memory.
+TEST(HostExecutor, HostMemoryDeclaredCudaIsRefused) {
+  co2test::run_ranks(1, [&](int, co2_comm_t comm) {
+    co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+    std::vector<float> host(64);
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.count = host.size();
+    tensor.data = host.data();
+    tensor.device = CO2_DEVICE_CUDA;
+    EXPECT_EQ(co2_engine_register_tensor(engine, &tensor), CO2_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(co2_last_error_message()).find("not"), std::string::npos) << co2_last_error_message();
+    CO2_ASSERT_OK(co2_engine_destroy(engine));
+  });
+}
+
+}  // namespace
