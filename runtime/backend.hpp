@@ -1,6 +1,8 @@
 // What the engine's round logic (runtime/engine.cpp) asks of the memory its state lives in. The
-// rounds, the policies, the schedule, the invariant checks and the error handling are written
-// once, in engine.cpp; a backend moves and computes over buffers: the host backend
+// rounds, the policies, the schedule, the invariant checks (when the anchor is checked), the
+// error handling and the bookkeeping of an applied update (gap history, statistics) are written
+// once, in engine.cpp; the math of the update once, in runtime/outer/; a backend places the
+// state and moves it, running the core's passes over its buffers: the host backend
 // (runtime/host_backend.cpp) over host memory with the communicator's ring, the device backend
 // (runtime/device/device_backend.cpp) with fused kernels ordered against the caller's CUDA
 // stream. docs/architecture.md, "Engine and backends".
@@ -12,7 +14,6 @@
 #include <string>
 
 #include "runtime/buffer.hpp"
-#include "runtime/engine.hpp"
 
 namespace co2 {
 
@@ -25,6 +26,15 @@ struct Arrival {
 // Whether a pass found every delta a - p finite. A device backend learns it only later, from
 // the boundary's report; it then counts nonfinite_local itself.
 enum class DeltasFinite { Yes, No, Later };
+
+// What the engine decided for one co2 boundary's pass.
+struct BoundaryPass {
+  bool update = false;  // the arrived average is applied: it becomes the anchor
+  bool eager = false;   // the eager policy's pass (docs/algorithm.md, "The eager policy")
+  // The engine calls anchor_checksum() right after this pass: a backend whose pass overwrites the
+  // anchor in effect hashes it on the way (the engine alone decides when the check is due).
+  bool anchor_check_due = false;
+};
 
 class Backend {
  public:
@@ -44,11 +54,9 @@ class Backend {
   // Waits for the average in flight. A failed collective throws here, before anything of its
   // average is applied; finite says whether the update may be applied.
   virtual Arrival collect_average() = 0;
-  // The boundary pass with an update (the arrived average becomes the anchor, this round's
-  // deltas a - p go to the comm buffer), without one (deltas only), or under the eager policy.
-  virtual DeltasFinite apply_update_and_write_deltas() = 0;
-  virtual DeltasFinite write_deltas() = 0;
-  virtual DeltasFinite eager_pass(bool update) = 0;
+  // The boundary pass: with pass.update the arrived average becomes the anchor; this round's
+  // deltas a - p go to the comm buffer (under the eager policy, with its correction).
+  virtual DeltasFinite boundary_pass(const BoundaryPass& pass) = 0;
   // The all-reduce of this round's deltas, asynchronous: its average is collected next boundary.
   virtual void submit_average() = 0;
   // finalize / synchronize: the arrived average becomes the anchor and the parameters take it.
@@ -70,9 +78,15 @@ class Backend {
   // when the average is not finite.
   virtual bool average_gradients(void* const* grads, size_t num_grads) = 0;
 
+  // An update applied by boundary_pass, apply_update or apply_blocking_update: its gap history
+  // and statistics are in Engine::State::prepared, and the engine adopts them right after the
+  // call. A backend that learns them only later (the device, from its boundary reports) says
+  // so here and commits them when it folds its reports.
+  virtual bool reports_updates_later() const { return false; }
+
   virtual void set_parameters_to_anchor() = 0;
-  // Hash of the consensus state (the anchor, or without one the parameters) on this rank.
-  virtual uint64_t consensus_checksum() = 0;
+  // Hash of the anchor in effect (without an anchor, the parameters) on this rank.
+  virtual uint64_t anchor_checksum() = 0;
   // out (host or device memory of count elements) <- the anchor, or the parameters when
   // `parameters` is set, then averaged across ranks when `average` is set (blocking).
   virtual void consensus_into(float* out, size_t count, bool parameters, bool average) = 0;
@@ -133,10 +147,6 @@ class Backend {
   virtual void load_shard(LoadedShard&&) {}
 };
 
-std::unique_ptr<Backend> make_host_backend(Engine::State& s);
-// Host tensors with config.shard_outer_state (runtime/sharded_backend.cpp).
-std::unique_ptr<Backend> make_sharded_backend(Engine::State& s);
-
 // Whether this build has the device backend at all.
 bool device_backend_built();
 
@@ -145,9 +155,5 @@ inline constexpr const char* kBuiltWithoutCuda =
     "CUDA tensors need a libco2 built with CUDA, and this one was built without it: keep the parameters in host "
     "memory (model.cpu() in torch), or build co2 again where nvcc and the CUDA runtime are found "
     "(/usr/local/cuda; meson setup -Dcuda=enabled)";
-
-// The backend for tensors on CUDA device `device_index`. Throws Unsupported without CUDA or
-// without a usable device.
-std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index);
 
 }  // namespace co2

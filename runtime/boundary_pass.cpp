@@ -97,8 +97,8 @@ bool update_result_finite_typed(const float* a, const float* m, const float* c, 
   return all_finite_in_lanes(n, [&](size_t j, float& probe) {
     // The expressions of boundary_pass_segment, so that the verdict is the pass's own.
     const float m_new = clip_momentum<kValueClip>(momentum_candidate(m[j], c[j], k), k, &clamped);
-    const float anchor_new = k.anchor_weight * a[j] - k.alpha * outer_step<kNesterov>(m_new, c[j], k);
-    probe += m_new * 0.0f + anchor_new * 0.0f;
+    const float anchor_new = next_anchor(anchor_base(a[j], k), outer_step<kNesterov>(m_new, c[j], k), k);
+    probe += finite_probe(m_new) + finite_probe(anchor_new);
   });
 }
 
@@ -123,7 +123,7 @@ bool apply_prepared_segment(P* __restrict__ p, float* __restrict__ a, const floa
     float delta[lanes];
     // The fused pass's expression: bit-identical deltas.
     for (int l = 0; l < lanes; ++l) delta[l] = delta_element(anchor_weight * a[base + l], p[base + l]);
-    for (int l = 0; l < lanes; ++l) probe[first_lane + l] += delta[l] * 0.0f;
+    for (int l = 0; l < lanes; ++l) probe[first_lane + l] += finite_probe(delta[l]);
     for (int l = 0; l < lanes; ++l) a[base + l] = delta[l];
     for (int l = 0; l < lanes; ++l) p[base + l] = narrow<P>(c[base + l]);
   });
@@ -151,7 +151,7 @@ bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, f
     for (int l = 0; l < lanes; ++l) y[l] = next[base + l];
     for (int l = 0; l < lanes; ++l) filtered[l] = eager_filtered(d[l], k.momentum ? q[base + l] : 0.0f, k);
     for (int l = 0; l < lanes; ++l) offset[l] = eager_offset(d[l], filtered[l], k);
-    for (int l = 0; l < lanes; ++l) probe[first_lane + l] += d[l] * 0.0f;
+    for (int l = 0; l < lanes; ++l) probe[first_lane + l] += finite_probe(d[l]);
     for (int l = 0; l < lanes; ++l) delta[base + l] = d[l];
     if (k.momentum)
       for (int l = 0; l < lanes; ++l) q[base + l] = filtered[l];
@@ -170,7 +170,7 @@ CO2_PARAM_TYPE_INSTANCES(Fp16)
 #undef CO2_PARAM_TYPE_INSTANCES
 
 bool all_finite(const float* x, size_t n) {
-  return all_finite_in_lanes(n, [&](size_t j, float& probe) { probe += x[j] * 0.0f; });
+  return all_finite_in_lanes(n, [&](size_t j, float& probe) { probe += finite_probe(x[j]); });
 }
 
 }  // namespace co2

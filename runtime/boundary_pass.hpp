@@ -9,102 +9,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "runtime/host_device.hpp"
+#include "runtime/outer/coefficients.hpp"
+#include "runtime/outer/elements.hpp"
 #include "runtime/param_types.hpp"
 
 namespace co2 {
-
-// Coefficients of one segment's outer update, in the precision of the pass.
-struct OuterCoefficients {
-  float alpha = 1.0f;       // outer lr
-  float beta = 0.0f;        // outer momentum
-  float lambda = 1.0f;      // staleness penalty of this segment
-  float norm_scale = 1.0f;  // norm clipping factor min(1, phi/||u||), 1 when not clipping
-  float clip_value = 0.0f;  // phi of value clipping
-  // What deltas and the update start from: anchor_weight * a. 1 for PARAMETER segments; 0 for
-  // co2's BUFFER segments, which send their values (d = -p) and take the average of the values
-  // (a <- -(-p)bar): a statistic measured from a stale anchor overshoots (docs/algorithm.md).
-  float anchor_weight = 1.0f;
-};
-
-// u = beta*m + lambda*c: the unclipped new momentum.
-CO2_HOST_DEVICE inline float momentum_candidate(float m, float c, const OuterCoefficients& k) {
-  return k.beta * m + k.lambda * c;
-}
-
-// Branch-free so that the host loop vectorises; *clamped counts clamped elements.
-template <bool kValueClip>
-CO2_HOST_DEVICE inline float clip_momentum(float u, const OuterCoefficients& k, uint32_t* clamped) {
-  if (kValueClip) {
-    *clamped += uint32_t(u > k.clip_value) + uint32_t(u < -k.clip_value);
-    const float upper = u < k.clip_value ? u : k.clip_value;
-    return upper > -k.clip_value ? upper : -k.clip_value;
-  }
-  return u * k.norm_scale;
-}
-
-// The step s applied to the anchor (a <- a - alpha*s); m is the new, clipped momentum.
-template <bool kNesterov>
-CO2_HOST_DEVICE inline float outer_step(float m_new, float c, const OuterCoefficients& k) {
-  return kNesterov ? k.beta * m_new + k.lambda * c : m_new;
-}
-
-// The delta of one element: R(start) - p, from the start the rank trained from as its P
-// parameter held it (stored_value), never from the fp32 start itself.
-template <typename P>
-CO2_HOST_DEVICE inline float delta_element(float start, P p) {
-  return stored_value<P>(start) - widen(p);
-}
-
-// The eager policy's rank-local correction (docs/algorithm.md, "The eager policy").
-struct EagerCoefficients {
-  float beta = 0.0f;      // the outer momentum, filtering this rank's own deltas
-  float scale = 0.0f;     // alpha / W
-  bool momentum = false;  // q is stored (beta > 0 or Nesterov)
-  bool nesterov = false;
-};
-
-// q' = beta*q + d (q' = d without a stored momentum): this rank's filtered delta.
-CO2_HOST_DEVICE inline float eager_filtered(float d, float q, const EagerCoefficients& k) {
-  return k.momentum ? k.beta * q + d : d;
-}
-
-// e' = -scale * (nesterov ? beta*q' + d : q'): the offset the next round starts from (p = a' + e').
-CO2_HOST_DEVICE inline float eager_offset(float d, float filtered, const EagerCoefficients& k) {
-  return -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
-}
-
-// Gap penalty of one segment at an update (docs/algorithm.md): g = alpha*||s|| of the previous
-// update; the history (sum of g, number of updates) advances by this update. The host engine and
-// the device coefficients kernel both call this.
-CO2_HOST_DEVICE inline double gap_penalty_lambda(double g, double* gap_sum, uint64_t* updates) {
-  const double sum = *gap_sum + g;
-  const uint64_t n = *updates + 1;
-  *gap_sum = sum;
-  *updates = n;
-  if (g == 0.0) return 1.0;
-  const double mean = sum / double(n);
-  return 1.0 / (1.0 + g / (mean + 1e-12));
-}
-
-// Norm clipping factor min(1, phi/||u||) of a segment, from its sum of squares.
-CO2_HOST_DEVICE inline double norm_clip_scale(double sum_squares, double phi) {
-  const double norm = sqrt(sum_squares);
-  return norm > phi ? phi / norm : 1.0;
-}
-
-// Deterministic sum of squares: element i goes to lane i mod kLanes, lanes combined in a fixed
-// order, so the result depends only on the values and the segment size.
-constexpr int kNormLanes = 8;
-constexpr size_t kSquareChunk = 128;
-
-struct NormAccumulator {
-  double lane[kNormLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-  double total() const {
-    double pairs[4] = {lane[0] + lane[4], lane[1] + lane[5], lane[2] + lane[6], lane[3] + lane[7]};
-    return (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]);
-  }
-};
 
 struct PassFlags {
   bool update;      // apply the outer update with c as the average
@@ -148,7 +57,7 @@ PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float
     constexpr int lanes = decltype(lane_count)::value;
     float anchor_old[kNormLanes], anchor_new[kNormLanes], step[kNormLanes], base_value[kNormLanes];
     for (int l = 0; l < lanes; ++l) anchor_new[l] = anchor_old[l] = a[base + l];
-    for (int l = 0; l < lanes; ++l) base_value[l] = k.anchor_weight * anchor_old[l];  // exact for 1
+    for (int l = 0; l < lanes; ++l) base_value[l] = anchor_base(anchor_old[l], k);  // exact for w = 1
     if (kUpdate) {
       for (int l = 0; l < lanes; ++l) {
         const float average = c[base + l];
@@ -157,11 +66,11 @@ PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float
             clip_momentum<kValueClip>(momentum_candidate(m_old, average, k), k, &clamped_lane[first_lane + l]);
         step[l] = outer_step<kNesterov>(m_new, average, k);
         if (kMomentum) m[base + l] = m_new;
-        anchor_new[l] = base_value[l] - k.alpha * step[l];
+        anchor_new[l] = next_anchor(base_value[l], step[l], k);
       }
       for (int l = 0; l < lanes; ++l) square_lane[first_lane + l] += step[l] * step[l];
       // Finite inputs can still overflow (a - alpha*s beyond FLT_MAX): the result is checked too.
-      for (int l = 0; l < lanes; ++l) result_probe[first_lane + l] += anchor_new[l] * 0.0f;
+      for (int l = 0; l < lanes; ++l) result_probe[first_lane + l] += finite_probe(anchor_new[l]);
       for (int l = 0; l < lanes; ++l) (kPrepare ? c : a)[base + l] = anchor_new[l];
     }
     if (kPrepare) {
@@ -172,7 +81,7 @@ PassResult boundary_pass_segment(P* __restrict__ p, float* __restrict__ a, float
     if (kWriteDelta) {
       for (int l = 0; l < lanes; ++l) {
         const float delta = delta_element(base_value[l], p[base + l]);
-        nan_probe[first_lane + l] += delta * 0.0f;  // stays 0 unless delta is NaN or infinite
+        nan_probe[first_lane + l] += finite_probe(delta);
         c[base + l] = delta;
       }
     }

@@ -300,15 +300,30 @@ std::vector<int64_t> gathered_from_every_rank(Engine::State& s, Communicator& co
 
 void check_anchor(Engine::State& s) {
   ++s.stats.anchor_checks;
-  if (!same_on_every_rank(s, s.backend->consensus_checksum(), Purpose::AnchorCheck))
+  if (!same_on_every_rank(s, s.backend->anchor_checksum(), Purpose::AnchorCheck))
     fail(Status::AnchorMismatch,
          "anchor checksums differ across ranks: the ranks no longer train the same model "
          "(memory corruption or a non-deterministic framework step); restore a checkpoint");
 }
 
-void check_anchor_when_due(Engine::State& s) {
+// Whether this boundary checks the anchor: every anchor_check_interval rounds. The one place
+// that decides it; a backend learns it from BoundaryPass::anchor_check_due.
+bool anchor_check_due(const Engine::State& s) {
   const uint32_t k = s.config.anchor_check_interval;
-  if (k && s.stats.rounds % k == 0) check_anchor(s);
+  return k && s.stats.rounds % k == 0;
+}
+
+void check_anchor_when_due(Engine::State& s) {
+  if (anchor_check_due(s)) check_anchor(s);
+}
+
+// The update a backend just applied: its gap history and statistics become the engine's (a
+// backend that reports them later commits them from its reports).
+void adopt_applied_update(Engine::State& s) {
+  if (s.backend->reports_updates_later()) return;
+  s.history = s.prepared.history;
+  commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
+  s.prepared.ready = false;
 }
 
 void collect_pending_average(Engine::State& s) {
@@ -451,9 +466,12 @@ bool co2_boundary(S& s) {
   const bool update = arrival.have && arrival.finite;
   if (arrival.have && !arrival.finite) ++s.stats.nonfinite_rounds;
   check_node_parameters_when_due(s);
-  const DeltasFinite deltas = s.eager()  ? b.eager_pass(update)
-                              : update   ? b.apply_update_and_write_deltas()
-                                         : b.write_deltas();
+  BoundaryPass pass;
+  pass.update = update;
+  pass.eager = s.eager();
+  pass.anchor_check_due = anchor_check_due(s);
+  const DeltasFinite deltas = b.boundary_pass(pass);
+  if (update) adopt_applied_update(s);
   if (deltas == DeltasFinite::No) ++s.stats.nonfinite_local;
   check_anchor_when_due(s);
   b.submit_average();
@@ -471,6 +489,7 @@ bool diloco_boundary(S& s) {
     return false;
   }
   b.apply_blocking_update();
+  adopt_applied_update(s);
   check_anchor_when_due(s);
   return true;
 }
@@ -503,6 +522,7 @@ bool apply_pending(S& s) {
   const Arrival arrival = b.collect_average();
   if (arrival.have && arrival.finite) {
     b.apply_update();
+    adopt_applied_update(s);
     return true;
   }
   if (arrival.have) ++s.stats.nonfinite_rounds;

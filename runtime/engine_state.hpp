@@ -15,41 +15,12 @@
 #include "runtime/engine.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/observe.hpp"
+#include "runtime/outer/update_plan.hpp"
 #include "runtime/param_types.hpp"
 #include "runtime/tau_advisor.hpp"
 #include "runtime/trace.hpp"
 
 namespace co2 {
-
-// What the gap penalty remembers of one segment between updates.
-struct GapHistory {
-  double last_step_norm = 0.0;  // alpha * ||s|| of the previous update (g)
-  double gap_sum = 0.0;         // sum of g over the updates so far
-  uint64_t updates = 0;
-};
-
-// What one outer update takes from the configuration. co2 takes it when a round's deltas are
-// submitted (their average is applied a round later); diloco at the boundary.
-struct OuterSettings {
-  double outer_lr = 1.0;
-  double beta = 0.0;  // resolved
-  bool nesterov = false;
-  Clip clip = Clip::None;
-  double clip_threshold = 1.0;
-  Penalty penalty = Penalty::None;
-  double penalty_constant = 1.0;
-  bool buffer_values = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
-};
-
-// What an outer update reports to the statistics.
-struct UpdateSummary {
-  double penalty_min = std::numeric_limits<double>::infinity();
-  double penalty_max = 0.0;
-  double scale_min = 1.0;
-  uint64_t clamped = 0;
-  uint64_t trained_elements = 0;
-  uint64_t scaled_segments = 0;
-};
 
 // co2 on the host: the outer update of the average in flight, prepared on the progress thread
 // as soon as the average arrives, so that the boundary only swaps it in (docs/algorithm.md,
@@ -185,18 +156,14 @@ decltype(auto) with_params(const Segment& seg, F&& f) {
   }
 }
 // --- shared by the host backends (host_backend.cpp, sharded_backend.cpp) ---
-// Lambda of one PARAMETER segment for an update; records g in the gap history `h`.
-double segment_lambda(const OuterSettings& o, GapHistory& h);
-// The coefficients update_coefficients sets, with lambda given and without norm clipping; and
-// norm clipping from the sum of squares of the segment's momentum candidate.
-void segment_coefficients(const OuterSettings& o, const Segment& seg, double lambda, bool momentum,
-                          PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum);
-void apply_norm_clip(const OuterSettings& o, double candidate_sum_squares, OuterCoefficients* k, UpdateSummary* sum);
-// Flags and coefficients of one segment's outer update. PARAMETER segments take the settings and
-// advance their gap history; BUFFER segments are only averaged: alpha = 1, beta = 0,
-// lambda = 1, no clip. m and c (the average) feed norm clipping.
-void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
-                         const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum);
+// The backends (runtime/backend.hpp) over this state: host tensors replicated
+// (runtime/host_backend.cpp) or sharded (config.shard_outer_state, hierarchy;
+// runtime/sharded_backend.cpp); tensors on CUDA device `device_index` (throws Unsupported
+// without CUDA or without a usable device).
+std::unique_ptr<Backend> make_host_backend(Engine::State& s);
+std::unique_ptr<Backend> make_sharded_backend(Engine::State& s);
+std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index);
+
 // Packs the PARAMETER and BUFFER parameters into `out` (state order), widened to fp32 (exact);
 // unpack rounds to the parameters' dtype (nearest even).
 void pack_parameters(const Engine::State& s, float* out);

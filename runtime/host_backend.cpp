@@ -20,15 +20,10 @@ namespace {
 
 using S = Engine::State;
 
-// 0 for a BUFFER segment whose values travel instead of its delta (co2), else 1.
-float buffer_anchor_weight(bool buffer_values, const Segment& seg) {
-  return buffer_values && seg.role == Role::Buffer ? 0.0f : 1.0f;
-}
-
 // The coefficients of a pass that only writes deltas (no update).
 OuterCoefficients delta_coefficients(const S& s, const Segment& seg) {
   OuterCoefficients k;
-  k.anchor_weight = buffer_anchor_weight(s.config.algorithm == Algorithm::Co2, seg);
+  k.anchor_weight = anchor_weight_of(s.config.algorithm == Algorithm::Co2, seg);
   return k;
 }
 
@@ -36,55 +31,12 @@ DeltasFinite deltas(bool finite) { return finite ? DeltasFinite::Yes : DeltasFin
 
 }  // namespace
 
-double segment_lambda(const OuterSettings& o, GapHistory& h) {
-  switch (o.penalty) {
-    case Penalty::None:
-      return 1.0;
-    case Penalty::Constant:
-      return 1.0 / o.penalty_constant;
-    case Penalty::Gap:
-      return gap_penalty_lambda(h.last_step_norm, &h.gap_sum, &h.updates);
-  }
-  return 1.0;
-}
-
-void segment_coefficients(const OuterSettings& o, const Segment& seg, double lambda, bool momentum,
-                          PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
-  flags->update = true;
-  k->anchor_weight = buffer_anchor_weight(o.buffer_values, seg);
-  if (seg.role != Role::Parameter) return;
-  sum->penalty_min = std::min(sum->penalty_min, lambda);
-  sum->penalty_max = std::max(sum->penalty_max, lambda);
-  k->alpha = float(o.outer_lr);
-  k->beta = float(o.beta);
-  k->lambda = float(lambda);
-  flags->momentum = momentum;
-  flags->nesterov = o.nesterov;
-  flags->value_clip = o.clip == Clip::Value;
-  k->clip_value = float(o.clip_threshold);
-}
-
-void apply_norm_clip(const OuterSettings& o, double candidate_sum_squares, OuterCoefficients* k, UpdateSummary* sum) {
-  const double scale = norm_clip_scale(candidate_sum_squares, o.clip_threshold);
-  k->norm_scale = float(scale);
-  sum->scale_min = std::min(sum->scale_min, scale);
-  sum->scaled_segments += scale < 1.0;
-}
-
-void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
-                         const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
-  const double lambda = seg.role == Role::Parameter ? segment_lambda(o, h) : 1.0;
-  segment_coefficients(o, seg, lambda, m != nullptr, flags, k, sum);
-  if (seg.role == Role::Parameter && o.clip == Clip::Norm)
-    apply_norm_clip(o, momentum_candidate_sum_squares(m, c, seg.count, *k), k, sum);
-}
-
 namespace {
 
-void record_update(const Segment& seg, const PassResult& r, const OuterCoefficients& k, GapHistory& h,
-                   UpdateSummary* sum) {
+void record_pass(const Segment& seg, const PassResult& r, const OuterCoefficients& k, GapHistory& h,
+                 UpdateSummary* sum) {
   if (seg.role != Role::Parameter) return;
-  h.last_step_norm = double(k.alpha) * std::sqrt(r.step_sum_squares);
+  record_update(seg, double(k.alpha), r.step_sum_squares, h);
   sum->clamped += r.clamped;
   sum->trained_elements += seg.count;
 }
@@ -155,10 +107,13 @@ class HostBackend final : public Backend {
     return a;
   }
 
-  DeltasFinite apply_update_and_write_deltas() override { return deltas(apply_prepared(/*write_delta=*/true)); }
+  DeltasFinite boundary_pass(const BoundaryPass& plan) override {
+    if (plan.eager) return eager_pass(plan.update);
+    return plan.update ? deltas(apply_prepared(/*write_delta=*/true)) : write_deltas();
+  }
 
   // comm_buffer <- R(a) - p, p <- a.
-  DeltasFinite write_deltas() override {
+  DeltasFinite write_deltas() {
     S& s = s_;
     const TraceSpan pass(s.trace.get(), "delta pass");
     bool delta_finite = true;
@@ -179,15 +134,11 @@ class HostBackend final : public Backend {
   // exactly as without it; each PARAMETER segment's delta is taken from the point the rank
   // started at (anchor + its offset) and the next round starts from the next anchor plus the new
   // offset. BUFFER segments are only averaged, as always.
-  DeltasFinite eager_pass(bool update) override {
+  DeltasFinite eager_pass(bool update) {
     S& s = s_;
     const TraceSpan pass(s.trace.get(), "eager pass");
     const OuterSettings o = outer_settings_of(s);
-    EagerCoefficients k;
-    k.beta = float(o.beta);
-    k.scale = float(o.outer_lr / double(s.comm->size()));
-    k.momentum = !s.eager_momentum.empty();
-    k.nesterov = o.nesterov;
+    const EagerCoefficients k = eager_coefficients_of(o, s.comm->size(), !s.eager_momentum.empty());
     bool delta_finite = true;
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
@@ -209,10 +160,7 @@ class HostBackend final : public Backend {
       });
       delta_finite = delta_finite && finite;
     }
-    if (update) {
-      std::swap(s.anchor, s.comm_buffer);
-      adopt_prepared();
-    }
+    if (update) std::swap(s.anchor, s.comm_buffer);
     if (!delta_finite) {
       // This rank's NaN travels in the all-reduce and every rank skips that average; meanwhile
       // the rank restarts from the anchor instead of carrying the NaN in its offset.
@@ -267,8 +215,7 @@ class HostBackend final : public Backend {
       float* c = comm + seg.state_offset;
       const float w = delta_coefficients(s, seg).anchor_weight;
       with_params(seg, [&](auto* p) {
-        using P = std::remove_pointer_t<decltype(p)>;
-        for (size_t i = 0; i < seg.count; ++i) c[i] = stored_value<P>(w * a[i]) - widen(p[i]);
+        for (size_t i = 0; i < seg.count; ++i) c[i] = delta_element(w * a[i], p[i]);
       });
     }
     s.prepared.settings = outer_settings_of(s);
@@ -321,7 +268,7 @@ class HostBackend final : public Backend {
 
   void set_parameters_to_anchor() override { unpack_parameters(s_, s_.anchor.data(), false); }
 
-  uint64_t consensus_checksum() override {
+  uint64_t anchor_checksum() override {
     if (!s_.has_anchor()) return parameters_checksum(s_);
     WordHasher hasher;
     hasher.update(s_.anchor.data(), s_.state_count);
@@ -394,15 +341,6 @@ class HostBackend final : public Backend {
     return finite->load();
   }
 
-  // After the prepared next anchor was swapped in: its gap history and statistics become the
-  // engine's.
-  void adopt_prepared() {
-    S& s = s_;
-    std::swap(s.history, s.prepared.history);
-    commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
-    s.prepared.ready = false;
-  }
-
   // Swaps in the prepared update (prepared.ready): the anchor becomes the next anchor and the
   // parameters follow it (params_current: they already did, in the prepare pass). write_delta:
   // comm_buffer receives this round's deltas a - p instead. Returns whether every delta was
@@ -424,7 +362,6 @@ class HostBackend final : public Backend {
       std::swap(s.anchor, s.comm_buffer);
       if (!params_current) set_parameters_to_anchor();
     }
-    adopt_prepared();
     return delta_finite;
   }
 
@@ -474,7 +411,7 @@ namespace {
 // one's encodings dropped. co2's BUFFER values replace the anchor's (anchor weight 0): a
 // residual added to them would shift every later value and never cancel.
 bool fed_back(const Engine::State& s, const Segment& seg) {
-  return seg.role != Role::Excluded && buffer_anchor_weight(s.config.algorithm == Algorithm::Co2, seg) == 1.0f;
+  return seg.role != Role::Excluded && anchor_weight_of(s.config.algorithm == Algorithm::Co2, seg) == 1.0f;
 }
 }  // namespace
 
@@ -491,7 +428,7 @@ WireCompression outer_wire(Engine::State& s, float* state, size_t begin, size_t 
       if (!fed_back(s, seg)) continue;
       const size_t first = std::max(seg.state_offset, begin);
       const size_t last = std::min(seg.state_offset + seg.count, begin + count);
-      for (size_t i = first; i < last; ++i) state[i] += std::isfinite(dropped[i]) ? dropped[i] : 0.0f;
+      for (size_t i = first; i < last; ++i) state[i] += fed_back(dropped[i]);
     }
     wire.residual = s.residual.data() + begin;
   }
@@ -536,7 +473,7 @@ bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* 
                                seg.count, plan[index].k);
     });
     finite = finite && r.result_finite;
-    record_update(seg, r, plan[index].k, prepared.history[index], &prepared.summary);
+    record_pass(seg, r, plan[index].k, prepared.history[index], &prepared.summary);
   }
   prepared.summary_known = true;
   prepared.ready = finite;

@@ -48,10 +48,6 @@ struct ShardPart {
   size_t count;
 };
 
-float anchor_weight_of(const S& s, const Segment& seg) {
-  return s.config.algorithm == Algorithm::Co2 && seg.role == Role::Buffer ? 0.0f : 1.0f;
-}
-
 class ShardedBackend final : public Backend {
  public:
   explicit ShardedBackend(S& s) : s_(s), host_(make_host_backend(s)) {}
@@ -144,44 +140,37 @@ class ShardedBackend final : public Backend {
     return a;
   }
 
-  DeltasFinite apply_update_and_write_deltas() override {
-    adopt_update();
+  // With or without an update the pass is the same: B already holds the collected next anchor.
+  DeltasFinite boundary_pass(const BoundaryPass& plan) override {
+    if (plan.eager) return eager_pass(plan);
     return pass(/*params_take_anchor=*/true);
   }
-  DeltasFinite write_deltas() override { return pass(/*params_take_anchor=*/true); }
   // The eager policy, hierarchical CO2 only (refused at commit for flat sharding: there each
   // rank's offset is its own and full-size). A node's ranks hold the same parameters and deltas,
   // so the offset e and its momentum q are sharded like the anchor: the owner of J computes
   // d_J = (a_J + e_J) - p_J from the anchor in effect, updates q_J and e_J (docs/algorithm.md,
   // "The eager policy"; W there is the number of nodes), sends d_J across the nodes, and the node
   // all-gathers its next round's start a' + e (blocking, inside the node) into the parameters.
-  DeltasFinite eager_pass(bool update) override {
-    return s_.hierarchical() ? node_eager_pass(update) : rank_eager_pass(update);
+  DeltasFinite eager_pass(const BoundaryPass& plan) {
+    return s_.hierarchical() ? node_eager_pass() : rank_eager_pass(plan.anchor_check_due);
   }
 
   // The eager policy with flat sharding: each rank's offset is its own, so it keeps its round
   // start R = a + e (full-size) and the momentum q of its own deltas (full-size) instead of the
   // replicated engine's e and q: d = R - p needs no full anchor, and the next start is a' + e'
   // with a' = B. Outer state N (B) + N (R) [+ N (q)] + 3N/W, against the replicated eager 5N.
-  DeltasFinite rank_eager_pass(bool update) {
+  DeltasFinite rank_eager_pass(bool anchor_check_due) {
     S& s = s_;
     const TraceSpan trace(s.trace.get(), "sharded eager pass");
-    if (update) adopt_update();
     const OuterSettings o = outer_settings_of(s);
-    EagerCoefficients k;
-    k.beta = float(o.beta);
-    k.scale = float(o.outer_lr / double(s.comm->size()));
-    k.momentum = !eager_momentum_.empty();
-    k.nesterov = o.nesterov;
+    const EagerCoefficients k = eager_coefficients_of(o, s.comm->size(), !eager_momentum_.empty());
     float* b = s.comm_buffer.data();  // a' in, this round's deltas out
     float* r = round_start_.data();
     float* q = k.momentum ? eager_momentum_.data() : nullptr;
     copy_shard(cur_.data(), b + mine_.begin);
     std::fill(step_.data(), step_.data() + step_.size(), 0.0f);  // B holds the deltas themselves
-    // The anchor a' for the anchor check, hashed before the pass overwrites it (when the check is
-    // due at this boundary: engine.cpp's check_anchor_when_due rule).
-    const uint32_t every = s.config.anchor_check_interval;
-    const bool hash = every && s.stats.rounds % every == 0;
+    // The anchor a' for the anchor check, hashed before the pass overwrites it (when the engine
+    // checks it after this pass).
     WordHasher hasher;
     // A non-finite delta: the NaN still travels (every rank skips that average), and this rank
     // restarts from the anchor with its eager state cleared, as the replicated engine does.
@@ -190,9 +179,8 @@ class ShardedBackend final : public Backend {
       if (seg.role == Role::Excluded || seg.role == Role::Buffer) continue;
       const float* rs = r + seg.state_offset;
       finite = with_params(seg, [&](auto* p) {
-                 using P = std::remove_pointer_t<decltype(p)>;
                  for (size_t i = 0; i < seg.count; ++i)
-                   if (!std::isfinite(stored_value<P>(rs[i]) - widen(p[i]))) return false;
+                   if (!std::isfinite(delta_element(rs[i], p[i]))) return false;
                  return true;
                }) && finite;
     }
@@ -200,18 +188,19 @@ class ShardedBackend final : public Backend {
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
       const size_t off = seg.state_offset;
-      if (hash) hasher.update(b + off, seg.count);
+      if (anchor_check_due) hasher.update(b + off, seg.count);
       const bool trained = seg.role == Role::Parameter;
       with_params(seg, [&](auto* p) {
         using P = std::remove_pointer_t<decltype(p)>;
         for (size_t i = 0; i < seg.count; ++i) {
-          const float following = b[off + i], x = widen(p[i]);
-          float d = -x, start = following;  // BUFFER values travel (w = 0)
+          const float following = b[off + i];
+          float d = -widen(p[i]), start = following;  // BUFFER values travel (w = 0)
           if (trained) {
-            d = stored_value<P>(r[off + i]) - x;
+            d = delta_element(r[off + i], p[i]);
             if (finite) {
-              const float filtered = q ? (q[off + i] = k.beta * q[off + i] + d) : d;
-              start = following - k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
+              const float filtered = eager_filtered(d, q ? q[off + i] : 0.0f, k);
+              if (q) q[off + i] = filtered;
+              start = following + eager_offset(d, filtered, k);
             }
           }
           r[off + i] = start;
@@ -227,17 +216,12 @@ class ShardedBackend final : public Backend {
   }
 
   // The eager policy, hierarchical CO2.
-  DeltasFinite node_eager_pass(bool update) {
+  DeltasFinite node_eager_pass() {
     S& s = s_;
     const TraceSpan trace(s.trace.get(), "sharded eager pass");
-    if (update) adopt_update();
     average_buffers_in_node();
     const OuterSettings o = outer_settings_of(s);
-    EagerCoefficients k;
-    k.beta = float(o.beta);
-    k.scale = float(o.outer_lr / double(s.inter->size()));
-    k.momentum = !eager_momentum_.empty();
-    k.nesterov = o.nesterov;
+    const EagerCoefficients k = eager_coefficients_of(o, s.inter->size(), !eager_momentum_.empty());
     float* b = s.comm_buffer.data();  // the next anchor a' (or the unchanged one) everywhere
     float* start = round_start_.data();
     bool finite = true;
@@ -250,15 +234,15 @@ class ShardedBackend final : public Backend {
       float* q = eager_momentum_.empty() ? nullptr : eager_momentum_.data() + off;
       const bool trained = seg.role == Role::Parameter;
       finite = with_params(seg, [&](auto* p) {
-                 using P = std::remove_pointer_t<decltype(p)>;
                  bool ok = true;
                  for (size_t i = 0; i < part.count; ++i) {
-                   const float x = widen(p[first + i]), following = next[i];
-                   float d = -x, offset = 0.0f;  // BUFFER values travel (w = 0)
+                   const float following = next[i];
+                   float d = -widen(p[first + i]), offset = 0.0f;  // BUFFER values travel (w = 0)
                    if (trained) {
-                     d = stored_value<P>(a[i] + e[i]) - x;
-                     const float filtered = q ? (q[i] = k.beta * q[i] + d) : d;
-                     offset = e[i] = -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
+                     d = delta_element(a[i] + e[i], p[first + i]);
+                     const float filtered = eager_filtered(d, q ? q[i] : 0.0f, k);
+                     if (q) q[i] = filtered;
+                     offset = e[i] = eager_offset(d, filtered, k);
                    }
                    start[part.begin + i] = following + offset;
                    a[i] = following;
@@ -289,7 +273,6 @@ class ShardedBackend final : public Backend {
 
   // finalize: the collected next anchor becomes the anchor and the parameters.
   void apply_update() override {
-    adopt_update();
     take_anchor_from_buffer();
     set_parameters_to_anchor();
   }
@@ -324,7 +307,7 @@ class ShardedBackend final : public Backend {
 
   // Right after a boundary's pass B holds deltas and the parameters hold the anchor; otherwise B
   // holds it. Either is the same on every rank that trains the same model.
-  uint64_t consensus_checksum() override {
+  uint64_t anchor_checksum() override {
     if (deltas_in_buffer_ && !anchor_outside_shard_ && rank_eager()) return pass_anchor_hash_;
     if (deltas_in_buffer_ && !anchor_outside_shard_) return parameters_checksum(s_);
     WordHasher hasher;
@@ -499,13 +482,13 @@ class ShardedBackend final : public Backend {
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
       float* anchor = b + seg.state_offset;
-      const float w = anchor_weight_of(s, seg);
+      const float w = anchor_weight_of(s.config.algorithm == Algorithm::Co2, seg);
       finite = with_params(seg, [&](auto* p) {
                  using P = std::remove_pointer_t<decltype(p)>;
                  bool ok = true;
                  for (size_t i = 0; i < seg.count; ++i) {
                    const float a = anchor[i];
-                   const float d = stored_value<P>(w * a) - widen(p[i]);
+                   const float d = delta_element(w * a, p[i]);
                    anchor[i] = d;
                    ok = ok && std::isfinite(d);
                    if (params_take_anchor) p[i] = narrow<P>(a);
@@ -588,7 +571,7 @@ class ShardedBackend final : public Backend {
     float* b = s.comm_buffer.data();
     bool finite = true;
     for (const ShardPart& part : parts_) {
-      const float w = anchor_weight_of(s, s.segments[part.segment]);
+      const float w = anchor_weight_of(s.config.algorithm == Algorithm::Co2, s.segments[part.segment]);
       float* c = b + part.begin;
       const float* step = step_.data() + (part.begin - mine_.begin);
       for (size_t i = 0; i < part.count; ++i) c[i] += w * step[i];
@@ -695,7 +678,7 @@ class ShardedBackend final : public Backend {
     };
     for (size_t i = 0; i < segment_count(); ++i)
       if (s.segments[i].role == Role::Parameter)
-        next_history_[i].last_step_norm = s.prepared.settings.outer_lr * std::sqrt(total(i));
+        record_update(s.segments[i], s.prepared.settings.outer_lr, total(i), next_history_[i]);
     summary_.clamped = uint64_t(total(segment_count()));
     summary_.trained_elements = uint64_t(total(segment_count() + 1));
   }
@@ -706,22 +689,14 @@ class ShardedBackend final : public Backend {
     S& s = s_;
     const OuterSettings& o = s.prepared.settings;
     summary_ = UpdateSummary{};
-    for (size_t i = 0; i < segment_count(); ++i) {
-      if (s.segments[i].role != Role::Parameter) continue;
-      summary_.penalty_min = std::min(summary_.penalty_min, lambda_[i]);
-      summary_.penalty_max = std::max(summary_.penalty_max, lambda_[i]);
-      if (o.clip != Clip::Norm) continue;
-      summary_.scale_min = std::min(summary_.scale_min, scale_[i]);
-      summary_.scaled_segments += scale_[i] < 1.0;
-    }
+    for (size_t i = 0; i < segment_count(); ++i)
+      if (s.segments[i].role == Role::Parameter) summarize_segment(o, lambda_[i], scale_[i], &summary_);
     planned_.assign(parts_.size(), Planned{});
-    UpdateSummary unused;
     for (size_t i = 0; i < parts_.size(); ++i) {
-      const Segment& seg = s.segments[parts_[i].segment];
+      const size_t segment = parts_[i].segment;
       planned_[i].flags.prepare = true;
-      segment_coefficients(o, seg, lambda_[parts_[i].segment], chain_momentum_ != nullptr, &planned_[i].flags,
-                           &planned_[i].k, &unused);
-      if (seg.role == Role::Parameter && o.clip == Clip::Norm) planned_[i].k.norm_scale = float(scale_[parts_[i].segment]);
+      segment_coefficients(o, s.segments[segment], lambda_[segment], scale_[segment], chain_momentum_ != nullptr,
+                           &planned_[i].flags, &planned_[i].k);
     }
   }
 
@@ -770,12 +745,6 @@ class ShardedBackend final : public Backend {
         with_params(seg, [&](auto* p) { narrow_into(node_buffers_.data() + offset, p, seg.count); });
         offset += seg.count;
       }
-  }
-
-  // The collected update's gap history and statistics become the engine's.
-  void adopt_update() {
-    s_.history = s_.prepared.history;
-    commit_update(s_, s_.prepared.settings.clip, s_.prepared.summary_known ? &s_.prepared.summary : nullptr);
   }
 
   // Copies this rank's shard (which may be empty: N < W leaves the last ranks none).

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "runtime/outer/elements.hpp"
+#include "runtime/param_types.hpp"
 #include "runtime/status.hpp"
 
 namespace co2 {
@@ -56,51 +58,40 @@ size_t groups(size_t count, const SegmentStarts& segments, size_t offset) {
 // need not be aligned) are touched only by memcpy.
 constexpr size_t kChunk = 256;
 
-// Round to nearest even; a NaN stays a (quiet) NaN. Branch-free, so that it vectorises.
-uint16_t bf16_of_bits(uint32_t bits) {
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-  return uint16_t(nan ? (bits >> 16) | 0x40u : rounded);
-}
-
 // What the encoding of x as `sent` dropped, and what every rank will decode (see wire_encode).
 struct Drops {
   float* dropped;
   float scale;
   float* decoded;
   void record(size_t i, float x, float sent) const {
-    if (dropped) dropped[i] = (x - sent) * scale;
+    if (dropped) dropped[i] = wire_dropped(x, sent, scale);
     if (decoded) decoded[i] = sent;
   }
   bool any() const { return dropped || decoded; }
 };
 
 void encode_bf16(const float* in, size_t count, std::byte* out, const Drops& drops) {
-  uint32_t bits[kChunk];
   uint16_t halves[kChunk];
   float values[kChunk], sent[kChunk];
   for (size_t begin = 0; begin < count; begin += kChunk) {
     const size_t n = std::min(kChunk, count - begin);
-    std::memcpy(bits, in + begin, n * sizeof(float));
-    for (size_t i = 0; i < n; ++i) halves[i] = bf16_of_bits(bits[i]);
+    std::memcpy(values, in + begin, n * sizeof(float));
+    // The parameters' rounding (nearest even, a NaN stays a quiet NaN): one definition.
+    for (size_t i = 0; i < n; ++i) halves[i] = narrow<Bf16>(values[i]).bits;
     std::memcpy(out + begin * sizeof(uint16_t), halves, n * sizeof(uint16_t));
     if (!drops.any()) continue;
-    std::memcpy(values, bits, n * sizeof(float));
-    for (size_t i = 0; i < n; ++i) bits[i] = uint32_t(halves[i]) << 16;
-    std::memcpy(sent, bits, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) sent[i] = widen(Bf16{halves[i]});
     for (size_t i = 0; i < n; ++i) drops.record(begin + i, values[i], sent[i]);
   }
 }
 
 void decode_bf16(const std::byte* in, size_t count, float* out, bool accumulate) {
   uint16_t halves[kChunk];
-  uint32_t bits[kChunk];
   float values[kChunk];
   for (size_t begin = 0; begin < count; begin += kChunk) {
     const size_t n = std::min(kChunk, count - begin);
     std::memcpy(halves, in + begin * sizeof(uint16_t), n * sizeof(uint16_t));
-    for (size_t i = 0; i < n; ++i) bits[i] = uint32_t(halves[i]) << 16;
-    std::memcpy(values, bits, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) values[i] = widen(Bf16{halves[i]});
     float* o = out + begin;
     if (accumulate) {
       for (size_t i = 0; i < n; ++i) o[i] = values[i] + o[i];
@@ -124,11 +115,8 @@ void encode_int8(const float* in, size_t count, std::byte* out, const Drops& dro
     const bool finite = largest < 0x7f800000u;
     float absmax;
     std::memcpy(&absmax, &largest, sizeof absmax);
-    float scale = finite ? absmax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-    float inverse = finite && absmax > 0.0f ? 127.0f / absmax : 0.0f;
-    // A group so small that its scale or inverse leaves the float range (absmax below about
-    // 1e-36) travels as zeros; error feedback keeps it.
-    if (finite && !(scale > 0.0f && inverse <= std::numeric_limits<float>::max())) scale = inverse = 0.0f;
+    const Int8Scale group_scale = int8_scale_of(absmax, finite);
+    const float scale = group_scale.scale, inverse = group_scale.inverse;
     std::memcpy(out + g * sizeof(float), &scale, sizeof scale);
     if (inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
       std::memset(codes + begin, 0, end - begin);
@@ -136,15 +124,9 @@ void encode_int8(const float* in, size_t count, std::byte* out, const Drops& dro
       return;
     }
     int8_t q[kInt8Group];
-    for (size_t i = begin; i < end; ++i) {
-      // Any rounding is correct (error feedback keeps what it drops); half away from zero is
-      // the cheapest. |x| * 127 / absmax <= 127 up to one rounding: the clamp keeps it a byte.
-      const float r = in[i] * inverse;
-      const int rounded = int(r + (r >= 0.0f ? 0.5f : -0.5f));
-      q[i - begin] = int8_t(std::clamp(rounded, -127, 127));
-    }
+    for (size_t i = begin; i < end; ++i) q[i - begin] = int8_code(in[i], inverse);
     std::memcpy(codes + begin, q, end - begin);
-    for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], float(q[i - begin]) * scale);
+    for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], int8_value(q[i - begin], scale));
   });
 }
 
@@ -158,9 +140,9 @@ void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate,
     std::memcpy(q, codes + begin, end - begin);
     float* o = out + begin;
     if (accumulate) {
-      for (size_t i = 0; i < end - begin; ++i) o[i] = float(q[i]) * scale + o[i];
+      for (size_t i = 0; i < end - begin; ++i) o[i] = int8_value(q[i], scale) + o[i];
     } else {
-      for (size_t i = 0; i < end - begin; ++i) o[i] = float(q[i]) * scale;
+      for (size_t i = 0; i < end - begin; ++i) o[i] = int8_value(q[i], scale);
     }
   });
 }

@@ -128,12 +128,13 @@ class DeviceBackend final : public Backend {
     return a;
   }
 
-  DeltasFinite apply_update_and_write_deltas() override { return pass(/*update=*/true, /*write_delta=*/true); }
-  DeltasFinite write_deltas() override { return pass(/*update=*/false, /*write_delta=*/true); }
-
-  DeltasFinite eager_pass(bool) override {
-    fail(Status::Unsupported, "the eager policy is implemented on the host only");  // refused at commit
+  DeltasFinite boundary_pass(const BoundaryPass& plan) override {
+    if (plan.eager) fail(Status::Unsupported, "the eager policy is implemented on the host only");  // refused at commit
+    return pass(plan.update, /*write_delta=*/true);
   }
+
+  // The gap history and statistics arrive with the boundary's report (fold_reports).
+  bool reports_updates_later() const override { return true; }
 
   void submit_average() override {
     s_.prepared.settings = outer_settings_of(s_);  // the settings its update will be applied with
@@ -213,7 +214,7 @@ class DeviceBackend final : public Backend {
 
   // The anchor (or, without one, the parameters) hashed on the device (state_checksum.hpp):
   // eight bytes reach the host, after the caller's stream reached this point.
-  uint64_t consensus_checksum() override {
+  uint64_t anchor_checksum() override {
     make_current();
     const float* state = anchor_.as<float>();
     if (anchor_.empty()) {

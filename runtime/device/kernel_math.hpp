@@ -33,28 +33,18 @@ CO2_HOST_DEVICE inline uint32_t end_chunk(const Tables& t, uint32_t s) {
 
 CO2_HOST_DEVICE inline OuterCoefficients coefficients_of(const Config& c, const SegmentEntry& seg,
                                                          const SegmentCoefficients& sc) {
-  OuterCoefficients k;
-  if (seg.is_parameter) {
-    k.alpha = c.alpha;
-    k.beta = c.beta;
-    k.lambda = float(sc.lambda);
-    k.norm_scale = float(sc.norm_scale);
-    k.clip_value = float(c.clip_threshold);
-  }
-  return k;  // BUFFER: alpha 1, beta 0, lambda 1, no clip: a plain average
+  return update_coefficients_of(seg.is_parameter, anchor_weight_of(c.buffer_values, seg.is_parameter), c.alpha, c.beta,
+                                c.clip_threshold, sc.lambda, sc.norm_scale);
 }
 
 // Segment s's staleness penalty; advances its gap history when an update happens.
 CO2_HOST_DEVICE inline void segment_lambda(const Tables& t, const Config& c, bool update, uint32_t s) {
   double lambda = 1.0;
   if (update && t.segments[s].is_parameter) {
-    if (c.penalty == 1) lambda = 1.0 / c.penalty_constant;
-    if (c.penalty == 2) {
-      GapState& g = t.gap[s];
-      uint64_t updates = g.updates;
-      lambda = gap_penalty_lambda(g.last_step_norm, &g.gap_sum, &updates);
-      g.updates = updates;
-    }
+    GapState& g = t.gap[s];
+    uint64_t updates = g.updates;
+    lambda = penalty_lambda(c.penalty, c.penalty_constant, g.last_step_norm, &g.gap_sum, &updates);
+    g.updates = updates;
   }
   t.coefficients[s].lambda = lambda;
   t.coefficients[s].norm_scale = 1.0;
@@ -90,16 +80,15 @@ template <bool kValueClip>
 CO2_HOST_DEVICE inline PassResult pass_element(const Config& c, const OuterCoefficients& k, bool update, bool is_parameter,
                                                float anchor_old, float param, float momentum, float average,
                                                uint32_t* clamped) {
-  // OuterCoefficients::anchor_weight, as on the host.
-  const float base_value = (c.buffer_values && !is_parameter ? 0.0f : 1.0f) * anchor_old;
+  const float base_value = anchor_base(anchor_old, k);
   PassResult r{anchor_old, momentum, 0.0f, 0.0f};
   if (update) {
     r.momentum = clip_momentum<kValueClip>(momentum_candidate(momentum, average, k), k, clamped);
     r.step = is_parameter && c.nesterov ? outer_step<true>(r.momentum, average, k)
                                         : outer_step<false>(r.momentum, average, k);
-    r.anchor = base_value - k.alpha * r.step;
+    r.anchor = next_anchor(base_value, r.step, k);
   }
-  if (c.write_delta) r.delta = base_value - param;
+  if (c.write_delta) r.delta = delta_element(base_value, param);
   return r;
 }
 
@@ -119,7 +108,7 @@ CO2_HOST_DEVICE inline void fold_segment(const Tables& t, const Config& c, uint3
     sum += t.chunk_squares[k];
     f->clamped += t.chunk_clamped[k];
   }
-  t.gap[s].last_step_norm = double(c.alpha) * sqrt(sum);
+  t.gap[s].last_step_norm = step_gap(double(c.alpha), sum);
   const SegmentCoefficients sc = t.coefficients[s];
   f->penalty_min = fmin(f->penalty_min, sc.lambda);
   f->penalty_max = fmax(f->penalty_max, sc.lambda);

@@ -25,7 +25,7 @@ __device__ double block_sum(double v, double* shared) {
 __global__ void finite_kernel(const float* x, size_t n, int* flag) {
   float probe = 0.0f;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    probe += x[i] * 0.0f;  // stays 0 unless x[i] is NaN or infinite
+    probe += finite_probe(x[i]);
   if (probe != 0.0f) atomicExch(flag, 1);
 }
 
@@ -103,7 +103,7 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
         *step_squares += double(r.step) * double(r.step);
       }
       if (c.write_delta) {
-        *probe += r.delta * 0.0f;
+        *probe += finite_probe(r.delta);
         cb[i] = r.delta;
       }
       p[i] = r.anchor;

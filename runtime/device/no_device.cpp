@@ -1,5 +1,6 @@
 // Host-only builds: CUDA tensors are refused with a status that says why.
 #include "runtime/backend.hpp"
+#include "runtime/engine_state.hpp"
 #include "runtime/device/raw_memory.hpp"
 #include "runtime/status.hpp"
 

@@ -34,9 +34,7 @@ class QuietBackend : public Backend {
   void commit() override {}
   void momentum_needed() override {}
   Arrival collect_average() override { return {}; }
-  DeltasFinite apply_update_and_write_deltas() override { return DeltasFinite::Yes; }
-  DeltasFinite write_deltas() override { return DeltasFinite::Yes; }
-  DeltasFinite eager_pass(bool) override { return DeltasFinite::Yes; }
+  DeltasFinite boundary_pass(const BoundaryPass&) override { return DeltasFinite::Yes; }
   void submit_average() override {}
   void apply_update() override {}
   void clear_eager_state() override {}
@@ -45,7 +43,7 @@ class QuietBackend : public Backend {
   bool average_parameters(bool) override { return true; }
   bool average_gradients(void* const*, size_t) override { return true; }
   void set_parameters_to_anchor() override {}
-  uint64_t consensus_checksum() override { return 0; }
+  uint64_t anchor_checksum() override { return 0; }
   void consensus_into(float*, size_t, bool, bool) override {}
   void set_caller_stream(void*) override {}
   void wait_for_caller(const char*) override {}
@@ -85,9 +83,9 @@ class RecordingBackend final : public QuietBackend {
     calls_->push_back(a.finite ? "collect:finite" : "collect:nonfinite");
     return a;
   }
-  DeltasFinite apply_update_and_write_deltas() override { return pass("pass:update+deltas"); }
-  DeltasFinite write_deltas() override { return pass("pass:deltas"); }
-  DeltasFinite eager_pass(bool) override { return pass("pass:eager"); }
+  DeltasFinite boundary_pass(const BoundaryPass& plan) override {
+    return pass(plan.eager ? "pass:eager" : plan.update ? "pass:update+deltas" : "pass:deltas");
+  }
   void submit_average() override {
     record_ops(device::co2_boundary_phases(averaging_, true).submit);
     calls_->push_back("submit");
@@ -104,7 +102,7 @@ class RecordingBackend final : public QuietBackend {
     return true;
   }
   void set_parameters_to_anchor() override { calls_->push_back("parameters=anchor"); }
-  uint64_t consensus_checksum() override {
+  uint64_t anchor_checksum() override {
     calls_->push_back("checksum");
     return 7;
   }

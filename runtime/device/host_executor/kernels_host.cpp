@@ -47,7 +47,7 @@ void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, d
         step_squares[thread] += double(r.step) * double(r.step);
       }
       if (c.write_delta) {
-        *delta_nonfinite |= r.delta * 0.0f != 0.0f;
+        *delta_nonfinite |= finite_probe(r.delta) != 0.0f;
         cb[i] = r.delta;
       }
       p[i] = r.anchor;
@@ -61,7 +61,7 @@ void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, d
 int finite_check(const float* data, size_t n, int* flag, void*) {
   host_executor::record("kernel finite_check");
   float probe = 0.0f;
-  for (size_t i = 0; i < n; ++i) probe += data[i] * 0.0f;
+  for (size_t i = 0; i < n; ++i) probe += finite_probe(data[i]);
   *flag = probe != 0.0f;
   return 0;
 }
