@@ -718,7 +718,7 @@ void Engine::commit() {
          "or host against CUDA tensors differ); every rank must register the same tensors in the "
          "same order, in the same kind of memory");
 
-  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device());
+  s.eager_resolved = s.config.eager == Eager::On || s.config.eager == Eager::Auto;
   check_settings_agree(s);
 
   s.history.assign(s.segments.size(), GapHistory{});
@@ -728,13 +728,6 @@ void Engine::commit() {
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning, wire_segments(s));
-  if (s.on_device()) {
-    require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,
-            "the eager policy is implemented on the host only: CUDA tensors need eager = 0 or "
-            "CO2_EAGER_AUTO (which runs the delayed update there)");
-    if (s.config.eager == Eager::Auto && s.config.algorithm == Algorithm::Co2)
-      log::info("eager policy: not implemented for CUDA tensors yet; this engine runs the delayed update");
-  }
   s.backend->commit();
   s.committed = true;
 }

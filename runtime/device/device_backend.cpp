@@ -18,6 +18,7 @@
 #include "runtime/engine_state.hpp"
 #include "runtime/log.hpp"
 #include "runtime/observe.hpp"
+#include "runtime/outer/update_plan.hpp"
 
 namespace co2 {
 
@@ -77,6 +78,8 @@ class DeviceBackend final : public Backend {
     comm_ = alloc(bytes);
     if (s.has_anchor()) anchor_ = alloc(bytes);
     if (s.has_anchor() && s.momentum_needed()) momentum_ = alloc(bytes);
+    if (s.eager()) eager_offset_ = alloc(bytes);
+    if (s.eager() && s.momentum_needed()) eager_momentum_ = alloc(bytes);
     if (averaging_ == Averaging::StagedHost) staging_ = PinnedMemory(bytes);
     reports_ = PinnedMemory(kReportSlots * sizeof(kernels::Report));
     flag_host_ = PinnedMemory(sizeof(int));
@@ -104,6 +107,7 @@ class DeviceBackend final : public Backend {
     make_current();
     momentum_ = alloc(s_.state_count * sizeof(float));  // starts from zero momentum
     check(cudaMemset(momentum_.as(), 0, momentum_.bytes()), "clear momentum");
+    if (s_.eager() && eager_momentum_.empty()) eager_momentum_ = alloc(s_.state_count * sizeof(float));  // zeroed
     refresh_tables();
     count_state();
   }
@@ -129,8 +133,7 @@ class DeviceBackend final : public Backend {
   }
 
   DeltasFinite boundary_pass(const BoundaryPass& plan) override {
-    if (plan.eager) fail(Status::Unsupported, "the eager policy is implemented on the host only");  // refused at commit
-    return pass(plan.update, /*write_delta=*/true);
+    return pass(plan.update, /*write_delta=*/true, plan.eager);
   }
 
   // The gap history and statistics arrive with the boundary's report (fold_reports).
@@ -142,7 +145,13 @@ class DeviceBackend final : public Backend {
   }
 
   void apply_update() override { pass(/*update=*/true, /*write_delta=*/false); }
-  void clear_eager_state() override {}
+  void clear_eager_state() override {
+    if (eager_offset_.empty()) return;
+    make_current();
+    check(cudaMemsetAsync(eager_offset_.as(), 0, eager_offset_.bytes(), caller()), "clear eager offsets");
+    if (!eager_momentum_.empty())
+      check(cudaMemsetAsync(eager_momentum_.as(), 0, eager_momentum_.bytes(), caller()), "clear eager momentum");
+  }
 
   // --- diloco: c = a - p (and p = a), averaged, then the update with the current settings ---
   bool average_deltas_blocking() override {
@@ -325,6 +334,16 @@ class DeviceBackend final : public Backend {
       s.comm_buffer = FloatBuffer(s.state_count);
       check(cudaMemcpyAsync(s.comm_buffer.data(), comm_.as(), bytes, cudaMemcpyDeviceToHost, st), "stage average out");
     }
+    if (!eager_offset_.empty()) {
+      s.eager_offset = FloatBuffer(s.state_count);
+      check(cudaMemcpyAsync(s.eager_offset.data(), eager_offset_.as(), bytes, cudaMemcpyDeviceToHost, st),
+            "stage eager offsets out");
+    }
+    if (!eager_momentum_.empty()) {
+      s.eager_momentum = FloatBuffer(s.state_count);
+      check(cudaMemcpyAsync(s.eager_momentum.data(), eager_momentum_.as(), bytes, cudaMemcpyDeviceToHost, st),
+            "stage eager momentum out");
+    }
     std::vector<kernels::GapState> gap(num_segments_);
     check(cudaMemcpyAsync(gap.data(), gap_.as(), gap.size() * sizeof(kernels::GapState), cudaMemcpyDeviceToHost, st),
           "stage gap history out");
@@ -344,6 +363,8 @@ class DeviceBackend final : public Backend {
     s_.anchor = FloatBuffer();
     s_.momentum = FloatBuffer();
     s_.comm_buffer = FloatBuffer();
+    s_.eager_offset = FloatBuffer();
+    s_.eager_momentum = FloatBuffer();
   }
 
   void stage_in() override {
@@ -375,7 +396,32 @@ class DeviceBackend final : public Backend {
                                         (unsigned long long)s.history[i].updates});
     check(cudaMemcpyAsync(gap_.as(), gap.data(), gap.size() * sizeof(kernels::GapState), cudaMemcpyHostToDevice, st),
           "stage gap history in");
-    if (!anchor_.empty()) unpack(anchor_.as<float>(), st, false);
+    // The parameters: the anchor, plus this rank's offset on PARAMETER segments under the eager
+    // policy (assembled in s.anchor on the host and copied from there).
+    const bool eager_state = !eager_offset_.empty() && s.eager_offset.size() == s.state_count;
+    if (!eager_offset_.empty()) {
+      if (eager_state)
+        check(cudaMemcpyAsync(eager_offset_.as(), s.eager_offset.data(), bytes, cudaMemcpyHostToDevice, st),
+              "stage eager offsets in");
+      else
+        check(cudaMemsetAsync(eager_offset_.as(), 0, bytes, st), "clear eager offsets");
+    }
+    if (!eager_momentum_.empty()) {
+      if (s.eager_momentum.size() == s.state_count)
+        check(cudaMemcpyAsync(eager_momentum_.as(), s.eager_momentum.data(), bytes, cudaMemcpyHostToDevice, st),
+              "stage eager momentum in");
+      else
+        check(cudaMemsetAsync(eager_momentum_.as(), 0, bytes, st), "clear eager momentum");
+    }
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize (load)");  // s.anchor is read above
+    if (eager_state)
+      for (const Segment& seg : s.segments) {
+        if (seg.role != Role::Parameter) continue;
+        float* start = s.anchor.data() + seg.state_offset;
+        const float* e = s.eager_offset.data() + seg.state_offset;
+        for (size_t i = 0; i < seg.count; ++i) start[i] += e[i];
+      }
+    if (!anchor_.empty()) unpack(s.anchor.data(), st, false);
     check(cudaStreamSynchronize(st), "cudaStreamSynchronize (load)");
     average_ready_.record(own_stream_->get());  // collect_average's stream wait: already complete
     release_staged();
@@ -404,7 +450,10 @@ class DeviceBackend final : public Backend {
   cudaStream_t caller() const { return as_stream(caller_stream_); }
 
   // Device memory of the outer state (anchor, momentum, comm buffer).
-  void count_state() { s_.stats.outer_state_bytes = comm_.bytes() + anchor_.bytes() + momentum_.bytes(); }
+  void count_state() {
+    s_.stats.outer_state_bytes =
+        comm_.bytes() + anchor_.bytes() + momentum_.bytes() + eager_offset_.bytes() + eager_momentum_.bytes();
+  }
 
   void build_tables(S& s) {
     std::vector<size_t> counts;
@@ -449,6 +498,8 @@ class DeviceBackend final : public Backend {
     t_.delta_nonfinite = flags_.as<int>() + 1;
     t_.report = report_.as<kernels::Report>();
     t_.checksum = checksum_.as<unsigned long long>();
+    t_.eager_offset = eager_offset_.as<float>();
+    t_.eager_momentum = eager_momentum_.as<float>();
   }
 
   int* blocking_flag() { return flags_.as<int>() + 2; }
@@ -598,9 +649,14 @@ class DeviceBackend final : public Backend {
 
   // The fused pass on the caller's stream (the plan's pass phase). co2 applies an average with
   // the settings in effect when its deltas were submitted (s.prepared.settings, as on the host).
-  DeltasFinite pass(bool update, bool write_delta) {
+  DeltasFinite pass(bool update, bool write_delta, bool eager = false) {
     make_current();
     pass_config_ = config_of(s_.prepared.settings, update, write_delta);
+    if (eager) {  // the eager coefficients are the current settings', as on the host
+      pass_config_.eager = true;
+      pass_config_.eager_coefficients =
+          eager_coefficients_of(outer_settings_of(s_), s_.comm->size(), !eager_momentum_.empty());
+    }
     run(co2_boundary_phases(averaging_, false).pass);
     return DeltasFinite::Later;
   }
@@ -687,6 +743,7 @@ class DeviceBackend final : public Backend {
   Averaging averaging_ = Averaging::StagedHost;
   DeviceMemory flat_;
   DeviceMemory comm_, anchor_, momentum_, gradients_, scratch_;
+  DeviceMemory eager_offset_, eager_momentum_;  // co2's eager policy: e and q (kernels::Tables)
   DeviceMemory segments_, chunks_, chunk_squares_, chunk_clamped_, coefficients_, gap_, flags_, report_, checksum_;
   uint32_t num_segments_ = 0, num_chunks_ = 0;
   PinnedMemory staging_, blocking_staging_, reports_, flag_host_;

@@ -68,27 +68,40 @@ CO2_HOST_DEVICE inline void segment_norm_scale(const Tables& t, const Config& c,
 }
 
 // One element of the fused pass: the outer update (when `update`) and the delta (when
-// c.write_delta), from the loaded anchor, parameter, momentum and average values.
+// c.write_delta), from the loaded anchor, parameter, momentum and average values, and under the
+// eager policy (c.eager, PARAMETER segments) from the rank's offset e and its filter q.
 struct PassResult {
-  float anchor;    // the new anchor, also the new parameter
+  float anchor;    // the new anchor
   float momentum;  // the new momentum (when the segment has one and update)
   float delta;     // the comm buffer's new value (when write_delta)
   float step;      // the outer step (its square goes into the step norm)
+  float param;     // the new parameter: the new anchor, plus the new offset when eager
+  float offset;    // eager: the new e
+  float filtered;  // eager: the new q
 };
 
 template <bool kValueClip>
 CO2_HOST_DEVICE inline PassResult pass_element(const Config& c, const OuterCoefficients& k, bool update, bool is_parameter,
                                                float anchor_old, float param, float momentum, float average,
-                                               uint32_t* clamped) {
+                                               float offset, float filtered, uint32_t* clamped) {
   const float base_value = anchor_base(anchor_old, k);
-  PassResult r{anchor_old, momentum, 0.0f, 0.0f};
+  PassResult r{anchor_old, momentum, 0.0f, 0.0f, anchor_old, offset, filtered};
   if (update) {
     r.momentum = clip_momentum<kValueClip>(momentum_candidate(momentum, average, k), k, clamped);
     r.step = is_parameter && c.nesterov ? outer_step<true>(r.momentum, average, k)
                                         : outer_step<false>(r.momentum, average, k);
     r.anchor = next_anchor(base_value, r.step, k);
   }
-  if (c.write_delta) r.delta = delta_element(base_value, param);
+  r.param = r.anchor;
+  if (c.eager && c.write_delta && is_parameter) {
+    // The rank trained from anchor + e (PARAMETER: anchor weight 1).
+    r.delta = delta_element(anchor_old + offset, param);
+    r.filtered = eager_filtered(r.delta, c.eager_coefficients.momentum ? filtered : 0.0f, c.eager_coefficients);
+    r.offset = eager_offset(r.delta, r.filtered, c.eager_coefficients);
+    r.param = r.anchor + r.offset;
+  } else if (c.write_delta) {
+    r.delta = delta_element(base_value, param);
+  }
   return r;
 }
 
@@ -136,6 +149,16 @@ CO2_HOST_DEVICE inline Report fold_report(const Tables& t, const Config& c, bool
     r.scaled_segments += partials[i].scaled;
   }
   return r;
+}
+
+// Eager policy, after a pass whose delta was not finite on this rank: the rank restarts from the
+// anchor with no offset (element i of chunk ch).
+CO2_HOST_DEVICE inline void eager_restart_element(const Tables& t, const Chunk& ch, uint32_t i) {
+  const SegmentEntry& seg = t.segments[ch.segment];
+  const uint64_t at = seg.state_offset + ch.begin + i;
+  seg.params[ch.begin + i] = t.anchor[at];
+  t.eager_offset[at] = 0.0f;
+  if (t.eager_momentum) t.eager_momentum[at] = 0.0f;
 }
 
 // The fixed-shape tree over kThreads values (a chunk's block reduction); values[0] gets the sum.

@@ -75,13 +75,16 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
   float* __restrict__ a = t.anchor + base;
   float* __restrict__ m = momentum ? t.momentum + base : nullptr;
   float* __restrict__ cb = t.comm + base;
+  const bool eager = c.eager && seg.is_parameter;
+  float* __restrict__ e = eager ? t.eager_offset + base : nullptr;
+  float* __restrict__ q = eager && t.eager_momentum ? t.eager_momentum + base : nullptr;
   // Batches of kBatch elements per thread: every load of a batch is issued before its stores,
   // so each thread keeps several cache lines in flight (the pass is memory-bound).
   constexpr int kBatch = 4;
   static_assert(kPerThread % kBatch == 0, "whole batches");
 #pragma unroll
   for (int j0 = 0; j0 < kPerThread; j0 += kBatch) {
-    float pv[kBatch], av[kBatch], mv[kBatch], cv[kBatch];
+    float pv[kBatch], av[kBatch], mv[kBatch], cv[kBatch], ev[kBatch], qv[kBatch];
     bool in[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -91,12 +94,15 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
       pv[b] = in[b] && c.write_delta ? p[i] : 0.0f;
       cv[b] = in[b] && update ? cb[i] : 0.0f;
       mv[b] = in[b] && update && momentum ? m[i] : 0.0f;
+      ev[b] = in[b] && e ? e[i] : 0.0f;
+      qv[b] = in[b] && q ? q[i] : 0.0f;
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (!in[b]) continue;
       const uint32_t i = chunk_element(threadIdx.x, j0 + b);
-      const PassResult r = pass_element<kValueClip>(c, k, update, seg.is_parameter, av[b], pv[b], mv[b], cv[b], clamped);
+      const PassResult r =
+          pass_element<kValueClip>(c, k, update, seg.is_parameter, av[b], pv[b], mv[b], cv[b], ev[b], qv[b], clamped);
       if (update) {
         if (momentum) m[i] = r.momentum;
         a[i] = r.anchor;
@@ -106,7 +112,9 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
         *probe += finite_probe(r.delta);
         cb[i] = r.delta;
       }
-      p[i] = r.anchor;
+      if (e) e[i] = r.offset;
+      if (q) q[i] = r.filtered;
+      p[i] = r.param;
     }
   }
 }
@@ -135,6 +143,17 @@ __global__ void pass_kernel(Tables t, Config c) {
   __syncthreads();
   const double clamps = block_sum(double(clamped), shared);  // exact: counts below 2^53
   if (threadIdx.x == 0) t.chunk_clamped[blockIdx.x] = (unsigned int)clamps;
+}
+
+// Eager policy: a rank whose delta was not finite restarts from the anchor without offsets.
+__global__ void eager_restart_kernel(Tables t) {
+  if (*t.delta_nonfinite == 0) return;
+  const Chunk ch = t.chunks[blockIdx.x];
+  if (!t.segments[ch.segment].is_parameter) return;
+  for (int j = 0; j < kPerThread; ++j) {
+    const uint32_t i = chunk_element(threadIdx.x, j);
+    if (i < ch.count) eager_restart_element(t, ch, i);
+  }
 }
 
 // One block: per segment the step norm (gap history) and the report, folded in a fixed order.
@@ -198,6 +217,7 @@ int boundary_pass(const Tables& t, const Config& c, void* stream) {
   cudaError_t e = cudaMemsetAsync(t.delta_nonfinite, 0, sizeof(int), as_stream(stream));
   if (e != cudaSuccess) return int(e);
   pass_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t, c);
+  if (c.eager) eager_restart_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t);
   fold_kernel<<<1, kFoldThreads, 0, as_stream(stream)>>>(t, c);
   return int(cudaGetLastError());
 }

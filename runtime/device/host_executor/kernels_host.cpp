@@ -32,6 +32,9 @@ void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, d
   float* a = t.anchor + base;
   float* m = momentum ? t.momentum + base : nullptr;
   float* cb = t.comm + base;
+  const bool eager = c.eager && seg.is_parameter;
+  float* e = eager ? t.eager_offset + base : nullptr;
+  float* q = eager && t.eager_momentum ? t.eager_momentum + base : nullptr;
   for (int thread = 0; thread < kThreads; ++thread) {
     uint32_t thread_clamped = 0;
     for (int j = 0; j < kPerThread; ++j) {
@@ -40,7 +43,9 @@ void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, d
       const float pv = c.write_delta ? p[i] : 0.0f;
       const float cv = update ? cb[i] : 0.0f;
       const float mv = update && momentum ? m[i] : 0.0f;
-      const PassResult r = pass_element<kValueClip>(c, k, update, seg.is_parameter, a[i], pv, mv, cv, &thread_clamped);
+      const float ev = e ? e[i] : 0.0f, qv = q ? q[i] : 0.0f;
+      const PassResult r =
+          pass_element<kValueClip>(c, k, update, seg.is_parameter, a[i], pv, mv, cv, ev, qv, &thread_clamped);
       if (update) {
         if (momentum) m[i] = r.momentum;
         a[i] = r.anchor;
@@ -50,7 +55,9 @@ void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, d
         *delta_nonfinite |= finite_probe(r.delta) != 0.0f;
         cb[i] = r.delta;
       }
-      p[i] = r.anchor;
+      if (e) e[i] = r.offset;
+      if (q) q[i] = r.filtered;
+      p[i] = r.param;
     }
     clamped[thread] = double(thread_clamped);
   }
@@ -113,6 +120,14 @@ int boundary_pass(const Tables& t, const Config& c, void*) {
     t.chunk_clamped[chunk] = (unsigned int)block_sum(clamped);
   }
   *t.delta_nonfinite = delta_nonfinite;
+  if (c.eager) {
+    host_executor::record("kernel eager_restart");
+    for (uint32_t chunk = 0; chunk < t.num_chunks && delta_nonfinite; ++chunk) {
+      const Chunk ch = t.chunks[chunk];
+      if (!t.segments[ch.segment].is_parameter) continue;
+      for (uint32_t i = 0; i < ch.count; ++i) eager_restart_element(t, ch, i);
+    }
+  }
   host_executor::record("kernel fold");
   FoldPartial partials[kFoldThreads];
   for (int thread = 0; thread < kFoldThreads; ++thread) {

@@ -46,20 +46,40 @@ void expect_equal(const Result& device, const Result& host, bool bitwise, const 
   EXPECT_NEAR(device.stats.last_clip_fraction, host.stats.last_clip_fraction, bitwise ? 0.0 : 1e-3) << what;
 }
 
-// The delayed policy on both sides (CO2_EAGER_AUTO is eager on host tensors only).
-co2_engine_config_t delayed_config_of(const Policy& p) {
+// co2 runs under both outer policies, delayed (eager 0) and eager (1); the others have one.
+std::vector<co2_engine_config_t> configs_of(const Policy& p) {
   co2_engine_config_t c = config_of(p);
   c.eager = 0;
-  return c;
+  if (p.algorithm != CO2_ALGO_CO2) return {c};
+  co2_engine_config_t eager = c;
+  eager.eager = 1;
+  return {c, eager};
 }
+
+std::string name_of(const Policy& p, const co2_engine_config_t& c, int world) {
+  return std::string(p.name) + (c.eager == 1 ? " eager" : "") + " W=" + std::to_string(world);
+}
+
+co2_engine_config_t delayed_config_of(const Policy& p) { return configs_of(p)[0]; }
 
 TEST(HostExecutor, DevicePathEqualsHostForEveryAlgorithmAndPolicy) {
   for (const Policy& p : kPolicies)
-    for (int world : {1, 2}) {
-      const auto c = delayed_config_of(p);
-      expect_equal(run(true, world, c, 14), run(false, world, c, 14), !uses_norms(c),
-                   std::string(p.name) + " W=" + std::to_string(world));
-    }
+    for (const co2_engine_config_t& c : configs_of(p))
+      for (int world : {1, 2})
+        expect_equal(run(true, world, c, 14), run(false, world, c, 14), !uses_norms(c), name_of(p, c, world));
+}
+
+// CO2_EAGER_AUTO, the default, is the eager policy on CUDA tensors as on host tensors.
+TEST(HostExecutor, EagerAutoIsEagerOnTheDevice) {
+  co2_engine_config_t automatic = config_of(kPolicies[1]);
+  ASSERT_EQ(automatic.eager, CO2_EAGER_AUTO);
+  co2_engine_config_t eager = automatic;
+  eager.eager = 1;
+  const Result by_auto = run(true, 2, automatic, 14);
+  expect_equal(by_auto, run(true, 2, eager, 14), true, "auto against eager");
+  co2_engine_config_t delayed = automatic;
+  delayed.eager = 0;
+  EXPECT_NE(run(true, 2, delayed, 14).params, by_auto.params) << "the policies must differ for this test to mean anything";
 }
 
 // Saved at a boundary with the co2 average in flight, an engine resumes bit for bit: the
@@ -69,21 +89,20 @@ TEST(HostExecutor, DevicePathEqualsHostForEveryAlgorithmAndPolicy) {
 TEST(HostExecutor, CheckpointsResumeBitForBitOnDeviceAsOnHost) {
   for (const Policy& p : kPolicies) {
     if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
-    for (bool device : {true, false})
-      for (int world : {1, 2}) {
-        const auto c = delayed_config_of(p);  // tau 3
-        std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
-        Checkpointing save;
-        save.save_after = 9;
-        save.saved = &blobs;
-        const Result straight = run(device, world, c, 15, save);
-        Checkpointing resume;
-        resume.restore = &blobs;
-        resume.resume_at = 9;
-        const Result resumed = run(device, world, c, 15, resume);
-        expect_equal(resumed, straight, true,
-                     std::string(p.name) + (device ? " device" : " host") + " resumed W=" + std::to_string(world));
-      }
+    for (const co2_engine_config_t& c : configs_of(p))  // tau 3
+      for (bool device : {true, false})
+        for (int world : {1, 2}) {
+          std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+          Checkpointing save;
+          save.save_after = 9;
+          save.saved = &blobs;
+          const Result straight = run(device, world, c, 15, save);
+          Checkpointing resume;
+          resume.restore = &blobs;
+          resume.resume_at = 9;
+          const Result resumed = run(device, world, c, 15, resume);
+          expect_equal(resumed, straight, true, name_of(p, c, world) + (device ? " device" : " host") + " resumed");
+        }
   }
 }
 
