@@ -126,12 +126,9 @@ bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
-// The compressed outer all-reduce runs on host buffers over point-to-point transports only.
+// Sharded outer state lives in host memory only. (A compressed wire works on CUDA tensors over
+// point-to-point transports: the device backend stages its deltas; it refuses NCCL at commit.)
 void check_wire_placement(const Engine::State& s, const StorageDesc& storage) {
-  require(storage.device != int(DeviceKind::Cuda) || s.config.wire_format == WireFormat::F32,
-          Status::Unsupported,
-          std::string("wire_format ") + wire_format_name(s.config.wire_format) +
-              " is implemented for host tensors only: an engine on CUDA tensors needs CO2_WIRE_FP32");
   require(storage.device != int(DeviceKind::Cuda) || !s.sharded(), Status::Unsupported,
           "sharded outer state (and hierarchical CO2, which shards it over a node's ranks) is "
           "implemented for host tensors only: an engine on CUDA tensors needs shard_outer_state = 0 "

@@ -72,6 +72,12 @@ class DeviceBackend final : public Backend {
     std::string why;
     averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr, &why);
     comm_stream_ = averaging_ == Averaging::Collective ? as_stream(s.comm->collective_stream()) : own_stream_->get();
+    require(s.config.wire_format == WireFormat::F32 || averaging_ == Averaging::StagedHost, Status::Unsupported,
+            std::string("wire_format ") + wire_format_name(s.config.wire_format) +
+                " compresses on the host: CUDA tensors over a collective transport (NCCL) need CO2_WIRE_FP32, or "
+                "a point-to-point transport (UCX), over which the device stages the outer average through host memory");
+    // Error feedback's residual stays in host memory, next to the staged deltas it corrects.
+    if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     build_tables(s);
     buffer_values_ = s.config.algorithm == Algorithm::Co2;
     const size_t bytes = s.state_count * sizeof(float);
@@ -583,10 +589,22 @@ class DeviceBackend final : public Backend {
     auto average = [&](float* buffer, size_t n) {
       wait_charged(s, s.comm->allreduce(buffer, n, DataType::F32, ReduceOp::Avg, s.id(purpose)));
     };
-    if (averaging_ == Averaging::Collective)
+    if (averaging_ == Averaging::Collective) {
       average(data, count);
-    else
+    } else if (purpose == Purpose::OuterAverage && s.config.wire_format != WireFormat::F32) {
+      // A compressed wire encodes the whole state at once (its int8 groups follow the segments,
+      // its residual the state): staged whole, as co2's submit does.
+      check(cudaMemcpyAsync(staging_.as(), data, count * sizeof(float), cudaMemcpyDeviceToHost, comm_stream_),
+            "stage out");
+      check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
+      const WireCompression wire = outer_wire(s, staging_.as<float>());
+      wait_charged(s, s.comm->allreduce_then(staging_.as(), count, DataType::F32, ReduceOp::Avg, [] {},
+                                             s.id(purpose), wire));
+      check(cudaMemcpyAsync(data, staging_.as(), count * sizeof(float), cudaMemcpyHostToDevice, comm_stream_),
+            "stage in");
+    } else {
       staged_in_pieces(data, count, average);
+    }
     check(kernels::finite_check(data, count, flag, comm_stream_), "finite check");
     check(cudaMemcpyAsync(flag_host_.as(), flag, sizeof(int), cudaMemcpyDeviceToHost, comm_stream_), "read flag");
     check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (average)");
@@ -717,12 +735,14 @@ class DeviceBackend final : public Backend {
         case OpKind::SubmitHostAverage: {
           // The progress thread scans the arrived average, off the training thread, so that
           // the next boundary knows its finiteness without copying it to the device first.
+          // The staged deltas are encoded by the host's wire code, with its error feedback.
           const float* average = staging_.as<float>();
           std::atomic<bool>* nonfinite = &staged_average_nonfinite_;
+          const WireCompression wire = outer_wire(s, staging_.as<float>());
           s.pending = s.comm->allreduce_then(
               staging_.as(), count, DataType::F32, ReduceOp::Avg,
               [average, count, nonfinite] { nonfinite->store(!all_finite(average, count)); },
-              s.id(Purpose::OuterAverage));
+              s.id(Purpose::OuterAverage), wire);
           s.stats.bytes_reduced += bytes;
           break;
         }

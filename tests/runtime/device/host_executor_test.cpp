@@ -106,6 +106,40 @@ TEST(HostExecutor, CheckpointsResumeBitForBitOnDeviceAsOnHost) {
   }
 }
 
+// Compressed outer all-reduces: the device stages its deltas through host memory and the host's
+// wire code encodes them, with error feedback, so the results equal the host backend's.
+TEST(HostExecutor, WireFormatsWithErrorFeedbackEqualHost) {
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
+    for (co2_engine_config_t c : configs_of(p))
+      for (co2_wire_format_t wire : {CO2_WIRE_BF16, CO2_WIRE_INT8})
+        for (int feedback : {0, 1}) {
+          c.wire_format = wire;
+          c.error_feedback = feedback;
+          const std::string what = name_of(p, c, 2) + (wire == CO2_WIRE_BF16 ? " bf16" : " int8") + " wire" +
+                                   (feedback ? " with error feedback" : "");
+          expect_equal(run(true, 2, c, 14), run(false, 2, c, 14), !uses_norms(c), what);
+        }
+  }
+}
+
+// A checkpoint carries the error feedback's residual of a CUDA engine as of a host one.
+TEST(HostExecutor, WireCheckpointsResumeBitForBit) {
+  for (co2_engine_config_t c : configs_of(kPolicies[1])) {
+    c.wire_format = CO2_WIRE_INT8;
+    c.error_feedback = 1;
+    std::vector<std::vector<char>> blobs(2);
+    Checkpointing save;
+    save.save_after = 9;
+    save.saved = &blobs;
+    const Result straight = run(true, 2, c, 15, save);
+    Checkpointing resume;
+    resume.restore = &blobs;
+    resume.resume_at = 9;
+    expect_equal(run(true, 2, c, 15, resume), straight, true, name_of(kPolicies[1], c, 2) + " int8 resumed");
+  }
+}
+
 size_t first_at_or_after(const std::vector<std::string>& ops, const std::string& op, size_t from) {
   return size_t(std::find(ops.begin() + std::ptrdiff_t(std::min(from, ops.size())), ops.end(), op) - ops.begin());
 }
