@@ -1,6 +1,8 @@
-// The device backend on the host executor (runtime/device/host_executor/): device_backend.cpp,
-// its kernels' element math and its staging run on the CPU, so every build checks the CUDA path
-// against the host backend without a GPU.
+// Every feature of the device path against the host backend. Built twice: on the host executor
+// (runtime/device/host_executor/: device_backend.cpp, its kernels' element math and its staging
+// run on the CPU, so every build checks the CUDA path without a GPU), and, in CUDA builds, with
+// CO2_FEATURES_ON_GPU against the real runtime and kernels (scripts/gpu-check.sh; exit 77 without
+// a usable device). The tests of the order of operations need the executor's record.
 //
 // Equality is bit for bit where no norm is involved: the host executor runs the kernels'
 // CO2_HOST_DEVICE element functions (kernel_math.hpp), and the averages arrive through the same
@@ -16,13 +18,18 @@
 #include <string>
 #include <vector>
 
-#include "runtime/device/host_executor/executor_log.hpp"
 #include "tests/runtime/device/device_training.hpp"
+#ifdef CO2_FEATURES_ON_GPU
+#include <cstdio>
+
+#include "runtime/device/selection.hpp"
+#else
+#include "runtime/device/host_executor/executor_log.hpp"
+#endif
 
 namespace {
 
 using namespace co2test::device_training;
-namespace executor = co2::device::host_executor;
 
 bool uses_norms(const co2_engine_config_t& c) { return c.penalty == CO2_PENALTY_GAP || c.clip == CO2_CLIP_NORM; }
 
@@ -62,7 +69,7 @@ std::string name_of(const Policy& p, const co2_engine_config_t& c, int world) {
 
 co2_engine_config_t delayed_config_of(const Policy& p) { return configs_of(p)[0]; }
 
-TEST(HostExecutor, DevicePathEqualsHostForEveryAlgorithmAndPolicy) {
+TEST(DeviceFeatures, DevicePathEqualsHostForEveryAlgorithmAndPolicy) {
   for (const Policy& p : kPolicies)
     for (const co2_engine_config_t& c : configs_of(p))
       for (int world : {1, 2})
@@ -70,7 +77,7 @@ TEST(HostExecutor, DevicePathEqualsHostForEveryAlgorithmAndPolicy) {
 }
 
 // CO2_EAGER_AUTO, the default, is the eager policy on CUDA tensors as on host tensors.
-TEST(HostExecutor, EagerAutoIsEagerOnTheDevice) {
+TEST(DeviceFeatures, EagerAutoIsEagerOnTheDevice) {
   co2_engine_config_t automatic = config_of(kPolicies[1]);
   ASSERT_EQ(automatic.eager, CO2_EAGER_AUTO);
   co2_engine_config_t eager = automatic;
@@ -86,7 +93,7 @@ TEST(HostExecutor, EagerAutoIsEagerOnTheDevice) {
 // average, the anchor, the momentum and the gap history travel through the checkpoint. Only the
 // algorithms with an anchor: localsgd and sync keep no copy of the parameters, which the
 // framework checkpoints itself.
-TEST(HostExecutor, CheckpointsResumeBitForBitOnDeviceAsOnHost) {
+TEST(DeviceFeatures, CheckpointsResumeBitForBitOnDeviceAsOnHost) {
   for (const Policy& p : kPolicies) {
     if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
     for (const co2_engine_config_t& c : configs_of(p))  // tau 3
@@ -108,7 +115,7 @@ TEST(HostExecutor, CheckpointsResumeBitForBitOnDeviceAsOnHost) {
 
 // Compressed outer all-reduces: the device stages its deltas through host memory and the host's
 // wire code encodes them, with error feedback, so the results equal the host backend's.
-TEST(HostExecutor, WireFormatsWithErrorFeedbackEqualHost) {
+TEST(DeviceFeatures, WireFormatsWithErrorFeedbackEqualHost) {
   for (const Policy& p : kPolicies) {
     if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
     for (co2_engine_config_t c : configs_of(p))
@@ -124,7 +131,7 @@ TEST(HostExecutor, WireFormatsWithErrorFeedbackEqualHost) {
 }
 
 // A checkpoint carries the error feedback's residual of a CUDA engine as of a host one.
-TEST(HostExecutor, WireCheckpointsResumeBitForBit) {
+TEST(DeviceFeatures, WireCheckpointsResumeBitForBit) {
   for (co2_engine_config_t c : configs_of(kPolicies[1])) {
     c.wire_format = CO2_WIRE_INT8;
     c.error_feedback = 1;
@@ -140,6 +147,9 @@ TEST(HostExecutor, WireCheckpointsResumeBitForBit) {
   }
 }
 
+#ifndef CO2_FEATURES_ON_GPU
+namespace executor = co2::device::host_executor;
+
 size_t first_at_or_after(const std::vector<std::string>& ops, const std::string& op, size_t from) {
   return size_t(std::find(ops.begin() + std::ptrdiff_t(std::min(from, ops.size())), ops.end(), op) - ops.begin());
 }
@@ -147,7 +157,7 @@ size_t first_at_or_after(const std::vector<std::string>& ops, const std::string&
 // A co2 boundary on one rank (nothing staged): the coefficients, then the fused pass, then its
 // fold; each boundary after the first applies the average that the previous one submitted, so
 // the kernels repeat in this order once per boundary and never interleave.
-TEST(HostExecutor, Co2BoundariesIssueCoefficientsPassFoldInOrder) {
+TEST(DeviceFeatures, Co2BoundariesIssueCoefficientsPassFoldInOrder) {
   for (const Policy& p : kPolicies) {
     if (p.algorithm != CO2_ALGO_CO2) continue;
     executor::clear_recorded();
@@ -168,7 +178,7 @@ TEST(HostExecutor, Co2BoundariesIssueCoefficientsPassFoldInOrder) {
 // Two ranks over a point-to-point communicator take the staged path: at each co2 boundary the
 // arrived average is staged in (host to device) before the pass, and the deltas the pass writes
 // are staged out (device to host) after it, as the host backend applies before it submits.
-TEST(HostExecutor, StagedCo2BoundaryStagesInThenPassesThenStagesOut) {
+TEST(DeviceFeatures, StagedCo2BoundaryStagesInThenPassesThenStagesOut) {
   executor::clear_recorded();
   run(true, 2, delayed_config_of(kPolicies[0]), 12);
   const std::vector<std::string> ops = executor::recorded();
@@ -183,8 +193,10 @@ TEST(HostExecutor, StagedCo2BoundaryStagesInThenPassesThenStagesOut) {
   EXPECT_LT(first_at_or_after(ops, "copy H2D", 0), first_at_or_after(ops, "kernel pass", 0));
 }
 
+#endif  // CO2_FEATURES_ON_GPU
+
 // Tensors that are not device memory are refused with a message, not read as device memory.
-TEST(HostExecutor, HostMemoryDeclaredCudaIsRefused) {
+TEST(DeviceFeatures, HostMemoryDeclaredCudaIsRefused) {
   co2test::run_ranks(1, [&](int, co2_comm_t comm) {
     co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
     co2_engine_t engine = nullptr;
@@ -202,3 +214,16 @@ TEST(HostExecutor, HostMemoryDeclaredCudaIsRefused) {
 }
 
 }  // namespace
+
+#ifdef CO2_FEATURES_ON_GPU
+int main(int argc, char** argv) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (co2::device::usable_device_count(int(e), count) == 0) {
+    std::printf("no usable CUDA device (cudaGetDeviceCount: %d, %s): skipped\n", int(e), cudaGetErrorString(e));
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
+#endif
