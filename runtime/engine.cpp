@@ -69,10 +69,6 @@ void validate_storage(const StorageDesc& storage) {
     case int(DeviceKind::Host):
       break;
     case int(DeviceKind::Cuda):
-      // The device kernels read fp32 parameters only (docs/capi.md, "Parameter dtypes").
-      require(storage.dtype == int(ParamDType::F32), Status::Unsupported,
-              std::string(storage.dtype == int(ParamDType::BF16) ? "bf16" : "fp16") +
-                  " parameters are supported on host tensors only: CUDA tensors must be fp32 for now");
       require(device_backend_built(), Status::Unsupported,
               kBuiltWithoutCuda);
       break;

@@ -79,6 +79,9 @@ class DeviceBackend final : public Backend {
     // Error feedback's residual stays in host memory, next to the staged deltas it corrects.
     if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     build_tables(s);
+    require(!sixteen_bit_params_ || s.has_anchor(), Status::Unsupported,
+            "bf16/fp16 CUDA parameters are implemented for co2 and diloco (the outer update keeps an fp32 "
+            "anchor): localsgd and sync on CUDA tensors need fp32 parameters");
     buffer_values_ = s.config.algorithm == Algorithm::Co2;
     const size_t bytes = s.state_count * sizeof(float);
     comm_ = alloc(bytes);
@@ -249,12 +252,12 @@ class DeviceBackend final : public Backend {
     const size_t bytes = count * sizeof(float);
     if (!parameters) {
       check(cudaMemcpyAsync(out, anchor_.as(), bytes, cudaMemcpyDefault, caller()), "copy anchor out");
-    } else if (!average) {
+    } else if (!average && !sixteen_bit_params_) {
       pack(out, caller(), false);
-    } else {
+    } else {  // 16-bit parameters are widened on the device, into scratch
       if (scratch_.empty()) scratch_ = alloc(s_.state_count * sizeof(float));
       pack(scratch_.as<float>(), caller(), false);
-      average_blocking(scratch_.as<float>(), count, blocking_flag(), Purpose::Consensus);
+      if (average) average_blocking(scratch_.as<float>(), count, blocking_flag(), Purpose::Consensus);
       check(cudaMemcpyAsync(out, scratch_.as(), bytes, cudaMemcpyDefault, caller()), "copy average out");
     }
     wait_for_caller("consensus");
@@ -427,7 +430,14 @@ class DeviceBackend final : public Backend {
         const float* e = s.eager_offset.data() + seg.state_offset;
         for (size_t i = 0; i < seg.count; ++i) start[i] += e[i];
       }
-    if (!anchor_.empty()) unpack(s.anchor.data(), st, false);
+    if (!anchor_.empty() && sixteen_bit_params_) {  // rounded on the device, from device memory
+      DeviceMemory start = alloc(bytes);
+      check(cudaMemcpyAsync(start.as(), s.anchor.data(), bytes, cudaMemcpyHostToDevice, st), "stage start in");
+      unpack(start.as<float>(), st, false);
+      check(cudaStreamSynchronize(st), "cudaStreamSynchronize (load)");
+    } else if (!anchor_.empty()) {
+      unpack(s.anchor.data(), st, false);
+    }
     check(cudaStreamSynchronize(st), "cudaStreamSynchronize (load)");
     average_ready_.record(own_stream_->get());  // collect_average's stream wait: already complete
     release_staged();
@@ -467,8 +477,9 @@ class DeviceBackend final : public Backend {
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
       counts.push_back(seg.count);
-      entries.push_back(kernels::SegmentEntry{static_cast<float*>(seg.data), seg.state_offset, seg.count, 0,
-                                              uint32_t(seg.role == Role::Parameter)});
+      entries.push_back(kernels::SegmentEntry{seg.data, seg.state_offset, seg.count, 0,
+                                              uint32_t(seg.role == Role::Parameter), uint32_t(seg.dtype), 0});
+      sixteen_bit_params_ = sixteen_bit_params_ || seg.dtype != ParamDType::F32;
     }
     const auto chunks = make_chunks(counts, kernels::kChunkElements);
     const auto first = first_chunk_of_segments(chunks, counts.size());
@@ -528,19 +539,30 @@ class DeviceBackend final : public Backend {
     return c;
   }
 
+  // fp32 views of the parameters: copies, or (16-bit parameters) widening kernels, whose `dst`
+  // must then be device memory.
   void pack(float* dst, cudaStream_t st, bool buffers_only) {
     for (const Segment& seg : s_.segments) {
       if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
-      check(cudaMemcpyAsync(dst + seg.state_offset, seg.data, seg.count * sizeof(float), cudaMemcpyDefault, st),
-            "pack parameters");
+      if (seg.dtype == ParamDType::F32)
+        check(cudaMemcpyAsync(dst + seg.state_offset, seg.data, seg.count * sizeof(float), cudaMemcpyDefault, st),
+              "pack parameters");
+      else
+        check(kernels::widen_params(seg.data, uint32_t(seg.dtype), dst + seg.state_offset, seg.count, st),
+              "widen parameters");
     }
   }
 
+  // The parameters <- src, rounded to 16 bits where they are (src in device memory then).
   void unpack(const float* src, cudaStream_t st, bool buffers_only) {
     for (const Segment& seg : s_.segments) {
       if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
-      check(cudaMemcpyAsync(seg.data, src + seg.state_offset, seg.count * sizeof(float), cudaMemcpyDefault, st),
-            "unpack parameters");
+      if (seg.dtype == ParamDType::F32)
+        check(cudaMemcpyAsync(seg.data, src + seg.state_offset, seg.count * sizeof(float), cudaMemcpyDefault, st),
+              "unpack parameters");
+      else
+        check(kernels::narrow_params(src + seg.state_offset, seg.data, uint32_t(seg.dtype), seg.count, st),
+              "round parameters");
     }
   }
 
@@ -772,7 +794,8 @@ class DeviceBackend final : public Backend {
   std::atomic<bool> staged_average_nonfinite_{false};  // staged path: set by the progress thread
   // The stream of the last step or reduce_gradients (nullptr, the legacy default, before).
   void* caller_stream_ = nullptr;
-  bool buffer_values_ = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
+  bool buffer_values_ = false;
+  bool sixteen_bit_params_ = false;  // some segment holds bf16/fp16 parameters  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
   OuterSettings blocking_settings_;  // diloco: the settings of the round being averaged
   kernels::Config pass_config_;      // of the pass phase being run
   kernels::Tables t_;

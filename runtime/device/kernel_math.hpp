@@ -80,9 +80,10 @@ struct PassResult {
   float filtered;  // eager: the new q
 };
 
-template <bool kValueClip>
+// `param` is the parameter as stored (P): the delta starts from the start rounded as P held it.
+template <bool kValueClip, typename P>
 CO2_HOST_DEVICE inline PassResult pass_element(const Config& c, const OuterCoefficients& k, bool update, bool is_parameter,
-                                               float anchor_old, float param, float momentum, float average,
+                                               float anchor_old, P param, float momentum, float average,
                                                float offset, float filtered, uint32_t* clamped) {
   const float base_value = anchor_base(anchor_old, k);
   PassResult r{anchor_old, momentum, 0.0f, 0.0f, anchor_old, offset, filtered};
@@ -152,13 +153,25 @@ CO2_HOST_DEVICE inline Report fold_report(const Tables& t, const Config& c, bool
 }
 
 // Eager policy, after a pass whose delta was not finite on this rank: the rank restarts from the
-// anchor with no offset (element i of chunk ch).
+// anchor with no offset (element i of chunk ch, parameters of type P).
+template <typename P>
 CO2_HOST_DEVICE inline void eager_restart_element(const Tables& t, const Chunk& ch, uint32_t i) {
   const SegmentEntry& seg = t.segments[ch.segment];
   const uint64_t at = seg.state_offset + ch.begin + i;
-  seg.params[ch.begin + i] = t.anchor[at];
+  static_cast<P*>(seg.params)[ch.begin + i] = narrow<P>(t.anchor[at]);
   t.eager_offset[at] = 0.0f;
   if (t.eager_momentum) t.eager_momentum[at] = 0.0f;
+}
+
+// Calls f(P*) with a segment's parameters as their stored type.
+template <typename F>
+CO2_HOST_DEVICE inline void with_param_type(uint32_t dtype, F&& f) {
+  if (dtype == 1)
+    f(static_cast<Bf16*>(nullptr));
+  else if (dtype == 2)
+    f(static_cast<Fp16*>(nullptr));
+  else
+    f(static_cast<float*>(nullptr));
 }
 
 // The fixed-shape tree over kThreads values (a chunk's block reduction); values[0] gets the sum.

@@ -3,6 +3,8 @@
 // partials are folded in chunk order by one thread, so norms depend only on segment sizes.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "runtime/boundary_pass.hpp"
 #include "runtime/device/kernel_math.hpp"
 #include "runtime/device/kernels.hpp"
@@ -64,14 +66,14 @@ __global__ void norm_scale_kernel(Tables t, Config c) {
 }
 
 // kFull: the chunk has all kChunkElements elements, so the loop needs no bounds check.
-template <bool kValueClip, bool kFull>
+template <bool kValueClip, bool kFull, typename P>
 __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const Chunk& ch,
                            const SegmentEntry& seg, double* step_squares, uint32_t* clamped, float* probe) {
   const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
   const bool momentum = seg.is_parameter && c.momentum;
   const size_t base = seg.state_offset + ch.begin;
   // Distinct buffers: the layout rejects overlapping tensors.
-  float* __restrict__ p = seg.params + ch.begin;
+  P* __restrict__ p = static_cast<P*>(seg.params) + ch.begin;
   float* __restrict__ a = t.anchor + base;
   float* __restrict__ m = momentum ? t.momentum + base : nullptr;
   float* __restrict__ cb = t.comm + base;
@@ -84,14 +86,15 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
   static_assert(kPerThread % kBatch == 0, "whole batches");
 #pragma unroll
   for (int j0 = 0; j0 < kPerThread; j0 += kBatch) {
-    float pv[kBatch], av[kBatch], mv[kBatch], cv[kBatch], ev[kBatch], qv[kBatch];
+    P pv[kBatch];
+    float av[kBatch], mv[kBatch], cv[kBatch], ev[kBatch], qv[kBatch];
     bool in[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const uint32_t i = chunk_element(threadIdx.x, j0 + b);
       in[b] = kFull || i < ch.count;
       av[b] = in[b] ? a[i] : 0.0f;
-      pv[b] = in[b] && c.write_delta ? p[i] : 0.0f;
+      pv[b] = in[b] && c.write_delta ? p[i] : P{};
       cv[b] = in[b] && update ? cb[i] : 0.0f;
       mv[b] = in[b] && update && momentum ? m[i] : 0.0f;
       ev[b] = in[b] && e ? e[i] : 0.0f;
@@ -114,7 +117,7 @@ __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const 
       }
       if (e) e[i] = r.offset;
       if (q) q[i] = r.filtered;
-      p[i] = r.param;
+      p[i] = narrow<P>(r.param);
     }
   }
 }
@@ -129,14 +132,17 @@ __global__ void pass_kernel(Tables t, Config c) {
   float probe = 0.0f;
   const bool value_clip = seg.is_parameter && c.clip == 1;
   const bool full = ch.count == kChunkElements;
-  if (value_clip && full)
-    pass_chunk<true, true>(t, c, update, ch, seg, &squares, &clamped, &probe);
-  else if (value_clip)
-    pass_chunk<true, false>(t, c, update, ch, seg, &squares, &clamped, &probe);
-  else if (full)
-    pass_chunk<false, true>(t, c, update, ch, seg, &squares, &clamped, &probe);
-  else
-    pass_chunk<false, false>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  with_param_type(seg.dtype, [&](auto* type) {
+    using P = std::remove_pointer_t<decltype(type)>;
+    if (value_clip && full)
+      pass_chunk<true, true, P>(t, c, update, ch, seg, &squares, &clamped, &probe);
+    else if (value_clip)
+      pass_chunk<true, false, P>(t, c, update, ch, seg, &squares, &clamped, &probe);
+    else if (full)
+      pass_chunk<false, true, P>(t, c, update, ch, seg, &squares, &clamped, &probe);
+    else
+      pass_chunk<false, false, P>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  });
   if (probe != 0.0f) atomicExch(t.delta_nonfinite, 1);
   const double total = block_sum(squares, shared);
   if (threadIdx.x == 0) t.chunk_squares[blockIdx.x] = total;
@@ -150,10 +156,13 @@ __global__ void eager_restart_kernel(Tables t) {
   if (*t.delta_nonfinite == 0) return;
   const Chunk ch = t.chunks[blockIdx.x];
   if (!t.segments[ch.segment].is_parameter) return;
-  for (int j = 0; j < kPerThread; ++j) {
-    const uint32_t i = chunk_element(threadIdx.x, j);
-    if (i < ch.count) eager_restart_element(t, ch, i);
-  }
+  with_param_type(t.segments[ch.segment].dtype, [&](auto* type) {
+    using P = std::remove_pointer_t<decltype(type)>;
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t i = chunk_element(threadIdx.x, j);
+      if (i < ch.count) eager_restart_element<P>(t, ch, i);
+    }
+  });
 }
 
 // One block: per segment the step norm (gap history) and the report, folded in a fixed order.
@@ -166,6 +175,23 @@ __global__ void fold_kernel(Tables t, Config c) {
   partials[threadIdx.x] = mine;
   __syncthreads();
   if (threadIdx.x == 0) *t.report = fold_report(t, c, update, partials, kFoldThreads);
+}
+
+template <typename P>
+__global__ void widen_kernel(const P* src, float* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = widen(src[i]);
+}
+
+template <typename P>
+__global__ void narrow_kernel(const float* src, P* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = narrow<P>(src[i]);
+}
+
+unsigned grid_of(size_t n) {
+  const size_t blocks = (n + 1023) / 1024;
+  return unsigned(blocks < 4096 ? blocks : 4096);
 }
 
 __global__ void spin_kernel(unsigned long long nanoseconds) {
@@ -219,6 +245,40 @@ int boundary_pass(const Tables& t, const Config& c, void* stream) {
   pass_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t, c);
   if (c.eager) eager_restart_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t);
   fold_kernel<<<1, kFoldThreads, 0, as_stream(stream)>>>(t, c);
+  return int(cudaGetLastError());
+}
+
+// Host launchers dispatch by hand: a host lambda must not pass through with_param_type, which is
+// CO2_HOST_DEVICE.
+template <typename P>
+void launch_widen(const void* src, float* dst, size_t n, void* stream) {
+  widen_kernel<P><<<grid_of(n), 256, 0, as_stream(stream)>>>(static_cast<const P*>(src), dst, n);
+}
+
+template <typename P>
+void launch_narrow(const float* src, void* dst, size_t n, void* stream) {
+  narrow_kernel<P><<<grid_of(n), 256, 0, as_stream(stream)>>>(src, static_cast<P*>(dst), n);
+}
+
+int widen_params(const void* src, uint32_t dtype, float* dst, size_t n, void* stream) {
+  if (n == 0) return 0;
+  if (dtype == 1)
+    launch_widen<Bf16>(src, dst, n, stream);
+  else if (dtype == 2)
+    launch_widen<Fp16>(src, dst, n, stream);
+  else
+    launch_widen<float>(src, dst, n, stream);
+  return int(cudaGetLastError());
+}
+
+int narrow_params(const float* src, void* dst, uint32_t dtype, size_t n, void* stream) {
+  if (n == 0) return 0;
+  if (dtype == 1)
+    launch_narrow<Bf16>(src, dst, n, stream);
+  else if (dtype == 2)
+    launch_narrow<Fp16>(src, dst, n, stream);
+  else
+    launch_narrow<float>(src, dst, n, stream);
   return int(cudaGetLastError());
 }
 

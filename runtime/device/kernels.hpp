@@ -14,11 +14,13 @@ namespace co2::device::kernels {
 
 // One registered tensor / flat segment that takes part in averaging.
 struct SegmentEntry {
-  float* params;          // the framework's parameters (device memory)
+  void* params;           // the framework's parameters (device memory), of `dtype`
   uint64_t state_offset;  // into anchor / momentum / comm buffer
   uint64_t count;
   uint32_t first_chunk;   // its chunks are [first_chunk, next segment's first_chunk)
   uint32_t is_parameter;  // 1: PARAMETER (outer update), 0: BUFFER (plain average)
+  uint32_t dtype;         // ParamDType: 0 fp32, 1 bf16, 2 fp16 (read widened, written rounded)
+  uint32_t reserved;
 };
 
 // Per segment, written by the coefficients kernels and read by the pass.
@@ -103,6 +105,11 @@ int coefficients(const Tables& t, const Config& c, void* stream);
 // and the boundary's report. Under the eager policy, a rank whose delta was not finite then
 // restarts from the anchor: its offsets and their filter are cleared (as the host backend does).
 int boundary_pass(const Tables& t, const Config& c, void* stream);
+
+// dst[0, n) <- the parameters src of `dtype` (ParamDType), widened to fp32.
+int widen_params(const void* src, uint32_t dtype, float* dst, size_t n, void* stream);
+// dst (parameters of `dtype`) <- src[0, n) rounded to nearest even.
+int narrow_params(const float* src, void* dst, uint32_t dtype, size_t n, void* stream);
 
 // A kernel that spins for about `nanoseconds` (benchmarks' synthetic training step, and the test
 // that a non-boundary step does not synchronise the host).

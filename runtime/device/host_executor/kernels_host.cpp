@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 
 #include "runtime/device/host_executor/executor_log.hpp"
 #include "runtime/device/kernel_math.hpp"
@@ -20,7 +21,7 @@ double block_sum(double* partials) {
   return partials[0];
 }
 
-template <bool kValueClip>
+template <bool kValueClip, typename P>
 void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, double* step_squares,
                 double* clamped, bool* delta_nonfinite) {
   const Chunk ch = t.chunks[chunk];
@@ -28,7 +29,7 @@ void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, d
   const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
   const bool momentum = seg.is_parameter && c.momentum;
   const size_t base = seg.state_offset + ch.begin;
-  float* p = seg.params + ch.begin;
+  P* p = static_cast<P*>(seg.params) + ch.begin;
   float* a = t.anchor + base;
   float* m = momentum ? t.momentum + base : nullptr;
   float* cb = t.comm + base;
@@ -40,7 +41,7 @@ void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, d
     for (int j = 0; j < kPerThread; ++j) {
       const uint32_t i = chunk_element(uint32_t(thread), j);
       if (i >= ch.count) continue;
-      const float pv = c.write_delta ? p[i] : 0.0f;
+      const P pv = c.write_delta ? p[i] : P{};
       const float cv = update ? cb[i] : 0.0f;
       const float mv = update && momentum ? m[i] : 0.0f;
       const float ev = e ? e[i] : 0.0f, qv = q ? q[i] : 0.0f;
@@ -57,7 +58,7 @@ void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, d
       }
       if (e) e[i] = r.offset;
       if (q) q[i] = r.filtered;
-      p[i] = r.param;
+      p[i] = narrow<P>(r.param);
     }
     clamped[thread] = double(thread_clamped);
   }
@@ -112,10 +113,13 @@ int boundary_pass(const Tables& t, const Config& c, void*) {
   for (uint32_t chunk = 0; chunk < t.num_chunks; ++chunk) {
     double squares[kThreads] = {}, clamped[kThreads] = {};
     const SegmentEntry& seg = t.segments[t.chunks[chunk].segment];
-    if (seg.is_parameter && c.clip == 1)
-      pass_chunk<true>(t, c, update, chunk, squares, clamped, &delta_nonfinite);
-    else
-      pass_chunk<false>(t, c, update, chunk, squares, clamped, &delta_nonfinite);
+    with_param_type(seg.dtype, [&](auto* type) {
+      using P = std::remove_pointer_t<decltype(type)>;
+      if (seg.is_parameter && c.clip == 1)
+        pass_chunk<true, P>(t, c, update, chunk, squares, clamped, &delta_nonfinite);
+      else
+        pass_chunk<false, P>(t, c, update, chunk, squares, clamped, &delta_nonfinite);
+    });
     t.chunk_squares[chunk] = block_sum(squares);
     t.chunk_clamped[chunk] = (unsigned int)block_sum(clamped);
   }
@@ -125,7 +129,10 @@ int boundary_pass(const Tables& t, const Config& c, void*) {
     for (uint32_t chunk = 0; chunk < t.num_chunks && delta_nonfinite; ++chunk) {
       const Chunk ch = t.chunks[chunk];
       if (!t.segments[ch.segment].is_parameter) continue;
-      for (uint32_t i = 0; i < ch.count; ++i) eager_restart_element(t, ch, i);
+      with_param_type(t.segments[ch.segment].dtype, [&](auto* type) {
+        using P = std::remove_pointer_t<decltype(type)>;
+        for (uint32_t i = 0; i < ch.count; ++i) eager_restart_element<P>(t, ch, i);
+      });
     }
   }
   host_executor::record("kernel fold");
@@ -136,6 +143,24 @@ int boundary_pass(const Tables& t, const Config& c, void*) {
       if (update && t.segments[s].is_parameter) fold_segment(t, c, s, &partials[thread]);
   }
   *t.report = fold_report(t, c, update, partials, kFoldThreads);
+  return 0;
+}
+
+int widen_params(const void* src, uint32_t dtype, float* dst, size_t n, void*) {
+  host_executor::record("kernel widen");
+  with_param_type(dtype, [&](auto* type) {
+    using P = std::remove_pointer_t<decltype(type)>;
+    for (size_t i = 0; i < n; ++i) dst[i] = widen(static_cast<const P*>(src)[i]);
+  });
+  return 0;
+}
+
+int narrow_params(const float* src, void* dst, uint32_t dtype, size_t n, void*) {
+  host_executor::record("kernel narrow");
+  with_param_type(dtype, [&](auto* type) {
+    using P = std::remove_pointer_t<decltype(type)>;
+    for (size_t i = 0; i < n; ++i) static_cast<P*>(dst)[i] = narrow<P>(src[i]);
+  });
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/param_types.hpp"
 #include "tests/capi/rank_threads.hpp"
 
 namespace co2test::device_training {
@@ -60,37 +61,64 @@ inline int read_bytes(void* user, void* data, size_t length) {
   return 0;
 }
 
-// One rank: registers kShapes (host or device), runs `steps` inner steps (SGD on a synthetic
-// gradient, applied on the host and uploaded for device tensors), finalizes.
+// The parameters as stored: fp32 in `host` itself, or 16-bit words in `stored`.
+struct Precision {
+  co2_dtype_t dtype = CO2_DTYPE_FP32;
+  bool sixteen_bit() const { return dtype != CO2_DTYPE_FP32; }
+  size_t element_bytes() const { return sixteen_bit() ? 2 : 4; }
+  float widen(uint16_t bits) const {
+    return dtype == CO2_DTYPE_BF16 ? co2::widen(co2::Bf16{bits}) : co2::widen(co2::Fp16{bits});
+  }
+  uint16_t narrow(float x) const {
+    return dtype == CO2_DTYPE_BF16 ? co2::narrow<co2::Bf16>(x).bits : co2::narrow<co2::Fp16>(x).bits;
+  }
+};
+
+// One rank: registers kShapes (host or device, of `precision`), runs `steps` inner steps (SGD on a
+// synthetic gradient, applied on the host in fp32, stored rounded and uploaded for device
+// tensors), finalizes.
 inline void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_config_t& config, int steps,
-                Result* out, const Checkpointing& checkpointing = {}) {
+                Result* out, const Checkpointing& checkpointing = {}, Precision precision = {}) {
   co2_engine_t engine = nullptr;
   CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
   std::vector<std::vector<float>> host;
-  std::vector<float*> dev;
+  std::vector<std::vector<uint16_t>> stored(std::size(kShapes));
+  std::vector<void*> dev;
+  auto storage_of = [&](size_t t) -> void* {
+    return precision.sixteen_bit() ? static_cast<void*>(stored[t].data()) : static_cast<void*>(host[t].data());
+  };
   for (size_t t = 0; t < std::size(kShapes); ++t) {
     host.emplace_back(kShapes[t].count);
     for (size_t i = 0; i < host[t].size(); ++i) host[t][i] = 0.01f * float(i % 97) - 0.3f + 0.05f * float(rank);
+    if (precision.sixteen_bit())
+      for (float x : host[t]) stored[t].push_back(precision.narrow(x));
     co2_tensor_t tensor = CO2_TENSOR_INIT;
     tensor.name = kShapes[t].name;
     tensor.count = kShapes[t].count;
     tensor.role = kShapes[t].role;
+    tensor.dtype = precision.dtype;
+    const size_t bytes = tensor.count * precision.element_bytes();
     if (device) {
-      float* d = nullptr;
-      ASSERT_EQ(cudaMalloc(&d, tensor.count * sizeof(float)), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(d, host[t].data(), tensor.count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      void* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, bytes), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, storage_of(t), bytes, cudaMemcpyHostToDevice), cudaSuccess);
       dev.push_back(d);
       tensor.data = d;
       tensor.device = CO2_DEVICE_CUDA;
     } else {
-      tensor.data = host[t].data();
+      tensor.data = storage_of(t);
     }
     CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
   }
   CO2_ASSERT_OK(co2_engine_commit(engine));
   auto download = [&] {
-    for (size_t t = 0; device && t < host.size(); ++t)
-      ASSERT_EQ(cudaMemcpy(host[t].data(), dev[t], host[t].size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t t = 0; t < host.size(); ++t) {
+      if (device)
+        ASSERT_EQ(cudaMemcpy(storage_of(t), dev[t], host[t].size() * precision.element_bytes(), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+      if (precision.sixteen_bit())
+        for (size_t i = 0; i < host[t].size(); ++i) host[t][i] = precision.widen(stored[t][i]);
+    }
   };
   if (checkpointing.restore) {
     Reader reader{&(*checkpointing.restore)[size_t(rank)]};
@@ -99,8 +127,13 @@ inline void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_
     download();
   }
   auto upload = [&] {
-    for (size_t t = 0; device && t < host.size(); ++t)
-      ASSERT_EQ(cudaMemcpy(dev[t], host[t].data(), host[t].size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    for (size_t t = 0; t < host.size(); ++t) {
+      if (precision.sixteen_bit())
+        for (size_t i = 0; i < host[t].size(); ++i) stored[t][i] = precision.narrow(host[t][i]);
+      if (device)
+        ASSERT_EQ(cudaMemcpy(dev[t], storage_of(t), host[t].size() * precision.element_bytes(), cudaMemcpyHostToDevice),
+                  cudaSuccess);
+    }
   };
   for (int step = checkpointing.resume_at; step < steps; ++step) {
     if (step == checkpointing.save_after) {
@@ -151,14 +184,15 @@ inline void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_
     CO2_ASSERT_OK(co2_engine_get_stats(engine, &out->stats));
   }
   CO2_ASSERT_OK(co2_engine_destroy(engine));
-  for (float* d : dev) cudaFree(d);
+  for (void* d : dev) cudaFree(d);
 }
 
-inline Result run(bool device, int world, const co2_engine_config_t& config, int steps, const Checkpointing& checkpointing = {}) {
+inline Result run(bool device, int world, const co2_engine_config_t& config, int steps, const Checkpointing& checkpointing = {},
+                  Precision precision = {}) {
   Result result;
   co2test::run_ranks(world, [&](int rank, co2_comm_t comm) {
     cudaSetDevice(0);
-    train_rank(comm, rank, device, config, steps, &result, checkpointing);
+    train_rank(comm, rank, device, config, steps, &result, checkpointing, precision);
   });
   return result;
 }

@@ -147,6 +147,58 @@ TEST(DeviceFeatures, WireCheckpointsResumeBitForBit) {
   }
 }
 
+// bf16 and fp16 parameters with the fp32 outer state: read widened, deltas from the start as the
+// parameters held it, written rounded, in the fused pass and in checkpoints, as on the host.
+TEST(DeviceFeatures, SixteenBitParametersEqualHost) {
+  for (co2_dtype_t dtype : {CO2_DTYPE_BF16, CO2_DTYPE_FP16})
+    for (const Policy& p : kPolicies) {
+      if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
+      for (const co2_engine_config_t& c : configs_of(p))
+        for (int world : {1, 2}) {
+          const std::string what = name_of(p, c, world) + (dtype == CO2_DTYPE_BF16 ? " bf16" : " fp16");
+          Precision precision;
+          precision.dtype = dtype;
+          expect_equal(run(true, world, c, 14, {}, precision), run(false, world, c, 14, {}, precision), !uses_norms(c),
+                       what);
+          std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+          Checkpointing save;
+          save.save_after = 9;
+          save.saved = &blobs;
+          const Result straight = run(true, world, c, 15, save, precision);
+          Checkpointing resume;
+          resume.restore = &blobs;
+          resume.resume_at = 9;
+          expect_equal(run(true, world, c, 15, resume, precision), straight, true, what + " resumed");
+        }
+    }
+}
+
+// localsgd and sync keep no fp32 anchor: 16-bit CUDA parameters are refused there, saying so.
+TEST(DeviceFeatures, SixteenBitParametersWithoutAnAnchorAreRefused) {
+  co2test::run_ranks(1, [&](int, co2_comm_t comm) {
+    for (co2_algorithm_t algorithm : {CO2_ALGO_LOCALSGD, CO2_ALGO_SYNC}) {
+      co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+      c.algorithm = algorithm;
+      co2_engine_t engine = nullptr;
+      CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+      void* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, 64 * 2), cudaSuccess);
+      co2_tensor_t tensor = CO2_TENSOR_INIT;
+      tensor.name = "w";
+      tensor.count = 64;
+      tensor.data = d;
+      tensor.dtype = CO2_DTYPE_BF16;
+      tensor.device = CO2_DEVICE_CUDA;
+      CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+      EXPECT_EQ(co2_engine_commit(engine), CO2_ERR_UNSUPPORTED);
+      EXPECT_NE(std::string(co2_last_error_message()).find("fp32 parameters"), std::string::npos)
+          << co2_last_error_message();
+      CO2_ASSERT_OK(co2_engine_destroy(engine));
+      cudaFree(d);
+    }
+  });
+}
+
 #ifndef CO2_FEATURES_ON_GPU
 namespace executor = co2::device::host_executor;
 
