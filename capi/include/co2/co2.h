@@ -96,8 +96,8 @@ co2_status_t co2_get_version(int *major, int *minor, int *patch);
 typedef int32_t co2_dtype_t;
 enum {
     CO2_DTYPE_FP32 = 0,
-    CO2_DTYPE_BF16 = 1,   /* parameters on the host (1.1), outer state fp32; not collectives */
-    CO2_DTYPE_FP16 = 2,   /* parameters on the host (1.1), outer state fp32; not collectives */
+    CO2_DTYPE_BF16 = 1,   /* parameters (1.1; CUDA: co2, diloco), outer state fp32; not collectives */
+    CO2_DTYPE_FP16 = 2,   /* parameters (1.1; CUDA: co2, diloco), outer state fp32; not collectives */
     CO2_DTYPE_FP64 = 3,   /* raw collectives only */
     CO2_DTYPE_INT32 = 4,  /* raw collectives only */
     CO2_DTYPE_INT64 = 5   /* raw collectives only */
