@@ -147,7 +147,7 @@ bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, f
   return finite_in_blocks(n, probe, [&](size_t base, int first_lane, auto lane_count) {
     constexpr int lanes = decltype(lane_count)::value;
     float d[lanes], y[lanes], filtered[lanes], offset[lanes];
-    for (int l = 0; l < lanes; ++l) d[l] = delta_element(a[base + l] + e[base + l], p[base + l]);
+    for (int l = 0; l < lanes; ++l) d[l] = delta_element(round_start(a[base + l], e[base + l]), p[base + l]);
     for (int l = 0; l < lanes; ++l) y[l] = next[base + l];
     for (int l = 0; l < lanes; ++l) filtered[l] = eager_filtered(d[l], k.momentum ? q[base + l] : 0.0f, k);
     for (int l = 0; l < lanes; ++l) offset[l] = eager_offset(d[l], filtered[l], k);
@@ -156,7 +156,7 @@ bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, f
     if (k.momentum)
       for (int l = 0; l < lanes; ++l) q[base + l] = filtered[l];
     for (int l = 0; l < lanes; ++l) e[base + l] = offset[l];
-    for (int l = 0; l < lanes; ++l) p[base + l] = narrow<P>(y[l] + offset[l]);
+    for (int l = 0; l < lanes; ++l) p[base + l] = narrow<P>(round_start(y[l], offset[l]));
   });
 }
 

@@ -1,6 +1,7 @@
-// The fused boundary pass over one segment: one read of (p, a, m, c), one write of each.
-// The element math is written once, as inline functions a CUDA kernel can share
-// (CO2_HOST_DEVICE), so the host tests cover the arithmetic the device runs.
+// The fused boundary pass over one segment: one read of (p, a, m, c), one write of each. The
+// loops are here; the element math and the per-segment scalars are the outer core's
+// (runtime/outer/), which the CUDA kernels share, so the host tests cover the arithmetic the
+// device runs.
 #pragma once
 
 #include <cstddef>

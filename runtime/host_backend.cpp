@@ -309,7 +309,7 @@ class HostBackend final : public Backend {
       const float* e = s.eager_offset.data() + seg.state_offset;
       with_params(seg, [&](auto* p) {
         using P = std::remove_pointer_t<decltype(p)>;
-        for (size_t i = 0; i < seg.count; ++i) p[i] = narrow<P>(a[i] + e[i]);
+        for (size_t i = 0; i < seg.count; ++i) p[i] = narrow<P>(round_start(a[i], e[i]));
       });
     }
   }

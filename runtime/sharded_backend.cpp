@@ -194,13 +194,13 @@ class ShardedBackend final : public Backend {
         using P = std::remove_pointer_t<decltype(p)>;
         for (size_t i = 0; i < seg.count; ++i) {
           const float following = b[off + i];
-          float d = -widen(p[i]), start = following;  // BUFFER values travel (w = 0)
+          float d = value_delta(p[i]), start = following;  // BUFFER values travel (w = 0)
           if (trained) {
             d = delta_element(r[off + i], p[i]);
             if (finite) {
               const float filtered = eager_filtered(d, q ? q[off + i] : 0.0f, k);
               if (q) q[off + i] = filtered;
-              start = following + eager_offset(d, filtered, k);
+              start = round_start(following, eager_offset(d, filtered, k));
             }
           }
           r[off + i] = start;
@@ -237,14 +237,14 @@ class ShardedBackend final : public Backend {
                  bool ok = true;
                  for (size_t i = 0; i < part.count; ++i) {
                    const float following = next[i];
-                   float d = -widen(p[first + i]), offset = 0.0f;  // BUFFER values travel (w = 0)
+                   float d = value_delta(p[first + i]), offset = 0.0f;  // BUFFER values travel (w = 0)
                    if (trained) {
-                     d = delta_element(a[i] + e[i], p[first + i]);
+                     d = delta_element(round_start(a[i], e[i]), p[first + i]);
                      const float filtered = eager_filtered(d, q ? q[i] : 0.0f, k);
                      if (q) q[i] = filtered;
                      offset = e[i] = eager_offset(d, filtered, k);
                    }
-                   start[part.begin + i] = following + offset;
+                   start[part.begin + i] = round_start(following, offset);
                    a[i] = following;
                    next[i] = d;
                    ok = ok && std::isfinite(d);
@@ -475,7 +475,7 @@ class ShardedBackend final : public Backend {
         using P = std::remove_pointer_t<decltype(typed)>;
         const size_t off = part.begin - mine_.begin;
         for (size_t i = 0; i < part.count; ++i)
-          step_.data()[off + i] = stored_value<P>(cur_.data()[off + i]) - stored_value<P>(b[part.begin + i]);
+          step_.data()[off + i] = start_difference<P>(cur_.data()[off + i], b[part.begin + i]);
       });
     copy_shard(cur_.data(), b + mine_.begin);
     bool finite = true;
@@ -574,7 +574,7 @@ class ShardedBackend final : public Backend {
       const float w = anchor_weight_of(s.config.algorithm == Algorithm::Co2, s.segments[part.segment]);
       float* c = b + part.begin;
       const float* step = step_.data() + (part.begin - mine_.begin);
-      for (size_t i = 0; i < part.count; ++i) c[i] += w * step[i];
+      for (size_t i = 0; i < part.count; ++i) c[i] = restored_average(c[i], step[i], w);
       finite = finite && all_finite(c, part.count);
     }
     average_finite_ = finite;

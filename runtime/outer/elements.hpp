@@ -70,6 +70,24 @@ CO2_HOST_DEVICE inline float delta_element(float start, P p) {
   return stored_value<P>(start) - widen(p);
 }
 
+// What a BUFFER segment whose values travel sends (anchor weight 0): -p, written as the sharded
+// eager passes always have (delta_element(0 * a, p) gives +0 where this gives -0).
+template <typename P>
+CO2_HOST_DEVICE inline float value_delta(P p) {
+  return -widen(p);
+}
+
+// The sharded chain (docs/algorithm.md, "Sharded outer state"): the deltas are taken from R(B),
+// the ranks trained from R(cur); the owner of a shard adds back their difference, scaled by the
+// anchor weight, to the reduced average.
+template <typename P>
+CO2_HOST_DEVICE inline float start_difference(float trained_from, float taken_from) {
+  return stored_value<P>(trained_from) - stored_value<P>(taken_from);
+}
+CO2_HOST_DEVICE inline float restored_average(float reduced, float difference, float anchor_weight) {
+  return reduced + anchor_weight * difference;
+}
+
 // x * 0: stays 0 unless x is NaN or infinite, so a sum of probes tells whether all were finite
 // without a branch per element.
 CO2_HOST_DEVICE inline float finite_probe(float x) { return x * 0.0f; }
@@ -91,6 +109,9 @@ CO2_HOST_DEVICE inline float eager_filtered(float d, float q, const EagerCoeffic
 CO2_HOST_DEVICE inline float eager_offset(float d, float filtered, const EagerCoefficients& k) {
   return -k.scale * (k.nesterov ? k.beta * filtered + d : filtered);
 }
+
+// a + e: where a rank's round starts under the eager policy.
+CO2_HOST_DEVICE inline float round_start(float anchor, float offset) { return anchor + offset; }
 
 // --- the compressed wire (runtime/wire_format.cpp) ---
 

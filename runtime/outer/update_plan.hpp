@@ -54,9 +54,8 @@ void summarize_segment(const OuterSettings& o, double lambda, double norm_scale,
 // null); the statistics into sum.
 void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
                          const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum);
-// An update of a PARAMETER segment was applied: g of the next update into h. alpha as the pass
-// ran with it;
-// step_sum_squares: the segment's sum of s^2 (whole, or summed over shards).
+// An update of a PARAMETER segment was applied: g of the next update into h (nothing for other
+// segments). step_sum_squares: the segment's sum of s^2, whole or summed over the shards.
 void record_update(const Segment& seg, double alpha, double step_sum_squares, GapHistory& h);
 
 // The eager correction's coefficients with `participants` outer participants (W) and a stored

@@ -89,6 +89,20 @@ TEST(OuterElements, AnchorWeightZeroSendsValues) {
   EXPECT_EQ(anchor_weight_of(false, false), 1.0f);
 }
 
+TEST(OuterElements, ShardedChainRestoresTheAverage) {
+  const std::vector<float> cur = uniform(200, 1.0f, 11), b = uniform(200, 1.0f, 12), reduced = uniform(200, 0.5f, 13);
+  for (size_t i = 0; i < cur.size(); ++i) {
+    const float bf16 = start_difference<Bf16>(cur[i], b[i]);
+    EXPECT_EQ(bf16, float(double(widen(narrow<Bf16>(cur[i]))) - double(widen(narrow<Bf16>(b[i])))));
+    EXPECT_EQ(start_difference<float>(cur[i], b[i]), float(double(cur[i]) - double(b[i])));
+    EXPECT_EQ(restored_average(reduced[i], bf16, 1.0f), float(double(reduced[i]) + double(bf16)));
+    EXPECT_EQ(restored_average(reduced[i], bf16, 0.0f), reduced[i]);
+  }
+  EXPECT_EQ(value_delta(2.5f), -2.5f);
+  EXPECT_TRUE(std::signbit(value_delta(0.0f)));  // -p exactly, not 0 - p
+  EXPECT_EQ(value_delta(narrow<Fp16>(0.5f)), -0.5f);
+}
+
 TEST(OuterElements, EagerCorrectionMatchesFloat64) {
   const std::vector<float> d = uniform(300, 0.1f, 6), q = uniform(300, 0.1f, 7);
   for (bool nesterov : {false, true}) {
