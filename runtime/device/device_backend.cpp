@@ -428,7 +428,7 @@ class DeviceBackend final : public Backend {
         if (seg.role != Role::Parameter) continue;
         float* start = s.anchor.data() + seg.state_offset;
         const float* e = s.eager_offset.data() + seg.state_offset;
-        for (size_t i = 0; i < seg.count; ++i) start[i] += e[i];
+        for (size_t i = 0; i < seg.count; ++i) start[i] = round_start(start[i], e[i]);
       }
     if (!anchor_.empty() && sixteen_bit_params_) {  // rounded on the device, from device memory
       DeviceMemory start = alloc(bytes);

@@ -96,10 +96,10 @@ CO2_HOST_DEVICE inline PassResult pass_element(const Config& c, const OuterCoeff
   r.param = r.anchor;
   if (c.eager && c.write_delta && is_parameter) {
     // The rank trained from anchor + e (PARAMETER: anchor weight 1).
-    r.delta = delta_element(anchor_old + offset, param);
+    r.delta = delta_element(round_start(anchor_old, offset), param);
     r.filtered = eager_filtered(r.delta, c.eager_coefficients.momentum ? filtered : 0.0f, c.eager_coefficients);
     r.offset = eager_offset(r.delta, r.filtered, c.eager_coefficients);
-    r.param = r.anchor + r.offset;
+    r.param = round_start(r.anchor, r.offset);
   } else if (c.write_delta) {
     r.delta = delta_element(base_value, param);
   }
