@@ -199,6 +199,73 @@ TEST(DeviceFeatures, SixteenBitParametersWithoutAnAnchorAreRefused) {
   });
 }
 
+// Eager policy: a rank whose parameters went NaN sends a non-finite delta; every rank skips that
+// average (NONFINITE at the next boundary) and the poisoned rank restarts from the anchor without
+// its offsets, on the device (a kernel) as on the host. Two ranks, rank 1 poisoned in round 2.
+std::vector<std::vector<float>> eager_after_poison(bool device, std::vector<co2_status_t>* statuses) {
+  std::vector<std::vector<float>> params(2);
+  co2test::run_ranks(2, [&](int rank, co2_comm_t comm) {
+    co2_engine_config_t c = delayed_config_of(kPolicies[1]);
+    c.eager = 1;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+    const size_t n = 4096 + 5;
+    std::vector<float> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = 0.001f * float(i % 31) + 0.1f * float(rank);
+    void* d = nullptr;
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.count = n;
+    if (device) {
+      ASSERT_EQ(cudaMalloc(&d, n * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      tensor.data = d;
+      tensor.device = CO2_DEVICE_CUDA;
+    } else {
+      tensor.data = host.data();
+    }
+    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+    CO2_ASSERT_OK(co2_engine_commit(engine));
+    auto transfer = [&](bool down) {
+      if (!device) return;
+      ASSERT_EQ(down ? cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost)
+                     : cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    };
+    for (int step = 0; step < 15; ++step) {  // tau 3
+      transfer(true);
+      for (size_t i = 0; i < n; ++i) host[i] -= 0.01f * std::sin(0.01f * float(i) + float(step + rank));
+      if (rank == 1 && step == 4) host[7] = std::nanf("");
+      transfer(false);
+      const co2_status_t status = co2_engine_step(engine, nullptr, nullptr);
+      if (rank == 0) statuses->push_back(status);
+    }
+    CO2_ASSERT_OK(co2_engine_finalize(engine));
+    transfer(true);
+    params[size_t(rank)] = host;
+    CO2_ASSERT_OK(co2_engine_destroy(engine));
+    if (d) cudaFree(d);
+  });
+  return params;
+}
+
+TEST(DeviceFeatures, EagerRankWithANonFiniteDeltaRestartsFromTheAnchorAsOnHost) {
+  std::vector<co2_status_t> device_statuses, host_statuses;
+  const auto device = eager_after_poison(true, &device_statuses);
+  const auto host = eager_after_poison(false, &host_statuses);
+  EXPECT_EQ(device_statuses, host_statuses);
+  EXPECT_NE(std::find(host_statuses.begin(), host_statuses.end(), CO2_ERR_NONFINITE), host_statuses.end())
+      << "the poisoned round must be skipped for this test to mean anything";
+  for (size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(device[r].size(), host[r].size());
+    for (size_t i = 0; i < host[r].size(); ++i) {
+      ASSERT_TRUE(std::isfinite(device[r][i])) << "rank " << r << " element " << i;
+      ASSERT_EQ(std::memcmp(&device[r][i], &host[r][i], sizeof(float)), 0)
+          << "rank " << r << " element " << i << ": device " << device[r][i] << " host " << host[r][i];
+    }
+  }
+}
+
 #ifndef CO2_FEATURES_ON_GPU
 namespace executor = co2::device::host_executor;
 
