@@ -53,8 +53,11 @@ TEST(DevicePath, TwoRanksOnOneGpuThroughTheStagedPathEqualHost) {
 
 // A CUDA engine saved at a boundary with its co2 average in flight resumes bit for bit: the
 // average, the anchor, the momentum and the gap history travel through the checkpoint (format 5).
+// Only the algorithms with an anchor: localsgd and sync keep no copy of the parameters, which the
+// framework checkpoints itself (this harness does not, so their resumed runs would restart).
 TEST(DevicePath, CheckpointsResumeBitForBit) {
   for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
     for (int world : {1, 2}) {
       const auto c = config_of(p);  // tau 3
       std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
