@@ -69,10 +69,6 @@ void validate_storage(const StorageDesc& storage) {
     case int(DeviceKind::Host):
       break;
     case int(DeviceKind::Cuda):
-      // The device kernels read fp32 parameters only (docs/capi.md, "Parameter dtypes").
-      require(storage.dtype == int(ParamDType::F32), Status::Unsupported,
-              std::string(storage.dtype == int(ParamDType::BF16) ? "bf16" : "fp16") +
-                  " parameters are supported on host tensors only: CUDA tensors must be fp32 for now");
       require(device_backend_built(), Status::Unsupported,
               kBuiltWithoutCuda);
       break;
@@ -126,12 +122,9 @@ bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
-// The compressed outer all-reduce runs on host buffers over point-to-point transports only.
+// Sharded outer state lives in host memory only. (A compressed wire works on CUDA tensors over
+// point-to-point transports: the device backend stages its deltas; it refuses NCCL at commit.)
 void check_wire_placement(const Engine::State& s, const StorageDesc& storage) {
-  require(storage.device != int(DeviceKind::Cuda) || s.config.wire_format == WireFormat::F32,
-          Status::Unsupported,
-          std::string("wire_format ") + wire_format_name(s.config.wire_format) +
-              " is implemented for host tensors only: an engine on CUDA tensors needs CO2_WIRE_FP32");
   require(storage.device != int(DeviceKind::Cuda) || !s.sharded(), Status::Unsupported,
           "sharded outer state (and hierarchical CO2, which shards it over a node's ranks) is "
           "implemented for host tensors only: an engine on CUDA tensors needs shard_outer_state = 0 "
@@ -718,7 +711,7 @@ void Engine::commit() {
          "or host against CUDA tensors differ); every rank must register the same tensors in the "
          "same order, in the same kind of memory");
 
-  s.eager_resolved = s.config.eager == Eager::On || (s.config.eager == Eager::Auto && !s.on_device());
+  s.eager_resolved = s.config.eager == Eager::On || s.config.eager == Eager::Auto;
   check_settings_agree(s);
 
   s.history.assign(s.segments.size(), GapHistory{});
@@ -728,13 +721,6 @@ void Engine::commit() {
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning, wire_segments(s));
-  if (s.on_device()) {
-    require(!(s.config.eager == Eager::On && s.config.algorithm == Algorithm::Co2), Status::Unsupported,
-            "the eager policy is implemented on the host only: CUDA tensors need eager = 0 or "
-            "CO2_EAGER_AUTO (which runs the delayed update there)");
-    if (s.config.eager == Eager::Auto && s.config.algorithm == Algorithm::Co2)
-      log::info("eager policy: not implemented for CUDA tensors yet; this engine runs the delayed update");
-  }
   s.backend->commit();
   s.committed = true;
 }

@@ -32,7 +32,7 @@ enum class Param : int {
   AnchorCheckInterval = 6,
 };
 enum class ConsensusKind : int { Anchor = 0, LocalAverage = 1 };
-// Auto: on where implemented (host tensors), delayed on CUDA tensors (not implemented there yet).
+// Auto: on (host and CUDA tensors).
 enum class Eager : int { Off = 0, On = 1, Auto = -1 };
 // Flat: every rank is an outer participant. Nodes: the ranks of a node train one model (their
 // gradients averaged every step inside the node) and the nodes are the outer participants.

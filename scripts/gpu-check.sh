@@ -9,12 +9,48 @@
 #                                         static libs, relocatable .pc files), meson (its
 #                                         Python package) and ninja into .gpu-deps/ for a GPU
 #                                         machine that has only the driver, CUDA and NCCL
+#                                         and builds build-gpu (CUDA enabled), so that compile
+#                                         errors surface before device time is spent
 #   bash scripts/gpu-check.sh [--quick]   the check; BUILD_DIR_GPU (default build-gpu), CO2_JOBS
+#   bash scripts/gpu-check.sh --executor  no GPU needed: the same feature table from the device
+#                                         path on the host executor (BUILD_DIR, default build)
+#
+# The feature table: every feature of the device path (tests/runtime/device/host_executor_test.cpp:
+# co2 delayed and eager, diloco, localsgd, sync, penalties, clipping, compressed wires with error
+# feedback, checkpoints; 1 and 2 ranks on one device) against the host backend, one row a test.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$CO2_ROOT"
 BUILD_DIR=${BUILD_DIR_GPU:-build-gpu}
 deps="$CO2_ROOT/.gpu-deps"
+
+# Runs a gtest binary of the feature test and prints "feature  pass|FAIL" rows; returns its status
+# (77 = no usable device, printed as one row).
+feature_table() {
+  local binary=$1 where=$2 out rc
+  out=$(timeout 300 "$binary" 2>&1); rc=$?
+  printf '\n%-60s %s\n' "feature ($where)" "result"
+  if [ "$rc" -eq 77 ]; then
+    printf '%-60s %s\n' "all" "skipped (no usable GPU)"
+    return 77
+  fi
+  printf '%s\n' "$out" | sed -n -E 's/^\[ +(OK|FAILED) +\] DeviceFeatures\.([A-Za-z0-9_]+) \(.*/\2 \1/p' |
+    while read -r name result; do
+      printf '%-60s %s\n' "$name" "$([ "$result" = OK ] && echo pass || echo FAIL)"
+    done
+  [ "$rc" -eq 0 ] || printf '%s\n' "$out" | grep -E "Failure|error" | head -20
+  return "$rc"
+}
+
+if [ "${1:-}" = --executor ]; then
+  cpu_build=${BUILD_DIR_CPU:-build}
+  if [ ! -f "$cpu_build/build.ninja" ]; then
+    meson setup "$cpu_build" -Dtests=true || exit 1
+  fi
+  ninja -C "$cpu_build" -j "$(jobs)" tests/runtime/device_host_executor_test || exit 1
+  feature_table "$cpu_build/tests/runtime/device_host_executor_test" "host executor, no GPU"
+  exit $?
+fi
 
 if [ "${1:-}" = --prepare ]; then
   rm -rf "$deps" && mkdir -p "$deps/include" "$deps/lib" "$deps/pkgconfig" || exit 1
@@ -28,6 +64,11 @@ if [ "${1:-}" = --prepare ]; then
   cp -r "$(/usr/bin/python3 -c 'import mesonbuild, os; print(os.path.dirname(mesonbuild.__file__))')" "$deps/python/" || exit 1
   cp "$(command -v ninja)" "$deps/bin/" || exit 1
   log "prepared $deps ($(du -sh "$deps" | cut -f1)); carry it: run(carry: ['.gpu-deps'])"
+  if command -v nvcc >/dev/null 2>&1; then
+    log "build $BUILD_DIR here (CUDA enabled): the GPU machine then only rebuilds what its paths change"
+    [ -f "$BUILD_DIR/build.ninja" ] || meson setup "$BUILD_DIR" -Dcuda=enabled -Dtests=true -Dbuildtype=release || exit 1
+    ninja -C "$BUILD_DIR" -j "$(jobs)" || exit 1
+  fi
   exit 0
 fi
 bench_args=()
@@ -74,8 +115,14 @@ ninja -C "$BUILD_DIR" -j "$(jobs)" || exit 1
 log "GPU tests (and the host-side device tests)"
 timeout 300 "${MESON[@]}" test -C "$BUILD_DIR" --no-rebuild --print-errorlogs \
   runtime/device/gpu runtime/device/selection runtime/device/state_checksum runtime/engine_rounds \
-  runtime/collective_comm nccl_transport nccl_transport_without_gpu
+  runtime/device/host_executor runtime/collective_comm nccl_transport nccl_transport_without_gpu
 test_rc=$?
+
+log "feature table"
+feature_table "$BUILD_DIR/tests/runtime/device_features_gpu_test" "GPU"
+features_rc=$?
+[ "$features_rc" -eq 77 ] && features_rc=0
+[ "$features_rc" -eq 0 ] || test_rc=1
 
 log "benchmark"
 "$BUILD_DIR/bench/gpu_bench" "${bench_args[@]}"

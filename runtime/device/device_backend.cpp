@@ -18,6 +18,7 @@
 #include "runtime/engine_state.hpp"
 #include "runtime/log.hpp"
 #include "runtime/observe.hpp"
+#include "runtime/outer/update_plan.hpp"
 
 namespace co2 {
 
@@ -71,12 +72,23 @@ class DeviceBackend final : public Backend {
     std::string why;
     averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr, &why);
     comm_stream_ = averaging_ == Averaging::Collective ? as_stream(s.comm->collective_stream()) : own_stream_->get();
+    require(s.config.wire_format == WireFormat::F32 || averaging_ == Averaging::StagedHost, Status::Unsupported,
+            std::string("wire_format ") + wire_format_name(s.config.wire_format) +
+                " compresses on the host: CUDA tensors over a collective transport (NCCL) need CO2_WIRE_FP32, or "
+                "a point-to-point transport (UCX), over which the device stages the outer average through host memory");
+    // Error feedback's residual stays in host memory, next to the staged deltas it corrects.
+    if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     build_tables(s);
+    require(!sixteen_bit_params_ || s.has_anchor(), Status::Unsupported,
+            "bf16/fp16 CUDA parameters are implemented for co2 and diloco (the outer update keeps an fp32 "
+            "anchor): localsgd and sync on CUDA tensors need fp32 parameters");
     buffer_values_ = s.config.algorithm == Algorithm::Co2;
     const size_t bytes = s.state_count * sizeof(float);
     comm_ = alloc(bytes);
     if (s.has_anchor()) anchor_ = alloc(bytes);
     if (s.has_anchor() && s.momentum_needed()) momentum_ = alloc(bytes);
+    if (s.eager()) eager_offset_ = alloc(bytes);
+    if (s.eager() && s.momentum_needed()) eager_momentum_ = alloc(bytes);
     if (averaging_ == Averaging::StagedHost) staging_ = PinnedMemory(bytes);
     reports_ = PinnedMemory(kReportSlots * sizeof(kernels::Report));
     flag_host_ = PinnedMemory(sizeof(int));
@@ -104,6 +116,7 @@ class DeviceBackend final : public Backend {
     make_current();
     momentum_ = alloc(s_.state_count * sizeof(float));  // starts from zero momentum
     check(cudaMemset(momentum_.as(), 0, momentum_.bytes()), "clear momentum");
+    if (s_.eager() && eager_momentum_.empty()) eager_momentum_ = alloc(s_.state_count * sizeof(float));  // zeroed
     refresh_tables();
     count_state();
   }
@@ -129,8 +142,7 @@ class DeviceBackend final : public Backend {
   }
 
   DeltasFinite boundary_pass(const BoundaryPass& plan) override {
-    if (plan.eager) fail(Status::Unsupported, "the eager policy is implemented on the host only");  // refused at commit
-    return pass(plan.update, /*write_delta=*/true);
+    return pass(plan.update, /*write_delta=*/true, plan.eager);
   }
 
   // The gap history and statistics arrive with the boundary's report (fold_reports).
@@ -142,7 +154,13 @@ class DeviceBackend final : public Backend {
   }
 
   void apply_update() override { pass(/*update=*/true, /*write_delta=*/false); }
-  void clear_eager_state() override {}
+  void clear_eager_state() override {
+    if (eager_offset_.empty()) return;
+    make_current();
+    check(cudaMemsetAsync(eager_offset_.as(), 0, eager_offset_.bytes(), caller()), "clear eager offsets");
+    if (!eager_momentum_.empty())
+      check(cudaMemsetAsync(eager_momentum_.as(), 0, eager_momentum_.bytes(), caller()), "clear eager momentum");
+  }
 
   // --- diloco: c = a - p (and p = a), averaged, then the update with the current settings ---
   bool average_deltas_blocking() override {
@@ -234,12 +252,12 @@ class DeviceBackend final : public Backend {
     const size_t bytes = count * sizeof(float);
     if (!parameters) {
       check(cudaMemcpyAsync(out, anchor_.as(), bytes, cudaMemcpyDefault, caller()), "copy anchor out");
-    } else if (!average) {
+    } else if (!average && !sixteen_bit_params_) {
       pack(out, caller(), false);
-    } else {
+    } else {  // 16-bit parameters are widened on the device, into scratch
       if (scratch_.empty()) scratch_ = alloc(s_.state_count * sizeof(float));
       pack(scratch_.as<float>(), caller(), false);
-      average_blocking(scratch_.as<float>(), count, blocking_flag(), Purpose::Consensus);
+      if (average) average_blocking(scratch_.as<float>(), count, blocking_flag(), Purpose::Consensus);
       check(cudaMemcpyAsync(out, scratch_.as(), bytes, cudaMemcpyDefault, caller()), "copy average out");
     }
     wait_for_caller("consensus");
@@ -260,15 +278,7 @@ class DeviceBackend final : public Backend {
   void fold_reports(bool wait) override {
     if (comm_.empty()) return;  // not committed (a failed commit)
     S& s = s_;
-    while (!ring_.empty()) {
-      const size_t slot = ring_.oldest();
-      if (wait)
-        report_ready_[slot]->synchronize();
-      else if (!report_ready_[slot]->done())
-        break;
-      fold(reports_.as<kernels::Report>()[slot]);
-      ring_.pop();
-    }
+    fold_ring(wait);
     while (!in_flight_.empty()) {
       // A failed all-reduce has failed the communicator: its error surfaces at the next call.
       if (wait) {
@@ -333,10 +343,23 @@ class DeviceBackend final : public Backend {
       s.comm_buffer = FloatBuffer(s.state_count);
       check(cudaMemcpyAsync(s.comm_buffer.data(), comm_.as(), bytes, cudaMemcpyDeviceToHost, st), "stage average out");
     }
+    if (!eager_offset_.empty()) {
+      s.eager_offset = FloatBuffer(s.state_count);
+      check(cudaMemcpyAsync(s.eager_offset.data(), eager_offset_.as(), bytes, cudaMemcpyDeviceToHost, st),
+            "stage eager offsets out");
+    }
+    if (!eager_momentum_.empty()) {
+      s.eager_momentum = FloatBuffer(s.state_count);
+      check(cudaMemcpyAsync(s.eager_momentum.data(), eager_momentum_.as(), bytes, cudaMemcpyDeviceToHost, st),
+            "stage eager momentum out");
+    }
     std::vector<kernels::GapState> gap(num_segments_);
     check(cudaMemcpyAsync(gap.data(), gap_.as(), gap.size() * sizeof(kernels::GapState), cudaMemcpyDeviceToHost, st),
           "stage gap history out");
     wait_for_caller("save");
+    // The checkpoint's statistics (outer updates, clip figures) count every boundary so far:
+    // without this, the reports still in the ring would be lost to the resumed run.
+    fold_ring(/*wait=*/true);
     size_t entry = 0;
     for (size_t i = 0; i < s.segments.size(); ++i) {
       if (s.segments[i].role == Role::Excluded) continue;
@@ -349,6 +372,8 @@ class DeviceBackend final : public Backend {
     s_.anchor = FloatBuffer();
     s_.momentum = FloatBuffer();
     s_.comm_buffer = FloatBuffer();
+    s_.eager_offset = FloatBuffer();
+    s_.eager_momentum = FloatBuffer();
   }
 
   void stage_in() override {
@@ -380,7 +405,39 @@ class DeviceBackend final : public Backend {
                                         (unsigned long long)s.history[i].updates});
     check(cudaMemcpyAsync(gap_.as(), gap.data(), gap.size() * sizeof(kernels::GapState), cudaMemcpyHostToDevice, st),
           "stage gap history in");
-    if (!anchor_.empty()) unpack(anchor_.as<float>(), st, false);
+    // The parameters: the anchor, plus this rank's offset on PARAMETER segments under the eager
+    // policy (assembled in s.anchor on the host and copied from there).
+    const bool eager_state = !eager_offset_.empty() && s.eager_offset.size() == s.state_count;
+    if (!eager_offset_.empty()) {
+      if (eager_state)
+        check(cudaMemcpyAsync(eager_offset_.as(), s.eager_offset.data(), bytes, cudaMemcpyHostToDevice, st),
+              "stage eager offsets in");
+      else
+        check(cudaMemsetAsync(eager_offset_.as(), 0, bytes, st), "clear eager offsets");
+    }
+    if (!eager_momentum_.empty()) {
+      if (s.eager_momentum.size() == s.state_count)
+        check(cudaMemcpyAsync(eager_momentum_.as(), s.eager_momentum.data(), bytes, cudaMemcpyHostToDevice, st),
+              "stage eager momentum in");
+      else
+        check(cudaMemsetAsync(eager_momentum_.as(), 0, bytes, st), "clear eager momentum");
+    }
+    check(cudaStreamSynchronize(st), "cudaStreamSynchronize (load)");  // s.anchor is read above
+    if (eager_state)
+      for (const Segment& seg : s.segments) {
+        if (seg.role != Role::Parameter) continue;
+        float* start = s.anchor.data() + seg.state_offset;
+        const float* e = s.eager_offset.data() + seg.state_offset;
+        for (size_t i = 0; i < seg.count; ++i) start[i] = round_start(start[i], e[i]);
+      }
+    if (!anchor_.empty() && sixteen_bit_params_) {  // rounded on the device, from device memory
+      DeviceMemory start = alloc(bytes);
+      check(cudaMemcpyAsync(start.as(), s.anchor.data(), bytes, cudaMemcpyHostToDevice, st), "stage start in");
+      unpack(start.as<float>(), st, false);
+      check(cudaStreamSynchronize(st), "cudaStreamSynchronize (load)");
+    } else if (!anchor_.empty()) {
+      unpack(s.anchor.data(), st, false);
+    }
     check(cudaStreamSynchronize(st), "cudaStreamSynchronize (load)");
     average_ready_.record(own_stream_->get());  // collect_average's stream wait: already complete
     release_staged();
@@ -409,7 +466,10 @@ class DeviceBackend final : public Backend {
   cudaStream_t caller() const { return as_stream(caller_stream_); }
 
   // Device memory of the outer state (anchor, momentum, comm buffer).
-  void count_state() { s_.stats.outer_state_bytes = comm_.bytes() + anchor_.bytes() + momentum_.bytes(); }
+  void count_state() {
+    s_.stats.outer_state_bytes =
+        comm_.bytes() + anchor_.bytes() + momentum_.bytes() + eager_offset_.bytes() + eager_momentum_.bytes();
+  }
 
   void build_tables(S& s) {
     std::vector<size_t> counts;
@@ -417,8 +477,9 @@ class DeviceBackend final : public Backend {
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
       counts.push_back(seg.count);
-      entries.push_back(kernels::SegmentEntry{static_cast<float*>(seg.data), seg.state_offset, seg.count, 0,
-                                              uint32_t(seg.role == Role::Parameter)});
+      entries.push_back(kernels::SegmentEntry{seg.data, seg.state_offset, seg.count, 0,
+                                              uint32_t(seg.role == Role::Parameter), uint32_t(seg.dtype), 0});
+      sixteen_bit_params_ = sixteen_bit_params_ || seg.dtype != ParamDType::F32;
     }
     const auto chunks = make_chunks(counts, kernels::kChunkElements);
     const auto first = first_chunk_of_segments(chunks, counts.size());
@@ -454,6 +515,8 @@ class DeviceBackend final : public Backend {
     t_.delta_nonfinite = flags_.as<int>() + 1;
     t_.report = report_.as<kernels::Report>();
     t_.checksum = checksum_.as<unsigned long long>();
+    t_.eager_offset = eager_offset_.as<float>();
+    t_.eager_momentum = eager_momentum_.as<float>();
   }
 
   int* blocking_flag() { return flags_.as<int>() + 2; }
@@ -476,19 +539,30 @@ class DeviceBackend final : public Backend {
     return c;
   }
 
+  // fp32 views of the parameters: copies, or (16-bit parameters) widening kernels, whose `dst`
+  // must then be device memory.
   void pack(float* dst, cudaStream_t st, bool buffers_only) {
     for (const Segment& seg : s_.segments) {
       if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
-      check(cudaMemcpyAsync(dst + seg.state_offset, seg.data, seg.count * sizeof(float), cudaMemcpyDefault, st),
-            "pack parameters");
+      if (seg.dtype == ParamDType::F32)
+        check(cudaMemcpyAsync(dst + seg.state_offset, seg.data, seg.count * sizeof(float), cudaMemcpyDefault, st),
+              "pack parameters");
+      else
+        check(kernels::widen_params(seg.data, uint32_t(seg.dtype), dst + seg.state_offset, seg.count, st),
+              "widen parameters");
     }
   }
 
+  // The parameters <- src, rounded to 16 bits where they are (src in device memory then).
   void unpack(const float* src, cudaStream_t st, bool buffers_only) {
     for (const Segment& seg : s_.segments) {
       if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
-      check(cudaMemcpyAsync(seg.data, src + seg.state_offset, seg.count * sizeof(float), cudaMemcpyDefault, st),
-            "unpack parameters");
+      if (seg.dtype == ParamDType::F32)
+        check(cudaMemcpyAsync(seg.data, src + seg.state_offset, seg.count * sizeof(float), cudaMemcpyDefault, st),
+              "unpack parameters");
+      else
+        check(kernels::narrow_params(src + seg.state_offset, seg.data, uint32_t(seg.dtype), seg.count, st),
+              "round parameters");
     }
   }
 
@@ -537,10 +611,22 @@ class DeviceBackend final : public Backend {
     auto average = [&](float* buffer, size_t n) {
       wait_charged(s, s.comm->allreduce(buffer, n, DataType::F32, ReduceOp::Avg, s.id(purpose)));
     };
-    if (averaging_ == Averaging::Collective)
+    if (averaging_ == Averaging::Collective) {
       average(data, count);
-    else
+    } else if (purpose == Purpose::OuterAverage && s.config.wire_format != WireFormat::F32) {
+      // A compressed wire encodes the whole state at once (its int8 groups follow the segments,
+      // its residual the state): staged whole, as co2's submit does.
+      check(cudaMemcpyAsync(staging_.as(), data, count * sizeof(float), cudaMemcpyDeviceToHost, comm_stream_),
+            "stage out");
+      check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
+      const WireCompression wire = outer_wire(s, staging_.as<float>());
+      wait_charged(s, s.comm->allreduce_then(staging_.as(), count, DataType::F32, ReduceOp::Avg, [] {},
+                                             s.id(purpose), wire));
+      check(cudaMemcpyAsync(data, staging_.as(), count * sizeof(float), cudaMemcpyHostToDevice, comm_stream_),
+            "stage in");
+    } else {
       staged_in_pieces(data, count, average);
+    }
     check(kernels::finite_check(data, count, flag, comm_stream_), "finite check");
     check(cudaMemcpyAsync(flag_host_.as(), flag, sizeof(int), cudaMemcpyDeviceToHost, comm_stream_), "read flag");
     check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (average)");
@@ -557,6 +643,19 @@ class DeviceBackend final : public Backend {
       case device::Event::ReportReady: break;
     }
     return *report_ready_[last_report_slot_];
+  }
+
+  // The boundary reports in the ring, oldest first; without `wait`, up to the first unfinished.
+  void fold_ring(bool wait) {
+    while (!ring_.empty()) {
+      const size_t slot = ring_.oldest();
+      if (wait)
+        report_ready_[slot]->synchronize();
+      else if (!report_ready_[slot]->done())
+        break;
+      fold(reports_.as<kernels::Report>()[slot]);
+      ring_.pop();
+    }
   }
 
   void report(cudaStream_t caller) {
@@ -590,9 +689,14 @@ class DeviceBackend final : public Backend {
 
   // The fused pass on the caller's stream (the plan's pass phase). co2 applies an average with
   // the settings in effect when its deltas were submitted (s.prepared.settings, as on the host).
-  DeltasFinite pass(bool update, bool write_delta) {
+  DeltasFinite pass(bool update, bool write_delta, bool eager = false) {
     make_current();
     pass_config_ = config_of(s_.prepared.settings, update, write_delta);
+    if (eager) {  // the eager coefficients are the current settings', as on the host
+      pass_config_.eager = true;
+      pass_config_.eager_coefficients =
+          eager_coefficients_of(outer_settings_of(s_), s_.comm->size(), !eager_momentum_.empty());
+    }
     run(co2_boundary_phases(averaging_, false).pass);
     return DeltasFinite::Later;
   }
@@ -653,12 +757,14 @@ class DeviceBackend final : public Backend {
         case OpKind::SubmitHostAverage: {
           // The progress thread scans the arrived average, off the training thread, so that
           // the next boundary knows its finiteness without copying it to the device first.
+          // The staged deltas are encoded by the host's wire code, with its error feedback.
           const float* average = staging_.as<float>();
           std::atomic<bool>* nonfinite = &staged_average_nonfinite_;
+          const WireCompression wire = outer_wire(s, staging_.as<float>());
           s.pending = s.comm->allreduce_then(
               staging_.as(), count, DataType::F32, ReduceOp::Avg,
               [average, count, nonfinite] { nonfinite->store(!all_finite(average, count)); },
-              s.id(Purpose::OuterAverage));
+              s.id(Purpose::OuterAverage), wire);
           s.stats.bytes_reduced += bytes;
           break;
         }
@@ -679,6 +785,7 @@ class DeviceBackend final : public Backend {
   Averaging averaging_ = Averaging::StagedHost;
   DeviceMemory flat_;
   DeviceMemory comm_, anchor_, momentum_, gradients_, scratch_;
+  DeviceMemory eager_offset_, eager_momentum_;  // co2's eager policy: e and q (kernels::Tables)
   DeviceMemory segments_, chunks_, chunk_squares_, chunk_clamped_, coefficients_, gap_, flags_, report_, checksum_;
   uint32_t num_segments_ = 0, num_chunks_ = 0;
   PinnedMemory staging_, blocking_staging_, reports_, flag_host_;
@@ -687,7 +794,8 @@ class DeviceBackend final : public Backend {
   std::atomic<bool> staged_average_nonfinite_{false};  // staged path: set by the progress thread
   // The stream of the last step or reduce_gradients (nullptr, the legacy default, before).
   void* caller_stream_ = nullptr;
-  bool buffer_values_ = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
+  bool buffer_values_ = false;
+  bool sixteen_bit_params_ = false;  // some segment holds bf16/fp16 parameters  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
   OuterSettings blocking_settings_;  // diloco: the settings of the round being averaged
   kernels::Config pass_config_;      // of the pass phase being run
   kernels::Tables t_;

@@ -3,37 +3,25 @@
 // partials are folded in chunk order by one thread, so norms depend only on segment sizes.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "runtime/boundary_pass.hpp"
+#include "runtime/device/kernel_math.hpp"
 #include "runtime/device/kernels.hpp"
 #include "runtime/device/state_checksum.hpp"
 
 namespace co2::device::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kPerThread = kChunkElements / kThreads;
-constexpr int kFoldThreads = 256;
-static_assert(kPerThread * kThreads == int(kChunkElements), "chunk = threads x elements per thread");
-
-__device__ bool update_happens(const Config& c, const int* average_nonfinite) {
-  return c.update_requested && *average_nonfinite == 0;
-}
-
 // Fixed-shape tree reduction of one double per thread; thread 0 gets the sum.
 __device__ double block_sum(double v, double* shared) {
   shared[threadIdx.x] = v;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (int(threadIdx.x) < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    tree_level(shared, stride, int(threadIdx.x));
     __syncthreads();
   }
   return shared[0];
-}
-
-__device__ OuterCoefficients coefficients_of(const Config& c, const SegmentEntry& seg,
-                                             const SegmentCoefficients& sc) {
-  return update_coefficients_of(seg.is_parameter, anchor_weight_of(c.buffer_values, seg.is_parameter), c.alpha,
-                                c.beta, c.clip_threshold, sc.lambda, sc.norm_scale);
 }
 
 __global__ void finite_kernel(const float* x, size_t n, int* flag) {
@@ -51,37 +39,20 @@ __global__ void checksum_kernel(const uint32_t* words, size_t n, unsigned long l
   if ((threadIdx.x & 31) == 0) atomicAdd(out, sum);  // modulo 2^64: any order gives the same sum
 }
 
-// Per segment: lambda (advancing the gap history when an update happens), norm scale reset.
 __global__ void lambda_kernel(Tables t, Config c) {
   const bool update = update_happens(c, t.average_nonfinite);
-  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x) {
-    double lambda = 1.0;
-    if (update && t.segments[s].is_parameter) {
-      GapState& g = t.gap[s];
-      uint64_t updates = g.updates;
-      lambda = penalty_lambda(c.penalty, c.penalty_constant, g.last_step_norm, &g.gap_sum, &updates);
-      g.updates = updates;
-    }
-    t.coefficients[s].lambda = lambda;
-    t.coefficients[s].norm_scale = 1.0;
-  }
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x)
+    segment_lambda(t, c, update, s);
 }
 
-// Norm clipping: per chunk, sum of (beta*m + lambda*c)^2 in double.
 __global__ void candidate_squares_kernel(Tables t, Config c) {
   __shared__ double shared[kThreads];
   const Chunk ch = t.chunks[blockIdx.x];
-  const SegmentEntry seg = t.segments[ch.segment];
   double sum = 0.0;
-  if (seg.is_parameter && update_happens(c, t.average_nonfinite)) {
-    const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
-    const size_t base = seg.state_offset + ch.begin;
+  if (t.segments[ch.segment].is_parameter && update_happens(c, t.average_nonfinite)) {
     for (int j = 0; j < kPerThread; ++j) {
-      const uint32_t i = threadIdx.x + uint32_t(j) * kThreads;
-      if (i < ch.count) {
-        const float u = momentum_candidate(t.momentum ? t.momentum[base + i] : 0.0f, t.comm[base + i], k);
-        sum += double(u) * double(u);
-      }
+      const uint32_t i = chunk_element(threadIdx.x, j);
+      if (i < ch.count) sum += candidate_square(t, c, ch, i);
     }
   }
   const double total = block_sum(sum, shared);
@@ -90,67 +61,63 @@ __global__ void candidate_squares_kernel(Tables t, Config c) {
 
 __global__ void norm_scale_kernel(Tables t, Config c) {
   if (!update_happens(c, t.average_nonfinite)) return;
-  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x) {
-    if (!t.segments[s].is_parameter) continue;
-    const uint32_t end = s + 1 < t.num_segments ? t.segments[s + 1].first_chunk : t.num_chunks;
-    double sum = 0.0;
-    for (uint32_t k = t.segments[s].first_chunk; k < end; ++k) sum += t.chunk_squares[k];
-    t.coefficients[s].norm_scale = norm_clip_scale(sum, c.clip_threshold);
-  }
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < t.num_segments; s += gridDim.x * blockDim.x)
+    segment_norm_scale(t, c, s);
 }
 
 // kFull: the chunk has all kChunkElements elements, so the loop needs no bounds check.
-template <bool kValueClip, bool kFull>
+template <bool kValueClip, bool kFull, typename P>
 __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const Chunk& ch,
                            const SegmentEntry& seg, double* step_squares, uint32_t* clamped, float* probe) {
   const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
   const bool momentum = seg.is_parameter && c.momentum;
-  const bool nesterov = seg.is_parameter && c.nesterov;
   const size_t base = seg.state_offset + ch.begin;
   // Distinct buffers: the layout rejects overlapping tensors.
-  float* __restrict__ p = seg.params + ch.begin;
+  P* __restrict__ p = static_cast<P*>(seg.params) + ch.begin;
   float* __restrict__ a = t.anchor + base;
   float* __restrict__ m = momentum ? t.momentum + base : nullptr;
   float* __restrict__ cb = t.comm + base;
+  const bool eager = c.eager && seg.is_parameter;
+  float* __restrict__ e = eager ? t.eager_offset + base : nullptr;
+  float* __restrict__ q = eager && t.eager_momentum ? t.eager_momentum + base : nullptr;
   // Batches of kBatch elements per thread: every load of a batch is issued before its stores,
   // so each thread keeps several cache lines in flight (the pass is memory-bound).
   constexpr int kBatch = 4;
   static_assert(kPerThread % kBatch == 0, "whole batches");
 #pragma unroll
   for (int j0 = 0; j0 < kPerThread; j0 += kBatch) {
-    float pv[kBatch], av[kBatch], mv[kBatch], cv[kBatch];
+    P pv[kBatch];
+    float av[kBatch], mv[kBatch], cv[kBatch], ev[kBatch], qv[kBatch];
     bool in[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
+      const uint32_t i = chunk_element(threadIdx.x, j0 + b);
       in[b] = kFull || i < ch.count;
       av[b] = in[b] ? a[i] : 0.0f;
-      pv[b] = in[b] && c.write_delta ? p[i] : 0.0f;
+      pv[b] = in[b] && c.write_delta ? p[i] : P{};
       cv[b] = in[b] && update ? cb[i] : 0.0f;
       mv[b] = in[b] && update && momentum ? m[i] : 0.0f;
+      ev[b] = in[b] && e ? e[i] : 0.0f;
+      qv[b] = in[b] && q ? q[i] : 0.0f;
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (!in[b]) continue;
-      const uint32_t i = threadIdx.x + uint32_t(j0 + b) * kThreads;
-      const float anchor_old = av[b];
-      const float base_value = anchor_base(anchor_old, k);
-      float anchor_new = anchor_old;
+      const uint32_t i = chunk_element(threadIdx.x, j0 + b);
+      const PassResult r =
+          pass_element<kValueClip>(c, k, update, seg.is_parameter, av[b], pv[b], mv[b], cv[b], ev[b], qv[b], clamped);
       if (update) {
-        const float average = cv[b];
-        const float m_new = clip_momentum<kValueClip>(momentum_candidate(mv[b], average, k), k, clamped);
-        const float step = nesterov ? outer_step<true>(m_new, average, k) : outer_step<false>(m_new, average, k);
-        if (momentum) m[i] = m_new;
-        anchor_new = next_anchor(base_value, step, k);
-        a[i] = anchor_new;
-        *step_squares += double(step) * double(step);
+        if (momentum) m[i] = r.momentum;
+        a[i] = r.anchor;
+        *step_squares += double(r.step) * double(r.step);
       }
       if (c.write_delta) {
-        const float delta = delta_element(base_value, pv[b]);
-        *probe += finite_probe(delta);
-        cb[i] = delta;
+        *probe += finite_probe(r.delta);
+        cb[i] = r.delta;
       }
-      p[i] = anchor_new;
+      if (e) e[i] = r.offset;
+      if (q) q[i] = r.filtered;
+      p[i] = narrow<P>(r.param);
     }
   }
 }
@@ -165,14 +132,17 @@ __global__ void pass_kernel(Tables t, Config c) {
   float probe = 0.0f;
   const bool value_clip = seg.is_parameter && c.clip == 1;
   const bool full = ch.count == kChunkElements;
-  if (value_clip && full)
-    pass_chunk<true, true>(t, c, update, ch, seg, &squares, &clamped, &probe);
-  else if (value_clip)
-    pass_chunk<true, false>(t, c, update, ch, seg, &squares, &clamped, &probe);
-  else if (full)
-    pass_chunk<false, true>(t, c, update, ch, seg, &squares, &clamped, &probe);
-  else
-    pass_chunk<false, false>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  with_param_type(seg.dtype, [&](auto* type) {
+    using P = std::remove_pointer_t<decltype(type)>;
+    if (value_clip && full)
+      pass_chunk<true, true, P>(t, c, update, ch, seg, &squares, &clamped, &probe);
+    else if (value_clip)
+      pass_chunk<true, false, P>(t, c, update, ch, seg, &squares, &clamped, &probe);
+    else if (full)
+      pass_chunk<false, true, P>(t, c, update, ch, seg, &squares, &clamped, &probe);
+    else
+      pass_chunk<false, false, P>(t, c, update, ch, seg, &squares, &clamped, &probe);
+  });
   if (probe != 0.0f) atomicExch(t.delta_nonfinite, 1);
   const double total = block_sum(squares, shared);
   if (threadIdx.x == 0) t.chunk_squares[blockIdx.x] = total;
@@ -181,54 +151,47 @@ __global__ void pass_kernel(Tables t, Config c) {
   if (threadIdx.x == 0) t.chunk_clamped[blockIdx.x] = (unsigned int)clamps;
 }
 
+// Eager policy: a rank whose delta was not finite restarts from the anchor without offsets.
+__global__ void eager_restart_kernel(Tables t) {
+  if (*t.delta_nonfinite == 0) return;
+  const Chunk ch = t.chunks[blockIdx.x];
+  if (!t.segments[ch.segment].is_parameter) return;
+  with_param_type(t.segments[ch.segment].dtype, [&](auto* type) {
+    using P = std::remove_pointer_t<decltype(type)>;
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t i = chunk_element(threadIdx.x, j);
+      if (i < ch.count) eager_restart_element<P>(t, ch, i);
+    }
+  });
+}
+
 // One block: per segment the step norm (gap history) and the report, folded in a fixed order.
 __global__ void fold_kernel(Tables t, Config c) {
-  __shared__ double penalty_min[kFoldThreads], penalty_max[kFoldThreads], scale_min[kFoldThreads];
-  __shared__ unsigned long long clamped[kFoldThreads], trained[kFoldThreads], scaled[kFoldThreads];
+  __shared__ FoldPartial partials[kFoldThreads];
   const bool update = update_happens(c, t.average_nonfinite);
-  double pmin = 1e300, pmax = 0.0, smin = 1.0;
-  unsigned long long nclamped = 0, ntrained = 0, nscaled = 0;
-  for (uint32_t s = threadIdx.x; s < t.num_segments; s += kFoldThreads) {
-    const SegmentEntry seg = t.segments[s];
-    if (!update || !seg.is_parameter) continue;
-    const uint32_t end = s + 1 < t.num_segments ? t.segments[s + 1].first_chunk : t.num_chunks;
-    double sum = 0.0;
-    for (uint32_t k = seg.first_chunk; k < end; ++k) {
-      sum += t.chunk_squares[k];
-      nclamped += t.chunk_clamped[k];
-    }
-    t.gap[s].last_step_norm = step_gap(double(c.alpha), sum);
-    const SegmentCoefficients sc = t.coefficients[s];
-    pmin = fmin(pmin, sc.lambda);
-    pmax = fmax(pmax, sc.lambda);
-    smin = fmin(smin, sc.norm_scale);
-    nscaled += sc.norm_scale < 1.0;
-    ntrained += seg.count;
-  }
-  penalty_min[threadIdx.x] = pmin;
-  penalty_max[threadIdx.x] = pmax;
-  scale_min[threadIdx.x] = smin;
-  clamped[threadIdx.x] = nclamped;
-  trained[threadIdx.x] = ntrained;
-  scaled[threadIdx.x] = nscaled;
+  FoldPartial mine = empty_fold();
+  for (uint32_t s = threadIdx.x; s < t.num_segments; s += kFoldThreads)
+    if (update && t.segments[s].is_parameter) fold_segment(t, c, s, &mine);
+  partials[threadIdx.x] = mine;
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  Report r{};
-  r.update_requested = c.update_requested;
-  r.applied = update;
-  r.delta_nonfinite = c.write_delta && *t.delta_nonfinite != 0;
-  r.penalty_min = 1e300;
-  r.penalty_max = 0.0;
-  r.scale_min = 1.0;
-  for (int i = 0; i < kFoldThreads; ++i) {
-    r.penalty_min = fmin(r.penalty_min, penalty_min[i]);
-    r.penalty_max = fmax(r.penalty_max, penalty_max[i]);
-    r.scale_min = fmin(r.scale_min, scale_min[i]);
-    r.clamped += clamped[i];
-    r.trained_elements += trained[i];
-    r.scaled_segments += scaled[i];
-  }
-  *t.report = r;
+  if (threadIdx.x == 0) *t.report = fold_report(t, c, update, partials, kFoldThreads);
+}
+
+template <typename P>
+__global__ void widen_kernel(const P* src, float* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = widen(src[i]);
+}
+
+template <typename P>
+__global__ void narrow_kernel(const float* src, P* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = narrow<P>(src[i]);
+}
+
+unsigned grid_of(size_t n) {
+  const size_t blocks = (n + 1023) / 1024;
+  return unsigned(blocks < 4096 ? blocks : 4096);
 }
 
 __global__ void spin_kernel(unsigned long long nanoseconds) {
@@ -280,7 +243,42 @@ int boundary_pass(const Tables& t, const Config& c, void* stream) {
   cudaError_t e = cudaMemsetAsync(t.delta_nonfinite, 0, sizeof(int), as_stream(stream));
   if (e != cudaSuccess) return int(e);
   pass_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t, c);
+  if (c.eager) eager_restart_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t);
   fold_kernel<<<1, kFoldThreads, 0, as_stream(stream)>>>(t, c);
+  return int(cudaGetLastError());
+}
+
+// Host launchers dispatch by hand: a host lambda must not pass through with_param_type, which is
+// CO2_HOST_DEVICE.
+template <typename P>
+void launch_widen(const void* src, float* dst, size_t n, void* stream) {
+  widen_kernel<P><<<grid_of(n), 256, 0, as_stream(stream)>>>(static_cast<const P*>(src), dst, n);
+}
+
+template <typename P>
+void launch_narrow(const float* src, void* dst, size_t n, void* stream) {
+  narrow_kernel<P><<<grid_of(n), 256, 0, as_stream(stream)>>>(src, static_cast<P*>(dst), n);
+}
+
+int widen_params(const void* src, uint32_t dtype, float* dst, size_t n, void* stream) {
+  if (n == 0) return 0;
+  if (dtype == 1)
+    launch_widen<Bf16>(src, dst, n, stream);
+  else if (dtype == 2)
+    launch_widen<Fp16>(src, dst, n, stream);
+  else
+    launch_widen<float>(src, dst, n, stream);
+  return int(cudaGetLastError());
+}
+
+int narrow_params(const float* src, void* dst, uint32_t dtype, size_t n, void* stream) {
+  if (n == 0) return 0;
+  if (dtype == 1)
+    launch_narrow<Bf16>(src, dst, n, stream);
+  else if (dtype == 2)
+    launch_narrow<Fp16>(src, dst, n, stream);
+  else
+    launch_narrow<float>(src, dst, n, stream);
   return int(cudaGetLastError());
 }
 

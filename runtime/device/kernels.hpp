@@ -8,16 +8,19 @@
 #include <cstdint>
 
 #include "runtime/device/selection.hpp"
+#include "runtime/outer/elements.hpp"
 
 namespace co2::device::kernels {
 
 // One registered tensor / flat segment that takes part in averaging.
 struct SegmentEntry {
-  float* params;          // the framework's parameters (device memory)
+  void* params;           // the framework's parameters (device memory), of `dtype`
   uint64_t state_offset;  // into anchor / momentum / comm buffer
   uint64_t count;
   uint32_t first_chunk;   // its chunks are [first_chunk, next segment's first_chunk)
   uint32_t is_parameter;  // 1: PARAMETER (outer update), 0: BUFFER (plain average)
+  uint32_t dtype;         // ParamDType: 0 fp32, 1 bf16, 2 fp16 (read widened, written rounded)
+  uint32_t reserved;
 };
 
 // Per segment, written by the coefficients kernels and read by the pass.
@@ -57,6 +60,10 @@ struct Config {
   bool update_requested = false;  // an average is in the comm buffer (applied if it is finite)
   bool write_delta = false;    // c <- a - p (co2, and diloco's first pass)
   bool buffer_values = false;  // co2: BUFFER segments send -p and take the average of the values
+  // co2's eager policy on PARAMETER segments: the delta from anchor + offset, the offset and
+  // its filter advanced, the parameters set to the new anchor + offset (docs/algorithm.md).
+  bool eager = false;
+  EagerCoefficients eager_coefficients;
 };
 
 // Device pointers of the engine's device state.
@@ -77,6 +84,8 @@ struct Tables {
   int* delta_nonfinite = nullptr;
   Report* report = nullptr;
   unsigned long long* checksum = nullptr;  // the anchor check's hash
+  float* eager_offset = nullptr;    // e (eager policy), indexed like the anchor
+  float* eager_momentum = nullptr;  // q: the filter of this rank's own deltas; null when not stored
 };
 
 // Elements per chunk: 256 threads x 16 elements. Fixed: the norms' summation order depends on it.
@@ -93,8 +102,14 @@ int checksum(const float* data, size_t n, unsigned long long* out, void* stream)
 int coefficients(const Tables& t, const Config& c, void* stream);
 
 // The fused pass over every chunk, then the per-segment fold of the step norms (gap history)
-// and the boundary's report.
+// and the boundary's report. Under the eager policy, a rank whose delta was not finite then
+// restarts from the anchor: its offsets and their filter are cleared (as the host backend does).
 int boundary_pass(const Tables& t, const Config& c, void* stream);
+
+// dst[0, n) <- the parameters src of `dtype` (ParamDType), widened to fp32.
+int widen_params(const void* src, uint32_t dtype, float* dst, size_t n, void* stream);
+// dst (parameters of `dtype`) <- src[0, n) rounded to nearest even.
+int narrow_params(const float* src, void* dst, uint32_t dtype, size_t n, void* stream);
 
 // A kernel that spins for about `nanoseconds` (benchmarks' synthetic training step, and the test
 // that a non-boundary step does not synchronise the host).

@@ -168,21 +168,9 @@ TEST(WireFormat, BadConfigurationsAreRejectedWithAClearStatus) {
     }
     EXPECT_EQ(engine, nullptr);
 
-    // CUDA tensors: the compressed all-reduce is host-only, whatever the build.
-    c = config_of(CO2_ALGO_CO2, CO2_WIRE_BF16, 1);
-    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
-    co2_tensor_t t = CO2_TENSOR_INIT;
-    float dummy = 0.0f;
-    t.name = "w";
-    t.data = &dummy;
-    t.count = 1;
-    t.device = CO2_DEVICE_CUDA;
-    CO2_EXPECT_STATUS(CO2_ERR_UNSUPPORTED, co2_engine_register_tensor(engine, &t));
-    EXPECT_NE(std::string(co2_last_error_message()).find("CO2_WIRE_FP32"), std::string::npos)
-        << co2_last_error_message();
-    void* flat = nullptr;
-    CO2_EXPECT_STATUS(CO2_ERR_UNSUPPORTED, co2_engine_alloc_flat(engine, 4, CO2_DTYPE_FP32, CO2_DEVICE_CUDA, 0, &flat));
-    CO2_EXPECT_OK(co2_engine_destroy(engine));
+    // CUDA tensors take a compressed wire too over point-to-point transports (the device stages
+    // its deltas: tests/runtime/device/host_executor_test.cpp); over NCCL the device backend
+    // refuses it at commit.
   });
 }
 

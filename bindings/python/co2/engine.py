@@ -168,8 +168,8 @@ class Engine(OwnsHandle):
     "auto" (by the number of outer participants: ranks, or nodes under hierarchy), no penalty,
     no clipping, anchor check every 100 rounds, eager
     "auto" (co2 only: each rank starts its round from the anchor plus its own fresh delta's
-    share, docs/algorithm.md "The eager policy"; "auto" is eager on host tensors and the
-    delayed update on CUDA tensors; True / False force it), wire_format "fp32" (the outer
+    share, docs/algorithm.md "The eager policy"; "auto" is eager, on host and CUDA
+    tensors; True / False force it), wire_format "fp32" (the outer
     all-reduce of co2 and diloco can travel as "bf16" or "int8", accumulated in fp32) with
     error_feedback True (each rank adds what its encodings dropped to its next delta),
     shard_outer_state False (True: each rank keeps only its shard of the anchor and outer

@@ -96,8 +96,8 @@ co2_status_t co2_get_version(int *major, int *minor, int *patch);
 typedef int32_t co2_dtype_t;
 enum {
     CO2_DTYPE_FP32 = 0,
-    CO2_DTYPE_BF16 = 1,   /* parameters on the host (1.1), outer state fp32; not collectives */
-    CO2_DTYPE_FP16 = 2,   /* parameters on the host (1.1), outer state fp32; not collectives */
+    CO2_DTYPE_BF16 = 1,   /* parameters (1.1; CUDA: co2, diloco), outer state fp32; not collectives */
+    CO2_DTYPE_FP16 = 2,   /* parameters (1.1; CUDA: co2, diloco), outer state fp32; not collectives */
     CO2_DTYPE_FP64 = 3,   /* raw collectives only */
     CO2_DTYPE_INT32 = 4,  /* raw collectives only */
     CO2_DTYPE_INT64 = 5   /* raw collectives only */
@@ -334,7 +334,7 @@ co2_status_t co2_request_free(co2_request_t request);
 #define CO2_OUTER_MOMENTUM_AUTO (-1.0) /* resolve by number of outer participants */
 #define CO2_DEFAULT_CLIP_THRESHOLD 1.0
 #define CO2_DEFAULT_ANCHOR_CHECK_INTERVAL 100u
-#define CO2_EAGER_AUTO (-1) /* eager where implemented (host tensors), else delayed */
+#define CO2_EAGER_AUTO (-1) /* eager (co2, host and CUDA tensors) */
 #define CO2_DEFAULT_EAGER CO2_EAGER_AUTO
 #define CO2_DEFAULT_ERROR_FEEDBACK 1
 
@@ -359,8 +359,7 @@ typedef struct co2_engine_config {
     int32_t eager;               /* co2 only: 1 = the eager outer policy (each rank starts
                                     its round from the anchor plus its own fresh delta's
                                     share; docs/algorithm.md), 0 = delayed, CO2_EAGER_AUTO =
-                                    eager on host tensors, delayed on CUDA tensors (not
-                                    implemented there yet); CO2_DEFAULT_EAGER (auto) */
+                                    eager (host and CUDA tensors); CO2_DEFAULT_EAGER (auto) */
     int32_t reserved1;           /* 0                                                     */
     /* --- added in 1.1: compressed outer all-reduce (co2 and diloco on host tensors) --- */
     co2_wire_format_t wire_format; /* CO2_WIRE_FP32; others need a point-to-point transport  */

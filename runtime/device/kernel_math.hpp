@@ -1,0 +1,183 @@
+// The per-element, per-segment and per-chunk work of the boundary kernels, as CO2_HOST_DEVICE
+// functions: kernels.cu keeps only thread indexing and reductions around them, and the host
+// executor (runtime/device/host_executor/) runs the same functions in the same summation order,
+// so the device path is exercised on machines without a GPU.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/boundary_pass.hpp"
+#include "runtime/device/kernels.hpp"
+#include "runtime/host_device.hpp"
+
+namespace co2::device::kernels {
+
+// The fixed thread layout of a chunk; the norms' summation order depends on it.
+constexpr int kThreads = 256;
+constexpr int kPerThread = int(kChunkElements) / kThreads;
+constexpr int kFoldThreads = 256;
+static_assert(kPerThread * kThreads == int(kChunkElements), "chunk = threads x elements per thread");
+
+// Element j of thread `thread` inside a chunk (strided, so that a warp's loads coalesce).
+CO2_HOST_DEVICE inline uint32_t chunk_element(uint32_t thread, int j) { return thread + uint32_t(j) * kThreads; }
+
+CO2_HOST_DEVICE inline bool update_happens(const Config& c, const int* average_nonfinite) {
+  return c.update_requested && *average_nonfinite == 0;
+}
+
+// The segments' chunks are [first_chunk, the next segment's first_chunk).
+CO2_HOST_DEVICE inline uint32_t end_chunk(const Tables& t, uint32_t s) {
+  return s + 1 < t.num_segments ? t.segments[s + 1].first_chunk : t.num_chunks;
+}
+
+CO2_HOST_DEVICE inline OuterCoefficients coefficients_of(const Config& c, const SegmentEntry& seg,
+                                                         const SegmentCoefficients& sc) {
+  return update_coefficients_of(seg.is_parameter, anchor_weight_of(c.buffer_values, seg.is_parameter), c.alpha, c.beta,
+                                c.clip_threshold, sc.lambda, sc.norm_scale);
+}
+
+// Segment s's staleness penalty; advances its gap history when an update happens.
+CO2_HOST_DEVICE inline void segment_lambda(const Tables& t, const Config& c, bool update, uint32_t s) {
+  double lambda = 1.0;
+  if (update && t.segments[s].is_parameter) {
+    GapState& g = t.gap[s];
+    uint64_t updates = g.updates;
+    lambda = penalty_lambda(c.penalty, c.penalty_constant, g.last_step_norm, &g.gap_sum, &updates);
+    g.updates = updates;
+  }
+  t.coefficients[s].lambda = lambda;
+  t.coefficients[s].norm_scale = 1.0;
+}
+
+// Norm clipping: one element's (beta*m + lambda*c)^2, element i of chunk ch.
+CO2_HOST_DEVICE inline double candidate_square(const Tables& t, const Config& c, const Chunk& ch, uint32_t i) {
+  const SegmentEntry& seg = t.segments[ch.segment];
+  const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
+  const uint64_t at = seg.state_offset + ch.begin + i;
+  const float u = momentum_candidate(t.momentum ? t.momentum[at] : 0.0f, t.comm[at], k);
+  return double(u) * double(u);
+}
+
+// Norm clipping: segment s's scale from its chunks' sums of squares, folded in chunk order.
+CO2_HOST_DEVICE inline void segment_norm_scale(const Tables& t, const Config& c, uint32_t s) {
+  if (!t.segments[s].is_parameter) return;
+  double sum = 0.0;
+  for (uint32_t k = t.segments[s].first_chunk; k < end_chunk(t, s); ++k) sum += t.chunk_squares[k];
+  t.coefficients[s].norm_scale = norm_clip_scale(sum, c.clip_threshold);
+}
+
+// One element of the fused pass: the outer update (when `update`) and the delta (when
+// c.write_delta), from the loaded anchor, parameter, momentum and average values, and under the
+// eager policy (c.eager, PARAMETER segments) from the rank's offset e and its filter q.
+struct PassResult {
+  float anchor;    // the new anchor
+  float momentum;  // the new momentum (when the segment has one and update)
+  float delta;     // the comm buffer's new value (when write_delta)
+  float step;      // the outer step (its square goes into the step norm)
+  float param;     // the new parameter: the new anchor, plus the new offset when eager
+  float offset;    // eager: the new e
+  float filtered;  // eager: the new q
+};
+
+// `param` is the parameter as stored (P): the delta starts from the start rounded as P held it.
+template <bool kValueClip, typename P>
+CO2_HOST_DEVICE inline PassResult pass_element(const Config& c, const OuterCoefficients& k, bool update, bool is_parameter,
+                                               float anchor_old, P param, float momentum, float average,
+                                               float offset, float filtered, uint32_t* clamped) {
+  const float base_value = anchor_base(anchor_old, k);
+  PassResult r{anchor_old, momentum, 0.0f, 0.0f, anchor_old, offset, filtered};
+  if (update) {
+    r.momentum = clip_momentum<kValueClip>(momentum_candidate(momentum, average, k), k, clamped);
+    r.step = is_parameter && c.nesterov ? outer_step<true>(r.momentum, average, k)
+                                        : outer_step<false>(r.momentum, average, k);
+    r.anchor = next_anchor(base_value, r.step, k);
+  }
+  r.param = r.anchor;
+  if (c.eager && c.write_delta && is_parameter) {
+    // The rank trained from anchor + e (PARAMETER: anchor weight 1).
+    r.delta = delta_element(round_start(anchor_old, offset), param);
+    r.filtered = eager_filtered(r.delta, c.eager_coefficients.momentum ? filtered : 0.0f, c.eager_coefficients);
+    r.offset = eager_offset(r.delta, r.filtered, c.eager_coefficients);
+    r.param = round_start(r.anchor, r.offset);
+  } else if (c.write_delta) {
+    r.delta = delta_element(base_value, param);
+  }
+  return r;
+}
+
+// Per-thread partials of the fold: penalty range, smallest scale and counts over segments.
+// A plain aggregate (kernels keep an array of them in shared memory): start from empty_fold().
+struct FoldPartial {
+  double penalty_min, penalty_max, scale_min;
+  unsigned long long clamped, trained, scaled;
+};
+CO2_HOST_DEVICE inline FoldPartial empty_fold() { return FoldPartial{1e300, 0.0, 1.0, 0, 0, 0}; }
+
+// Segment s's step norm (the gap history) and its share of the report.
+CO2_HOST_DEVICE inline void fold_segment(const Tables& t, const Config& c, uint32_t s, FoldPartial* f) {
+  const SegmentEntry& seg = t.segments[s];
+  double sum = 0.0;
+  for (uint32_t k = seg.first_chunk; k < end_chunk(t, s); ++k) {
+    sum += t.chunk_squares[k];
+    f->clamped += t.chunk_clamped[k];
+  }
+  t.gap[s].last_step_norm = step_gap(double(c.alpha), sum);
+  const SegmentCoefficients sc = t.coefficients[s];
+  f->penalty_min = fmin(f->penalty_min, sc.lambda);
+  f->penalty_max = fmax(f->penalty_max, sc.lambda);
+  f->scale_min = fmin(f->scale_min, sc.norm_scale);
+  f->scaled += sc.norm_scale < 1.0;
+  f->trained += seg.count;
+}
+
+// The report from the threads' partials, merged in thread order.
+CO2_HOST_DEVICE inline Report fold_report(const Tables& t, const Config& c, bool update, const FoldPartial* partials,
+                                          int count) {
+  Report r{};
+  r.update_requested = c.update_requested;
+  r.applied = update;
+  r.delta_nonfinite = c.write_delta && *t.delta_nonfinite != 0;
+  r.penalty_min = 1e300;
+  r.penalty_max = 0.0;
+  r.scale_min = 1.0;
+  for (int i = 0; i < count; ++i) {
+    r.penalty_min = fmin(r.penalty_min, partials[i].penalty_min);
+    r.penalty_max = fmax(r.penalty_max, partials[i].penalty_max);
+    r.scale_min = fmin(r.scale_min, partials[i].scale_min);
+    r.clamped += partials[i].clamped;
+    r.trained_elements += partials[i].trained;
+    r.scaled_segments += partials[i].scaled;
+  }
+  return r;
+}
+
+// Eager policy, after a pass whose delta was not finite on this rank: the rank restarts from the
+// anchor with no offset (element i of chunk ch, parameters of type P).
+template <typename P>
+CO2_HOST_DEVICE inline void eager_restart_element(const Tables& t, const Chunk& ch, uint32_t i) {
+  const SegmentEntry& seg = t.segments[ch.segment];
+  const uint64_t at = seg.state_offset + ch.begin + i;
+  static_cast<P*>(seg.params)[ch.begin + i] = narrow<P>(t.anchor[at]);
+  t.eager_offset[at] = 0.0f;
+  if (t.eager_momentum) t.eager_momentum[at] = 0.0f;
+}
+
+// Calls f(P*) with a segment's parameters as their stored type.
+template <typename F>
+CO2_HOST_DEVICE inline void with_param_type(uint32_t dtype, F&& f) {
+  if (dtype == 1)
+    f(static_cast<Bf16*>(nullptr));
+  else if (dtype == 2)
+    f(static_cast<Fp16*>(nullptr));
+  else
+    f(static_cast<float*>(nullptr));
+}
+
+// The fixed-shape tree over kThreads values (a chunk's block reduction); values[0] gets the sum.
+// The kernel runs it in shared memory with a barrier between levels; the host runs the loops.
+CO2_HOST_DEVICE inline void tree_level(double* values, int stride, int thread) {
+  if (thread < stride) values[thread] += values[thread + stride];
+}
+
+}  // namespace co2::device::kernels

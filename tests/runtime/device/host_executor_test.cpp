@@ -1,0 +1,348 @@
+// Every feature of the device path against the host backend. Built twice: on the host executor
+// (runtime/device/host_executor/: device_backend.cpp, its kernels' element math and its staging
+// run on the CPU, so every build checks the CUDA path without a GPU), and, in CUDA builds, with
+// CO2_FEATURES_ON_GPU against the real runtime and kernels (scripts/gpu-check.sh; exit 77 without
+// a usable device). The tests of the order of operations need the executor's record.
+//
+// Equality is bit for bit where no norm is involved: the host executor runs the kernels'
+// CO2_HOST_DEVICE element functions (kernel_math.hpp), and the averages arrive through the same
+// communicator in the same order. The gap penalty and norm clipping depend on a sum of squares
+// that the host pass folds in fp32 lanes of 128 elements and the kernels in fp64 per chunk: the
+// penalties and scales then agree to about 1e-7 relative, and the parameters to the GPU test's
+// tolerance (2e-5 relative).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/runtime/device/device_training.hpp"
+#ifdef CO2_FEATURES_ON_GPU
+#include <cstdio>
+
+#include "runtime/device/selection.hpp"
+#else
+#include "runtime/device/host_executor/executor_log.hpp"
+#endif
+
+namespace {
+
+using namespace co2test::device_training;
+
+bool uses_norms(const co2_engine_config_t& c) { return c.penalty == CO2_PENALTY_GAP || c.clip == CO2_CLIP_NORM; }
+
+void expect_equal(const Result& device, const Result& host, bool bitwise, const std::string& what) {
+  ASSERT_EQ(device.params.size(), host.params.size()) << what;
+  for (size_t t = 0; t < host.params.size(); ++t)
+    for (size_t i = 0; i < host.params[t].size(); ++i) {
+      const float d = device.params[t][i], h = host.params[t][i];
+      if (bitwise)
+        ASSERT_EQ(std::memcmp(&d, &h, sizeof(float)), 0)
+            << what << ": tensor " << kShapes[t].name << " element " << i << ": device " << d << " host " << h;
+      else
+        ASSERT_NEAR(d, h, 2e-5f * (1.0f + std::fabs(h))) << what << ": tensor " << kShapes[t].name << " element " << i;
+    }
+  EXPECT_EQ(device.stats.rounds, host.stats.rounds) << what;
+  EXPECT_EQ(device.stats.outer_updates, host.stats.outer_updates) << what;
+  const double relative = bitwise ? 0.0 : 1e-6;
+  EXPECT_NEAR(device.stats.last_penalty_min, host.stats.last_penalty_min, relative * host.stats.last_penalty_min) << what;
+  EXPECT_NEAR(device.stats.last_clip_scale_min, host.stats.last_clip_scale_min, relative * host.stats.last_clip_scale_min)
+      << what;
+  EXPECT_NEAR(device.stats.last_clip_fraction, host.stats.last_clip_fraction, bitwise ? 0.0 : 1e-3) << what;
+}
+
+// co2 runs under both outer policies, delayed (eager 0) and eager (1); the others have one.
+std::vector<co2_engine_config_t> configs_of(const Policy& p) {
+  co2_engine_config_t c = config_of(p);
+  c.eager = 0;
+  if (p.algorithm != CO2_ALGO_CO2) return {c};
+  co2_engine_config_t eager = c;
+  eager.eager = 1;
+  return {c, eager};
+}
+
+std::string name_of(const Policy& p, const co2_engine_config_t& c, int world) {
+  return std::string(p.name) + (c.eager == 1 ? " eager" : "") + " W=" + std::to_string(world);
+}
+
+co2_engine_config_t delayed_config_of(const Policy& p) { return configs_of(p)[0]; }
+
+TEST(DeviceFeatures, DevicePathEqualsHostForEveryAlgorithmAndPolicy) {
+  for (const Policy& p : kPolicies)
+    for (const co2_engine_config_t& c : configs_of(p))
+      for (int world : {1, 2})
+        expect_equal(run(true, world, c, 14), run(false, world, c, 14), !uses_norms(c), name_of(p, c, world));
+}
+
+// CO2_EAGER_AUTO, the default, is the eager policy on CUDA tensors as on host tensors.
+TEST(DeviceFeatures, EagerAutoIsEagerOnTheDevice) {
+  co2_engine_config_t automatic = config_of(kPolicies[1]);
+  ASSERT_EQ(automatic.eager, CO2_EAGER_AUTO);
+  co2_engine_config_t eager = automatic;
+  eager.eager = 1;
+  const Result by_auto = run(true, 2, automatic, 14);
+  expect_equal(by_auto, run(true, 2, eager, 14), true, "auto against eager");
+  co2_engine_config_t delayed = automatic;
+  delayed.eager = 0;
+  EXPECT_NE(run(true, 2, delayed, 14).params, by_auto.params) << "the policies must differ for this test to mean anything";
+}
+
+// Saved at a boundary with the co2 average in flight, an engine resumes bit for bit: the
+// average, the anchor, the momentum and the gap history travel through the checkpoint. Only the
+// algorithms with an anchor: localsgd and sync keep no copy of the parameters, which the
+// framework checkpoints itself.
+TEST(DeviceFeatures, CheckpointsResumeBitForBitOnDeviceAsOnHost) {
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
+    for (const co2_engine_config_t& c : configs_of(p))  // tau 3
+      for (bool device : {true, false})
+        for (int world : {1, 2}) {
+          std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+          Checkpointing save;
+          save.save_after = 9;
+          save.saved = &blobs;
+          const Result straight = run(device, world, c, 15, save);
+          Checkpointing resume;
+          resume.restore = &blobs;
+          resume.resume_at = 9;
+          const Result resumed = run(device, world, c, 15, resume);
+          expect_equal(resumed, straight, true, name_of(p, c, world) + (device ? " device" : " host") + " resumed");
+        }
+  }
+}
+
+// Compressed outer all-reduces: the device stages its deltas through host memory and the host's
+// wire code encodes them, with error feedback, so the results equal the host backend's.
+TEST(DeviceFeatures, WireFormatsWithErrorFeedbackEqualHost) {
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
+    for (co2_engine_config_t c : configs_of(p))
+      for (co2_wire_format_t wire : {CO2_WIRE_BF16, CO2_WIRE_INT8})
+        for (int feedback : {0, 1}) {
+          c.wire_format = wire;
+          c.error_feedback = feedback;
+          const std::string what = name_of(p, c, 2) + (wire == CO2_WIRE_BF16 ? " bf16" : " int8") + " wire" +
+                                   (feedback ? " with error feedback" : "");
+          expect_equal(run(true, 2, c, 14), run(false, 2, c, 14), !uses_norms(c), what);
+        }
+  }
+}
+
+// A checkpoint carries the error feedback's residual of a CUDA engine as of a host one.
+TEST(DeviceFeatures, WireCheckpointsResumeBitForBit) {
+  for (co2_engine_config_t c : configs_of(kPolicies[1])) {
+    c.wire_format = CO2_WIRE_INT8;
+    c.error_feedback = 1;
+    std::vector<std::vector<char>> blobs(2);
+    Checkpointing save;
+    save.save_after = 9;
+    save.saved = &blobs;
+    const Result straight = run(true, 2, c, 15, save);
+    Checkpointing resume;
+    resume.restore = &blobs;
+    resume.resume_at = 9;
+    expect_equal(run(true, 2, c, 15, resume), straight, true, name_of(kPolicies[1], c, 2) + " int8 resumed");
+  }
+}
+
+// bf16 and fp16 parameters with the fp32 outer state: read widened, deltas from the start as the
+// parameters held it, written rounded, in the fused pass and in checkpoints, as on the host.
+TEST(DeviceFeatures, SixteenBitParametersEqualHost) {
+  for (co2_dtype_t dtype : {CO2_DTYPE_BF16, CO2_DTYPE_FP16})
+    for (const Policy& p : kPolicies) {
+      if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
+      for (const co2_engine_config_t& c : configs_of(p))
+        for (int world : {1, 2}) {
+          const std::string what = name_of(p, c, world) + (dtype == CO2_DTYPE_BF16 ? " bf16" : " fp16");
+          Precision precision;
+          precision.dtype = dtype;
+          expect_equal(run(true, world, c, 14, {}, precision), run(false, world, c, 14, {}, precision), !uses_norms(c),
+                       what);
+          std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+          Checkpointing save;
+          save.save_after = 9;
+          save.saved = &blobs;
+          const Result straight = run(true, world, c, 15, save, precision);
+          Checkpointing resume;
+          resume.restore = &blobs;
+          resume.resume_at = 9;
+          expect_equal(run(true, world, c, 15, resume, precision), straight, true, what + " resumed");
+        }
+    }
+}
+
+// localsgd and sync keep no fp32 anchor: 16-bit CUDA parameters are refused there, saying so.
+TEST(DeviceFeatures, SixteenBitParametersWithoutAnAnchorAreRefused) {
+  co2test::run_ranks(1, [&](int, co2_comm_t comm) {
+    for (co2_algorithm_t algorithm : {CO2_ALGO_LOCALSGD, CO2_ALGO_SYNC}) {
+      co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+      c.algorithm = algorithm;
+      co2_engine_t engine = nullptr;
+      CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+      void* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, 64 * 2), cudaSuccess);
+      co2_tensor_t tensor = CO2_TENSOR_INIT;
+      tensor.name = "w";
+      tensor.count = 64;
+      tensor.data = d;
+      tensor.dtype = CO2_DTYPE_BF16;
+      tensor.device = CO2_DEVICE_CUDA;
+      CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+      EXPECT_EQ(co2_engine_commit(engine), CO2_ERR_UNSUPPORTED);
+      EXPECT_NE(std::string(co2_last_error_message()).find("fp32 parameters"), std::string::npos)
+          << co2_last_error_message();
+      CO2_ASSERT_OK(co2_engine_destroy(engine));
+      cudaFree(d);
+    }
+  });
+}
+
+// Eager policy: a rank whose parameters went NaN sends a non-finite delta; every rank skips that
+// average (NONFINITE at the next boundary) and the poisoned rank restarts from the anchor without
+// its offsets, on the device (a kernel) as on the host. Two ranks, rank 1 poisoned in round 2.
+std::vector<std::vector<float>> eager_after_poison(bool device, std::vector<co2_status_t>* statuses) {
+  std::vector<std::vector<float>> params(2);
+  co2test::run_ranks(2, [&](int rank, co2_comm_t comm) {
+    co2_engine_config_t c = delayed_config_of(kPolicies[1]);
+    c.eager = 1;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+    const size_t n = 4096 + 5;
+    std::vector<float> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = 0.001f * float(i % 31) + 0.1f * float(rank);
+    void* d = nullptr;
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.count = n;
+    if (device) {
+      ASSERT_EQ(cudaMalloc(&d, n * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      tensor.data = d;
+      tensor.device = CO2_DEVICE_CUDA;
+    } else {
+      tensor.data = host.data();
+    }
+    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+    CO2_ASSERT_OK(co2_engine_commit(engine));
+    auto transfer = [&](bool down) {
+      if (!device) return;
+      ASSERT_EQ(down ? cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost)
+                     : cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    };
+    for (int step = 0; step < 15; ++step) {  // tau 3
+      transfer(true);
+      for (size_t i = 0; i < n; ++i) host[i] -= 0.01f * std::sin(0.01f * float(i) + float(step + rank));
+      if (rank == 1 && step == 4) host[7] = std::nanf("");
+      transfer(false);
+      const co2_status_t status = co2_engine_step(engine, nullptr, nullptr);
+      if (rank == 0) statuses->push_back(status);
+    }
+    CO2_ASSERT_OK(co2_engine_finalize(engine));
+    transfer(true);
+    params[size_t(rank)] = host;
+    CO2_ASSERT_OK(co2_engine_destroy(engine));
+    if (d) cudaFree(d);
+  });
+  return params;
+}
+
+TEST(DeviceFeatures, EagerRankWithANonFiniteDeltaRestartsFromTheAnchorAsOnHost) {
+  std::vector<co2_status_t> device_statuses, host_statuses;
+  const auto device = eager_after_poison(true, &device_statuses);
+  const auto host = eager_after_poison(false, &host_statuses);
+  EXPECT_EQ(device_statuses, host_statuses);
+  EXPECT_NE(std::find(host_statuses.begin(), host_statuses.end(), CO2_ERR_NONFINITE), host_statuses.end())
+      << "the poisoned round must be skipped for this test to mean anything";
+  for (size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(device[r].size(), host[r].size());
+    for (size_t i = 0; i < host[r].size(); ++i) {
+      ASSERT_TRUE(std::isfinite(device[r][i])) << "rank " << r << " element " << i;
+      ASSERT_EQ(std::memcmp(&device[r][i], &host[r][i], sizeof(float)), 0)
+          << "rank " << r << " element " << i << ": device " << device[r][i] << " host " << host[r][i];
+    }
+  }
+}
+
+#ifndef CO2_FEATURES_ON_GPU
+namespace executor = co2::device::host_executor;
+
+size_t first_at_or_after(const std::vector<std::string>& ops, const std::string& op, size_t from) {
+  return size_t(std::find(ops.begin() + std::ptrdiff_t(std::min(from, ops.size())), ops.end(), op) - ops.begin());
+}
+
+// A co2 boundary on one rank (nothing staged): the coefficients, then the fused pass, then its
+// fold; each boundary after the first applies the average that the previous one submitted, so
+// the kernels repeat in this order once per boundary and never interleave.
+TEST(DeviceFeatures, Co2BoundariesIssueCoefficientsPassFoldInOrder) {
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2) continue;
+    executor::clear_recorded();
+    run(true, 1, delayed_config_of(p), 12);  // tau 3: 4 boundaries
+    std::vector<std::string> kernels;
+    for (const std::string& op : executor::recorded())
+      if (op == "kernel lambda" || op == "kernel pass" || op == "kernel fold") kernels.push_back(op);
+    ASSERT_FALSE(kernels.empty()) << p.name;
+    ASSERT_EQ(kernels.size() % 3, 0u) << p.name;
+    for (size_t i = 0; i < kernels.size(); i += 3) {
+      EXPECT_EQ(kernels[i], "kernel lambda") << p.name << " at " << i;
+      EXPECT_EQ(kernels[i + 1], "kernel pass") << p.name << " at " << i;
+      EXPECT_EQ(kernels[i + 2], "kernel fold") << p.name << " at " << i;
+    }
+  }
+}
+
+// Two ranks over a point-to-point communicator take the staged path: at each co2 boundary the
+// arrived average is staged in (host to device) before the pass, and the deltas the pass writes
+// are staged out (device to host) after it, as the host backend applies before it submits.
+TEST(DeviceFeatures, StagedCo2BoundaryStagesInThenPassesThenStagesOut) {
+  executor::clear_recorded();
+  run(true, 2, delayed_config_of(kPolicies[0]), 12);
+  const std::vector<std::string> ops = executor::recorded();
+  size_t boundaries = 0;
+  for (size_t at = first_at_or_after(ops, "kernel pass", 0); at < ops.size();
+       at = first_at_or_after(ops, "kernel pass", at + 1)) {
+    ++boundaries;
+    EXPECT_LT(first_at_or_after(ops, "copy D2H", at), ops.size()) << "no delta staged out after pass " << boundaries;
+  }
+  EXPECT_GE(boundaries, 8u);  // 4 boundaries x 2 ranks
+  // Before the first pass that applies an average, an average was staged in.
+  EXPECT_LT(first_at_or_after(ops, "copy H2D", 0), first_at_or_after(ops, "kernel pass", 0));
+}
+
+#endif  // CO2_FEATURES_ON_GPU
+
+// Tensors that are not device memory are refused with a message, not read as device memory.
+TEST(DeviceFeatures, HostMemoryDeclaredCudaIsRefused) {
+  co2test::run_ranks(1, [&](int, co2_comm_t comm) {
+    co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+    std::vector<float> host(64);
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.count = host.size();
+    tensor.data = host.data();
+    tensor.device = CO2_DEVICE_CUDA;
+    EXPECT_EQ(co2_engine_register_tensor(engine, &tensor), CO2_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(co2_last_error_message()).find("not"), std::string::npos) << co2_last_error_message();
+    CO2_ASSERT_OK(co2_engine_destroy(engine));
+  });
+}
+
+}  // namespace
+
+#ifdef CO2_FEATURES_ON_GPU
+int main(int argc, char** argv) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (co2::device::usable_device_count(int(e), count) == 0) {
+    std::printf("no usable CUDA device (cudaGetDeviceCount: %d, %s): skipped\n", int(e), cudaGetErrorString(e));
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
+#endif
