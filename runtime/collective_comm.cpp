@@ -10,23 +10,6 @@ namespace {
 constexpr std::chrono::microseconds kPollInterval{50};
 }  // namespace
 
-Status status_of(transport::Outcome outcome) {
-  switch (outcome) {
-    case transport::Outcome::Done:
-    case transport::Outcome::Pending:
-      return Status::Ok;
-    case transport::Outcome::PeerLost:
-      return Status::PeerLost;
-    case transport::Outcome::SizeMismatch:
-      return Status::CollectiveMismatch;
-    case transport::Outcome::Aborted:
-      return Status::Aborted;
-    case transport::Outcome::Failed:
-      break;
-  }
-  return Status::Transport;
-}
-
 CollectiveBackend::CollectiveBackend(std::unique_ptr<transport::Collective> transport,
                                      const CommOptions& options)
     : transport_(std::move(transport)),
@@ -186,7 +169,7 @@ void CollectiveBackend::poll_loop() {
         std::lock_guard<std::mutex> transport_lock(transport_mutex_);
         message = transport_->error_message();
       }
-      fail(status_of(outcome), message.empty() ? "collective transport failed" : message);
+      fail(collectives::status_of(outcome), message.empty() ? "collective transport failed" : message);
       lock.lock();
       continue;
     }

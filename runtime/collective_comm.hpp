@@ -89,7 +89,4 @@ class CollectiveBackend {
   std::thread poller_;
 };
 
-// The status a transport outcome maps to (shared with the point-to-point path's choices).
-Status status_of(transport::Outcome outcome);
-
 }  // namespace co2
