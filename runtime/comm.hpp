@@ -98,8 +98,8 @@ struct WireCompression {
   SegmentStarts segments;
 };
 
-class CollectiveEngine;  // defined in comm.cpp: the progress thread and the active collectives
-class CollectiveBackend;  // runtime/collective_comm.hpp: collective-kind transports (NCCL)
+class PointToPointExecutor;  // defined in comm.cpp: the progress thread and the active collectives
+class CollectiveTransportExecutor;  // runtime/collective_comm.hpp: collective-kind transports (NCCL)
 
 class Communicator {
  public:
@@ -183,8 +183,8 @@ class Communicator {
   int collective_device() const;
 
  private:
-  std::unique_ptr<CollectiveEngine> engine_;
-  std::unique_ptr<CollectiveBackend> backend_;  // instead of engine_ for collective transports
+  std::unique_ptr<PointToPointExecutor> point_to_point_;
+  std::unique_ptr<CollectiveTransportExecutor> collective_transport_;  // instead of point_to_point_ for collective transports
   std::atomic<uint32_t> next_owner_{1};
 };
 
