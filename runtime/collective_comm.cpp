@@ -10,24 +10,7 @@ namespace {
 constexpr std::chrono::microseconds kPollInterval{50};
 }  // namespace
 
-Status status_of(transport::Outcome outcome) {
-  switch (outcome) {
-    case transport::Outcome::Done:
-    case transport::Outcome::Pending:
-      return Status::Ok;
-    case transport::Outcome::PeerLost:
-      return Status::PeerLost;
-    case transport::Outcome::SizeMismatch:
-      return Status::CollectiveMismatch;
-    case transport::Outcome::Aborted:
-      return Status::Aborted;
-    case transport::Outcome::Failed:
-      break;
-  }
-  return Status::Transport;
-}
-
-CollectiveBackend::CollectiveBackend(std::unique_ptr<transport::Collective> transport,
+CollectiveTransportExecutor::CollectiveTransportExecutor(std::unique_ptr<transport::Collective> transport,
                                      const CommOptions& options)
     : transport_(std::move(transport)),
       options_(options),
@@ -37,7 +20,7 @@ CollectiveBackend::CollectiveBackend(std::unique_ptr<transport::Collective> tran
   poller_ = std::thread([this] { poll_loop(); });
 }
 
-CollectiveBackend::~CollectiveBackend() {
+CollectiveTransportExecutor::~CollectiveTransportExecutor() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -55,7 +38,7 @@ CollectiveBackend::~CollectiveBackend() {
   }
 }
 
-std::shared_ptr<Request> CollectiveBackend::submit(collectives::Descriptor descriptor,
+std::shared_ptr<Request> CollectiveTransportExecutor::submit(collectives::Descriptor descriptor,
                                                    const Post& post,
                                                    std::function<void()> on_result) {
   {
@@ -94,7 +77,7 @@ std::shared_ptr<Request> CollectiveBackend::submit(collectives::Descriptor descr
   return request;
 }
 
-transport::Outcome CollectiveBackend::test_check(Active& front) {
+transport::Outcome CollectiveTransportExecutor::test_check(Active& front) {
   if (front.checked) return transport::Outcome::Done;
   transport::Outcome outcome;
   {
@@ -115,7 +98,7 @@ transport::Outcome CollectiveBackend::test_check(Active& front) {
   return transport::Outcome::Done;
 }
 
-void CollectiveBackend::fail(Status status, const std::string& message) {
+void CollectiveTransportExecutor::fail(Status status, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (error_ != Status::Ok) return;
@@ -128,22 +111,22 @@ void CollectiveBackend::fail(Status status, const std::string& message) {
   cv_.notify_all();
 }
 
-void CollectiveBackend::fail_all_locked() {
+void CollectiveTransportExecutor::fail_all_locked() {
   for (Active& a : active_) a.request->complete(error_, error_message_);
   active_.clear();
 }
 
-Status CollectiveBackend::error_status() const {
+Status CollectiveTransportExecutor::error_status() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_;
 }
 
-std::string CollectiveBackend::error_message() const {
+std::string CollectiveTransportExecutor::error_message() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_message_;
 }
 
-void CollectiveBackend::poll_loop() {
+void CollectiveTransportExecutor::poll_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     if (active_.empty()) {
@@ -186,7 +169,7 @@ void CollectiveBackend::poll_loop() {
         std::lock_guard<std::mutex> transport_lock(transport_mutex_);
         message = transport_->error_message();
       }
-      fail(status_of(outcome), message.empty() ? "collective transport failed" : message);
+      fail(collectives::status_of(outcome), message.empty() ? "collective transport failed" : message);
       lock.lock();
       continue;
     }

@@ -1,4 +1,4 @@
-// The communicator's backend for collective-kind transports (NCCL): collectives are posted to
+// The communicator's executor for collective-kind transports (NCCL): collectives are posted to
 // the transport (stream-ordered) from the submitting thread, and one poller thread per
 // communicator completes their Requests. Fault handling is the same as over point-to-point: a
 // sticky first error, the transport aborted so peers fail promptly, the no-progress timeout
@@ -29,14 +29,14 @@
 
 namespace co2 {
 
-class CollectiveBackend {
+class CollectiveTransportExecutor {
  public:
   using Post = std::function<transport::Handle(transport::Collective&)>;
 
-  CollectiveBackend(std::unique_ptr<transport::Collective> transport, const CommOptions& options);
-  ~CollectiveBackend();  // fails what is in flight with Aborted, joins the poller
-  CollectiveBackend(const CollectiveBackend&) = delete;
-  CollectiveBackend& operator=(const CollectiveBackend&) = delete;
+  CollectiveTransportExecutor(std::unique_ptr<transport::Collective> transport, const CommOptions& options);
+  ~CollectiveTransportExecutor();  // fails what is in flight with Aborted, joins the poller
+  CollectiveTransportExecutor(const CollectiveTransportExecutor&) = delete;
+  CollectiveTransportExecutor& operator=(const CollectiveTransportExecutor&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -88,8 +88,5 @@ class CollectiveBackend {
   bool stop_ = false;
   std::thread poller_;
 };
-
-// The status a transport outcome maps to (shared with the point-to-point path's choices).
-Status status_of(transport::Outcome outcome);
 
 }  // namespace co2

@@ -27,9 +27,10 @@
 #include <optional>
 #include <string>
 
-#include "runtime/comm.hpp"
 #include "runtime/status.hpp"
+#include "runtime/types.hpp"
 #include "runtime/wire_format.hpp"
+#include "transports/collective.hpp"
 #include "transports/transport.hpp"
 
 namespace co2::collectives {

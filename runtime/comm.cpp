@@ -12,37 +12,6 @@
 
 namespace co2 {
 
-size_t dtype_size(DataType dtype) {
-  switch (dtype) {
-    case DataType::F32: return 4;
-    case DataType::F64: return 8;
-    case DataType::I32: return 4;
-    case DataType::I64: return 8;
-  }
-  fail(Status::UnknownEnum, "unknown data type " + std::to_string(int(dtype)));
-}
-
-const char* purpose_name(Purpose purpose) {
-  switch (purpose) {
-    case Purpose::User: return "user";
-    case Purpose::OuterAverage: return "outer-average";
-    case Purpose::ParameterAverage: return "parameter-average";
-    case Purpose::Consensus: return "consensus";
-    case Purpose::AnchorCheck: return "anchor-check";
-    case Purpose::LayoutHash: return "layout-hash";
-    case Purpose::InitialBroadcast: return "initial-broadcast";
-    case Purpose::GradientAverage: return "gradient-average";
-    case Purpose::Split: return "split";
-    case Purpose::AdvisorAgreement: return "advisor-agreement";
-  }
-  return "purpose?";
-}
-
-bool is_control_purpose(Purpose purpose) {
-  return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash || purpose == Purpose::Split ||
-         purpose == Purpose::AdvisorAgreement;
-}
-
 uint64_t PurposeSequences::peek(CollectiveId id) const {
   const auto found = next_.find(key(id));
   return found == next_.end() ? 0 : found->second;
@@ -103,7 +72,7 @@ void Request::complete(Status status, const std::string& message) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// CollectiveEngine: the progress thread and the collectives it drives.
+// PointToPointExecutor: the progress thread and the collectives it drives.
 
 namespace {
 
@@ -132,13 +101,13 @@ std::string chain_stopped_message(const std::string& collective, const std::stri
 
 }  // namespace
 
-class CollectiveEngine {
+class PointToPointExecutor {
  public:
   using Factory = std::function<std::unique_ptr<collectives::Collective>(
       transport::PointToPoint&, const collectives::Descriptor&, const collectives::Tuning&)>;
 
-  CollectiveEngine(std::unique_ptr<transport::PointToPoint> transport, const CommOptions& options);
-  ~CollectiveEngine();
+  PointToPointExecutor(std::unique_ptr<transport::PointToPoint> transport, const CommOptions& options);
+  ~PointToPointExecutor();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -201,7 +170,7 @@ class CollectiveEngine {
   std::thread progress_thread_;  // last: starts once everything above is initialised
 };
 
-CollectiveEngine::CollectiveEngine(std::unique_ptr<transport::PointToPoint> transport,
+PointToPointExecutor::PointToPointExecutor(std::unique_ptr<transport::PointToPoint> transport,
                                    const CommOptions& options)
     : transport_(std::move(transport)),
       options_(options),
@@ -210,7 +179,7 @@ CollectiveEngine::CollectiveEngine(std::unique_ptr<transport::PointToPoint> tran
       size_(transport_->size()),
       progress_thread_([this] { run(); }) {}
 
-CollectiveEngine::~CollectiveEngine() {
+PointToPointExecutor::~PointToPointExecutor() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_requested_ = true;
@@ -221,7 +190,7 @@ CollectiveEngine::~CollectiveEngine() {
   abandoned_.clear();
 }
 
-std::shared_ptr<Request> CollectiveEngine::submit(collectives::Descriptor descriptor,
+std::shared_ptr<Request> PointToPointExecutor::submit(collectives::Descriptor descriptor,
                                                   const Factory& make,
                                                   std::function<void()> on_result,
                                                   std::shared_ptr<Request> after) {
@@ -244,7 +213,7 @@ std::shared_ptr<Request> CollectiveEngine::submit(collectives::Descriptor descri
   return request;
 }
 
-void CollectiveEngine::fail(Status status, const std::string& message) {
+void PointToPointExecutor::fail(Status status, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_) return;
@@ -256,17 +225,17 @@ void CollectiveEngine::fail(Status status, const std::string& message) {
   wake_.notify_all();
 }
 
-Status CollectiveEngine::error_status() const {
+Status PointToPointExecutor::error_status() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_status_;
 }
 
-std::string CollectiveEngine::error_message() const {
+std::string PointToPointExecutor::error_message() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_message_;
 }
 
-void CollectiveEngine::run() {
+void PointToPointExecutor::run() {
   std::vector<Active> active;
   for (;;) {
     bool stopping = false;
@@ -296,7 +265,7 @@ void CollectiveEngine::run() {
   }
 }
 
-bool CollectiveEngine::advance_all(std::vector<Active>& active) {
+bool PointToPointExecutor::advance_all(std::vector<Active>& active) {
   bool progressed = false;
   for (auto it = active.begin(); it != active.end();) {
     collectives::Collective& collective = *it->submitted.collective;
@@ -335,7 +304,7 @@ bool CollectiveEngine::advance_all(std::vector<Active>& active) {
   return progressed;
 }
 
-void CollectiveEngine::enforce_progress_timeout(const std::vector<Active>& active) {
+void PointToPointExecutor::enforce_progress_timeout(const std::vector<Active>& active) {
   const auto now = Clock::now();
   for (const Active& entry : active) {
     if (now - entry.last_progress < options_.timeout) continue;
@@ -347,7 +316,7 @@ void CollectiveEngine::enforce_progress_timeout(const std::vector<Active>& activ
   }
 }
 
-void CollectiveEngine::fail_all(std::vector<Active>& active) {
+void PointToPointExecutor::fail_all(std::vector<Active>& active) {
   const Status status = error_status();
   const std::string message = error_message();
   const auto give_up_at = Clock::now() + kReleaseLimit;
@@ -363,7 +332,7 @@ void CollectiveEngine::fail_all(std::vector<Active>& active) {
   active.clear();
 }
 
-void CollectiveEngine::complete_successfully(Submitted& submitted) {
+void PointToPointExecutor::complete_successfully(Submitted& submitted) {
   if (submitted.on_result) {
     try {
       submitted.on_result();
@@ -408,7 +377,7 @@ Communicator::Communicator(std::unique_ptr<transport::PointToPoint> transport,
   require(options.timeout.count() > 0, Status::InvalidConfig,
           "communicator timeout must be > 0 ms, not " + std::to_string(options.timeout.count()));
   require(options.chunk_bytes > 0, Status::InvalidConfig, "communicator chunk_bytes must be > 0");
-  engine_ = std::make_unique<CollectiveEngine>(std::move(transport), options);
+  point_to_point_ = std::make_unique<PointToPointExecutor>(std::move(transport), options);
 }
 
 Communicator::Communicator(std::unique_ptr<transport::Collective> transport,
@@ -416,18 +385,18 @@ Communicator::Communicator(std::unique_ptr<transport::Collective> transport,
   require(transport != nullptr, Status::InvalidArgument, "communicator needs a transport");
   require(options.timeout.count() > 0, Status::InvalidConfig,
           "communicator timeout must be > 0 ms, not " + std::to_string(options.timeout.count()));
-  backend_ = std::make_unique<CollectiveBackend>(std::move(transport), options);
+  collective_transport_ = std::make_unique<CollectiveTransportExecutor>(std::move(transport), options);
 }
 
 Communicator::~Communicator() = default;
 
-int Communicator::rank() const { return backend_ ? backend_->rank() : engine_->rank(); }
-int Communicator::size() const { return backend_ ? backend_->size() : engine_->size(); }
+int Communicator::rank() const { return collective_transport_ ? collective_transport_->rank() : point_to_point_->rank(); }
+int Communicator::size() const { return collective_transport_ ? collective_transport_->size() : point_to_point_->size(); }
 const CommOptions& Communicator::options() const {
-  return backend_ ? backend_->options() : engine_->options();
+  return collective_transport_ ? collective_transport_->options() : point_to_point_->options();
 }
-void* Communicator::collective_stream() const { return backend_ ? backend_->stream() : nullptr; }
-int Communicator::collective_device() const { return backend_ ? backend_->device() : -1; }
+void* Communicator::collective_stream() const { return collective_transport_ ? collective_transport_->stream() : nullptr; }
+int Communicator::collective_device() const { return collective_transport_ ? collective_transport_->device() : -1; }
 
 namespace {
 transport::Element element_of(DataType dtype) { return transport::Element(int(dtype)); }
@@ -475,14 +444,14 @@ std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count
                                                       CollectiveId id, const WireCompression& wire) {
   const collectives::Descriptor descriptor =
       reduction_descriptor(id, collectives::Kind::AllReduce, buffer, count, dtype, op, wire.format,
-                           backend_ != nullptr);
-  if (backend_)
-    return backend_->submit(descriptor, [=](transport::Collective& t) {
+                           collective_transport_ != nullptr);
+  if (collective_transport_)
+    return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allreduce(buffer, buffer, count, element_of(dtype), transport::Reduction(int(op)));
     }, std::move(on_result));
   float* residual = wire.residual;
   const SegmentStarts segments = wire.segments;
-  return engine_->submit(descriptor, [buffer, residual, segments](transport::PointToPoint& transport,
+  return point_to_point_->submit(descriptor, [buffer, residual, segments](transport::PointToPoint& transport,
                                                                   const collectives::Descriptor& agreed,
                                                                   const collectives::Tuning& tuning) {
     return collectives::make_allreduce(transport, agreed, buffer, tuning, residual, segments);
@@ -498,11 +467,11 @@ std::shared_ptr<Request> Communicator::broadcast(void* buffer, size_t count, Dat
               std::to_string(size()) + " ranks");
   collectives::Descriptor descriptor = descriptor_of(id, collectives::Kind::Broadcast, dtype, count);
   descriptor.root = root;
-  if (backend_)
-    return backend_->submit(descriptor, [=](transport::Collective& t) {
+  if (collective_transport_)
+    return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_broadcast(buffer, count, element_of(dtype), root);
     });
-  return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
+  return point_to_point_->submit(descriptor, [buffer](transport::PointToPoint& transport,
                                               const collectives::Descriptor& agreed,
                                               const collectives::Tuning& tuning) {
     return collectives::make_broadcast(transport, agreed, buffer, tuning);
@@ -517,11 +486,11 @@ std::shared_ptr<Request> Communicator::allgather(const void* send, void* recv,
   require_buffer(recv, count_per_rank, "allgather receive buffer");
   const collectives::Descriptor descriptor =
       descriptor_of(id, collectives::Kind::AllGather, dtype, count_per_rank);
-  if (backend_)
-    return backend_->submit(descriptor, [=](transport::Collective& t) {
+  if (collective_transport_)
+    return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allgather(send, recv, count_per_rank, element_of(dtype));
     });
-  return engine_->submit(descriptor, [send, recv](transport::PointToPoint& transport,
+  return point_to_point_->submit(descriptor, [send, recv](transport::PointToPoint& transport,
                                                   const collectives::Descriptor& agreed,
                                                   const collectives::Tuning& tuning) {
     return collectives::make_allgather(transport, agreed, send, recv, tuning);
@@ -534,14 +503,14 @@ std::shared_ptr<Request> Communicator::reduce_scatter(void* buffer, size_t count
                                                       std::function<void()> on_result) {
   const collectives::Descriptor descriptor =
       reduction_descriptor(id, collectives::Kind::ReduceScatter, buffer, count, dtype, op,
-                           wire.format, backend_ != nullptr);
-  if (backend_)
-    return backend_->submit(descriptor, [=](transport::Collective& t) {
+                           wire.format, collective_transport_ != nullptr);
+  if (collective_transport_)
+    return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_reduce_scatter(buffer, count, element_of(dtype), transport::Reduction(int(op)));
     }, std::move(on_result));
   float* residual = wire.residual;
   const SegmentStarts segments = wire.segments;
-  return engine_->submit(descriptor, [buffer, residual, segments](transport::PointToPoint& transport,
+  return point_to_point_->submit(descriptor, [buffer, residual, segments](transport::PointToPoint& transport,
                                                                   const collectives::Descriptor& agreed,
                                                                   const collectives::Tuning& tuning) {
     return collectives::make_reduce_scatter(transport, agreed, buffer, tuning, residual, segments);
@@ -556,15 +525,15 @@ std::shared_ptr<Request> Communicator::allgather_shards(void* buffer, size_t cou
   require_buffer(buffer, count, "allgather_shards buffer");
   const collectives::Descriptor descriptor =
       descriptor_of(id, collectives::Kind::AllGatherShards, dtype, count);
-  if (backend_) {
+  if (collective_transport_) {
     // A collective transport enqueues at submission, before an earlier on_result could run.
     require(!after, Status::Unsupported,
             "allgather_shards after an earlier request needs a point-to-point transport (UCX, local)");
-    return backend_->submit(descriptor, [=](transport::Collective& t) {
+    return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allgather_shards(buffer, count, element_of(dtype));
     }, std::move(on_result));
   }
-  return engine_->submit(descriptor, [buffer](transport::PointToPoint& transport,
+  return point_to_point_->submit(descriptor, [buffer](transport::PointToPoint& transport,
                                               const collectives::Descriptor& agreed,
                                               const collectives::Tuning& tuning) {
     return collectives::make_allgather_shards(transport, agreed, buffer, tuning);
@@ -574,21 +543,21 @@ std::shared_ptr<Request> Communicator::allgather_shards(void* buffer, size_t cou
 uint32_t Communicator::register_owner() { return next_owner_.fetch_add(1); }
 
 void Communicator::abort() {
-  if (backend_)
-    return backend_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
-  engine_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
+  if (collective_transport_)
+    return collective_transport_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
+  point_to_point_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
 }
 
 void Communicator::fail_with(Status status, const std::string& message) {
-  if (backend_) return backend_->fail(status, message);
-  engine_->fail(status, message);
+  if (collective_transport_) return collective_transport_->fail(status, message);
+  point_to_point_->fail(status, message);
 }
 
 Status Communicator::error_status() const {
-  return backend_ ? backend_->error_status() : engine_->error_status();
+  return collective_transport_ ? collective_transport_->error_status() : point_to_point_->error_status();
 }
 std::string Communicator::error_message() const {
-  return backend_ ? backend_->error_message() : engine_->error_message();
+  return collective_transport_ ? collective_transport_->error_message() : point_to_point_->error_message();
 }
 
 }  // namespace co2

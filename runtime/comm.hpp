@@ -22,16 +22,12 @@
 #include <utility>
 
 #include "runtime/status.hpp"
+#include "runtime/types.hpp"
 #include "runtime/wire_format.hpp"
 #include "transports/collective.hpp"
 #include "transports/transport.hpp"
 
 namespace co2 {
-
-enum class DataType : int { F32 = 0, F64 = 3, I32 = 4, I64 = 5 };
-enum class ReduceOp : int { Sum = 0, Avg = 1, Min = 2, Max = 3 };
-
-size_t dtype_size(DataType dtype);
 
 using Clock = std::chrono::steady_clock;
 
@@ -40,34 +36,6 @@ using Clock = std::chrono::steady_clock;
 using transport::ShardRange;
 using transport::shard_range;
 using transport::shard_size;
-
-// What a collective is for. Part of its identity: two ranks' collectives pair only if their
-// purposes (and owners, and per-purpose sequence numbers) are equal. Values are on the wire.
-enum class Purpose : uint8_t {
-  User = 0,              // a raw co2_allreduce / co2_broadcast on the communicator
-  OuterAverage = 1,      // an engine's round all-reduce of deltas (co2, diloco)
-  ParameterAverage = 2,  // an engine's blocking average of parameters (localsgd, sync)
-  Consensus = 3,         // co2_engine_consensus(LOCAL_AVERAGE)
-  AnchorCheck = 4,       // the periodic all-gather of anchor checksums
-  LayoutHash = 5,        // the all-gather of layout digests at commit
-  InitialBroadcast = 6,  // rank 0's parameters at commit
-  GradientAverage = 7,   // co2_engine_reduce_gradients (sync)
-  Split = 8,             // co2_comm_split's exchange of colors, keys and group ids
-  AdvisorAgreement = 9,  // the ranks' tau-advisor inputs, combined at a boundary
-};
-const char* purpose_name(Purpose purpose);
-
-// Who issued a collective and why. `owner` 0 is the communicator's user; engines take an id
-// from Communicator::register_owner(), which every rank hands out in the same order.
-struct CollectiveId {
-  uint32_t owner = 0;
-  Purpose purpose = Purpose::User;
-};
-
-// Purposes whose messages travel on the control lane whatever their size: they are small and
-// something waits on them. Any other collective of at most kControlLaneBytes does too.
-bool is_control_purpose(Purpose purpose);
-constexpr size_t kControlLaneBytes = size_t(64) << 10;
 
 // Completion state of one collective, shared by the submitter and the progress thread.
 class Request {
@@ -130,8 +98,8 @@ struct WireCompression {
   SegmentStarts segments;
 };
 
-class CollectiveEngine;  // defined in comm.cpp: the progress thread and the active collectives
-class CollectiveBackend;  // runtime/collective_comm.hpp: collective-kind transports (NCCL)
+class PointToPointExecutor;  // defined in comm.cpp: the progress thread and the active collectives
+class CollectiveTransportExecutor;  // runtime/collective_comm.hpp: collective-kind transports (NCCL)
 
 class Communicator {
  public:
@@ -215,8 +183,8 @@ class Communicator {
   int collective_device() const;
 
  private:
-  std::unique_ptr<CollectiveEngine> engine_;
-  std::unique_ptr<CollectiveBackend> backend_;  // instead of engine_ for collective transports
+  std::unique_ptr<PointToPointExecutor> point_to_point_;
+  std::unique_ptr<CollectiveTransportExecutor> collective_transport_;  // instead of point_to_point_ for collective transports
   std::atomic<uint32_t> next_owner_{1};
 };
 

@@ -898,8 +898,6 @@ EngineStats Engine::stats() const {
   return observed_stats(*state_);
 }
 
-float* Engine::anchor_for_testing() { return state_->anchor.data(); }
-
 std::shared_ptr<Communicator> Engine::node_communicator_for_testing(bool inter) {
   return inter ? state_->inter : state_->intra;
 }

@@ -157,8 +157,7 @@ class Engine {
   size_t portable_state_size() const;
   void load(const ReadFn& read);
 
-  // For tests of the invariant checks only: the live anchor.
-  float* anchor_for_testing();
+  friend struct EngineTesting;  // tests/runtime/engine_testing.hpp: white-box reads of State
   // Defined in runtime/engine_state.hpp, for engine.cpp, checkpoint.cpp and the backends only.
   struct State;
 

@@ -15,31 +15,6 @@ Averaging choose_averaging(Placement placement, bool collective_transport, std::
   return collective_transport ? Averaging::Collective : Averaging::StagedHost;
 }
 
-bool choose_placement(const std::vector<int>& device_kinds, Placement* out, std::string* why) {
-  const bool any_device = std::any_of(device_kinds.begin(), device_kinds.end(), [](int k) { return k == 1; });
-  const bool any_host = std::any_of(device_kinds.begin(), device_kinds.end(), [](int k) { return k == 0; });
-  if (any_device && any_host) {
-    if (why) *why = "an engine's tensors must all live on the host or all on CUDA devices, not both";
-    return false;
-  }
-  *out = any_device ? Placement::Device : Placement::Host;
-  return true;
-}
-
-TransportChoice choose_transport(int requested, bool nccl_built, bool ucx_built) {
-  switch (requested) {
-    case 0:  // AUTO: in-process groups; NCCL only when asked for
-    case 1:
-      return TransportChoice::Local;
-    case 2:
-      return ucx_built ? TransportChoice::Ucx : TransportChoice::Unavailable;
-    case 3:
-      return nccl_built ? TransportChoice::Nccl : TransportChoice::Unavailable;
-    default:
-      return TransportChoice::Unavailable;
-  }
-}
-
 BoundaryPhases co2_boundary_phases(Averaging averaging, bool have_average) {
   BoundaryPhases phases;
   std::vector<Op>* plan = &phases.collect;

@@ -28,18 +28,10 @@ enum class Averaging {
 // message in *why): NCCL would stage every host byte through the device for nothing.
 Averaging choose_averaging(Placement placement, bool collective_transport, std::string* why);
 
-// Placement of an engine from the device kinds of its tensors (co2_device_kind_t values);
-// mixing host and device tensors in one engine is refused (*why says so).
-bool choose_placement(const std::vector<int>& device_kinds, Placement* out, std::string* why);
-
 // A raw collective (co2_allreduce, co2_broadcast) on `cuda_buffer` memory over a communicator
 // whose transport is (not) collective-kind: "" when it can run, otherwise why not. Point-to-point
 // transports move host memory on the CPU and would read device addresses there.
 std::string raw_collective_refusal(bool cuda_buffer, bool collective_transport);
-
-// The communicator transport co2_comm_create builds. Values are co2_transport_kind_t.
-enum class TransportChoice { Local, Ucx, Nccl, Unavailable };
-TransportChoice choose_transport(int requested, bool nccl_built, bool ucx_built);
 
 // --- the stream plan of a co2 boundary on the device ---------------------------------------
 enum class Stream : uint8_t { Caller, Comm };

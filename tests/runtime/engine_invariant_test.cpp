@@ -1,5 +1,5 @@
 // White-box tests of the anchor checksum (docs/algorithm.md "Anchor checksum"): a 1-ulp change
-// to one rank's live anchor (co2::Engine::anchor_for_testing, reached through capi/handles.hpp)
+// to one rank's live anchor (co2::EngineTesting::live_anchor, reached through capi/handles.hpp)
 // is detected with CO2_ERR_ANCHOR_MISMATCH on every rank by co2_engine_synchronize, by
 // co2_engine_save and by the periodic check every K boundaries.
 #include <gtest/gtest.h>
@@ -13,12 +13,13 @@
 #include "co2/co2.h"
 #include "../capi/rank_threads.hpp"
 #include "../capi/synthetic.hpp"
+#include "tests/runtime/engine_testing.hpp"
 
 using namespace co2test;
 
 namespace {
 
-float* live_anchor(co2_engine_t engine) { return engine->engine->anchor_for_testing(); }
+float* live_anchor(co2_engine_t engine) { return co2::EngineTesting::live_anchor(*engine->engine); }
 
 void bump_one_ulp(float* x) { *x = std::nextafter(*x, std::numeric_limits<float>::infinity()); }
 

@@ -20,6 +20,7 @@
 #include "runtime/buffer.hpp"
 #include "runtime/checksum.hpp"
 #include "runtime/engine.hpp"
+#include "tests/runtime/engine_testing.hpp"
 #include "tests/runtime/thread_group.hpp"
 #include "transports/local/transport.hpp"
 
@@ -118,7 +119,7 @@ std::vector<Rank> train(int world, EngineConfig config, const Plan& plan) {
         if (step == plan.save_after) {
           std::vector<char>& blob = (*plan.saved)[size_t(rank)];
           const WriteFn write = [&](const void* data, size_t length) {
-            me.full_anchor_while_saving = me.full_anchor_while_saving || engine.anchor_for_testing() != nullptr;
+            me.full_anchor_while_saving = me.full_anchor_while_saving || EngineTesting::holds_full_anchor(engine);
             blob.insert(blob.end(), static_cast<const char*>(data), static_cast<const char*>(data) + length);
             return true;
           };

@@ -1,23 +1,11 @@
-// The host-side choices of the GPU path, on any machine: placement, averaging and transport
-// choices, the stream plan of a co2 boundary (checked against its ordering rules), chunking,
-// the report ring.
+// The host-side choices of the GPU path, on any machine: the averaging choice, the stream plan
+// of a co2 boundary (checked against its ordering rules), chunking, the report ring.
 #include "runtime/device/selection.hpp"
 
 #include <gtest/gtest.h>
 
 namespace co2::device {
 namespace {
-
-TEST(Selection, PlacementRefusesMixedTensors) {
-  Placement p = Placement::Host;
-  std::string why;
-  EXPECT_TRUE(choose_placement({0, 0}, &p, &why));
-  EXPECT_EQ(p, Placement::Host);
-  EXPECT_TRUE(choose_placement({1, 1, 1}, &p, &why));
-  EXPECT_EQ(p, Placement::Device);
-  EXPECT_FALSE(choose_placement({1, 0}, &p, &why));
-  EXPECT_NE(why.find("not both"), std::string::npos);
-}
 
 TEST(Selection, AveragingFollowsPlacementAndTransport) {
   std::string why;
@@ -30,16 +18,6 @@ TEST(Selection, AveragingFollowsPlacementAndTransport) {
   // NCCL with host tensors is refused with a reason.
   choose_averaging(Placement::Host, true, &why);
   EXPECT_NE(why.find("NCCL"), std::string::npos);
-}
-
-TEST(Selection, TransportChoice) {
-  EXPECT_EQ(choose_transport(0, true, true), TransportChoice::Local);
-  EXPECT_EQ(choose_transport(1, false, false), TransportChoice::Local);
-  EXPECT_EQ(choose_transport(2, false, false), TransportChoice::Unavailable);
-  EXPECT_EQ(choose_transport(2, false, true), TransportChoice::Ucx);
-  EXPECT_EQ(choose_transport(3, false, true), TransportChoice::Unavailable);
-  EXPECT_EQ(choose_transport(3, true, false), TransportChoice::Nccl);
-  EXPECT_EQ(choose_transport(7, true, true), TransportChoice::Unavailable);
 }
 
 // Under torchrun the default transport is UCX; a CUDA tensor handed to its raw all-reduce would
