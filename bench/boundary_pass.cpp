@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "co2/co2.h"
-#include "runtime/boundary_pass.hpp"
-#include "runtime/buffer.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/base/buffer.hpp"
 
 namespace {
 

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "co2/co2.h"
-#include "runtime/device/kernels.hpp"
-#include "runtime/device/selection.hpp"
+#include "runtime/backends/device/kernels.hpp"
+#include "runtime/backends/device/selection.hpp"
 
 namespace {
 

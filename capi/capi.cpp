@@ -9,12 +9,12 @@
 #include "capi/abi_v1.h"
 #include "capi/handles.hpp"
 #include "co2/co2.h"
-#include "runtime/comm.hpp"
-#include "runtime/device/raw_memory.hpp"
-#include "runtime/device/selection.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/status.hpp"
-#include "runtime/group.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/backends/device/raw_memory.hpp"
+#include "runtime/backends/device/selection.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/base/status.hpp"
+#include "runtime/group/group.hpp"
 #include "transports/transport.hpp"
 
 #define CO2_EXPORT extern "C" __attribute__((visibility("default")))

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "runtime/comm.hpp"
-#include "runtime/engine.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/engine/engine.hpp"
 
 struct co2_comm {
   std::shared_ptr<co2::Communicator> comm;

@@ -15,9 +15,9 @@
 #include <sstream>
 #include <thread>
 
-#include "runtime/store/deadline.hpp"
-#include "runtime/store/store.hpp"
-#include "runtime/store/stored_integer.hpp"
+#include "rendezvous/deadline.hpp"
+#include "rendezvous/store.hpp"
+#include "rendezvous/stored_integer.hpp"
 
 namespace co2::store {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/store/launch_environment.hpp"
+#include "rendezvous/launch_environment.hpp"
 
 #include <ifaddrs.h>
 #include <limits.h>
@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <optional>
 
-#include "runtime/status.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2::store {
 namespace {

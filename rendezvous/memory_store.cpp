@@ -3,9 +3,9 @@
 #include <map>
 #include <mutex>
 
-#include "runtime/store/deadline.hpp"
-#include "runtime/store/store.hpp"
-#include "runtime/store/stored_integer.hpp"
+#include "rendezvous/deadline.hpp"
+#include "rendezvous/store.hpp"
+#include "rendezvous/stored_integer.hpp"
 
 namespace co2::store {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/store/socket.hpp"
+#include "rendezvous/socket.hpp"
 
 #include <fcntl.h>
 #include <netdb.h>

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/store/deadline.hpp"
+#include "rendezvous/deadline.hpp"
 
 namespace co2::store::net {
 

@@ -1,8 +1,8 @@
-#include "runtime/store/store.hpp"
+#include "rendezvous/store.hpp"
 
 #include <algorithm>
 
-#include "runtime/store/deadline.hpp"
+#include "rendezvous/deadline.hpp"
 
 namespace co2::store {
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/store/store.hpp"
+#include "rendezvous/store.hpp"
 
 namespace co2::store {
 

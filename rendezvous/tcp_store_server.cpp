@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/store/socket.hpp"
-#include "runtime/store/stored_integer.hpp"
-#include "runtime/store/tcp_store.hpp"
-#include "runtime/store/wire_protocol.hpp"
+#include "rendezvous/socket.hpp"
+#include "rendezvous/stored_integer.hpp"
+#include "rendezvous/tcp_store.hpp"
+#include "rendezvous/wire_protocol.hpp"
 
 namespace co2::store {
 namespace {

@@ -15,7 +15,7 @@
 #   bash scripts/gpu-check.sh --executor  no GPU needed: the same feature table from the device
 #                                         path on the host executor (BUILD_DIR, default build)
 #
-# The feature table: every feature of the device path (tests/runtime/device/host_executor_test.cpp:
+# The feature table: every feature of the device path (tests/runtime/backends/device/host_executor_test.cpp:
 # co2 delayed and eager, diloco, localsgd, sync, penalties, clipping, compressed wires with error
 # feedback, checkpoints; 1 and 2 ranks on one device) against the host backend, one row a test.
 set -uo pipefail
@@ -114,8 +114,8 @@ ninja -C "$BUILD_DIR" -j "$(jobs)" || exit 1
 
 log "GPU tests (and the host-side device tests)"
 timeout 300 "${MESON[@]}" test -C "$BUILD_DIR" --no-rebuild --print-errorlogs \
-  runtime/device/gpu runtime/device/selection runtime/device/state_checksum runtime/engine_rounds \
-  runtime/device/host_executor runtime/collective_comm nccl_transport nccl_transport_without_gpu
+  runtime/backends/device/gpu runtime/backends/device/selection runtime/backends/device/state_checksum runtime/engine_rounds \
+  runtime/backends/device/host_executor runtime/collective_comm nccl_transport nccl_transport_without_gpu
 test_rc=$?
 
 log "feature table"

@@ -16,7 +16,7 @@ namespace co2::transport {
 enum class Element : int { F32 = 0, F64 = 3, I32 = 4, I64 = 5 };
 enum class Reduction : int { Sum = 0, Avg = 1, Min = 2, Max = 3 };
 
-// The shard layout of the sharded collectives (here and in runtime/collectives.hpp): `count`
+// The shard layout of the sharded collectives (here and in runtime/collectives/collectives.hpp): `count`
 // elements over `size` ranks in shards of S = ceil(count / size); rank r owns the contiguous
 // range [min(r S, count), min((r + 1) S, count)). Every shard but the trailing ones has exactly
 // S elements (the last non-empty one may be shorter, those after it are empty), so a buffer

@@ -1,5 +1,5 @@
 // What a transport needs to find its peers: a key-value space shared by the group (addresses are
-// opaque bytes). The runtime's stores (runtime/store/) implement it; a transport sees only this.
+// opaque bytes). The runtime's stores (rendezvous/) implement it; a transport sees only this.
 #pragma once
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // What the sharded outer state's communication costs beside the replicated one's: per model size,
-// the time of one all-reduce against reduce_scatter followed by allgather_shards (runtime/comm.hpp)
+// the time of one all-reduce against reduce_scatter followed by allgather_shards (runtime/comm/comm.hpp)
 // of the same buffer. `local` / `ucx`: W ranks are threads of this process, each with its own
 // communicator and progress thread (UCX: UCX_TLS as set, memory rendezvous). `launched`: this
 // process is one rank of a group a launcher formed (co2run; transport AUTO, i.e. UCX), W unused.
@@ -20,11 +20,11 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/comm.hpp"
-#include "runtime/group.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/group/group.hpp"
 #include "transports/local/transport.hpp"
 #ifdef CO2_HAVE_UCX
-#include "runtime/store/store.hpp"
+#include "rendezvous/store.hpp"
 #include "transports/ucx/transport.hpp"
 #endif
 

@@ -1,10 +1,10 @@
-// What the engine's round logic (runtime/engine.cpp) asks of the memory its state lives in. The
+// What the engine's round logic (runtime/engine/engine.cpp) asks of the memory its state lives in. The
 // rounds, the policies, the schedule, the invariant checks (when the anchor is checked), the
 // error handling and the bookkeeping of an applied update (gap history, statistics) are written
 // once, in engine.cpp; the math of the update once, in runtime/outer/; a backend places the
 // state and moves it, running the core's passes over its buffers: the host backend
-// (runtime/host_backend.cpp) over host memory with the communicator's ring, the device backend
-// (runtime/device/device_backend.cpp) with fused kernels ordered against the caller's CUDA
+// (runtime/backends/host_backend.cpp) over host memory with the communicator's ring, the device backend
+// (runtime/backends/device/device_backend.cpp) with fused kernels ordered against the caller's CUDA
 // stream. docs/architecture.md, "Engine and backends".
 #pragma once
 
@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/buffer.hpp"
+#include "runtime/base/buffer.hpp"
 
 namespace co2 {
 
@@ -102,7 +102,7 @@ class Backend {
   // Waits (bounded) for everything in flight; before the state is freed.
   virtual void drain() noexcept = 0;
 
-  // --- checkpoints (runtime/checkpoint.cpp reads and writes the host buffers of the state) ---
+  // --- checkpoints (runtime/engine/checkpoint.cpp reads and writes the host buffers of the state) ---
   virtual bool has_momentum() const = 0;  // the momentum buffer exists (what a checkpoint stores)
   // The outer state into the host buffers of Engine::State (anchor, momentum, comm_buffer when
   // an average is ready, history); the host backend keeps them there and does nothing.
@@ -119,7 +119,7 @@ class Backend {
   enum class SavedPart { Anchor, Momentum, EagerOffset, EagerMomentum };
   virtual const float* saved_part(SavedPart, size_t /*segment*/) { return nullptr; }
 
-  // A sharded backend's per-rank checkpoint (format 6, runtime/checkpoint.cpp): this rank's
+  // A sharded backend's per-rank checkpoint (format 6, runtime/engine/checkpoint.cpp): this rank's
   // shard [begin, begin + count) of the state over `shards` ranks (all, or the node's), read in
   // place by the save. eager_whole: the eager slots are this rank's whole round start a + e and
   // the momentum of its own deltas (flat sharding), not shards of the node's (hierarchical).

@@ -1,5 +1,5 @@
 // The host backend: the engine's outer state in host memory (Engine::State's FloatBuffers), the
-// boundary as the fused passes of runtime/boundary_pass.hpp, averages through the
+// boundary as the fused passes of runtime/outer/boundary_pass.hpp, averages through the
 // communicator's ring. co2's update is prepared on the progress thread as soon as its average
 // arrives, so that the boundary only swaps it in (docs/algorithm.md, "The split boundary pass").
 #include <atomic>
@@ -7,12 +7,12 @@
 #include <cstring>
 #include <type_traits>
 
-#include "runtime/backend.hpp"
-#include "runtime/boundary_pass.hpp"
-#include "runtime/checksum.hpp"
-#include "runtime/collectives.hpp"
-#include "runtime/engine_state.hpp"
-#include "runtime/observe.hpp"
+#include "runtime/backends/backend.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/base/checksum.hpp"
+#include "runtime/collectives/collectives.hpp"
+#include "runtime/engine/engine_state.hpp"
+#include "runtime/engine/observe.hpp"
 
 namespace co2 {
 

@@ -28,12 +28,12 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/backend.hpp"
-#include "runtime/boundary_pass.hpp"
-#include "runtime/checksum.hpp"
-#include "runtime/collectives.hpp"
-#include "runtime/engine_state.hpp"
-#include "runtime/log.hpp"
+#include "runtime/backends/backend.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/base/checksum.hpp"
+#include "runtime/collectives/collectives.hpp"
+#include "runtime/engine/engine_state.hpp"
+#include "runtime/base/log.hpp"
 
 namespace co2 {
 

@@ -1,4 +1,4 @@
-#include "runtime/checksum.hpp"
+#include "runtime/base/checksum.hpp"
 
 #include <zlib.h>
 

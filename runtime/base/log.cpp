@@ -1,4 +1,4 @@
-#include "runtime/log.hpp"
+#include "runtime/base/log.hpp"
 
 #include <cstdio>
 #include <cstdlib>

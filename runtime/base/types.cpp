@@ -1,8 +1,8 @@
-#include "runtime/types.hpp"
+#include "runtime/base/types.hpp"
 
 #include <string>
 
-#include "runtime/status.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2 {
 

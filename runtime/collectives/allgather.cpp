@@ -1,7 +1,7 @@
 // The all-gather: a ring, per chunk of every rank's block.
 #include <cstring>
 
-#include "runtime/ring.hpp"
+#include "runtime/collectives/ring.hpp"
 
 namespace co2::collectives {
 

@@ -1,5 +1,5 @@
 // The broadcast: chunks flow down the chain root -> root+1 -> ... -> root-1, pipelined.
-#include "runtime/ring.hpp"
+#include "runtime/collectives/ring.hpp"
 
 namespace co2::collectives {
 

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/collectives.hpp"
-#include "runtime/ring.hpp"
+#include "runtime/collectives/collectives.hpp"
+#include "runtime/collectives/ring.hpp"
 
 namespace co2::collectives {
 

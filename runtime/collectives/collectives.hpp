@@ -27,9 +27,9 @@
 #include <optional>
 #include <string>
 
-#include "runtime/status.hpp"
-#include "runtime/types.hpp"
-#include "runtime/wire_format.hpp"
+#include "runtime/base/status.hpp"
+#include "runtime/base/types.hpp"
+#include "runtime/outer/wire_format.hpp"
 #include "transports/collective.hpp"
 #include "transports/transport.hpp"
 

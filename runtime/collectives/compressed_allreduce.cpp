@@ -2,8 +2,8 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/ring.hpp"
-#include "runtime/wire_format.hpp"
+#include "runtime/collectives/ring.hpp"
+#include "runtime/outer/wire_format.hpp"
 
 namespace co2::collectives {
 

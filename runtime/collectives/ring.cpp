@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/ring.hpp"
+#include "runtime/collectives/ring.hpp"
 
 namespace co2::collectives {
 

@@ -10,8 +10,8 @@
 #include <memory>
 #include <type_traits>
 
-#include "runtime/collectives.hpp"
-#include "runtime/wire_format.hpp"
+#include "runtime/collectives/collectives.hpp"
+#include "runtime/outer/wire_format.hpp"
 
 namespace co2::collectives {
 

@@ -1,7 +1,7 @@
 // The ring all-reduce (reduce-scatter then all-gather of the shards), and each half alone.
 #include <type_traits>
 
-#include "runtime/ring.hpp"
+#include "runtime/collectives/ring.hpp"
 
 namespace co2::collectives {
 

@@ -1,4 +1,4 @@
-#include "runtime/collective_comm.hpp"
+#include "runtime/comm/collective_comm.hpp"
 
 #include <chrono>
 

@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/collectives.hpp"
-#include "runtime/comm.hpp"
+#include "runtime/collectives/collectives.hpp"
+#include "runtime/comm/comm.hpp"
 #include "transports/collective.hpp"
 
 namespace co2 {

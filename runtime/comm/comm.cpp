@@ -1,4 +1,4 @@
-#include "runtime/comm.hpp"
+#include "runtime/comm/comm.hpp"
 
 #include <algorithm>
 #include <deque>
@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/collective_comm.hpp"
-#include "runtime/collectives.hpp"
+#include "runtime/comm/collective_comm.hpp"
+#include "runtime/collectives/collectives.hpp"
 
 namespace co2 {
 

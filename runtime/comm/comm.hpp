@@ -21,9 +21,9 @@
 #include <string>
 #include <utility>
 
-#include "runtime/status.hpp"
-#include "runtime/types.hpp"
-#include "runtime/wire_format.hpp"
+#include "runtime/base/status.hpp"
+#include "runtime/base/types.hpp"
+#include "runtime/outer/wire_format.hpp"
 #include "transports/collective.hpp"
 #include "transports/transport.hpp"
 
@@ -88,7 +88,7 @@ struct CommOptions {
   size_t chunk_bytes = size_t(1) << 20;
 };
 
-// How an f32 all-reduce travels (runtime/collectives.hpp, make_allreduce): `format` other than
+// How an f32 all-reduce travels (runtime/collectives/collectives.hpp, make_allreduce): `format` other than
 // F32 compresses every message; `residual` (optional, `count` floats, valid until the request
 // finished) receives what this rank's encodings dropped; `segments` (valid until the request
 // finished) where int8 groups must start. Point-to-point transports only.
@@ -99,7 +99,7 @@ struct WireCompression {
 };
 
 class PointToPointExecutor;  // defined in comm.cpp: the progress thread and the active collectives
-class CollectiveTransportExecutor;  // runtime/collective_comm.hpp: collective-kind transports (NCCL)
+class CollectiveTransportExecutor;  // runtime/comm/collective_comm.hpp: collective-kind transports (NCCL)
 
 class Communicator {
  public:

@@ -51,12 +51,12 @@
 #include <new>
 #include <string>
 
-#include "runtime/backend.hpp"
-#include "runtime/boundary_pass.hpp"
-#include "runtime/checksum.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/engine_state.hpp"
-#include "runtime/log.hpp"
+#include "runtime/backends/backend.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/base/checksum.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/engine_state.hpp"
+#include "runtime/base/log.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the checkpoint format is little-endian; a big-endian host needs byte swapping here");

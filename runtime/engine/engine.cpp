@@ -1,5 +1,5 @@
 // Rounds and outer updates. docs/algorithm.md is the specification of everything here.
-#include "runtime/engine.hpp"
+#include "runtime/engine/engine.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,16 +8,16 @@
 #include <limits>
 #include <type_traits>
 
-#include "runtime/boundary_pass.hpp"
-#include "runtime/checksum.hpp"
-#include "runtime/collectives.hpp"
-#include "runtime/backend.hpp"
-#include "runtime/device/selection.hpp"
-#include "runtime/engine_state.hpp"
-#include "runtime/group.hpp"
-#include "runtime/log.hpp"
-#include "runtime/observe.hpp"
-#include "runtime/store/launch_environment.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/base/checksum.hpp"
+#include "runtime/collectives/collectives.hpp"
+#include "runtime/backends/backend.hpp"
+#include "runtime/backends/device/selection.hpp"
+#include "runtime/engine/engine_state.hpp"
+#include "runtime/group/group.hpp"
+#include "runtime/base/log.hpp"
+#include "runtime/engine/observe.hpp"
+#include "rendezvous/launch_environment.hpp"
 
 namespace co2 {
 

@@ -10,14 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm.hpp"
-#include "runtime/device/allocator.hpp"
-#include "runtime/layout.hpp"
-#include "runtime/status.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/backends/device/allocator.hpp"
+#include "runtime/outer/layout.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2 {
 
-class Backend;  // runtime/backend.hpp
+class Backend;  // runtime/backends/backend.hpp
 
 enum class Algorithm : int { Co2 = 0, Sync = 1, LocalSgd = 2, Diloco = 3 };
 enum class Penalty : int { None = 0, Constant = 1, Gap = 2 };
@@ -94,11 +94,11 @@ struct EngineStats {
   double last_penalty_max = 1.0;
   double last_clip_scale_min = 1.0;
   double last_clip_fraction = 0.0;
-  // The tau advisor (runtime/tau_advisor.hpp).
+  // The tau advisor (runtime/engine/tau_advisor.hpp).
   uint64_t step_time_ns = 0;
   uint64_t allreduce_time_ns = 0;
   uint32_t advised_tau = 0;
-  // Observability (runtime/observe.hpp, docs/observability.md).
+  // Observability (runtime/engine/observe.hpp, docs/observability.md).
   uint64_t last_collective_ns = 0;
   uint64_t last_round_ns = 0;
   double hidden_fraction = 0.0;
@@ -147,7 +147,7 @@ class Engine {
   double get_param(Param key) const;
   EngineStats stats() const;
 
-  // --- checkpoint (runtime/checkpoint.cpp) ---
+  // --- checkpoint (runtime/engine/checkpoint.cpp) ---
   // A sharded engine saves this rank's shard (every rank writes its own blob); any engine's
   // save_portable writes the replicated format, loadable at any W and sharding. Both collective;
   // write may be empty on ranks that do not write. A sharded engine's load is collective too.
@@ -157,15 +157,15 @@ class Engine {
   size_t portable_state_size() const;
   void load(const ReadFn& read);
 
-  friend struct EngineTesting;  // tests/runtime/engine_testing.hpp: white-box reads of State
-  // Defined in runtime/engine_state.hpp, for engine.cpp, checkpoint.cpp and the backends only.
+  friend struct EngineTesting;  // tests/runtime/engine/engine_testing.hpp: white-box reads of State
+  // Defined in runtime/engine/engine_state.hpp, for engine.cpp, checkpoint.cpp and the backends only.
   struct State;
 
   // For fault tests of hierarchical CO2 only: the node's communicator (intra) or this local
   // index's across the nodes (inter); null before commit or without hierarchy.
   std::shared_ptr<Communicator> node_communicator_for_testing(bool inter);
 
-  // For tests of the round logic only (tests/runtime/engine_rounds_test.cpp): the backend made
+  // For tests of the round logic only (tests/runtime/engine/engine_rounds_test.cpp): the backend made
   // by `make` replaces the host backend; before any tensor is registered.
   void use_backend_for_testing(const std::function<std::unique_ptr<Backend>(State&)>& make);
 

@@ -7,18 +7,18 @@
 #include <string>
 #include <vector>
 
-#include "runtime/buffer.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/backend.hpp"
-#include "runtime/boundary_pass.hpp"
-#include "runtime/device/allocator.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/metrics.hpp"
-#include "runtime/observe.hpp"
+#include "runtime/base/buffer.hpp"
+#include "runtime/comm/comm.hpp"
+#include "runtime/backends/backend.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/backends/device/allocator.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/metrics.hpp"
+#include "runtime/engine/observe.hpp"
 #include "runtime/outer/update_plan.hpp"
-#include "runtime/param_types.hpp"
-#include "runtime/tau_advisor.hpp"
-#include "runtime/trace.hpp"
+#include "runtime/outer/param_types.hpp"
+#include "runtime/engine/tau_advisor.hpp"
+#include "runtime/engine/trace.hpp"
 
 namespace co2 {
 
@@ -44,7 +44,7 @@ struct Engine::State {
   bool hierarchical() const { return intra != nullptr; }
   // Who an automatic beta counts: the nodes under hierarchical CO2, else the ranks.
   int outer_participants() const { return hierarchical() ? inter->size() : comm->size(); }
-  // The outer state is sharded (runtime/sharded_backend.cpp): over all ranks, or over a node's.
+  // The outer state is sharded (runtime/backends/sharded_backend.cpp): over all ranks, or over a node's.
   bool sharded() const { return config.shard_outer_state || config.hierarchy == Hierarchy::Nodes; }
   // Where gradients are averaged (reduce_gradients): the node under hierarchical CO2, else all.
   Communicator& gradient_comm() const { return hierarchical() ? *intra : *comm; }
@@ -100,7 +100,7 @@ struct Engine::State {
   std::unique_ptr<Trace> trace;  // CO2_TRACE only: every hook tests this pointer first
   std::unique_ptr<Metrics> metrics;  // CO2_METRICS_PORT only: likewise
 
-  // Where the state lives and how it is computed (runtime/backend.hpp): the host backend, or
+  // Where the state lives and how it is computed (runtime/backends/backend.hpp): the host backend, or
   // the device backend once a CUDA tensor is registered; the device backend keeps the outer
   // state in device memory and fills the host buffers above only for a checkpoint.
   // placement: co2_device_kind_t of the tensors, -1 before the first.
@@ -142,7 +142,7 @@ void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
 void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_check_interval rounds
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
 // f(p) with p the segment's parameters as a typed pointer (float*, Bf16* or Fp16*): the host
-// passes are templates over the parameter type (runtime/param_types.hpp).
+// passes are templates over the parameter type (runtime/outer/param_types.hpp).
 template <typename F>
 decltype(auto) with_params(const Segment& seg, F&& f) {
   switch (seg.dtype) {
@@ -156,9 +156,9 @@ decltype(auto) with_params(const Segment& seg, F&& f) {
   }
 }
 // --- shared by the host backends (host_backend.cpp, sharded_backend.cpp) ---
-// The backends (runtime/backend.hpp) over this state: host tensors replicated
-// (runtime/host_backend.cpp) or sharded (config.shard_outer_state, hierarchy;
-// runtime/sharded_backend.cpp); tensors on CUDA device `device_index` (throws Unsupported
+// The backends (runtime/backends/backend.hpp) over this state: host tensors replicated
+// (runtime/backends/host_backend.cpp) or sharded (config.shard_outer_state, hierarchy;
+// runtime/backends/sharded_backend.cpp); tensors on CUDA device `device_index` (throws Unsupported
 // without CUDA or without a usable device).
 std::unique_ptr<Backend> make_host_backend(Engine::State& s);
 std::unique_ptr<Backend> make_sharded_backend(Engine::State& s);

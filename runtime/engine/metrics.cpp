@@ -1,11 +1,11 @@
-#include "runtime/metrics.hpp"
+#include "runtime/engine/metrics.hpp"
 
 #include <arpa/inet.h>
 
 #include <cstdlib>
 
-#include "runtime/status.hpp"
-#include "runtime/store/launch_environment.hpp"
+#include "runtime/base/status.hpp"
+#include "rendezvous/launch_environment.hpp"
 
 namespace co2 {
 

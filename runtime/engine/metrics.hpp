@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/engine.hpp"
+#include "runtime/engine/engine.hpp"
 
 namespace co2 {
 
@@ -91,8 +91,8 @@ class Metrics {
   std::shared_ptr<MetricsSeries> series_;
 };
 
-// The process's endpoint, implemented over prometheus-cpp (runtime/metrics_prometheus.cpp) or,
-// in builds without it, refusing (runtime/metrics_unavailable.cpp).
+// The process's endpoint, implemented over prometheus-cpp (runtime/engine/metrics_prometheus.cpp) or,
+// in builds without it, refusing (runtime/engine/metrics_unavailable.cpp).
 namespace metrics_endpoint {
 // Starts the endpoint at `address` unless it runs already, then adds `series`. Returns the
 // address it listens on (the bound port when `address.port` is 0). `variable` is the setting

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <exception>
 
-#include "runtime/log.hpp"
-#include "runtime/metrics.hpp"
-#include "runtime/status.hpp"
+#include "runtime/base/log.hpp"
+#include "runtime/engine/metrics.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2::metrics_endpoint {
 

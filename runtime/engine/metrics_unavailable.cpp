@@ -1,7 +1,7 @@
 // The metrics endpoint in builds without prometheus-cpp (meson option `metrics`): asking for it
 // is an error rather than a run that silently exports nothing.
-#include "runtime/metrics.hpp"
-#include "runtime/status.hpp"
+#include "runtime/engine/metrics.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2::metrics_endpoint {
 

@@ -1,11 +1,11 @@
-#include "runtime/observe.hpp"
+#include "runtime/engine/observe.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
-#include "runtime/engine_state.hpp"
-#include "runtime/log.hpp"
+#include "runtime/engine/engine_state.hpp"
+#include "runtime/base/log.hpp"
 
 namespace co2 {
 

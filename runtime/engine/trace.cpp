@@ -1,11 +1,11 @@
-#include "runtime/trace.hpp"
+#include "runtime/engine/trace.hpp"
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-#include "runtime/log.hpp"
+#include "runtime/base/log.hpp"
 
 namespace co2 {
 

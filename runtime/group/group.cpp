@@ -1,4 +1,4 @@
-#include "runtime/group.hpp"
+#include "runtime/group/group.hpp"
 
 #include <ifaddrs.h>
 #include <arpa/inet.h>
@@ -17,8 +17,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "runtime/log.hpp"
-#include "runtime/store/tcp_store.hpp"
+#include "runtime/base/log.hpp"
+#include "rendezvous/tcp_store.hpp"
 #include "transports/local/transport.hpp"
 #ifdef CO2_HAVE_UCX
 #include "transports/ucx/transport.hpp"

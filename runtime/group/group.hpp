@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/comm.hpp"
-#include "runtime/store/launch_environment.hpp"
-#include "runtime/store/store.hpp"
+#include "runtime/comm/comm.hpp"
+#include "rendezvous/launch_environment.hpp"
+#include "rendezvous/store.hpp"
 
 namespace co2 {
 

@@ -1,4 +1,4 @@
-#include "runtime/boundary_pass.hpp"
+#include "runtime/outer/boundary_pass.hpp"
 
 namespace co2 {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "runtime/outer/coefficients.hpp"
 #include "runtime/outer/elements.hpp"
-#include "runtime/param_types.hpp"
+#include "runtime/outer/param_types.hpp"
 
 namespace co2 {
 

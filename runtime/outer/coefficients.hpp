@@ -2,14 +2,14 @@
 // the staleness penalty lambda from the segment's gap history, the norm-clip scale from its
 // partial sums of squares, the gap g = alpha*||s|| an update leaves for the next one, and the
 // OuterCoefficients a pass runs with. CO2_HOST_DEVICE: the host (runtime/outer/update_plan.cpp)
-// and the device's coefficient kernels (runtime/device/kernels.cu) call these functions.
+// and the device's coefficient kernels (runtime/backends/device/kernels.cu) call these functions.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/host_device.hpp"
+#include "runtime/base/host_device.hpp"
 #include "runtime/outer/elements.hpp"
 
 namespace co2 {

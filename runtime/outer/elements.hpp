@@ -1,15 +1,15 @@
 // The outer update's element math, written once (docs/architecture.md, "The outer core"): the
 // delta, the new momentum with its clip, the step and the new anchor, the eager correction, and
 // the wire's 16-bit and int8 element codes with their error feedback. CO2_HOST_DEVICE: the host
-// passes (runtime/boundary_pass.*, runtime/wire_format.cpp) and the CUDA kernels
-// (runtime/device/kernels.cu) call these very functions, so the CPU tests cover what a kernel runs.
+// passes (runtime/boundary_pass.*, runtime/outer/wire_format.cpp) and the CUDA kernels
+// (runtime/backends/device/kernels.cu) call these very functions, so the CPU tests cover what a kernel runs.
 // Per-segment scalars (lambda, the norm-clip scale, the gap) come from runtime/outer/coefficients.hpp.
 #pragma once
 
 #include <cstdint>
 
-#include "runtime/host_device.hpp"
-#include "runtime/param_types.hpp"
+#include "runtime/base/host_device.hpp"
+#include "runtime/outer/param_types.hpp"
 
 namespace co2 {
 
@@ -113,7 +113,7 @@ CO2_HOST_DEVICE inline float eager_offset(float d, float filtered, const EagerCo
 // a + e: where a rank's round starts under the eager policy.
 CO2_HOST_DEVICE inline float round_start(float anchor, float offset) { return anchor + offset; }
 
-// --- the compressed wire (runtime/wire_format.cpp) ---
+// --- the compressed wire (runtime/outer/wire_format.cpp) ---
 
 // What an encoding dropped of x, which travels as `sent`, in units of the sum (error feedback:
 // the next round's delta takes it back).

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "runtime/host_device.hpp"
+#include "runtime/base/host_device.hpp"
 
 namespace co2 {
 

@@ -1,15 +1,15 @@
 // The host's plan of one outer update, per segment: the settings it takes, the flags and
 // OuterCoefficients of its pass, the gap-history bookkeeping and the statistics it reports. Every
-// backend on the host (runtime/host_backend.cpp, runtime/sharded_backend.cpp) calls these; the
+// backend on the host (runtime/backends/host_backend.cpp, runtime/backends/sharded_backend.cpp) calls these; the
 // scalar formulas themselves are runtime/outer/coefficients.hpp's, shared with the device.
 #pragma once
 
 #include <cstdint>
 #include <limits>
 
-#include "runtime/boundary_pass.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/layout.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/outer/layout.hpp"
 #include "runtime/outer/coefficients.hpp"
 
 namespace co2 {

@@ -1,4 +1,4 @@
-#include "runtime/wire_format.hpp"
+#include "runtime/outer/wire_format.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "runtime/outer/elements.hpp"
-#include "runtime/param_types.hpp"
-#include "runtime/status.hpp"
+#include "runtime/outer/param_types.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2 {
 

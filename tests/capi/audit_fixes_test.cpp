@@ -88,7 +88,7 @@ int read_blob(void* user, void* data, size_t length) {
 
 // --- checkpoint flags that contradict the engine (issue 12, item 5) -------------------------
 
-// Offsets in a blob (runtime/checkpoint.cpp): magic 8, version 4, layout hash 8, world size 4,
+// Offsets in a blob (runtime/engine/checkpoint.cpp): magic 8, version 4, layout hash 8, world size 4,
 // algorithm 4, flags 4, ...; the header CRC follows 128 bytes of header fields.
 constexpr size_t kFlagsAt = 8 + 4 + 8 + 4 + 4;
 constexpr size_t kHeaderCrcAt = 8 + 4 + 128;

@@ -15,14 +15,14 @@
 #include <vector>
 
 #include "co2/co2.h"
-#include "runtime/param_types.hpp"
+#include "runtime/outer/param_types.hpp"
 #include "tests/capi/rank_threads.hpp"
 
 namespace {
 
 using co2test::run_ranks;
 
-// ---- the reference's rounding (independent of runtime/param_types.hpp) ----
+// ---- the reference's rounding (independent of runtime/outer/param_types.hpp) ----
 
 struct Format {
   int precision;   // significant bits, the leading one included
@@ -756,7 +756,7 @@ TEST(MixedPrecision, RefusedDtypes) {
     EXPECT_NE(fp64.find("fp64 parameters are not supported"), std::string::npos) << fp64;
     EXPECT_NE(fp64.find("model.float()"), std::string::npos) << fp64;
     // bf16/fp16 CUDA tensors are trained by the device path (co2, diloco; localsgd and sync refuse
-    // them at commit): tests/runtime/device/host_executor_test.cpp.
+    // them at commit): tests/runtime/backends/device/host_executor_test.cpp.
     CO2_EXPECT_OK(co2_engine_destroy(e));
   });
 }

@@ -1,5 +1,5 @@
 // An independent fp64 reference of the algorithms exactly as docs/algorithm.md writes them.
-// It is written from the document only (not from runtime/engine.cpp) and plainly: one loop per
+// It is written from the document only (not from runtime/engine/engine.cpp) and plainly: one loop per
 // equation, no fusion, no fp32 anywhere, all W ranks simulated in one object.
 //
 // What it models (docs/algorithm.md section by section):

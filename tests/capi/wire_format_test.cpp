@@ -169,7 +169,7 @@ TEST(WireFormat, BadConfigurationsAreRejectedWithAClearStatus) {
     EXPECT_EQ(engine, nullptr);
 
     // CUDA tensors take a compressed wire too over point-to-point transports (the device stages
-    // its deltas: tests/runtime/device/host_executor_test.cpp); over NCCL the device backend
+    // its deltas: tests/runtime/backends/device/host_executor_test.cpp); over NCCL the device backend
     // refuses it at commit.
   });
 }

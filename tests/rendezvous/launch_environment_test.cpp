@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "runtime/status.hpp"
-#include "runtime/store/launch_environment.hpp"
+#include "runtime/base/status.hpp"
+#include "rendezvous/launch_environment.hpp"
 
 namespace co2::store {
 namespace {

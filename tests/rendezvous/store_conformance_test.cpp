@@ -10,8 +10,8 @@
 #include <set>
 #include <thread>
 
-#include "runtime/store/store.hpp"
-#include "runtime/store/tcp_store.hpp"
+#include "rendezvous/store.hpp"
+#include "rendezvous/tcp_store.hpp"
 
 namespace co2::store {
 namespace {

@@ -16,10 +16,10 @@
 #include <cstring>
 #include <iostream>
 
-#include "runtime/group.hpp"
-#include "runtime/status.hpp"
-#include "runtime/store/launch_environment.hpp"
-#include "runtime/store/tcp_store.hpp"
+#include "runtime/group/group.hpp"
+#include "runtime/base/status.hpp"
+#include "rendezvous/launch_environment.hpp"
+#include "rendezvous/tcp_store.hpp"
 
 using namespace co2::store;
 

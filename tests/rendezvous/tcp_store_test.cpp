@@ -12,10 +12,10 @@
 #include <random>
 #include <thread>
 
-#include "runtime/group.hpp"
-#include "runtime/store/launch_environment.hpp"
-#include "runtime/store/tcp_store.hpp"
-#include "runtime/store/wire_protocol.hpp"
+#include "runtime/group/group.hpp"
+#include "rendezvous/launch_environment.hpp"
+#include "rendezvous/tcp_store.hpp"
+#include "rendezvous/wire_protocol.hpp"
 #include "tests/subprocess.hpp"
 
 #ifndef CO2_TCP_STORE_HELPER

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/comm.hpp"
+#include "runtime/comm/comm.hpp"
 
 namespace co2::test {
 

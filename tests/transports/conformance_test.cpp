@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/store/store.hpp"
+#include "rendezvous/store.hpp"
 #include "transports/local/transport.hpp"
 #ifdef CO2_HAVE_UCX
 #include "transports/ucx/transport.hpp"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/store/store.hpp"
+#include "rendezvous/store.hpp"
 
 namespace {
 

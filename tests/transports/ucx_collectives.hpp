@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm.hpp"
+#include "runtime/comm/comm.hpp"
 
 namespace co2::test {
 

@@ -21,7 +21,7 @@
 #include <sstream>
 #include <thread>
 
-#include "runtime/store/store.hpp"
+#include "rendezvous/store.hpp"
 #include "tests/transports/ucx_collectives.hpp"
 #include "transports/local/transport.hpp"
 #include "transports/ucx/transport.hpp"

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "runtime/store/store.hpp"
+#include "rendezvous/store.hpp"
 
 namespace {
 

@@ -12,7 +12,7 @@
 namespace co2::transport::local {
 
 // Most ranks in one local group: each rank is a thread of this process, and the collectives
-// above handle at most 2048 ranks (runtime/collectives.hpp). A larger size is refused
+// above handle at most 2048 ranks (runtime/collectives/collectives.hpp). A larger size is refused
 // (RendezvousError here, InvalidArgument from co2_comm_create).
 constexpr int kMaxRanks = 2048;
 

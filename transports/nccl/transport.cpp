@@ -187,7 +187,7 @@ class NcclCollective final : public Collective {
  private:
   // Host buffers are staged through device scratch and pinned memory kept for reuse, in
   // power-of-two sizes: every collective is preceded by a small all-gather of descriptors
-  // (runtime/collective_comm.hpp), and cudaMalloc / cudaFree / cudaHostAlloc per collective
+  // (runtime/comm/collective_comm.hpp), and cudaMalloc / cudaFree / cudaHostAlloc per collective
   // synchronise the device, stalling the poller behind the training's kernels.
   static constexpr size_t kSmallestStageBytes = size_t(64) << 10;
   struct Staging {

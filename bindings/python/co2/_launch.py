@@ -3,7 +3,7 @@
 torchrun and co2run set RANK / WORLD_SIZE (and LOCAL_RANK, MASTER_ADDR, MASTER_PORT); mpirun
 sets OMPI_COMM_WORLD_*; srun sets SLURM_*. The library reads the store's address itself
 (MASTER_ADDR; CO2_MASTER_PORT, else MASTER_PORT); this module only needs rank and size, the same
-families in the same order as runtime/store/launch_environment.cpp.
+families in the same order as rendezvous/launch_environment.cpp.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 from typing import Iterator, Mapping, Optional
 
 def _families(environ: Mapping[str, str]) -> Iterator[tuple[str, str]]:
-    """(rank variable, size variable) pairs in runtime/store/launch_environment's order."""
+    """(rank variable, size variable) pairs in rendezvous/launch_environment's order."""
     yield "RANK", "WORLD_SIZE"                                    # torchrun, co2run
     yield "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"          # mpirun
     if "SLURM_STEP_ID" in environ:                                # srun, inside a job step

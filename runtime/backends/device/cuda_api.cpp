@@ -1,5 +1,5 @@
-#include "runtime/device/cuda_api.hpp"
-#include "runtime/device/raw_memory.hpp"
+#include "runtime/backends/device/cuda_api.hpp"
+#include "runtime/backends/device/raw_memory.hpp"
 
 #include <utility>
 

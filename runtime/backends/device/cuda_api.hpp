@@ -7,9 +7,9 @@
 #include <cstddef>
 #include <string>
 
-#include "runtime/device/allocator.hpp"
-#include "runtime/device/selection.hpp"
-#include "runtime/status.hpp"
+#include "runtime/backends/device/allocator.hpp"
+#include "runtime/backends/device/selection.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2::device {
 

@@ -1,7 +1,7 @@
 // The device backend (CUDA tensors): outer state in device memory, the boundary as fused kernels
 // on the caller's stream, the comm buffer averaged either by a collective transport (NCCL, in
 // place on its stream) or staged through pinned host memory over the communicator (UCX,
-// local). The round logic is runtime/engine.cpp's; a co2 boundary is runtime/device/
+// local). The round logic is runtime/engine/engine.cpp's; a co2 boundary is runtime/backends/device/
 // selection.cpp's plan, executed phase by phase as the engine calls collect, pass and submit.
 #include <algorithm>
 #include <atomic>
@@ -10,14 +10,14 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/backend.hpp"
-#include "runtime/boundary_pass.hpp"
-#include "runtime/device/cuda_api.hpp"
-#include "runtime/device/kernels.hpp"
-#include "runtime/device/selection.hpp"
-#include "runtime/engine_state.hpp"
-#include "runtime/log.hpp"
-#include "runtime/observe.hpp"
+#include "runtime/backends/backend.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/backends/device/cuda_api.hpp"
+#include "runtime/backends/device/kernels.hpp"
+#include "runtime/backends/device/selection.hpp"
+#include "runtime/engine/engine_state.hpp"
+#include "runtime/base/log.hpp"
+#include "runtime/engine/observe.hpp"
 #include "runtime/outer/update_plan.hpp"
 
 namespace co2 {

@@ -1,15 +1,15 @@
 // The per-element, per-segment and per-chunk work of the boundary kernels, as CO2_HOST_DEVICE
 // functions: kernels.cu keeps only thread indexing and reductions around them, and the host
-// executor (runtime/device/host_executor/) runs the same functions in the same summation order,
+// executor (runtime/backends/device/host_executor/) runs the same functions in the same summation order,
 // so the device path is exercised on machines without a GPU.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "runtime/boundary_pass.hpp"
-#include "runtime/device/kernels.hpp"
-#include "runtime/host_device.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/backends/device/kernels.hpp"
+#include "runtime/base/host_device.hpp"
 
 namespace co2::device::kernels {
 

@@ -5,10 +5,10 @@
 
 #include <type_traits>
 
-#include "runtime/boundary_pass.hpp"
-#include "runtime/device/kernel_math.hpp"
-#include "runtime/device/kernels.hpp"
-#include "runtime/device/state_checksum.hpp"
+#include "runtime/outer/boundary_pass.hpp"
+#include "runtime/backends/device/kernel_math.hpp"
+#include "runtime/backends/device/kernels.hpp"
+#include "runtime/backends/device/state_checksum.hpp"
 
 namespace co2::device::kernels {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/device/selection.hpp"
+#include "runtime/backends/device/selection.hpp"
 #include "runtime/outer/elements.hpp"
 
 namespace co2::device::kernels {
@@ -94,7 +94,7 @@ constexpr uint32_t kChunkElements = 4096;
 // *flag = 1 if any of data[0, n) is NaN or infinite, else 0.
 int finite_check(const float* data, size_t n, int* flag, void* stream);
 
-// *out = state_checksum(data, n) (runtime/device/state_checksum.hpp), computed on the device.
+// *out = state_checksum(data, n) (runtime/backends/device/state_checksum.hpp), computed on the device.
 int checksum(const float* data, size_t n, unsigned long long* out, void* stream);
 
 // Penalty and norm-clip scale of every segment (advances the gap history when an update

@@ -1,8 +1,8 @@
 // Host-only builds: CUDA tensors are refused with a status that says why.
-#include "runtime/backend.hpp"
-#include "runtime/engine_state.hpp"
-#include "runtime/device/raw_memory.hpp"
-#include "runtime/status.hpp"
+#include "runtime/backends/backend.hpp"
+#include "runtime/engine/engine_state.hpp"
+#include "runtime/backends/device/raw_memory.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2 {
 

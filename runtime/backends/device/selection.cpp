@@ -1,4 +1,4 @@
-#include "runtime/device/selection.hpp"
+#include "runtime/backends/device/selection.hpp"
 
 #include <algorithm>
 #include <map>

@@ -1,5 +1,5 @@
 // The host-side choices of the GPU path, as plain functions of their inputs so that they are
-// unit-tested on machines without a GPU (tests/runtime/device/selection_test.cpp): where the
+// unit-tested on machines without a GPU (tests/runtime/backends/device/selection_test.cpp): where the
 // outer state lives, how the comm buffer is averaged, which stream each piece of a boundary runs
 // on and which events order them, how the flat state is cut into the fixed chunks that make the
 // device norms deterministic.
@@ -79,7 +79,7 @@ struct Op {
 // the communicator's submissions must stay in issue order on the training thread.
 std::vector<Op> co2_boundary_plan(Averaging averaging, bool have_average);
 
-// The same plan in the three phases runtime/engine.cpp calls in turn (runtime/backend.hpp):
+// The same plan in the three phases runtime/engine/engine.cpp calls in turn (runtime/backends/backend.hpp):
 // collect (the host waits for the average and learns its finiteness; the caller's stream waits
 // for it), pass (the fused pass on the caller's stream), submit (the deltas' all-reduce). The
 // engine checks the anchor, when due, between pass and submit; finalize runs collect and pass.

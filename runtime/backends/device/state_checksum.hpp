@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "runtime/boundary_pass.hpp"  // CO2_HOST_DEVICE
+#include "runtime/outer/boundary_pass.hpp"  // CO2_HOST_DEVICE
 
 namespace co2::device {
 

@@ -1,4 +1,4 @@
-// Sharded outer state (runtime/sharded_backend.cpp) against the replicated engine, which the
+// Sharded outer state (runtime/backends/sharded_backend.cpp) against the replicated engine, which the
 // engine tests check against the float64 reference: the same training, W = 1..4, uneven segment
 // sizes and a BUFFER segment; the anchor bitwise equal on every rank; NONFINITE at the same
 // boundary; checkpoints between sharded and replicated, also at another W; the memory it holds.
@@ -17,10 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/buffer.hpp"
-#include "runtime/checksum.hpp"
-#include "runtime/engine.hpp"
-#include "tests/runtime/engine_testing.hpp"
+#include "runtime/base/buffer.hpp"
+#include "runtime/base/checksum.hpp"
+#include "runtime/engine/engine.hpp"
+#include "tests/runtime/engine/engine_testing.hpp"
 #include "tests/runtime/thread_group.hpp"
 #include "transports/local/transport.hpp"
 

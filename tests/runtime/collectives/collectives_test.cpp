@@ -1,6 +1,6 @@
 // Tests of the collective state machines over the local transport, without the communicator:
 // each rank is a thread that drives its collectives the way a progress thread does.
-#include "runtime/collectives.hpp"
+#include "runtime/collectives/collectives.hpp"
 
 #include <gtest/gtest.h>
 

@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/comm.hpp"
+#include "runtime/comm/comm.hpp"
 
 namespace co2 {
 namespace {

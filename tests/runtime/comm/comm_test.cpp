@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/comm.hpp"
+#include "runtime/comm/comm.hpp"
 #include "tests/runtime/thread_group.hpp"
 #include "transports/local/transport.hpp"
 

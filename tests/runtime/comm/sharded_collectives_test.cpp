@@ -1,4 +1,4 @@
-// The sharded collectives of the communicator (runtime/comm.hpp: reduce_scatter,
+// The sharded collectives of the communicator (runtime/comm/comm.hpp: reduce_scatter,
 // allgather_shards): reduce_scatter followed by allgather_shards is the all-reduce bit for bit
 // (every wire format, with equal error-feedback residuals), the shard layout, the result hook,
 // faults and collective identity. Over the local transport and UCX, ranks as threads.
@@ -14,13 +14,13 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/collectives.hpp"
-#include "runtime/comm.hpp"
+#include "runtime/collectives/collectives.hpp"
+#include "runtime/comm/comm.hpp"
 #include "tests/runtime/thread_group.hpp"
 #include "tests/transports/ucx_collectives.hpp"
 #include "transports/local/transport.hpp"
 #ifdef CO2_HAVE_UCX
-#include "runtime/store/store.hpp"
+#include "rendezvous/store.hpp"
 #include "transports/ucx/transport.hpp"
 #endif
 

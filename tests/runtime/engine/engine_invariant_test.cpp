@@ -11,9 +11,9 @@
 
 #include "capi/handles.hpp"
 #include "co2/co2.h"
-#include "../capi/rank_threads.hpp"
-#include "../capi/synthetic.hpp"
-#include "tests/runtime/engine_testing.hpp"
+#include "tests/capi/rank_threads.hpp"
+#include "tests/capi/synthetic.hpp"
+#include "tests/runtime/engine/engine_testing.hpp"
 
 using namespace co2test;
 

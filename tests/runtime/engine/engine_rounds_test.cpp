@@ -1,7 +1,7 @@
-// The engine's round logic (runtime/engine.cpp) over a recording backend: which backend calls a
+// The engine's round logic (runtime/engine/engine.cpp) over a recording backend: which backend calls a
 // boundary makes, in which order, and what the engine concludes from their results. The
 // recording backend stands in for the device backend: each co2 call appends the ops of the plan
-// phase the device backend executes for it (runtime/device/selection.hpp), so that the order the
+// phase the device backend executes for it (runtime/backends/device/selection.hpp), so that the order the
 // engine produces is checked by the same plan checker as the plan itself, on machines without a
 // GPU.
 #include <gtest/gtest.h>
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend.hpp"
-#include "runtime/device/selection.hpp"
-#include "runtime/engine_state.hpp"
+#include "runtime/backends/backend.hpp"
+#include "runtime/backends/device/selection.hpp"
+#include "runtime/engine/engine_state.hpp"
 #include "transports/local/transport.hpp"
 
 namespace co2 {

@@ -2,8 +2,8 @@
 // that none of this is on Engine's API.
 #pragma once
 
-#include "runtime/engine.hpp"
-#include "runtime/engine_state.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/engine_state.hpp"
 
 namespace co2 {
 

@@ -1,7 +1,7 @@
-// The metrics endpoint inside one process (runtime/metrics.hpp): CO2_METRICS_PORT's parsing,
+// The metrics endpoint inside one process (runtime/engine/metrics.hpp): CO2_METRICS_PORT's parsing,
 // and a real HTTP scrape of the process's endpoint as series come and go (several ranks of one
 // process, a rank's second engine). The multi-process run is tests/capi/multiprocess/metrics_test.py.
-#include "runtime/metrics.hpp"
+#include "runtime/engine/metrics.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,7 +13,7 @@
 #include <functional>
 #include <string>
 
-#include "runtime/status.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2 {
 namespace {

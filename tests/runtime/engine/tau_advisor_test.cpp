@@ -1,6 +1,6 @@
 // TauAdvisor with synthetic time points: which intervals count as the caller's step, how the
 // means are mixed, and how the advice is rounded. No clock is read.
-#include "runtime/tau_advisor.hpp"
+#include "runtime/engine/tau_advisor.hpp"
 
 #include <gtest/gtest.h>
 

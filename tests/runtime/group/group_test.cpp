@@ -1,6 +1,6 @@
 // runtime/group: the transport decision, groups formed in one process from ids over both
 // transports (processes over UCX are tests/capi/multiprocess), and the placing of ranks on nodes.
-#include "runtime/group.hpp"
+#include "runtime/group/group.hpp"
 #include "transports/local/transport.hpp"
 
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/status.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2 {
 namespace {

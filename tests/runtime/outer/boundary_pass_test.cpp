@@ -1,7 +1,7 @@
 // The fused pass element by element against plain double arithmetic, and its side results
 // (step norm, clamp count, non-finite probe); the split pass (prepare, then apply) against the
 // fused one, bit for bit.
-#include "runtime/boundary_pass.hpp"
+#include "runtime/outer/boundary_pass.hpp"
 
 #include <gtest/gtest.h>
 
@@ -99,7 +99,7 @@ TEST_P(BoundaryPassSizes, SplitPassIsBitIdenticalToTheFusedPass) {
 }
 
 // 16-bit parameters: every pass equals the fp32 pass run on the widened parameters, with the
-// written parameters rounded (runtime/param_types.hpp), for every flag set and both halves,
+// written parameters rounded (runtime/outer/param_types.hpp), for every flag set and both halves,
 // except the deltas: a 16-bit rank trained from R(start), not from the fp32 start, so its delta
 // is R(start) - p (issue 23, item 6; the identity for fp32).
 template <typename P>

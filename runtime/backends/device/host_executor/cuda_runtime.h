@@ -1,4 +1,4 @@
-// The host executor's CUDA runtime: only what runtime/device/{cuda_api,device_backend}.cpp use,
+// The host executor's CUDA runtime: only what runtime/backends/device/{cuda_api,device_backend}.cpp use,
 // implemented over host memory (host_cuda.cpp). Streams and events complete at issue, so every
 // operation happens in the order it was issued. One device; no GPU or driver is needed.
 #pragma once

@@ -9,7 +9,7 @@
 #include <map>
 #include <mutex>
 
-#include "runtime/device/host_executor/executor_log.hpp"
+#include "runtime/backends/device/host_executor/executor_log.hpp"
 
 namespace co2::device::host_executor {
 namespace {

@@ -1,4 +1,4 @@
-// The launchers of runtime/device/kernels.hpp on the host executor: the same CO2_HOST_DEVICE
+// The launchers of runtime/backends/device/kernels.hpp on the host executor: the same CO2_HOST_DEVICE
 // functions as kernels.cu (kernel_math.hpp), run for each block and thread in turn, with the
 // kernels' reductions replayed in their fixed order, so the results equal the kernels'.
 #include <chrono>
@@ -6,10 +6,10 @@
 #include <thread>
 #include <type_traits>
 
-#include "runtime/device/host_executor/executor_log.hpp"
-#include "runtime/device/kernel_math.hpp"
-#include "runtime/device/kernels.hpp"
-#include "runtime/device/state_checksum.hpp"
+#include "runtime/backends/device/host_executor/executor_log.hpp"
+#include "runtime/backends/device/kernel_math.hpp"
+#include "runtime/backends/device/kernels.hpp"
+#include "runtime/backends/device/state_checksum.hpp"
 
 namespace co2::device::kernels {
 namespace {

@@ -1,6 +1,6 @@
 // The synthetic training problem of the device tests: the same tensors, gradients, policies and
 // checkpoints for the GPU tests (gpu_test.cpp) and the host executor's (host_executor_test.cpp),
-// which build it against the real CUDA runtime and against runtime/device/host_executor/.
+// which build it against the real CUDA runtime and against runtime/backends/device/host_executor/.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/param_types.hpp"
+#include "runtime/outer/param_types.hpp"
 #include "tests/capi/rank_threads.hpp"
 
 namespace co2test::device_training {

@@ -13,10 +13,10 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/device/kernels.hpp"
-#include "runtime/device/selection.hpp"
+#include "runtime/backends/device/kernels.hpp"
+#include "runtime/backends/device/selection.hpp"
 #include "tests/capi/rank_threads.hpp"
-#include "tests/runtime/device/device_training.hpp"
+#include "tests/runtime/backends/device/device_training.hpp"
 
 namespace {
 

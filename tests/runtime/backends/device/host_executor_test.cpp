@@ -1,5 +1,5 @@
 // Every feature of the device path against the host backend. Built twice: on the host executor
-// (runtime/device/host_executor/: device_backend.cpp, its kernels' element math and its staging
+// (runtime/backends/device/host_executor/: device_backend.cpp, its kernels' element math and its staging
 // run on the CPU, so every build checks the CUDA path without a GPU), and, in CUDA builds, with
 // CO2_FEATURES_ON_GPU against the real runtime and kernels (scripts/gpu-check.sh; exit 77 without
 // a usable device). The tests of the order of operations need the executor's record.
@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "tests/runtime/device/device_training.hpp"
+#include "tests/runtime/backends/device/device_training.hpp"
 #ifdef CO2_FEATURES_ON_GPU
 #include <cstdio>
 
-#include "runtime/device/selection.hpp"
+#include "runtime/backends/device/selection.hpp"
 #else
-#include "runtime/device/host_executor/executor_log.hpp"
+#include "runtime/backends/device/host_executor/executor_log.hpp"
 #endif
 
 namespace {

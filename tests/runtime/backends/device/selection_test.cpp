@@ -1,6 +1,6 @@
 // The host-side choices of the GPU path, on any machine: the averaging choice, the stream plan
 // of a co2 boundary (checked against its ordering rules), chunking, the report ring.
-#include "runtime/device/selection.hpp"
+#include "runtime/backends/device/selection.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The device anchor check's hash (runtime/device/state_checksum.hpp), through its host reference:
+// The device anchor check's hash (runtime/backends/device/state_checksum.hpp), through its host reference:
 // the kernel adds the same terms in an order the GPU chooses.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "runtime/device/state_checksum.hpp"
+#include "runtime/backends/device/state_checksum.hpp"
 
 namespace co2::device {
 namespace {
