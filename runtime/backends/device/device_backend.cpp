@@ -202,11 +202,16 @@ class DeviceBackend final : public Backend {
     size_t offset = 0, i = 0;
     for (const Segment& seg : s.segments) {
       if (seg.role != Role::Parameter) continue;
-      const size_t bytes = seg.count * sizeof(float);
-      if (grads[i])
-        check(cudaMemcpyAsync(packed + offset, grads[i], bytes, cudaMemcpyDeviceToDevice, caller()), "pack gradients");
+      // Gradients have their parameter's dtype: widened here, summed in fp32, rounded back below.
+      if (!grads[i])
+        check(cudaMemsetAsync(packed + offset, 0, seg.count * sizeof(float), caller()), "zero gradients");
+      else if (seg.dtype == ParamDType::F32)
+        check(cudaMemcpyAsync(packed + offset, grads[i], seg.count * sizeof(float), cudaMemcpyDeviceToDevice,
+                              caller()),
+              "pack gradients");
       else
-        check(cudaMemsetAsync(packed + offset, 0, bytes, caller()), "zero gradients");
+        check(kernels::widen_params(grads[i], uint32_t(seg.dtype), packed + offset, seg.count, caller()),
+              "widen gradients");
       offset += seg.count;
       ++i;
     }
@@ -215,10 +220,13 @@ class DeviceBackend final : public Backend {
     i = 0;
     for (const Segment& seg : s.segments) {
       if (seg.role != Role::Parameter) continue;
-      if (grads[i])
+      if (grads[i] && seg.dtype == ParamDType::F32)
         check(cudaMemcpyAsync(grads[i], packed + offset, seg.count * sizeof(float), cudaMemcpyDeviceToDevice,
                               caller()),
               "unpack gradients");
+      else if (grads[i])
+        check(kernels::narrow_params(packed + offset, grads[i], uint32_t(seg.dtype), seg.count, caller()),
+              "round gradients");
       offset += seg.count;
       ++i;
     }
@@ -381,8 +389,15 @@ class DeviceBackend final : public Backend {
     S& s = s_;
     const size_t bytes = s.state_count * sizeof(float);
     cudaStream_t st = own_stream_->get();
-    if ((!s.momentum.empty() || (s.has_anchor() && s.momentum_needed())) && momentum_.empty()) {
-      momentum_ = alloc(bytes);
+    // A checkpoint may bring state this engine did not allocate at commit (momentum, or the eager
+    // policy's offsets and momentum, taken with its settings from the blob).
+    const bool momentum_missing = (!s.momentum.empty() || (s.has_anchor() && s.momentum_needed())) && momentum_.empty();
+    const bool offsets_missing = s.eager() && eager_offset_.empty();
+    const bool eager_momentum_missing = s.eager() && s.momentum_needed() && eager_momentum_.empty();
+    if (momentum_missing) momentum_ = alloc(bytes);
+    if (offsets_missing) eager_offset_ = alloc(bytes);
+    if (eager_momentum_missing) eager_momentum_ = alloc(bytes);
+    if (momentum_missing || offsets_missing || eager_momentum_missing) {
       refresh_tables();
       count_state();
     }

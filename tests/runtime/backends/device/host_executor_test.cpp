@@ -113,6 +113,27 @@ TEST(DeviceFeatures, CheckpointsResumeBitForBitOnDeviceAsOnHost) {
   }
 }
 
+// A checkpoint carries its policy: an eager blob loaded into an engine committed with eager = 0
+// resumes eager (offsets and their momentum restored), on the device as on the host.
+TEST(DeviceFeatures, EagerCheckpointResumesEagerInAnEngineCommittedDelayed) {
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2) continue;
+    const co2_engine_config_t eager = configs_of(p)[1], delayed = configs_of(p)[0];
+    for (bool device : {true, false}) {
+      std::vector<std::vector<char>> blobs(2);
+      Checkpointing save;
+      save.save_after = 9;
+      save.saved = &blobs;
+      const Result straight = run(device, 2, eager, 15, save);
+      Checkpointing resume;
+      resume.restore = &blobs;
+      resume.resume_at = 9;
+      expect_equal(run(device, 2, delayed, 15, resume), straight, true,
+                   name_of(p, eager, 2) + (device ? " device" : " host") + " loaded into a delayed engine");
+    }
+  }
+}
+
 // Compressed outer all-reduces: the device stages its deltas through host memory and the host's
 // wire code encodes them, with error feedback, so the results equal the host backend's.
 TEST(DeviceFeatures, WireFormatsWithErrorFeedbackEqualHost) {
@@ -171,6 +192,54 @@ TEST(DeviceFeatures, SixteenBitParametersEqualHost) {
           expect_equal(run(true, world, c, 15, resume, precision), straight, true, what + " resumed");
         }
     }
+}
+
+// co2_engine_reduce_gradients takes gradients in their parameter's dtype: 16-bit ones are widened,
+// averaged in fp32 and rounded back, on the device as on the host (each rank's gradient differs).
+TEST(DeviceFeatures, SixteenBitGradientsAverageAsOnHost) {
+  constexpr size_t kCount = 1000;
+  for (co2_dtype_t dtype : {CO2_DTYPE_BF16, CO2_DTYPE_FP16}) {
+    Precision precision;
+    precision.dtype = dtype;
+    std::vector<uint16_t> averaged[2];  // [device] on rank 0
+    for (bool device : {false, true})
+      co2test::run_ranks(2, [&](int rank, co2_comm_t comm) {
+        cudaSetDevice(0);
+        co2_engine_config_t c = CO2_ENGINE_CONFIG_INIT;
+        co2_engine_t engine = nullptr;
+        CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+        std::vector<uint16_t> params(kCount, precision.narrow(0.5f)), grads(kCount);
+        for (size_t i = 0; i < kCount; ++i) grads[i] = precision.narrow(0.001f * float(i) * float(rank + 1) - 0.3f);
+        void* d_params = params.data();
+        void* d_grads = grads.data();
+        if (device) {
+          ASSERT_EQ(cudaMalloc(&d_params, kCount * 2), cudaSuccess);
+          ASSERT_EQ(cudaMalloc(&d_grads, kCount * 2), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(d_params, params.data(), kCount * 2, cudaMemcpyHostToDevice), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(d_grads, grads.data(), kCount * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        }
+        co2_tensor_t tensor = CO2_TENSOR_INIT;
+        tensor.name = "w";
+        tensor.count = kCount;
+        tensor.data = d_params;
+        tensor.dtype = dtype;
+        tensor.device = device ? CO2_DEVICE_CUDA : CO2_DEVICE_HOST;
+        CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+        CO2_ASSERT_OK(co2_engine_commit(engine));
+        CO2_ASSERT_OK(co2_engine_reduce_gradients(engine, &d_grads, 1, nullptr));
+        if (device) {
+          ASSERT_EQ(cudaMemcpy(grads.data(), d_grads, kCount * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+          cudaFree(d_params);
+          cudaFree(d_grads);
+        }
+        if (rank == 0) averaged[device] = grads;
+        CO2_ASSERT_OK(co2_engine_destroy(engine));
+      });
+    ASSERT_EQ(averaged[1].size(), kCount);
+    EXPECT_EQ(averaged[1], averaged[0]) << (dtype == CO2_DTYPE_BF16 ? "bf16" : "fp16");
+    // The average of 0.001 i - 0.3 and 0.002 i - 0.3, not either rank's own gradient.
+    EXPECT_NEAR(precision.widen(averaged[1][500]), 0.45f, 0.01f);
+  }
 }
 
 // localsgd and sync keep no fp32 anchor: 16-bit CUDA parameters are refused there, saying so.
