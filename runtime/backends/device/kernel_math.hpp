@@ -106,6 +106,78 @@ CO2_HOST_DEVICE inline PassResult pass_element(const Config& c, const OuterCoeff
   return r;
 }
 
+// The buffers one chunk of the fused pass reads and writes, from the chunk's first element: null
+// where the pass leaves them (momentum in segments without one; e and q outside the eager policy).
+template <typename P>
+struct ChunkBuffers {
+  P* params;
+  float* anchor;
+  float* momentum;
+  float* comm;
+  float* offset;
+  float* filtered;
+};
+
+template <typename P>
+CO2_HOST_DEVICE inline ChunkBuffers<P> chunk_buffers(const Tables& t, const Config& c, const Chunk& ch,
+                                                     const SegmentEntry& seg) {
+  const size_t base = seg.state_offset + ch.begin;
+  const bool eager = c.eager && seg.is_parameter;
+  return ChunkBuffers<P>{static_cast<P*>(seg.params) + ch.begin,
+                         t.anchor + base,
+                         seg.is_parameter && c.momentum ? t.momentum + base : nullptr,
+                         t.comm + base,
+                         eager ? t.eager_offset + base : nullptr,
+                         eager && t.eager_momentum ? t.eager_momentum + base : nullptr};
+}
+
+// Element i's values as pass_element takes them (zero where the pass does not read them).
+template <typename P>
+struct ElementInputs {
+  float anchor = 0.0f;
+  P param{};
+  float momentum = 0.0f, average = 0.0f, offset = 0.0f, filtered = 0.0f;
+};
+
+template <typename P>
+CO2_HOST_DEVICE inline ElementInputs<P> load_element(const ChunkBuffers<P>& b, const Config& c, bool update,
+                                                     uint32_t i) {
+  ElementInputs<P> x;
+  x.anchor = b.anchor[i];
+  if (c.write_delta) x.param = b.params[i];
+  if (update) x.average = b.comm[i];
+  if (update && b.momentum) x.momentum = b.momentum[i];
+  if (b.offset) x.offset = b.offset[i];
+  if (b.filtered) x.filtered = b.filtered[i];
+  return x;
+}
+
+template <bool kValueClip, typename P>
+CO2_HOST_DEVICE inline PassResult pass_loaded(const Config& c, const OuterCoefficients& k, bool update,
+                                              bool is_parameter, const ElementInputs<P>& x, uint32_t* clamped) {
+  return pass_element<kValueClip>(c, k, update, is_parameter, x.anchor, x.param, x.momentum, x.average, x.offset,
+                                  x.filtered, clamped);
+}
+
+// Element i's results stored; the step's square added to *step_squares and the delta's finite
+// probe to *probe (not zero once a delta is not finite).
+template <typename P>
+CO2_HOST_DEVICE inline void store_element(const ChunkBuffers<P>& b, const Config& c, bool update, uint32_t i,
+                                          const PassResult& r, double* step_squares, float* probe) {
+  if (update) {
+    if (b.momentum) b.momentum[i] = r.momentum;
+    b.anchor[i] = r.anchor;
+    *step_squares += double(r.step) * double(r.step);
+  }
+  if (c.write_delta) {
+    *probe += finite_probe(r.delta);
+    b.comm[i] = r.delta;
+  }
+  if (b.offset) b.offset[i] = r.offset;
+  if (b.filtered) b.filtered[i] = r.filtered;
+  b.params[i] = narrow<P>(r.param);
+}
+
 // Per-thread partials of the fold: penalty range, smallest scale and counts over segments.
 // A plain aggregate (kernels keep an array of them in shared memory): start from empty_fold().
 struct FoldPartial {

@@ -70,54 +70,27 @@ template <bool kValueClip, bool kFull, typename P>
 __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const Chunk& ch,
                            const SegmentEntry& seg, double* step_squares, uint32_t* clamped, float* probe) {
   const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
-  const bool momentum = seg.is_parameter && c.momentum;
-  const size_t base = seg.state_offset + ch.begin;
-  // Distinct buffers: the layout rejects overlapping tensors.
-  P* __restrict__ p = static_cast<P*>(seg.params) + ch.begin;
-  float* __restrict__ a = t.anchor + base;
-  float* __restrict__ m = momentum ? t.momentum + base : nullptr;
-  float* __restrict__ cb = t.comm + base;
-  const bool eager = c.eager && seg.is_parameter;
-  float* __restrict__ e = eager ? t.eager_offset + base : nullptr;
-  float* __restrict__ q = eager && t.eager_momentum ? t.eager_momentum + base : nullptr;
+  const ChunkBuffers<P> buffers = chunk_buffers<P>(t, c, ch, seg);  // distinct: the layout rejects overlaps
   // Batches of kBatch elements per thread: every load of a batch is issued before its stores,
   // so each thread keeps several cache lines in flight (the pass is memory-bound).
   constexpr int kBatch = 4;
   static_assert(kPerThread % kBatch == 0, "whole batches");
 #pragma unroll
   for (int j0 = 0; j0 < kPerThread; j0 += kBatch) {
-    P pv[kBatch];
-    float av[kBatch], mv[kBatch], cv[kBatch], ev[kBatch], qv[kBatch];
+    ElementInputs<P> x[kBatch];
     bool in[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const uint32_t i = chunk_element(threadIdx.x, j0 + b);
       in[b] = kFull || i < ch.count;
-      av[b] = in[b] ? a[i] : 0.0f;
-      pv[b] = in[b] && c.write_delta ? p[i] : P{};
-      cv[b] = in[b] && update ? cb[i] : 0.0f;
-      mv[b] = in[b] && update && momentum ? m[i] : 0.0f;
-      ev[b] = in[b] && e ? e[i] : 0.0f;
-      qv[b] = in[b] && q ? q[i] : 0.0f;
+      if (in[b]) x[b] = load_element(buffers, c, update, i);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (!in[b]) continue;
       const uint32_t i = chunk_element(threadIdx.x, j0 + b);
-      const PassResult r =
-          pass_element<kValueClip>(c, k, update, seg.is_parameter, av[b], pv[b], mv[b], cv[b], ev[b], qv[b], clamped);
-      if (update) {
-        if (momentum) m[i] = r.momentum;
-        a[i] = r.anchor;
-        *step_squares += double(r.step) * double(r.step);
-      }
-      if (c.write_delta) {
-        *probe += finite_probe(r.delta);
-        cb[i] = r.delta;
-      }
-      if (e) e[i] = r.offset;
-      if (q) q[i] = r.filtered;
-      p[i] = narrow<P>(r.param);
+      const PassResult r = pass_loaded<kValueClip>(c, k, update, seg.is_parameter, x[b], clamped);
+      store_element(buffers, c, update, i, r, step_squares, probe);
     }
   }
 }

@@ -23,42 +23,19 @@ double block_sum(double* partials) {
 
 template <bool kValueClip, typename P>
 void pass_chunk(const Tables& t, const Config& c, bool update, uint32_t chunk, double* step_squares,
-                double* clamped, bool* delta_nonfinite) {
+                double* clamped, float* probe) {
   const Chunk ch = t.chunks[chunk];
   const SegmentEntry seg = t.segments[ch.segment];
   const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
-  const bool momentum = seg.is_parameter && c.momentum;
-  const size_t base = seg.state_offset + ch.begin;
-  P* p = static_cast<P*>(seg.params) + ch.begin;
-  float* a = t.anchor + base;
-  float* m = momentum ? t.momentum + base : nullptr;
-  float* cb = t.comm + base;
-  const bool eager = c.eager && seg.is_parameter;
-  float* e = eager ? t.eager_offset + base : nullptr;
-  float* q = eager && t.eager_momentum ? t.eager_momentum + base : nullptr;
+  const ChunkBuffers<P> buffers = chunk_buffers<P>(t, c, ch, seg);
   for (int thread = 0; thread < kThreads; ++thread) {
     uint32_t thread_clamped = 0;
     for (int j = 0; j < kPerThread; ++j) {
       const uint32_t i = chunk_element(uint32_t(thread), j);
       if (i >= ch.count) continue;
-      const P pv = c.write_delta ? p[i] : P{};
-      const float cv = update ? cb[i] : 0.0f;
-      const float mv = update && momentum ? m[i] : 0.0f;
-      const float ev = e ? e[i] : 0.0f, qv = q ? q[i] : 0.0f;
       const PassResult r =
-          pass_element<kValueClip>(c, k, update, seg.is_parameter, a[i], pv, mv, cv, ev, qv, &thread_clamped);
-      if (update) {
-        if (momentum) m[i] = r.momentum;
-        a[i] = r.anchor;
-        step_squares[thread] += double(r.step) * double(r.step);
-      }
-      if (c.write_delta) {
-        *delta_nonfinite |= finite_probe(r.delta) != 0.0f;
-        cb[i] = r.delta;
-      }
-      if (e) e[i] = r.offset;
-      if (q) q[i] = r.filtered;
-      p[i] = narrow<P>(r.param);
+          pass_loaded<kValueClip>(c, k, update, seg.is_parameter, load_element(buffers, c, update, i), &thread_clamped);
+      store_element(buffers, c, update, i, r, &step_squares[thread], probe);
     }
     clamped[thread] = double(thread_clamped);
   }
@@ -109,20 +86,21 @@ int boundary_pass(const Tables& t, const Config& c, void*) {
   if (t.num_chunks == 0) return 0;
   host_executor::record("kernel pass");
   const bool update = update_happens(c, t.average_nonfinite);
-  bool delta_nonfinite = false;
+  float probe = 0.0f;
   for (uint32_t chunk = 0; chunk < t.num_chunks; ++chunk) {
     double squares[kThreads] = {}, clamped[kThreads] = {};
     const SegmentEntry& seg = t.segments[t.chunks[chunk].segment];
     with_param_type(seg.dtype, [&](auto* type) {
       using P = std::remove_pointer_t<decltype(type)>;
       if (seg.is_parameter && c.clip == 1)
-        pass_chunk<true, P>(t, c, update, chunk, squares, clamped, &delta_nonfinite);
+        pass_chunk<true, P>(t, c, update, chunk, squares, clamped, &probe);
       else
-        pass_chunk<false, P>(t, c, update, chunk, squares, clamped, &delta_nonfinite);
+        pass_chunk<false, P>(t, c, update, chunk, squares, clamped, &probe);
     });
     t.chunk_squares[chunk] = block_sum(squares);
     t.chunk_clamped[chunk] = (unsigned int)block_sum(clamped);
   }
+  const bool delta_nonfinite = probe != 0.0f;
   *t.delta_nonfinite = delta_nonfinite;
   if (c.eager) {
     host_executor::record("kernel eager_restart");
