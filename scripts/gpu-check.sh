@@ -114,8 +114,8 @@ ninja -C "$BUILD_DIR" -j "$(jobs)" || exit 1
 
 log "GPU tests (and the host-side device tests)"
 timeout 300 "${MESON[@]}" test -C "$BUILD_DIR" --no-rebuild --print-errorlogs \
-  runtime/backends/device/gpu runtime/backends/device/selection runtime/backends/device/state_checksum runtime/engine_rounds \
-  runtime/backends/device/host_executor runtime/collective_comm nccl_transport nccl_transport_without_gpu
+  runtime/backends/device/gpu runtime/backends/device/selection runtime/backends/device/state_checksum runtime/engine/engine_rounds \
+  runtime/backends/device/host_executor runtime/comm/collective_comm nccl_transport nccl_transport_without_gpu
 test_rc=$?
 
 log "feature table"

@@ -1,7 +1,7 @@
 // The outer update's element math, written once (docs/architecture.md, "The outer core"): the
 // delta, the new momentum with its clip, the step and the new anchor, the eager correction, and
 // the wire's 16-bit and int8 element codes with their error feedback. CO2_HOST_DEVICE: the host
-// passes (runtime/boundary_pass.*, runtime/outer/wire_format.cpp) and the CUDA kernels
+// passes (runtime/outer/boundary_pass.*, runtime/outer/wire_format.cpp) and the CUDA kernels
 // (runtime/backends/device/kernels.cu) call these very functions, so the CPU tests cover what a kernel runs.
 // Per-segment scalars (lambda, the norm-clip scale, the gap) come from runtime/outer/coefficients.hpp.
 #pragma once

@@ -809,8 +809,8 @@ class DeviceBackend final : public Backend {
   std::atomic<bool> staged_average_nonfinite_{false};  // staged path: set by the progress thread
   // The stream of the last step or reduce_gradients (nullptr, the legacy default, before).
   void* caller_stream_ = nullptr;
-  bool buffer_values_ = false;
-  bool sixteen_bit_params_ = false;  // some segment holds bf16/fp16 parameters  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
+  bool buffer_values_ = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
+  bool sixteen_bit_params_ = false;  // some segment holds bf16/fp16 parameters
   OuterSettings blocking_settings_;  // diloco: the settings of the round being averaged
   kernels::Config pass_config_;      // of the pass phase being run
   kernels::Tables t_;
