@@ -13,6 +13,7 @@
 #include "runtime/comm/comm.hpp"
 #include "runtime/backends/device/allocator.hpp"
 #include "runtime/outer/layout.hpp"
+#include "runtime/outer/options.hpp"
 #include "runtime/base/status.hpp"
 
 namespace co2 {
@@ -20,8 +21,6 @@ namespace co2 {
 class Backend;  // runtime/backends/backend.hpp
 
 enum class Algorithm : int { Co2 = 0, Sync = 1, LocalSgd = 2, Diloco = 3 };
-enum class Penalty : int { None = 0, Constant = 1, Gap = 2 };
-enum class Clip : int { None = 0, Value = 1, Norm = 2 };
 enum class Param : int {
   OuterLr = 0,
   OuterMomentum = 1,

@@ -6,7 +6,7 @@ namespace co2 {
 
 static_assert(int(Penalty::None) == kPenaltyNone && int(Penalty::Constant) == kPenaltyConstant &&
                   int(Penalty::Gap) == kPenaltyGap,
-              "the core numbers the penalties as engine.hpp does");
+              "the core numbers the penalties as options.hpp does");
 
 float anchor_weight_of(bool buffer_values, const Segment& seg) {
   return anchor_weight_of(buffer_values, seg.role == Role::Parameter);

@@ -8,9 +8,9 @@
 #include <limits>
 
 #include "runtime/outer/boundary_pass.hpp"
-#include "runtime/engine/engine.hpp"
 #include "runtime/outer/layout.hpp"
 #include "runtime/outer/coefficients.hpp"
+#include "runtime/outer/options.hpp"
 
 namespace co2 {
 
