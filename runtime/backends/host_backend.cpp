@@ -23,7 +23,7 @@ using S = Engine::State;
 // The coefficients of a pass that only writes deltas (no update).
 OuterCoefficients delta_coefficients(const S& s, const Segment& seg) {
   OuterCoefficients k;
-  k.anchor_weight = anchor_weight_of(s.config.algorithm == Algorithm::Co2, seg);
+  k.anchor_weight = anchor_weight_of(s.buffer_values(), seg);
   return k;
 }
 
@@ -411,7 +411,7 @@ namespace {
 // one's encodings dropped. co2's BUFFER values replace the anchor's (anchor weight 0): a
 // residual added to them would shift every later value and never cancel.
 bool fed_back(const Engine::State& s, const Segment& seg) {
-  return seg.role != Role::Excluded && anchor_weight_of(s.config.algorithm == Algorithm::Co2, seg) == 1.0f;
+  return seg.role != Role::Excluded && anchor_weight_of(s.buffer_values(), seg) == 1.0f;
 }
 }  // namespace
 

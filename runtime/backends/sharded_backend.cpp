@@ -482,7 +482,7 @@ class ShardedBackend final : public Backend {
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
       float* anchor = b + seg.state_offset;
-      const float w = anchor_weight_of(s.config.algorithm == Algorithm::Co2, seg);
+      const float w = anchor_weight_of(s.buffer_values(), seg);
       finite = with_params(seg, [&](auto* p) {
                  using P = std::remove_pointer_t<decltype(p)>;
                  bool ok = true;
@@ -571,7 +571,7 @@ class ShardedBackend final : public Backend {
     float* b = s.comm_buffer.data();
     bool finite = true;
     for (const ShardPart& part : parts_) {
-      const float w = anchor_weight_of(s.config.algorithm == Algorithm::Co2, s.segments[part.segment]);
+      const float w = anchor_weight_of(s.buffer_values(), s.segments[part.segment]);
       float* c = b + part.begin;
       const float* step = step_.data() + (part.begin - mine_.begin);
       for (size_t i = 0; i < part.count; ++i) c[i] = restored_average(c[i], step[i], w);

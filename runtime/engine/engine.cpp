@@ -223,7 +223,7 @@ OuterSettings outer_settings_of(const Engine::State& s) {
   o.clip_threshold = s.config.clip_threshold;
   o.penalty = s.config.penalty;
   o.penalty_constant = s.config.penalty_constant;
-  o.buffer_values = s.config.algorithm == Algorithm::Co2;
+  o.buffer_values = s.buffer_values();
   return o;
 }
 

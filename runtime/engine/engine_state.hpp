@@ -114,6 +114,8 @@ struct Engine::State {
     return config.algorithm == Algorithm::Co2 || config.algorithm == Algorithm::Diloco;
   }
   bool momentum_needed() const { return beta > 0.0 || config.nesterov; }
+  // co2's BUFFER segments carry values (OuterCoefficients::anchor_weight); diloco's average.
+  bool buffer_values() const { return config.algorithm == Algorithm::Co2; }
   bool eager_resolved = false;  // config.eager decided at commit (Auto by placement) or load
   bool eager() const { return eager_resolved && config.algorithm == Algorithm::Co2; }
   bool error_feedback() const {

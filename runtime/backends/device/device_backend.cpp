@@ -82,7 +82,7 @@ class DeviceBackend final : public Backend {
     require(!sixteen_bit_params_ || s.has_anchor(), Status::Unsupported,
             "bf16/fp16 CUDA parameters are implemented for co2 and diloco (the outer update keeps an fp32 "
             "anchor): localsgd and sync on CUDA tensors need fp32 parameters");
-    buffer_values_ = s.config.algorithm == Algorithm::Co2;
+    buffer_values_ = s.buffer_values();
     const size_t bytes = s.state_count * sizeof(float);
     comm_ = alloc(bytes);
     if (s.has_anchor()) anchor_ = alloc(bytes);
