@@ -9,12 +9,10 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/base/types.hpp"  // DataType, ReduceOp
 #include "transports/transport.hpp"
 
 namespace co2::transport {
-
-enum class Element : int { F32 = 0, F64 = 3, I32 = 4, I64 = 5 };
-enum class Reduction : int { Sum = 0, Avg = 1, Min = 2, Max = 3 };
 
 // The shard layout of the sharded collectives (here and in runtime/collectives/collectives.hpp): `count`
 // elements over `size` ranks in shards of S = ceil(count / size); rank r owns the contiguous
@@ -53,19 +51,19 @@ class Collective {
 
   // Buffers may be device memory (used in place, stream-ordered) or host memory (staged through
   // device memory by the transport). In-place when send == recv.
-  virtual Handle post_allreduce(const void* send, void* recv, size_t count, Element element,
-                                Reduction op) = 0;
-  virtual Handle post_broadcast(void* buffer, size_t count, Element element, int root) = 0;
+  virtual Handle post_allreduce(const void* send, void* recv, size_t count, DataType element,
+                                ReduceOp op) = 0;
+  virtual Handle post_broadcast(void* buffer, size_t count, DataType element, int root) = 0;
   // recv receives size() * count_per_rank elements in rank order.
   virtual Handle post_allgather(const void* send, void* recv, size_t count_per_rank,
-                                Element element) = 0;
+                                DataType element) = 0;
 
   // In place on `count` elements of `buffer`: afterwards this rank's shard_range of it holds the
   // reduction over every rank; the rest of the buffer is unspecified.
-  virtual Handle post_reduce_scatter(void* buffer, size_t count, Element element,
-                                     Reduction op) = 0;
+  virtual Handle post_reduce_scatter(void* buffer, size_t count, DataType element,
+                                     ReduceOp op) = 0;
   // In place: every rank's shard_range of `buffer` is sent to every other rank, bit for bit.
-  virtual Handle post_allgather_shards(void* buffer, size_t count, Element element) = 0;
+  virtual Handle post_allgather_shards(void* buffer, size_t count, DataType element) = 0;
 
   // Non-blocking. Done once the collective's results are in place; PeerLost / Failed / Aborted
   // when the transport hit an error (it is unusable afterwards). The handle is released once it

@@ -58,7 +58,7 @@ std::shared_ptr<Request> CollectiveTransportExecutor::submit(collectives::Descri
     static_assert(collectives::kDescriptorBytes % sizeof(int64_t) == 0, "whole I64 elements");
     entry.check = transport_->post_allgather(entry.check_send->data(), entry.check_recv->data(),
                                              collectives::kDescriptorBytes / sizeof(int64_t),
-                                             transport::Element::I64);
+                                             DataType::I64);
     entry.handle = post(*transport_);
   }
   entry.on_result = std::move(on_result);

@@ -399,7 +399,6 @@ void* Communicator::collective_stream() const { return collective_transport_ ? c
 int Communicator::collective_device() const { return collective_transport_ ? collective_transport_->device() : -1; }
 
 namespace {
-transport::Element element_of(DataType dtype) { return transport::Element(int(dtype)); }
 }  // namespace
 
 std::shared_ptr<Request> Communicator::allreduce(void* buffer, size_t count, DataType dtype,
@@ -447,7 +446,7 @@ std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count
                            collective_transport_ != nullptr);
   if (collective_transport_)
     return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
-      return t.post_allreduce(buffer, buffer, count, element_of(dtype), transport::Reduction(int(op)));
+      return t.post_allreduce(buffer, buffer, count, dtype, op);
     }, std::move(on_result));
   float* residual = wire.residual;
   const SegmentStarts segments = wire.segments;
@@ -469,7 +468,7 @@ std::shared_ptr<Request> Communicator::broadcast(void* buffer, size_t count, Dat
   descriptor.root = root;
   if (collective_transport_)
     return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
-      return t.post_broadcast(buffer, count, element_of(dtype), root);
+      return t.post_broadcast(buffer, count, dtype, root);
     });
   return point_to_point_->submit(descriptor, [buffer](transport::PointToPoint& transport,
                                               const collectives::Descriptor& agreed,
@@ -488,7 +487,7 @@ std::shared_ptr<Request> Communicator::allgather(const void* send, void* recv,
       descriptor_of(id, collectives::Kind::AllGather, dtype, count_per_rank);
   if (collective_transport_)
     return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
-      return t.post_allgather(send, recv, count_per_rank, element_of(dtype));
+      return t.post_allgather(send, recv, count_per_rank, dtype);
     });
   return point_to_point_->submit(descriptor, [send, recv](transport::PointToPoint& transport,
                                                   const collectives::Descriptor& agreed,
@@ -506,7 +505,7 @@ std::shared_ptr<Request> Communicator::reduce_scatter(void* buffer, size_t count
                            wire.format, collective_transport_ != nullptr);
   if (collective_transport_)
     return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
-      return t.post_reduce_scatter(buffer, count, element_of(dtype), transport::Reduction(int(op)));
+      return t.post_reduce_scatter(buffer, count, dtype, op);
     }, std::move(on_result));
   float* residual = wire.residual;
   const SegmentStarts segments = wire.segments;
@@ -530,7 +529,7 @@ std::shared_ptr<Request> Communicator::allgather_shards(void* buffer, size_t cou
     require(!after, Status::Unsupported,
             "allgather_shards after an earlier request needs a point-to-point transport (UCX, local)");
     return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
-      return t.post_allgather_shards(buffer, count, element_of(dtype));
+      return t.post_allgather_shards(buffer, count, dtype);
     }, std::move(on_result));
   }
   return point_to_point_->submit(descriptor, [buffer](transport::PointToPoint& transport,

@@ -17,9 +17,9 @@
 namespace {
 
 using namespace std::chrono_literals;
-using co2::transport::Element;
+using co2::DataType;
 using co2::transport::Outcome;
-using co2::transport::Reduction;
+using co2::ReduceOp;
 
 Outcome wait(co2::transport::Collective& c, co2::transport::Handle h) {
   const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -50,29 +50,29 @@ TEST(NcclGpu, GroupOfOneRunsCollectivesOnDeviceAndHostBuffers) {
   float* device = nullptr;
   ASSERT_EQ(cudaMalloc(&device, 16), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(device, host.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(wait(*nccl, nccl->post_allreduce(device, device, 4, Element::F32, Reduction::Avg)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_allreduce(device, device, 4, DataType::F32, ReduceOp::Avg)), Outcome::Done);
   std::vector<float> back(4);
   ASSERT_EQ(cudaMemcpy(back.data(), device, 16, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, host);
   // Host memory is staged through the device.
   std::vector<float> sum = host;
-  EXPECT_EQ(wait(*nccl, nccl->post_allreduce(sum.data(), sum.data(), 4, Element::F32, Reduction::Sum)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_allreduce(sum.data(), sum.data(), 4, DataType::F32, ReduceOp::Sum)), Outcome::Done);
   EXPECT_EQ(sum, host);
   int64_t mine = 42, all = 0;
-  EXPECT_EQ(wait(*nccl, nccl->post_allgather(&mine, &all, 1, Element::I64)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_allgather(&mine, &all, 1, DataType::I64)), Outcome::Done);
   EXPECT_EQ(all, 42);
-  EXPECT_EQ(wait(*nccl, nccl->post_broadcast(device, 4, Element::F32, 0)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_broadcast(device, 4, DataType::F32, 0)), Outcome::Done);
   // The sharded pair: a group of one owns the whole buffer, which they leave as it is.
-  EXPECT_EQ(wait(*nccl, nccl->post_reduce_scatter(device, 4, Element::F32, Reduction::Avg)), Outcome::Done);
-  EXPECT_EQ(wait(*nccl, nccl->post_allgather_shards(device, 4, Element::F32)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_reduce_scatter(device, 4, DataType::F32, ReduceOp::Avg)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_allgather_shards(device, 4, DataType::F32)), Outcome::Done);
   ASSERT_EQ(cudaMemcpy(back.data(), device, 16, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, host);
   std::vector<float> staged = host;
-  EXPECT_EQ(wait(*nccl, nccl->post_reduce_scatter(staged.data(), 4, Element::F32, Reduction::Sum)), Outcome::Done);
-  EXPECT_EQ(wait(*nccl, nccl->post_allgather_shards(staged.data(), 4, Element::F32)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_reduce_scatter(staged.data(), 4, DataType::F32, ReduceOp::Sum)), Outcome::Done);
+  EXPECT_EQ(wait(*nccl, nccl->post_allgather_shards(staged.data(), 4, DataType::F32)), Outcome::Done);
   EXPECT_EQ(staged, host);
   nccl->abort("test");
-  EXPECT_EQ(nccl->test(nccl->post_allreduce(device, device, 4, Element::F32, Reduction::Sum)), Outcome::Aborted);
+  EXPECT_EQ(nccl->test(nccl->post_allreduce(device, device, 4, DataType::F32, ReduceOp::Sum)), Outcome::Aborted);
   EXPECT_NE(nccl->error_message().find("test"), std::string::npos);
   cudaFree(device);
 }

@@ -15,24 +15,24 @@ namespace {
 
 std::string nccl_text(ncclResult_t r) { return std::string(ncclGetErrorString(r)) + " (" + std::to_string(int(r)) + ")"; }
 
-ncclDataType_t nccl_type(Element e) {
+ncclDataType_t nccl_type(DataType e) {
   switch (e) {
-    case Element::F32: return ncclFloat32;
-    case Element::F64: return ncclFloat64;
-    case Element::I32: return ncclInt32;
-    case Element::I64: return ncclInt64;
+    case DataType::F32: return ncclFloat32;
+    case DataType::F64: return ncclFloat64;
+    case DataType::I32: return ncclInt32;
+    case DataType::I64: return ncclInt64;
   }
   return ncclFloat32;
 }
 
-size_t element_bytes(Element e) { return e == Element::F32 || e == Element::I32 ? 4 : 8; }
+size_t element_bytes(DataType e) { return e == DataType::F32 || e == DataType::I32 ? 4 : 8; }
 
-ncclRedOp_t nccl_op(Reduction r) {
+ncclRedOp_t nccl_op(ReduceOp r) {
   switch (r) {
-    case Reduction::Sum: return ncclSum;
-    case Reduction::Avg: return ncclAvg;
-    case Reduction::Min: return ncclMin;
-    case Reduction::Max: return ncclMax;
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Max: return ncclMax;
   }
   return ncclSum;
 }
@@ -77,7 +77,7 @@ class NcclCollective final : public Collective {
   void* stream() const override { return stream_; }
   int device() const override { return device_; }
 
-  Handle post_allreduce(const void* send, void* recv, size_t count, Element element, Reduction op) override {
+  Handle post_allreduce(const void* send, void* recv, size_t count, DataType element, ReduceOp op) override {
     const size_t bytes = count * element_bytes(element);
     Op o = stage(send, recv, bytes, bytes);
     return enqueue(std::move(o), [&](const void* s, void* r) {
@@ -85,7 +85,7 @@ class NcclCollective final : public Collective {
     });
   }
 
-  Handle post_broadcast(void* buffer, size_t count, Element element, int root) override {
+  Handle post_broadcast(void* buffer, size_t count, DataType element, int root) override {
     const size_t bytes = count * element_bytes(element);
     Op o = stage(buffer, buffer, bytes, bytes);
     return enqueue(std::move(o), [&](const void* s, void* r) {
@@ -93,7 +93,7 @@ class NcclCollective final : public Collective {
     });
   }
 
-  Handle post_allgather(const void* send, void* recv, size_t count_per_rank, Element element) override {
+  Handle post_allgather(const void* send, void* recv, size_t count_per_rank, DataType element) override {
     const size_t bytes = count_per_rank * element_bytes(element);
     Op o = stage(send, recv, bytes, bytes * size_t(size_), /*send_offset=*/bytes * size_t(rank_));
     return enqueue(std::move(o), [&](const void* s, void* r) {
@@ -105,7 +105,7 @@ class NcclCollective final : public Collective {
   // count divides evenly (shard_range is then exactly those blocks). Otherwise each shard is
   // its own ncclReduce to its owner (ncclBroadcast from it), all in one NCCL group, so that
   // nothing is padded or allocated and the layout stays shard_range's.
-  Handle post_reduce_scatter(void* buffer, size_t count, Element element, Reduction op) override {
+  Handle post_reduce_scatter(void* buffer, size_t count, DataType element, ReduceOp op) override {
     const size_t bytes = count * element_bytes(element);
     Op o = stage(buffer, buffer, bytes, bytes);
     return enqueue(std::move(o), [&](const void* s, void* r) {
@@ -119,7 +119,7 @@ class NcclCollective final : public Collective {
     });
   }
 
-  Handle post_allgather_shards(void* buffer, size_t count, Element element) override {
+  Handle post_allgather_shards(void* buffer, size_t count, DataType element) override {
     const size_t bytes = count * element_bytes(element);
     Op o = stage(buffer, buffer, bytes, bytes);
     return enqueue(std::move(o), [&](const void* /*s*/, void* r) {
@@ -277,14 +277,14 @@ class NcclCollective final : public Collective {
     return handle;
   }
 
-  static void* byte_offset(void* base, size_t elements, Element element) {
+  static void* byte_offset(void* base, size_t elements, DataType element) {
     return static_cast<char*>(base) + elements * element_bytes(element);
   }
 
   // `call(range, count, owner)` for every non-empty shard of `buffer`, as one NCCL group. The
   // group is ended even when a call failed (NCCL requires it); the first error is returned.
   template <typename Call>
-  ncclResult_t per_shard(size_t count, Element element, void* buffer, Call&& call) {
+  ncclResult_t per_shard(size_t count, DataType element, void* buffer, Call&& call) {
     ncclResult_t first = ncclGroupStart();
     if (first != ncclSuccess) return first;
     for (int owner = 0; owner < size_; ++owner) {

@@ -40,15 +40,15 @@ class FakeCollective final : public transport::Collective {
   int size() const override { return shared_->peer_purpose.load() >= 0 ? 2 : 1; }
   void* stream() const override { return const_cast<int*>(&stream_tag_); }
 
-  transport::Handle post_allreduce(const void* send, void* recv, size_t count, transport::Element e,
-                                   transport::Reduction) override {
-    const size_t bytes = count * (e == transport::Element::F32 || e == transport::Element::I32 ? 4 : 8);
+  transport::Handle post_allreduce(const void* send, void* recv, size_t count, DataType e,
+                                   ReduceOp) override {
+    const size_t bytes = count * (e == DataType::F32 || e == DataType::I32 ? 4 : 8);
     if (send != recv) std::memmove(recv, send, bytes);  // a group of one: the average is the input
     return post();
   }
-  transport::Handle post_broadcast(void*, size_t, transport::Element, int) override { return post(); }
-  transport::Handle post_allgather(const void* send, void* recv, size_t count, transport::Element e) override {
-    const size_t bytes = count * (e == transport::Element::F32 || e == transport::Element::I32 ? 4 : 8);
+  transport::Handle post_broadcast(void*, size_t, DataType, int) override { return post(); }
+  transport::Handle post_allgather(const void* send, void* recv, size_t count, DataType e) override {
+    const size_t bytes = count * (e == DataType::F32 || e == DataType::I32 ? 4 : 8);
     std::memmove(recv, send, bytes);
     if (shared_->peer_purpose.load() >= 0) {
       // The peer's descriptor: ours with another purpose (byte 40 of the wire layout).
@@ -60,10 +60,10 @@ class FakeCollective final : public transport::Collective {
     return post();
   }
   // A group of one: its shard is the whole buffer, already reduced and gathered.
-  transport::Handle post_reduce_scatter(void*, size_t, transport::Element, transport::Reduction) override {
+  transport::Handle post_reduce_scatter(void*, size_t, DataType, ReduceOp) override {
     return post();
   }
-  transport::Handle post_allgather_shards(void*, size_t, transport::Element) override { return post(); }
+  transport::Handle post_allgather_shards(void*, size_t, DataType) override { return post(); }
   transport::Outcome test(transport::Handle h) override {
     if (aborted_) return transport::Outcome::Aborted;
     switch (shared_->behaviour.load()) {
