@@ -42,17 +42,7 @@ class DeviceBackend final : public Backend {
   }
 
   void check_memory(const void* data, size_t bytes, const std::string& what) override {
-    const char* last = static_cast<const char*>(data) + (bytes ? bytes - 1 : 0);
-    for (const void* p : {data, static_cast<const void*>(last)}) {
-      cudaPointerAttributes attributes{};
-      const cudaError_t e = cudaPointerGetAttributes(&attributes, p);
-      if (e != cudaSuccess) cudaGetLastError();
-      const bool device_memory =
-          e == cudaSuccess && (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
-      require(device_memory && attributes.device == device_, Status::InvalidArgument,
-              what + " is declared CUDA device " + std::to_string(device_) +
-                  " memory but is not (host memory, another device, or not allocated)");
-    }
+    check_device_memory(data, bytes, device_, what);
   }
 
   void* allocate_flat(size_t count) override {
@@ -444,18 +434,8 @@ class DeviceBackend final : public Backend {
   }
 
  private:
-  // Polls an event on `stream` up to the communicator's timeout (Status::Timeout after it).
   void wait_for_stream(void* stream, const char* what) {
-    CudaEvent reached;
-    reached.record(as_stream(stream));
-    const auto timeout = s_.comm->options().timeout;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!reached.done()) {
-      require(std::chrono::steady_clock::now() < deadline, Status::Timeout,
-              std::string(what) + ": the CUDA stream's work did not finish within " +
-                  std::to_string(timeout.count()) + " ms (the communicator's timeout): a kernel hangs");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    device::wait_for_stream(as_stream(stream), s_.comm->options().timeout, what);
   }
 
   // The engine's device for this thread (the caller may have switched): one cheap call.
