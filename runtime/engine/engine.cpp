@@ -439,7 +439,7 @@ void check_node_parameters_when_due(S& s) {
   const uint32_t k = s.config.anchor_check_interval;
   if (!s.hierarchical() || !k || s.stats.rounds % k != 0) return;
   if (!same_on_every_rank_of(s, *s.intra, {s.intra_owner, Purpose::AnchorCheck},
-                             parameters_checksum(s, /*trained_only=*/true)))
+                             s.backend->parameters_checksum(/*trained_only=*/true)))
     fail(Status::AnchorMismatch,
          "the ranks of node " + std::to_string(s.inter->rank()) +
              " hold different parameters at a boundary: hierarchical co2 trains one model per node, so "

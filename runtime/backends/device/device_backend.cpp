@@ -16,6 +16,7 @@
 #include "runtime/backends/device/kernels.hpp"
 #include "runtime/backends/device/selection.hpp"
 #include "runtime/engine/engine_state.hpp"
+#include "runtime/base/checksum.hpp"
 #include "runtime/base/log.hpp"
 #include "runtime/engine/observe.hpp"
 #include "runtime/outer/update_plan.hpp"
@@ -218,6 +219,25 @@ class DeviceBackend final : public Backend {
   void set_parameters_to_anchor() override {
     make_current();
     unpack(anchor_.as<float>(), caller(), false);
+  }
+
+  // The parameters widened on the device, then hashed on the host as the host backends hash
+  // theirs (the node check of hierarchical co2, whose CUDA engines are staged_sharded_backend.cpp's).
+  uint64_t parameters_checksum(bool trained_only) override {
+    make_current();
+    S& s = s_;
+    if (scratch_.empty()) scratch_ = alloc(s.state_count * sizeof(float));
+    pack(scratch_.as<float>(), caller(), false);
+    FloatBuffer packed(s.state_count);
+    check(cudaMemcpyAsync(packed.data(), scratch_.as(), s.state_count * sizeof(float), cudaMemcpyDeviceToHost,
+                          caller()),
+          "copy the parameters out");
+    wait_for_caller("parameters checksum");
+    WordHasher hasher;
+    for (const Segment& seg : s.segments)
+      if (seg.role == Role::Parameter || (!trained_only && seg.role == Role::Buffer))
+        hasher.update(packed.data() + seg.state_offset, seg.count);
+    return hasher.digest();
   }
 
   // The anchor (or, without one, the parameters) hashed on the device (state_checksum.hpp):
