@@ -807,9 +807,14 @@ class DeviceBackend final : public Backend {
 };
 
 }  // namespace
+
+// staged_sharded_backend.cpp: sharded outer state and hierarchical co2 over point-to-point transports.
+std::unique_ptr<Backend> make_staged_sharded_backend(Engine::State& s, int device_index);
+
 }  // namespace device
 
 std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index) {
+  if (s.sharded()) return device::make_staged_sharded_backend(s, device_index);
   return std::make_unique<device::DeviceBackend>(s, device_index);
 }
 
