@@ -349,6 +349,67 @@ TEST(DeviceFeatures, ShardedCheckpointsResumeBitForBit) {
     }
 }
 
+// consensus() of a sharded engine mid-round, on rank 0: the anchor (no collective) and the ranks'
+// average, written into device memory for CUDA tensors.
+std::vector<std::vector<float>> sharded_consensus(bool device) {
+  std::vector<std::vector<float>> results(2);
+  co2test::run_ranks(2, [&](int rank, co2_comm_t comm) {
+    co2_engine_config_t c = sharded(delayed_config_of(kPolicies[1]));
+    c.eager = 1;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+    const size_t n = 3 * 1000 + 7;
+    std::vector<float> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = 0.002f * float(i % 41) + 0.1f * float(rank);
+    void* d = nullptr;
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.count = n;
+    tensor.data = host.data();
+    if (device) {
+      ASSERT_EQ(cudaMalloc(&d, n * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      tensor.data = d;
+      tensor.device = CO2_DEVICE_CUDA;
+    }
+    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+    CO2_ASSERT_OK(co2_engine_commit(engine));
+    for (int step = 0; step < 7; ++step) {  // tau 3: two boundaries, one step into the third round
+      if (device) ASSERT_EQ(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < n; ++i) host[i] -= 0.01f * std::sin(0.01f * float(i) + float(step + rank));
+      if (device) ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      CO2_ASSERT_OK(co2_engine_step(engine, nullptr, nullptr));
+    }
+    const co2_consensus_t kinds[] = {CO2_CONSENSUS_ANCHOR, CO2_CONSENSUS_LOCAL_AVERAGE};
+    for (size_t k = 0; k < 2; ++k) {
+      std::vector<float> out(n);
+      float* target = out.data();
+      if (device) ASSERT_EQ(cudaMalloc(&target, n * sizeof(float)), cudaSuccess);
+      CO2_ASSERT_OK(co2_engine_consensus(engine, kinds[k], target, n));
+      if (device) {
+        ASSERT_EQ(cudaMemcpy(out.data(), target, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        cudaFree(target);
+      }
+      if (rank == 0) results[k] = out;
+    }
+    CO2_ASSERT_OK(co2_engine_destroy(engine));
+    if (d) cudaFree(d);
+  });
+  return results;
+}
+
+TEST(DeviceFeatures, ShardedConsensusEqualsHostSharded) {
+  const auto device = sharded_consensus(true), host = sharded_consensus(false);
+  for (size_t k = 0; k < 2; ++k) {
+    const char* what = k == 0 ? "anchor" : "local average";
+    ASSERT_EQ(device[k].size(), host[k].size()) << what;
+    for (size_t i = 0; i < host[k].size(); ++i)
+      ASSERT_EQ(std::memcmp(&device[k][i], &host[k][i], sizeof(float)), 0)
+          << what << " element " << i << ": device " << device[k][i] << " host " << host[k][i];
+  }
+  EXPECT_NE(device[0], device[1]) << "mid-round, the ranks' average is not the anchor";
+}
+
 // 2 nodes x 2 ranks (node_id = rank / 2), gradients averaged inside each node on the device
 // (reduce_gradients stages them); the nodes' ranks carry the shards across the nodes.
 TEST(DeviceFeatures, HierarchicalCo2EqualsHost) {
