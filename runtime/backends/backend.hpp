@@ -87,6 +87,9 @@ class Backend {
   virtual void set_parameters_to_anchor() = 0;
   // Hash of the anchor in effect (without an anchor, the parameters) on this rank.
   virtual uint64_t anchor_checksum() = 0;
+  // Hash of the parameters as fp32 words (trained_only: of PARAMETER segments), where they are:
+  // the node check of hierarchical co2 compares it among a node's ranks.
+  virtual uint64_t parameters_checksum(bool trained_only) = 0;
   // out (host or device memory of count elements) <- the anchor, or the parameters when
   // `parameters` is set, then averaged across ranks when `average` is set (blocking).
   virtual void consensus_into(float* out, size_t count, bool parameters, bool average) = 0;

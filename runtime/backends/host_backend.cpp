@@ -268,8 +268,10 @@ class HostBackend final : public Backend {
 
   void set_parameters_to_anchor() override { unpack_parameters(s_, s_.anchor.data(), false); }
 
+  uint64_t parameters_checksum(bool trained_only) override { return co2::parameters_checksum(s_, trained_only); }
+
   uint64_t anchor_checksum() override {
-    if (!s_.has_anchor()) return parameters_checksum(s_);
+    if (!s_.has_anchor()) return co2::parameters_checksum(s_);
     WordHasher hasher;
     hasher.update(s_.anchor.data(), s_.state_count);
     return hasher.digest();

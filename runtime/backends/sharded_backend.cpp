@@ -305,11 +305,13 @@ class ShardedBackend final : public Backend {
     if (rank_eager()) std::copy(s_.comm_buffer.data(), s_.comm_buffer.data() + s_.state_count, round_start_.data());
   }
 
+  uint64_t parameters_checksum(bool trained_only) override { return co2::parameters_checksum(s_, trained_only); }
+
   // Right after a boundary's pass B holds deltas and the parameters hold the anchor; otherwise B
   // holds it. Either is the same on every rank that trains the same model.
   uint64_t anchor_checksum() override {
     if (deltas_in_buffer_ && !anchor_outside_shard_ && rank_eager()) return pass_anchor_hash_;
-    if (deltas_in_buffer_ && !anchor_outside_shard_) return parameters_checksum(s_);
+    if (deltas_in_buffer_ && !anchor_outside_shard_) return co2::parameters_checksum(s_);
     WordHasher hasher;
     const float* b = s_.comm_buffer.data();
     if (!deltas_in_buffer_) {

@@ -122,13 +122,19 @@ bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
-// Sharded outer state lives in host memory only. (A compressed wire works on CUDA tensors over
-// point-to-point transports: the device backend stages its deltas; it refuses NCCL at commit.)
+// Sharded outer state and hierarchical co2 on CUDA tensors run the host's sharded chain over a
+// pinned mirror of the parameters (runtime/backends/device/staged_sharded_backend.cpp), which
+// needs a point-to-point communicator: over NCCL they are refused here, at the first tensor.
+// (A compressed wire works on CUDA tensors over point-to-point transports: the device backend
+// stages its deltas; it refuses NCCL at commit.)
 void check_wire_placement(const Engine::State& s, const StorageDesc& storage) {
-  require(storage.device != int(DeviceKind::Cuda) || !s.sharded(), Status::Unsupported,
-          "sharded outer state (and hierarchical CO2, which shards it over a node's ranks) is "
-          "implemented for host tensors only: an engine on CUDA tensors needs shard_outer_state = 0 "
-          "and hierarchy = CO2_HIERARCHY_FLAT");
+  require(storage.device != int(DeviceKind::Cuda) || !s.sharded() || s.comm->collective_stream() == nullptr,
+          Status::Unsupported,
+          "sharded outer state (and hierarchical CO2, which shards it over a node's ranks) on CUDA tensors is "
+          "implemented over point-to-point transports (UCX, local), which stage it through pinned host memory; "
+          "over NCCL it is not implemented yet (the device-resident shards that NCCL's reduce-scatter and "
+          "all-gather would carry are not written): create the communicator with CO2_TRANSPORT_UCX, or use "
+          "shard_outer_state = 0 and hierarchy = CO2_HIERARCHY_FLAT over NCCL");
 }
 
 }  // namespace
@@ -439,7 +445,7 @@ void check_node_parameters_when_due(S& s) {
   const uint32_t k = s.config.anchor_check_interval;
   if (!s.hierarchical() || !k || s.stats.rounds % k != 0) return;
   if (!same_on_every_rank_of(s, *s.intra, {s.intra_owner, Purpose::AnchorCheck},
-                             parameters_checksum(s, /*trained_only=*/true)))
+                             s.backend->parameters_checksum(/*trained_only=*/true)))
     fail(Status::AnchorMismatch,
          "the ranks of node " + std::to_string(s.inter->rank()) +
              " hold different parameters at a boundary: hierarchical co2 trains one model per node, so "

@@ -53,6 +53,7 @@ namespace co2test {
 struct CommOptions {
   uint32_t timeout_ms = 60000;  // no-progress timeout: a hung test fails within a minute
   uint64_t chunk_bytes = 0;     // 0: the library default
+  int ranks_per_node = 0;       // > 0: rank r names node r / ranks_per_node (node_id); 0: AUTO
 };
 
 // A group name that no other call in this process uses: test name + a process-wide counter.
@@ -75,6 +76,7 @@ inline co2_status_t create_comm(const std::string& group, int rank, int world_si
   config.group_name = group.c_str();
   config.timeout_ms = options.timeout_ms;
   if (options.chunk_bytes != 0) config.chunk_bytes = options.chunk_bytes;
+  if (options.ranks_per_node > 0) config.node_id = rank / options.ranks_per_node;
   return co2_comm_create(&config, out);
 }
 

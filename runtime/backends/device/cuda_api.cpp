@@ -1,6 +1,7 @@
 #include "runtime/backends/device/cuda_api.hpp"
 #include "runtime/backends/device/raw_memory.hpp"
 
+#include <thread>
 #include <utility>
 
 namespace co2::device {
@@ -33,6 +34,32 @@ void use_device(int index) {
           "device_index " + std::to_string(index) + " is not a CUDA device of this machine (" +
               std::to_string(count) + " found)");
   check(cudaSetDevice(index), "cudaSetDevice");
+}
+
+void check_device_memory(const void* data, size_t bytes, int device, const std::string& what) {
+  const char* last = static_cast<const char*>(data) + (bytes ? bytes - 1 : 0);
+  for (const void* p : {data, static_cast<const void*>(last)}) {
+    cudaPointerAttributes attributes{};
+    const cudaError_t e = cudaPointerGetAttributes(&attributes, p);
+    if (e != cudaSuccess) cudaGetLastError();
+    const bool device_memory =
+        e == cudaSuccess && (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
+    require(device_memory && attributes.device == device, Status::InvalidArgument,
+            what + " is declared CUDA device " + std::to_string(device) +
+                " memory but is not (host memory, another device, or not allocated)");
+  }
+}
+
+void wait_for_stream(cudaStream_t stream, std::chrono::milliseconds timeout, const char* what) {
+  CudaEvent reached;
+  reached.record(stream);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!reached.done()) {
+    require(std::chrono::steady_clock::now() < deadline, Status::Timeout,
+            std::string(what) + ": the CUDA stream's work did not finish within " +
+                std::to_string(timeout.count()) + " ms (the communicator's timeout): a kernel hangs");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 DeviceMemory::DeviceMemory(size_t bytes, int device, const DeviceAllocator& allocator, cudaStream_t stream)

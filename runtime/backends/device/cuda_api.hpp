@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -23,6 +24,14 @@ int device_count();
 
 // Sets the current device for this thread.
 void use_device(int index);
+
+// Throws InvalidArgument unless [data, +bytes) is memory of CUDA device `device` (its first and
+// last byte are asked), naming `what`.
+void check_device_memory(const void* data, size_t bytes, int device, const std::string& what);
+
+// The host waits until `stream`'s work issued so far is done, polling, at most `timeout`
+// (Status::Timeout after it, naming `what`): a hung kernel costs the timeout, not the process.
+void wait_for_stream(cudaStream_t stream, std::chrono::milliseconds timeout, const char* what);
 
 // Device memory of `count` elements of T, zeroed, from cudaMalloc or `allocator`.
 class DeviceMemory {

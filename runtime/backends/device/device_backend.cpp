@@ -42,17 +42,7 @@ class DeviceBackend final : public Backend {
   }
 
   void check_memory(const void* data, size_t bytes, const std::string& what) override {
-    const char* last = static_cast<const char*>(data) + (bytes ? bytes - 1 : 0);
-    for (const void* p : {data, static_cast<const void*>(last)}) {
-      cudaPointerAttributes attributes{};
-      const cudaError_t e = cudaPointerGetAttributes(&attributes, p);
-      if (e != cudaSuccess) cudaGetLastError();
-      const bool device_memory =
-          e == cudaSuccess && (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
-      require(device_memory && attributes.device == device_, Status::InvalidArgument,
-              what + " is declared CUDA device " + std::to_string(device_) +
-                  " memory but is not (host memory, another device, or not allocated)");
-    }
+    check_device_memory(data, bytes, device_, what);
   }
 
   void* allocate_flat(size_t count) override {
@@ -236,6 +226,14 @@ class DeviceBackend final : public Backend {
   void set_parameters_to_anchor() override {
     make_current();
     unpack(anchor_.as<float>(), caller(), false);
+  }
+
+  // Only hierarchical co2 checks a node's parameters, and its CUDA engines are
+  // staged_sharded_backend.cpp's: reaching this is a bug, said loudly rather than hashed untested.
+  uint64_t parameters_checksum(bool) override {
+    throw Error(Status::Internal,
+                "parameters_checksum on the replicated device backend: hierarchical co2 on CUDA tensors runs on the "
+                "staged sharded backend; please report this");
   }
 
   // The anchor (or, without one, the parameters) hashed on the device (state_checksum.hpp):
@@ -459,18 +457,8 @@ class DeviceBackend final : public Backend {
   }
 
  private:
-  // Polls an event on `stream` up to the communicator's timeout (Status::Timeout after it).
   void wait_for_stream(void* stream, const char* what) {
-    CudaEvent reached;
-    reached.record(as_stream(stream));
-    const auto timeout = s_.comm->options().timeout;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!reached.done()) {
-      require(std::chrono::steady_clock::now() < deadline, Status::Timeout,
-              std::string(what) + ": the CUDA stream's work did not finish within " +
-                  std::to_string(timeout.count()) + " ms (the communicator's timeout): a kernel hangs");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    device::wait_for_stream(as_stream(stream), s_.comm->options().timeout, what);
   }
 
   // The engine's device for this thread (the caller may have switched): one cheap call.
@@ -822,9 +810,14 @@ class DeviceBackend final : public Backend {
 };
 
 }  // namespace
+
+// staged_sharded_backend.cpp: sharded outer state and hierarchical co2 over point-to-point transports.
+std::unique_ptr<Backend> make_staged_sharded_backend(Engine::State& s, int device_index);
+
 }  // namespace device
 
 std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index) {
+  if (s.sharded()) return device::make_staged_sharded_backend(s, device_index);
   return std::make_unique<device::DeviceBackend>(s, device_index);
 }
 

@@ -74,11 +74,18 @@ struct Precision {
   }
 };
 
+// Hierarchical co2's nodes, faked in one process: rank r is on node r / ranks_per_node (its
+// communicator's node_id), and each step's gradients are averaged inside the node
+// (co2_engine_reduce_gradients), so that a node's ranks train one model. 0: flat.
+struct Nodes {
+  int ranks_per_node = 0;
+};
+
 // One rank: registers kShapes (host or device, of `precision`), runs `steps` inner steps (SGD on a
 // synthetic gradient, applied on the host in fp32, stored rounded and uploaded for device
 // tensors), finalizes.
 inline void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_config_t& config, int steps,
-                Result* out, const Checkpointing& checkpointing = {}, Precision precision = {}) {
+                Result* out, const Checkpointing& checkpointing = {}, Precision precision = {}, Nodes nodes = {}) {
   co2_engine_t engine = nullptr;
   CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
   std::vector<std::vector<float>> host;
@@ -150,7 +157,7 @@ inline void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_
       grads[t].resize(host[t].size());
       for (size_t i = 0; i < host[t].size(); ++i) grads[t][i] = inner_gradient(t, i, step, rank);
     }
-    if (config.algorithm == CO2_ALGO_SYNC) {
+    if (config.algorithm == CO2_ALGO_SYNC || nodes.ranks_per_node > 0) {
       std::vector<float*> dgrads;
       std::vector<void*> pointers;
       for (size_t t = 0; t < host.size(); ++t) {
@@ -188,12 +195,17 @@ inline void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_
 }
 
 inline Result run(bool device, int world, const co2_engine_config_t& config, int steps, const Checkpointing& checkpointing = {},
-                  Precision precision = {}) {
+                  Precision precision = {}, Nodes nodes = {}) {
   Result result;
-  co2test::run_ranks(world, [&](int rank, co2_comm_t comm) {
-    cudaSetDevice(0);
-    train_rank(comm, rank, device, config, steps, &result, checkpointing, precision);
-  });
+  co2test::CommOptions options;
+  options.ranks_per_node = nodes.ranks_per_node;
+  co2test::run_ranks(
+      world,
+      [&](int rank, co2_comm_t comm) {
+        cudaSetDevice(0);
+        train_rank(comm, rank, device, config, steps, &result, checkpointing, precision, nodes);
+      },
+      options);
   return result;
 }
 

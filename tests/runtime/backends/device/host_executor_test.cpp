@@ -18,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm/comm.hpp"
+#include "runtime/engine/engine.hpp"
 #include "tests/runtime/backends/device/device_training.hpp"
+#include "transports/collective.hpp"
 #ifdef CO2_FEATURES_ON_GPU
 #include <cstdio>
 
@@ -332,6 +335,272 @@ TEST(DeviceFeatures, EagerRankWithANonFiniteDeltaRestartsFromTheAnchorAsOnHost) 
       ASSERT_EQ(std::memcmp(&device[r][i], &host[r][i], sizeof(float)), 0)
           << "rank " << r << " element " << i << ": device " << device[r][i] << " host " << host[r][i];
     }
+  }
+}
+
+// --- Sharded outer state and hierarchical co2 (runtime/backends/device/staged_sharded_backend.cpp).
+// Over a point-to-point communicator the device runs the host's sharded chain over a pinned mirror
+// of its parameters, so its anchors equal the host sharded engine's bit for bit, with the norms of
+// the gap penalty and norm clipping too (the same code sums them in the same order). W = 2 and 3
+// cut the 8195-element tensor at different places (shard boundaries inside a segment, shards
+// holding parts of several segments, a BUFFER segment in the last shard).
+
+co2_engine_config_t sharded(co2_engine_config_t c) {
+  c.shard_outer_state = 1;
+  return c;
+}
+
+co2_engine_config_t hierarchical(co2_engine_config_t c) {
+  c.hierarchy = CO2_HIERARCHY_NODES;
+  return c;
+}
+
+std::vector<co2_engine_config_t> co2_configs() {
+  std::vector<co2_engine_config_t> all;
+  for (const Policy& p : kPolicies)
+    if (p.algorithm == CO2_ALGO_CO2)
+      for (const co2_engine_config_t& c : configs_of(p)) all.push_back(c);
+  return all;
+}
+
+std::string name_of(const co2_engine_config_t& c, int world) {
+  for (const Policy& p : kPolicies)
+    if (p.algorithm == c.algorithm && p.penalty == c.penalty && p.clip == c.clip && p.nesterov == c.nesterov)
+      return name_of(p, c, world);
+  return "co2 W=" + std::to_string(world);
+}
+
+void expect_same_state_size(const Result& device, const Result& host, const std::string& what) {
+  EXPECT_EQ(device.stats.outer_state_bytes, host.stats.outer_state_bytes) << what << ": not the sharded state";
+}
+
+TEST(DeviceFeatures, ShardedOuterStateEqualsHostSharded) {
+  for (const co2_engine_config_t& c : co2_configs())
+    for (int world : {2, 3}) {
+      const std::string what = name_of(c, world) + " sharded";
+      const Result device = run(true, world, sharded(c), 14), host = run(false, world, sharded(c), 14);
+      expect_equal(device, host, true, what);
+      expect_same_state_size(device, host, what);
+    }
+}
+
+// The warm-up's blocking chain, 16-bit parameters, and a compressed wire with error feedback.
+TEST(DeviceFeatures, ShardedWarmupSixteenBitAndWireFormatsEqualHostSharded) {
+  for (const co2_engine_config_t& base : co2_configs()) {
+    co2_engine_config_t warm = sharded(base);
+    warm.warmup_sync_rounds = 2;
+    expect_equal(run(true, 3, warm, 14), run(false, 3, warm, 14), true, name_of(base, 3) + " sharded, warm-up 2");
+    Precision bf16;
+    bf16.dtype = CO2_DTYPE_BF16;
+    expect_equal(run(true, 2, sharded(base), 14, {}, bf16), run(false, 2, sharded(base), 14, {}, bf16), true,
+                 name_of(base, 2) + " sharded, bf16");
+    co2_engine_config_t wire = sharded(base);
+    wire.wire_format = CO2_WIRE_INT8;
+    wire.error_feedback = 1;
+    expect_equal(run(true, 3, wire, 14), run(false, 3, wire, 14), true, name_of(base, 3) + " sharded, int8 wire");
+  }
+}
+
+// Saved at a boundary with the chain in flight (every rank its own shard), resumed bit for bit.
+TEST(DeviceFeatures, ShardedCheckpointsResumeBitForBit) {
+  for (const co2_engine_config_t& c : co2_configs())
+    for (int world : {2, 3}) {
+      std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+      Checkpointing save;
+      save.save_after = 9;
+      save.saved = &blobs;
+      const Result straight = run(true, world, sharded(c), 15, save);
+      expect_equal(straight, run(false, world, sharded(c), 15), true, name_of(c, world) + " sharded, saving");
+      Checkpointing resume;
+      resume.restore = &blobs;
+      resume.resume_at = 9;
+      expect_equal(run(true, world, sharded(c), 15, resume), straight, true, name_of(c, world) + " sharded resumed");
+    }
+}
+
+// consensus() of a sharded engine mid-round, on rank 0: the anchor (no collective) and the ranks'
+// average, written into device memory for CUDA tensors.
+std::vector<std::vector<float>> sharded_consensus(bool device) {
+  std::vector<std::vector<float>> results(2);
+  co2test::run_ranks(2, [&](int rank, co2_comm_t comm) {
+    co2_engine_config_t c = sharded(delayed_config_of(kPolicies[1]));
+    c.eager = 1;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+    const size_t n = 3 * 1000 + 7;
+    std::vector<float> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = 0.002f * float(i % 41) + 0.1f * float(rank);
+    void* d = nullptr;
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.count = n;
+    tensor.data = host.data();
+    if (device) {
+      ASSERT_EQ(cudaMalloc(&d, n * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      tensor.data = d;
+      tensor.device = CO2_DEVICE_CUDA;
+    }
+    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+    CO2_ASSERT_OK(co2_engine_commit(engine));
+    for (int step = 0; step < 7; ++step) {  // tau 3: two boundaries, one step into the third round
+      if (device) ASSERT_EQ(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < n; ++i) host[i] -= 0.01f * std::sin(0.01f * float(i) + float(step + rank));
+      if (device) ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      CO2_ASSERT_OK(co2_engine_step(engine, nullptr, nullptr));
+    }
+    const co2_consensus_t kinds[] = {CO2_CONSENSUS_ANCHOR, CO2_CONSENSUS_LOCAL_AVERAGE};
+    for (size_t k = 0; k < 2; ++k) {
+      std::vector<float> out(n);
+      float* target = out.data();
+      if (device) ASSERT_EQ(cudaMalloc(&target, n * sizeof(float)), cudaSuccess);
+      CO2_ASSERT_OK(co2_engine_consensus(engine, kinds[k], target, n));
+      if (device) {
+        ASSERT_EQ(cudaMemcpy(out.data(), target, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+        cudaFree(target);
+      }
+      if (rank == 0) results[k] = out;
+    }
+    CO2_ASSERT_OK(co2_engine_destroy(engine));
+    if (d) cudaFree(d);
+  });
+  return results;
+}
+
+TEST(DeviceFeatures, ShardedConsensusEqualsHostSharded) {
+  const auto device = sharded_consensus(true), host = sharded_consensus(false);
+  for (size_t k = 0; k < 2; ++k) {
+    const char* what = k == 0 ? "anchor" : "local average";
+    ASSERT_EQ(device[k].size(), host[k].size()) << what;
+    for (size_t i = 0; i < host[k].size(); ++i)
+      ASSERT_EQ(std::memcmp(&device[k][i], &host[k][i], sizeof(float)), 0)
+          << what << " element " << i << ": device " << device[k][i] << " host " << host[k][i];
+  }
+  EXPECT_NE(device[0], device[1]) << "mid-round, the ranks' average is not the anchor";
+}
+
+// 2 nodes x 2 ranks (node_id = rank / 2), gradients averaged inside each node on the device
+// (reduce_gradients stages them); the nodes' ranks carry the shards across the nodes.
+TEST(DeviceFeatures, HierarchicalCo2EqualsHost) {
+  Nodes nodes;
+  nodes.ranks_per_node = 2;
+  for (const co2_engine_config_t& c : co2_configs()) {
+    const std::string what = name_of(c, 4) + " hierarchical 2 x 2";
+    const Result device = run(true, 4, hierarchical(c), 14, {}, {}, nodes);
+    const Result host = run(false, 4, hierarchical(c), 14, {}, {}, nodes);
+    expect_equal(device, host, true, what);
+    expect_same_state_size(device, host, what);
+    EXPECT_NE(device.params, run(true, 4, sharded(c), 14).params) << what << ": the nodes must matter";
+  }
+}
+
+TEST(DeviceFeatures, HierarchicalCheckpointsResumeBitForBit) {
+  Nodes nodes;
+  nodes.ranks_per_node = 2;
+  for (const co2_engine_config_t& c : co2_configs()) {
+    std::vector<std::vector<char>> blobs(4);
+    Checkpointing save;
+    save.save_after = 9;
+    save.saved = &blobs;
+    const Result straight = run(true, 4, hierarchical(c), 15, save, {}, nodes);
+    Checkpointing resume;
+    resume.restore = &blobs;
+    resume.resume_at = 9;
+    expect_equal(run(true, 4, hierarchical(c), 15, resume, {}, nodes), straight, true,
+                 name_of(c, 4) + " hierarchical resumed");
+  }
+}
+
+// Without the intra-node average a node's ranks train different models: the node check (the
+// parameters hashed where they are, on the device) fails the engine loudly, as on the host.
+TEST(DeviceFeatures, HierarchicalRanksOfANodeThatTrainDifferentModelsFailLoudly) {
+  std::vector<co2_status_t> failed(4, CO2_OK);
+  std::vector<std::string> messages(4);
+  co2test::CommOptions two_per_node;
+  two_per_node.ranks_per_node = 2;
+  co2test::run_ranks(4, [&](int rank, co2_comm_t comm) {
+    co2_engine_config_t c = hierarchical(config_of(kPolicies[0]));
+    c.anchor_check_interval = 1;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &c, &engine));
+    const size_t n = 1000;
+    std::vector<float> host(n, 0.5f);
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, n * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.count = n;
+    tensor.data = d;
+    tensor.device = CO2_DEVICE_CUDA;
+    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+    CO2_ASSERT_OK(co2_engine_commit(engine));
+    for (int step = 0; step < 12 && failed[size_t(rank)] == CO2_OK; ++step) {
+      ASSERT_EQ(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < n; ++i) host[i] -= 0.01f * float(rank + 1);  // no two ranks alike
+      ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      failed[size_t(rank)] = co2_engine_step(engine, nullptr, nullptr);
+      if (failed[size_t(rank)] != CO2_OK) messages[size_t(rank)] = co2_last_error_message();
+    }
+    co2_engine_destroy(engine);
+    cudaFree(d);
+  }, two_per_node);
+  bool named = false;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(failed[size_t(rank)], CO2_OK) << "rank " << rank << " trained on";
+    if (failed[size_t(rank)] == CO2_ERR_ANCHOR_MISMATCH) {
+      named = true;
+      EXPECT_NE(messages[size_t(rank)].find("averaged inside the node"), std::string::npos) << messages[size_t(rank)];
+    }
+  }
+  EXPECT_TRUE(named) << "no rank reported the node check";
+}
+
+// A collective-kind transport (NCCL) that takes no collective: sharding on CUDA tensors over it is
+// refused at the first tensor, before anything of it runs.
+class IdleCollective final : public co2::transport::Collective {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void* stream() const override { return const_cast<int*>(&stream_); }
+  co2::transport::Handle post_allreduce(const void*, void*, size_t, co2::DataType,
+                                        co2::ReduceOp) override { return 1; }
+  co2::transport::Handle post_broadcast(void*, size_t, co2::DataType, int) override { return 1; }
+  co2::transport::Handle post_allgather(const void*, void*, size_t, co2::DataType) override { return 1; }
+  co2::transport::Handle post_reduce_scatter(void*, size_t, co2::DataType,
+                                             co2::ReduceOp) override { return 1; }
+  co2::transport::Handle post_allgather_shards(void*, size_t, co2::DataType) override { return 1; }
+  co2::transport::Outcome test(co2::transport::Handle) override { return co2::transport::Outcome::Done; }
+  void abort(const std::string&) override {}
+  std::string error_message() const override { return ""; }
+
+ private:
+  int stream_ = 0;
+};
+
+TEST(DeviceFeatures, ShardingOverACollectiveTransportIsRefusedNamingIt) {
+  for (bool nodes : {false, true}) {
+    auto comm = std::make_shared<co2::Communicator>(std::make_unique<IdleCollective>(), co2::CommOptions{});
+    co2::EngineConfig config;
+    config.shard_outer_state = !nodes;
+    if (nodes) config.hierarchy = co2::Hierarchy::Nodes;
+    co2::Engine engine(comm, config);
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
+    co2::TensorDesc tensor;
+    tensor.name = "w";
+    tensor.data = d;
+    tensor.count = 64;
+    tensor.storage.device = int(co2::DeviceKind::Cuda);
+    try {
+      engine.register_tensor(tensor);
+      ADD_FAILURE() << "sharding over a collective transport was accepted (nodes " << nodes << ")";
+    } catch (const co2::Error& e) {
+      EXPECT_EQ(e.status(), co2::Status::Unsupported);
+      EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("CO2_TRANSPORT_UCX"), std::string::npos) << e.what();
+    }
+    cudaFree(d);
   }
 }
 
