@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/backends/backend.hpp"
@@ -165,7 +166,8 @@ class DeviceBackend final : public Backend {
 
   void apply_blocking_update() override {
     const kernels::Config config = config_of(blocking_settings_, true, false);
-    check(kernels::coefficients(t_, config, caller()), "coefficients kernels");
+    if (!std::exchange(coefficients_probed_, false))
+      check(kernels::coefficients(t_, config, caller()), "coefficients kernels");
     check(kernels::boundary_pass(t_, config, caller()), "boundary pass kernel");
     report(caller());
     fold_reports(true);  // a blocking round: its statistics are known when the step returns
@@ -387,6 +389,7 @@ class DeviceBackend final : public Backend {
   void stage_in() override {
     make_current();
     S& s = s_;
+    coefficients_probed_ = false;  // the loaded gap history makes them stale
     const size_t bytes = s.state_count * sizeof(float);
     cudaStream_t st = own_stream_->get();
     // A checkpoint may bring state this engine did not allocate at commit (momentum, or the eager
@@ -695,7 +698,7 @@ class DeviceBackend final : public Backend {
   // Whether the update `config` requests, of a finite average, leaves every new anchor and
   // momentum element finite (docs/algorithm.md, "Results, not only inputs"): the coefficients,
   // then the read-only probe, which sets the average's device flag when one is not, so that the
-  // pass applies nothing. The gap history is committed only by the fold of a pass that applies
+  // pass applies nothing (an accepted update's pass reuses these coefficients). The gap history is committed only by the fold of a pass that applies
   // the update, so a refused one leaves it as it was. The host waits for the caller's stream to
   // read the answer: the boundary that refuses the update is the one that returns
   // CO2_ERR_NONFINITE, on every rank alike (they compute the same bits).
@@ -707,7 +710,8 @@ class DeviceBackend final : public Backend {
     check(cudaMemcpyAsync(result_flag_host_.as(), t_.average_nonfinite, sizeof(int), cudaMemcpyDeviceToHost, st),
           "copy the update result's finiteness out");
     wait_for_caller("update result probe");
-    return *result_flag_host_.as<int>() == 0;
+    coefficients_probed_ = *result_flag_host_.as<int>() == 0;
+    return coefficients_probed_;
   }
 
   // The fused pass on the caller's stream (the plan's pass phase). co2 applies an average with
@@ -764,7 +768,8 @@ class DeviceBackend final : public Backend {
           check(kernels::finite_check(comm_.as<float>(), count, t_.average_nonfinite, st), "finite check");
           break;
         case OpKind::Coefficients:
-          check(kernels::coefficients(t_, pass_config_, st), "coefficients kernels");
+          if (!std::exchange(coefficients_probed_, false))
+            check(kernels::coefficients(t_, pass_config_, st), "coefficients kernels");
           break;
         case OpKind::Pass:
           check(kernels::boundary_pass(t_, pass_config_, st), "boundary pass kernel");
@@ -822,6 +827,9 @@ class DeviceBackend final : public Backend {
   bool sixteen_bit_params_ = false;  // some segment holds bf16/fp16 parameters
   OuterSettings blocking_settings_;  // diloco: the settings of the round being averaged
   kernels::Config pass_config_;      // of the pass phase being run
+  // The probe computed the coefficients of the update the next pass applies: it uses them (the
+  // norm clip's read of m and c is not repeated). Only a probe that accepts the update sets it.
+  bool coefficients_probed_ = false;
   kernels::Tables t_;
   CudaEvent average_ready_, pass_done_, staged_out_, ordered_, averaged_;
   std::vector<std::unique_ptr<CudaEvent>> report_ready_;
