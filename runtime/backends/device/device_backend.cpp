@@ -8,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/backends/backend.hpp"
@@ -83,6 +84,7 @@ class DeviceBackend final : public Backend {
     reports_ = PinnedMemory(kReportSlots * sizeof(kernels::Report));
     flag_host_ = PinnedMemory(sizeof(int));
     average_flag_host_ = PinnedMemory(sizeof(int));
+    result_flag_host_ = PinnedMemory(sizeof(int));
     checksum_host_ = PinnedMemory(sizeof(uint64_t));
     refresh_tables();
     count_state();
@@ -120,14 +122,14 @@ class DeviceBackend final : public Backend {
       a.have = true;
       a.finite = run(co2_boundary_phases(averaging_, true).collect);
       s.average_ready = false;
-      return a;
-    }
-    if (s.average_ready) {  // collected by save, or restored: already in the device comm buffer
+    } else if (s.average_ready) {  // collected by save, or restored: already in the device comm buffer
       s.average_ready = false;
       a.have = true;
       a.finite = s.ready_average_finite;
       average_ready_.make_wait(caller());
     }
+    // co2 applies an average with the settings of its submit (s.prepared.settings), as the pass does.
+    if (a.have && a.finite) a.finite = update_result_finite(config_of(s.prepared.settings, true, false));
     return a;
   }
 
@@ -158,12 +160,14 @@ class DeviceBackend final : public Backend {
     S& s = s_;
     blocking_settings_ = outer_settings_of(s);
     check(kernels::boundary_pass(t_, config_of(blocking_settings_, false, true), caller()), "delta kernel");
-    return average_blocking(comm_.as<float>(), s.state_count, t_.average_nonfinite, Purpose::OuterAverage);
+    return average_blocking(comm_.as<float>(), s.state_count, t_.average_nonfinite, Purpose::OuterAverage) &&
+           update_result_finite(config_of(blocking_settings_, true, false));
   }
 
   void apply_blocking_update() override {
     const kernels::Config config = config_of(blocking_settings_, true, false);
-    check(kernels::coefficients(t_, config, caller()), "coefficients kernels");
+    if (!std::exchange(coefficients_probed_, false))
+      check(kernels::coefficients(t_, config, caller()), "coefficients kernels");
     check(kernels::boundary_pass(t_, config, caller()), "boundary pass kernel");
     report(caller());
     fold_reports(true);  // a blocking round: its statistics are known when the step returns
@@ -385,6 +389,7 @@ class DeviceBackend final : public Backend {
   void stage_in() override {
     make_current();
     S& s = s_;
+    coefficients_probed_ = false;  // the loaded gap history makes them stale
     const size_t bytes = s.state_count * sizeof(float);
     cudaStream_t st = own_stream_->get();
     // A checkpoint may bring state this engine did not allocate at commit (momentum, or the eager
@@ -690,6 +695,25 @@ class DeviceBackend final : public Backend {
     commit_update(s, s.config.clip, &summary);
   }
 
+  // Whether the update `config` requests, of a finite average, leaves every new anchor and
+  // momentum element finite (docs/algorithm.md, "Results, not only inputs"): the coefficients,
+  // then the read-only probe, which sets the average's device flag when one is not, so that the
+  // pass applies nothing (an accepted update's pass reuses these coefficients). The gap history is committed only by the fold of a pass that applies
+  // the update, so a refused one leaves it as it was. The host waits for the caller's stream to
+  // read the answer: the boundary that refuses the update is the one that returns
+  // CO2_ERR_NONFINITE, on every rank alike (they compute the same bits).
+  bool update_result_finite(const kernels::Config& config) {
+    make_current();
+    cudaStream_t st = caller();
+    check(kernels::coefficients(t_, config, st), "coefficients kernels");
+    check(kernels::update_result_probe(t_, config, st), "update result probe");
+    check(cudaMemcpyAsync(result_flag_host_.as(), t_.average_nonfinite, sizeof(int), cudaMemcpyDeviceToHost, st),
+          "copy the update result's finiteness out");
+    wait_for_caller("update result probe");
+    coefficients_probed_ = *result_flag_host_.as<int>() == 0;
+    return coefficients_probed_;
+  }
+
   // The fused pass on the caller's stream (the plan's pass phase). co2 applies an average with
   // the settings in effect when its deltas were submitted (s.prepared.settings, as on the host).
   DeltasFinite pass(bool update, bool write_delta, bool eager = false) {
@@ -744,7 +768,8 @@ class DeviceBackend final : public Backend {
           check(kernels::finite_check(comm_.as<float>(), count, t_.average_nonfinite, st), "finite check");
           break;
         case OpKind::Coefficients:
-          check(kernels::coefficients(t_, pass_config_, st), "coefficients kernels");
+          if (!std::exchange(coefficients_probed_, false))
+            check(kernels::coefficients(t_, pass_config_, st), "coefficients kernels");
           break;
         case OpKind::Pass:
           check(kernels::boundary_pass(t_, pass_config_, st), "boundary pass kernel");
@@ -793,6 +818,7 @@ class DeviceBackend final : public Backend {
   uint32_t num_segments_ = 0, num_chunks_ = 0;
   PinnedMemory staging_, blocking_staging_, reports_, flag_host_;
   PinnedMemory average_flag_host_;  // collective path: the arrived average's finiteness
+  PinnedMemory result_flag_host_;   // the update result probe's answer
   PinnedMemory checksum_host_;      // the anchor check's hash
   std::atomic<bool> staged_average_nonfinite_{false};  // staged path: set by the progress thread
   // The stream of the last step or reduce_gradients (nullptr, the legacy default, before).
@@ -801,6 +827,9 @@ class DeviceBackend final : public Backend {
   bool sixteen_bit_params_ = false;  // some segment holds bf16/fp16 parameters
   OuterSettings blocking_settings_;  // diloco: the settings of the round being averaged
   kernels::Config pass_config_;      // of the pass phase being run
+  // The probe computed the coefficients of the update the next pass applies: it uses them (the
+  // norm clip's read of m and c is not repeated). Only a probe that accepts the update sets it.
+  bool coefficients_probed_ = false;
   kernels::Tables t_;
   CudaEvent average_ready_, pass_done_, staged_out_, ordered_, averaged_;
   std::vector<std::unique_ptr<CudaEvent>> report_ready_;

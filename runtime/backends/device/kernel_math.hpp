@@ -37,17 +37,17 @@ CO2_HOST_DEVICE inline OuterCoefficients coefficients_of(const Config& c, const 
                                 c.clip_threshold, sc.lambda, sc.norm_scale);
 }
 
-// Segment s's staleness penalty; advances its gap history when an update happens.
+// Segment s's staleness penalty, and the gap history the update leaves once applied (kept in
+// its coefficients: fold_segment commits it, so a refused update leaves t.gap as it was).
 CO2_HOST_DEVICE inline void segment_lambda(const Tables& t, const Config& c, bool update, uint32_t s) {
   double lambda = 1.0;
+  GapState after = t.gap[s];
   if (update && t.segments[s].is_parameter) {
-    GapState& g = t.gap[s];
-    uint64_t updates = g.updates;
-    lambda = penalty_lambda(c.penalty, c.penalty_constant, g.last_step_norm, &g.gap_sum, &updates);
-    g.updates = updates;
+    uint64_t updates = after.updates;
+    lambda = penalty_lambda(c.penalty, c.penalty_constant, after.last_step_norm, &after.gap_sum, &updates);
+    after.updates = updates;
   }
-  t.coefficients[s].lambda = lambda;
-  t.coefficients[s].norm_scale = 1.0;
+  t.coefficients[s] = SegmentCoefficients{lambda, 1.0, after};
 }
 
 // Norm clipping: one element's (beta*m + lambda*c)^2, element i of chunk ch.
@@ -178,6 +178,35 @@ CO2_HOST_DEVICE inline void store_element(const ChunkBuffers<P>& b, const Config
   b.params[i] = narrow<P>(r.param);
 }
 
+// The update-result probe's view of a requested update: only the update (no delta, no eager
+// correction), so that it reads a, m and c alone.
+CO2_HOST_DEVICE inline Config probe_config(const Config& update) {
+  Config c = update;
+  c.write_delta = false;
+  c.eager = false;
+  return c;
+}
+
+// One thread's elements of chunk ch under the probe (c = probe_config(...)): the new anchor and,
+// where stored, the new momentum as pass_element computes them; not zero once one is not finite.
+template <bool kValueClip, typename P>
+CO2_HOST_DEVICE inline float probe_thread_results(const Tables& t, const Config& c, const Chunk& ch, uint32_t thread) {
+  const SegmentEntry& seg = t.segments[ch.segment];
+  const OuterCoefficients k = coefficients_of(c, seg, t.coefficients[ch.segment]);
+  const ChunkBuffers<P> b = chunk_buffers<P>(t, c, ch, seg);
+  float probe = 0.0f;
+  uint32_t clamped = 0;  // the pass that applies the update counts the clamps
+  for (int j = 0; j < kPerThread; ++j) {
+    const uint32_t i = chunk_element(thread, j);
+    if (i >= ch.count) continue;
+    const PassResult r =
+        pass_loaded<kValueClip>(c, k, /*update=*/true, seg.is_parameter, load_element(b, c, true, i), &clamped);
+    probe += finite_probe(r.anchor);
+    if (b.momentum) probe += finite_probe(r.momentum);
+  }
+  return probe;
+}
+
 // Per-thread partials of the fold: penalty range, smallest scale and counts over segments.
 // A plain aggregate (kernels keep an array of them in shared memory): start from empty_fold().
 struct FoldPartial {
@@ -186,7 +215,8 @@ struct FoldPartial {
 };
 CO2_HOST_DEVICE inline FoldPartial empty_fold() { return FoldPartial{1e300, 0.0, 1.0, 0, 0, 0}; }
 
-// Segment s's step norm (the gap history) and its share of the report.
+// Segment s's gap history committed (its coefficients' history after this update, with this
+// update's step norm), and its share of the report.
 CO2_HOST_DEVICE inline void fold_segment(const Tables& t, const Config& c, uint32_t s, FoldPartial* f) {
   const SegmentEntry& seg = t.segments[s];
   double sum = 0.0;
@@ -194,8 +224,10 @@ CO2_HOST_DEVICE inline void fold_segment(const Tables& t, const Config& c, uint3
     sum += t.chunk_squares[k];
     f->clamped += t.chunk_clamped[k];
   }
-  t.gap[s].last_step_norm = step_gap(double(c.alpha), sum);
   const SegmentCoefficients sc = t.coefficients[s];
+  GapState committed = sc.history_after;
+  committed.last_step_norm = step_gap(double(c.alpha), sum);
+  t.gap[s] = committed;
   f->penalty_min = fmin(f->penalty_min, sc.lambda);
   f->penalty_max = fmax(f->penalty_max, sc.lambda);
   f->scale_min = fmin(f->scale_min, sc.norm_scale);

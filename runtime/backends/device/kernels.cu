@@ -65,6 +65,20 @@ __global__ void norm_scale_kernel(Tables t, Config c) {
     segment_norm_scale(t, c, s);
 }
 
+// One block per chunk; a block that finds the flag already set has nothing left to decide.
+__global__ void update_probe_kernel(Tables t, Config c) {
+  if (!update_happens(c, t.average_nonfinite)) return;
+  const Chunk ch = t.chunks[blockIdx.x];
+  const bool value_clip = t.segments[ch.segment].is_parameter && c.clip == 1;
+  float probe = 0.0f;
+  with_param_type(t.segments[ch.segment].dtype, [&](auto* type) {
+    using P = std::remove_pointer_t<decltype(type)>;
+    probe = value_clip ? probe_thread_results<true, P>(t, c, ch, threadIdx.x)
+                       : probe_thread_results<false, P>(t, c, ch, threadIdx.x);
+  });
+  if (probe != 0.0f) atomicExch(t.average_nonfinite, 1);
+}
+
 // kFull: the chunk has all kChunkElements elements, so the loop needs no bounds check.
 template <bool kValueClip, bool kFull, typename P>
 __device__ void pass_chunk(const Tables& t, const Config& c, bool update, const Chunk& ch,
@@ -208,6 +222,12 @@ int coefficients(const Tables& t, const Config& c, void* stream) {
     candidate_squares_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t, c);
     norm_scale_kernel<<<segment_blocks, 256, 0, as_stream(stream)>>>(t, c);
   }
+  return int(cudaGetLastError());
+}
+
+int update_result_probe(const Tables& t, const Config& c, void* stream) {
+  if (t.num_chunks == 0) return 0;
+  update_probe_kernel<<<t.num_chunks, kThreads, 0, as_stream(stream)>>>(t, probe_config(c));
   return int(cudaGetLastError());
 }
 

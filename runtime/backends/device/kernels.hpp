@@ -23,17 +23,21 @@ struct SegmentEntry {
   uint32_t reserved;
 };
 
-// Per segment, written by the coefficients kernels and read by the pass.
-struct SegmentCoefficients {
-  double lambda;      // staleness penalty
-  double norm_scale;  // norm clipping factor (1 = not clipped)
-};
-
 // The gap penalty's history of one segment (engine_state.hpp's GapHistory, on the device).
 struct GapState {
   double last_step_norm;
   double gap_sum;
   unsigned long long updates;
+};
+
+// Per segment, written by the coefficients kernels and read by the pass.
+struct SegmentCoefficients {
+  double lambda;      // staleness penalty
+  double norm_scale;  // norm clipping factor (1 = not clipped)
+  // The gap history once this update is applied: the fold commits it (with the new step norm)
+  // only when the update happens, so an update refused after the coefficients (the result
+  // probe) leaves the history as it was.
+  GapState history_after;
 };
 
 // What one boundary did; copied to pinned host memory and folded into the statistics.
@@ -97,9 +101,15 @@ int finite_check(const float* data, size_t n, int* flag, void* stream);
 // *out = state_checksum(data, n) (runtime/backends/device/state_checksum.hpp), computed on the device.
 int checksum(const float* data, size_t n, unsigned long long* out, void* stream);
 
-// Penalty and norm-clip scale of every segment (advances the gap history when an update
-// happens); reads average_nonfinite to decide whether it does.
+// Penalty and norm-clip scale of every segment, and the gap history the update would leave
+// (committed by boundary_pass's fold); reads average_nonfinite to decide whether it happens.
 int coefficients(const Tables& t, const Config& c, void* stream);
+
+// After coefficients(t, c) of a requested update: a read-only pass over a, m and c that computes
+// every new anchor and momentum element as the pass would and, when one is not finite, sets
+// *t.average_nonfinite, so that the pass, the fold and the report treat the update as not
+// applied (docs/algorithm.md, "Results, not only inputs").
+int update_result_probe(const Tables& t, const Config& c, void* stream);
 
 // The fused pass over every chunk, then the per-segment fold of the step norms (gap history)
 // and the boundary's report. Under the eager policy, a rank whose delta was not finite then

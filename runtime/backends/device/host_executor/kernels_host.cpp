@@ -82,6 +82,25 @@ int coefficients(const Tables& t, const Config& c, void*) {
   return 0;
 }
 
+int update_result_probe(const Tables& t, const Config& c, void*) {
+  if (t.num_chunks == 0) return 0;
+  host_executor::record("kernel update_probe");
+  const Config probe_c = probe_config(c);
+  for (uint32_t chunk = 0; chunk < t.num_chunks && update_happens(probe_c, t.average_nonfinite); ++chunk) {
+    const Chunk ch = t.chunks[chunk];
+    const bool value_clip = t.segments[ch.segment].is_parameter && c.clip == 1;
+    float probe = 0.0f;
+    with_param_type(t.segments[ch.segment].dtype, [&](auto* type) {
+      using P = std::remove_pointer_t<decltype(type)>;
+      for (uint32_t thread = 0; thread < uint32_t(kThreads); ++thread)
+        probe += value_clip ? probe_thread_results<true, P>(t, probe_c, ch, thread)
+                            : probe_thread_results<false, P>(t, probe_c, ch, thread);
+    });
+    if (probe != 0.0f) *t.average_nonfinite = 1;
+  }
+  return 0;
+}
+
 int boundary_pass(const Tables& t, const Config& c, void*) {
   if (t.num_chunks == 0) return 0;
   host_executor::record("kernel pass");

@@ -338,6 +338,127 @@ TEST(DeviceFeatures, EagerRankWithANonFiniteDeltaRestartsFromTheAnchorAsOnHost) 
   }
 }
 
+// --- An update whose result overflows (docs/algorithm.md, "Results, not only inputs") ----------
+// a = 3e38 at one element, its averaged delta c = a - p = -1e33 (finite), alpha = 1e6 for that
+// round only: a - alpha * s = 3e38 + 1e39 overflows. The boundary that would apply it (co2: the
+// next one; diloco: its own) must return CO2_ERR_NONFINITE with the anchor bitwise unchanged, on
+// the device as on the host; the rounds after it must equal the host's. The momentum and the gap
+// history are checked through those rounds: a momentum that took the -1e33 moves a[7] by about
+// 1e33 at the next update (its ulp is 2e31), and a gap history advanced by the refused update
+// changes the next penalty (mean step norm over one update more).
+struct OverflowStep {
+  co2_status_t status = CO2_OK;
+  std::vector<float> anchor;  // rank 0's, after the step
+  co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
+};
+
+constexpr size_t kOverflowCount = 4096 + 5;  // two chunks, the second partial
+constexpr size_t kHuge = 7;                  // the element whose update overflows
+constexpr int kOverflowRound = 3;            // its deltas are averaged with alpha = 1e6
+
+std::vector<OverflowStep> overflow_run(bool device, int world, const co2_engine_config_t& config) {
+  std::vector<OverflowStep> steps;
+  co2test::run_ranks(world, [&](int rank, co2_comm_t comm) {
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
+    std::vector<float> host(kOverflowCount);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = 0.001f * float(i % 31);
+    host[kHuge] = 3e38f;
+    void* d = nullptr;
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.count = host.size();
+    if (device) {
+      ASSERT_EQ(cudaMalloc(&d, host.size() * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      tensor.data = d;
+      tensor.device = CO2_DEVICE_CUDA;
+    } else {
+      tensor.data = host.data();
+    }
+    CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
+    CO2_ASSERT_OK(co2_engine_commit(engine));
+    auto transfer = [&](cudaMemcpyKind kind) {
+      if (!device) return;
+      const size_t bytes = host.size() * sizeof(float);
+      ASSERT_EQ(kind == cudaMemcpyDeviceToHost ? cudaMemcpy(host.data(), d, bytes, kind)
+                                               : cudaMemcpy(d, host.data(), bytes, kind),
+                cudaSuccess);
+    };
+    for (int step = 0; step < 9; ++step) {  // tau 1: every step is a boundary
+      const double alpha = step == kOverflowRound ? 1e6 : config.outer_lr;
+      CO2_ASSERT_OK(co2_engine_set_param(engine, CO2_PARAM_OUTER_LR, alpha));
+      transfer(cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < host.size(); ++i) host[i] -= 0.01f * std::sin(0.01f * float(i) + float(step + rank));
+      if (step == kOverflowRound) host[kHuge] += 1e33f;
+      transfer(cudaMemcpyHostToDevice);
+      OverflowStep out;
+      out.status = co2_engine_step(engine, nullptr, nullptr);
+      out.anchor.assign(host.size(), -7.0f);
+      CO2_ASSERT_OK(co2_engine_consensus(engine, CO2_CONSENSUS_ANCHOR, out.anchor.data(), out.anchor.size()));
+      CO2_ASSERT_OK(co2_engine_get_stats(engine, &out.stats));
+      if (rank == 0) steps.push_back(out);
+    }
+    CO2_ASSERT_OK(co2_engine_destroy(engine));
+    if (d) cudaFree(d);
+  });
+  return steps;
+}
+
+TEST(DeviceFeatures, AnUpdateWhoseResultOverflowsIsRefusedAsOnHost) {
+  std::vector<co2_engine_config_t> configs;
+  for (const Policy& p : {kPolicies[0], kPolicies[3], kPolicies[4]})  // no clipping: it would tame the step
+    for (co2_engine_config_t c : configs_of(p)) {
+      c.tau = 1;
+      configs.push_back(c);
+    }
+  co2_engine_config_t diloco_plain = configs.back();
+  diloco_plain.outer_momentum = 0.0;
+  diloco_plain.nesterov = 0;
+  configs.push_back(diloco_plain);
+  for (const co2_engine_config_t& c : configs)
+    for (int world : {1, 2}) {
+      const std::string what = std::string(c.algorithm == CO2_ALGO_CO2 ? "co2" : "diloco") +
+                               (c.eager == 1 ? " eager" : "") + " beta " + std::to_string(c.outer_momentum) +
+                               (c.nesterov ? " nesterov" : "") + (c.penalty == CO2_PENALTY_GAP ? " gap" : "") +
+                               " W=" + std::to_string(world);
+      const auto device = overflow_run(true, world, c);
+      const auto host = overflow_run(false, world, c);
+      ASSERT_EQ(device.size(), host.size()) << what;
+      const size_t refused = c.algorithm == CO2_ALGO_CO2 ? kOverflowRound + 1 : kOverflowRound;
+      ASSERT_EQ(host[refused].status, CO2_ERR_NONFINITE) << what << ": the host must refuse the overflow";
+      const bool bitwise = c.penalty != CO2_PENALTY_GAP;
+      for (size_t step = 0; step < host.size(); ++step) {
+        const std::string at = what + " step " + std::to_string(step);
+        EXPECT_EQ(device[step].status, host[step].status) << at;
+        EXPECT_EQ(device[step].stats.nonfinite_rounds, host[step].stats.nonfinite_rounds) << at;
+        EXPECT_EQ(device[step].stats.nonfinite_local, host[step].stats.nonfinite_local) << at;
+        EXPECT_EQ(device[step].stats.outer_updates, host[step].stats.outer_updates) << at;
+        EXPECT_NEAR(device[step].stats.last_penalty_min, host[step].stats.last_penalty_min,
+                    1e-6 * host[step].stats.last_penalty_min)
+            << at;
+        for (size_t i = 0; i < host[step].anchor.size(); ++i) {
+          const float dv = device[step].anchor[i], hv = host[step].anchor[i];
+          if (bitwise)
+            ASSERT_EQ(std::memcmp(&dv, &hv, sizeof(float)), 0) << at << " element " << i << ": device " << dv
+                                                                << " host " << hv;
+          else
+            ASSERT_NEAR(dv, hv, 2e-5f * (1.0f + std::fabs(hv))) << at << " element " << i;
+        }
+      }
+      // The refused boundary left the anchor exactly as the boundary before it did.
+      EXPECT_EQ(device[refused].status, CO2_ERR_NONFINITE) << what;
+      EXPECT_EQ(device[refused].stats.nonfinite_rounds, device[refused - 1].stats.nonfinite_rounds + 1) << what;
+      EXPECT_EQ(device[refused].stats.outer_updates, device[refused - 1].stats.outer_updates) << what;
+      ASSERT_EQ(std::memcmp(device[refused].anchor.data(), device[refused - 1].anchor.data(),
+                            device[refused].anchor.size() * sizeof(float)),
+                0)
+          << what << ": the refused update changed the anchor";
+      for (const float v : device.back().anchor) ASSERT_TRUE(std::isfinite(v)) << what;
+      EXPECT_GT(device.back().stats.outer_updates, device[refused].stats.outer_updates) << what << ": training goes on";
+    }
+}
+
 // --- Sharded outer state and hierarchical co2 (runtime/backends/device/staged_sharded_backend.cpp).
 // Over a point-to-point communicator the device runs the host's sharded chain over a pinned mirror
 // of its parameters, so its anchors equal the host sharded engine's bit for bit, with the norms of
@@ -612,23 +733,33 @@ size_t first_at_or_after(const std::vector<std::string>& ops, const std::string&
 }
 
 // A co2 boundary on one rank (nothing staged): the coefficients, then the fused pass, then its
-// fold; each boundary after the first applies the average that the previous one submitted, so
-// the kernels repeat in this order once per boundary and never interleave.
-TEST(DeviceFeatures, Co2BoundariesIssueCoefficientsPassFoldInOrder) {
+// fold; a boundary that applies an average (each after the first applies the one the previous
+// submitted, and finalize the last) runs the update-result probe between the coefficients and
+// the pass, so that an overflowing result is refused before the pass, which then reuses the
+// probe's coefficients. The kernels repeat in this order and never interleave.
+TEST(DeviceFeatures, Co2BoundariesIssueCoefficientsProbePassFoldInOrder) {
   for (const Policy& p : kPolicies) {
     if (p.algorithm != CO2_ALGO_CO2) continue;
     executor::clear_recorded();
-    run(true, 1, delayed_config_of(p), 12);  // tau 3: 4 boundaries
+    run(true, 1, delayed_config_of(p), 12);  // tau 3: 4 boundaries, then finalize applies the last average
     std::vector<std::string> kernels;
     for (const std::string& op : executor::recorded())
-      if (op == "kernel lambda" || op == "kernel pass" || op == "kernel fold") kernels.push_back(op);
-    ASSERT_FALSE(kernels.empty()) << p.name;
-    ASSERT_EQ(kernels.size() % 3, 0u) << p.name;
-    for (size_t i = 0; i < kernels.size(); i += 3) {
+      if (op == "kernel lambda" || op == "kernel update_probe" || op == "kernel pass" || op == "kernel fold")
+        kernels.push_back(op);
+    size_t passes = 0, probes = 0;
+    for (size_t i = 0; i < kernels.size(); i += 3, ++passes) {
       EXPECT_EQ(kernels[i], "kernel lambda") << p.name << " at " << i;
+      if (i + 1 < kernels.size() && kernels[i + 1] == "kernel update_probe") {
+        ASSERT_GT(passes, 0u) << p.name << ": the first boundary has no average to probe";
+        ++i;
+        ++probes;
+      }
+      ASSERT_LE(i + 3, kernels.size()) << p.name << " at " << i;
       EXPECT_EQ(kernels[i + 1], "kernel pass") << p.name << " at " << i;
       EXPECT_EQ(kernels[i + 2], "kernel fold") << p.name << " at " << i;
     }
+    EXPECT_EQ(passes, 5u) << p.name;
+    EXPECT_EQ(probes, 4u) << p.name << ": every pass that applies an average is probed first";
   }
 }
 
