@@ -698,10 +698,11 @@ class DeviceBackend final : public Backend {
   // Whether the update `config` requests, of a finite average, leaves every new anchor and
   // momentum element finite (docs/algorithm.md, "Results, not only inputs"): the coefficients,
   // then the read-only probe, which sets the average's device flag when one is not, so that the
-  // pass applies nothing (an accepted update's pass reuses these coefficients). The gap history is committed only by the fold of a pass that applies
-  // the update, so a refused one leaves it as it was. The host waits for the caller's stream to
-  // read the answer: the boundary that refuses the update is the one that returns
-  // CO2_ERR_NONFINITE, on every rank alike (they compute the same bits).
+  // pass applies nothing (an accepted update's pass reuses these coefficients). The gap history
+  // is committed only by the fold of a pass that applies the update, so a refused one leaves it
+  // as it was. The host waits for the caller's stream to read the answer: the boundary that
+  // refuses the update is the one that returns CO2_ERR_NONFINITE, on every rank alike (they
+  // compute the same bits).
   bool update_result_finite(const kernels::Config& config) {
     make_current();
     cudaStream_t st = caller();
