@@ -361,7 +361,7 @@ typedef struct co2_engine_config {
                                     share; docs/algorithm.md), 0 = delayed, CO2_EAGER_AUTO =
                                     eager (host and CUDA tensors); CO2_DEFAULT_EAGER (auto) */
     int32_t reserved1;           /* 0                                                     */
-    /* --- added in 1.1: compressed outer all-reduce (co2 and diloco on host tensors) --- */
+    /* --- added in 1.1: compressed outer all-reduce (co2, diloco; CUDA: point-to-point only) --- */
     co2_wire_format_t wire_format; /* CO2_WIRE_FP32; others need a point-to-point transport  */
     int32_t error_feedback;        /* 1: each rank adds what its encodings dropped to its next
                                       delta (checkpointed; deltas only: co2's BUFFER values are
