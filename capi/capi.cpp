@@ -127,6 +127,7 @@ void require_reserved_zero(const co2_comm_config_t& c, const char* what) {
 void require_reserved_zero(const co2_engine_config_t& c, const char* what) {
   require_reserved_zero(c.reserved0, what, "reserved0");
   require_reserved_zero(c.reserved1, what, "reserved1");
+  require_reserved_zero(c.reserved2, what, "reserved2");
 }
 
 // version: the CO2_ABI_VERSION of the caller's header, 1 (1.0) up to this library's. A newer
@@ -528,6 +529,7 @@ CO2_EXPORT co2_status_t co2_engine_create(co2_comm_t comm, const co2_engine_conf
     require_arg(c.hierarchy == CO2_HIERARCHY_FLAT || c.hierarchy == CO2_HIERARCHY_NODES,
                 "hierarchy must be CO2_HIERARCHY_FLAT (0) or CO2_HIERARCHY_NODES (1)");
     e.hierarchy = co2::Hierarchy(c.hierarchy);
+    e.apply_step = c.apply_step;
     e.node_id = comm->node_id;  // the communicator's (CO2_NODE_ID_AUTO: the launcher's environment)
     auto handle = std::make_unique<co2_engine>();
     handle->engine = std::make_unique<co2::Engine>(comm->comm, e);
@@ -696,6 +698,8 @@ CO2_EXPORT co2_status_t co2_engine_get_stats(co2_engine_t engine, co2_engine_sta
     out.wire_bytes_last_round = s.wire_bytes_last_round;
     out.wire_bytes_total = s.wire_bytes_total;
     out.outer_state_bytes = s.outer_state_bytes;
+    out.arrival_updates = s.arrival_updates;
+    out.last_apply_step = s.last_apply_step;
     out.size = writable;  // a caller with an older header receives its own layout, no more
     std::memcpy(out_stats, &out, writable);
   });

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "runtime/base/buffer.hpp"
+#include "runtime/base/status.hpp"
 
 namespace co2 {
 
@@ -63,6 +64,12 @@ class Backend {
   virtual void apply_update() = 0;
   // The eager offsets are part of the average being applied: the next round starts at the anchor.
   virtual void clear_eager_state() = 0;
+  // co2 with apply_step (docs/algorithm.md, "Applying the average on arrival"), between
+  // boundaries: the collected average's update becomes the anchor, and each parameter keeps this
+  // round's progress on top of it, p <- R(next - (R(a + e) - p)), with the eager offset e <- 0.
+  // A backend that implements it says so; the engine refuses apply_step at commit elsewhere.
+  virtual bool applies_on_arrival() const { return false; }
+  virtual void apply_on_arrival() { fail(Status::Internal, "apply_on_arrival on a backend without it"); }
 
   // --- diloco (and co2's warm-up): blocking ---
   // c <- the deltas; c <- their average; the update prepared. False when the average or its

@@ -197,6 +197,24 @@ class HostBackend final : public Backend {
 
   void apply_update() override { apply_prepared(/*write_delta=*/false); }
 
+  bool applies_on_arrival() const override { return true; }
+
+  // The prepared next anchor (in the comm buffer) becomes the anchor; the parameters keep their
+  // progress on top of it and the eager offsets are spent (the anchor now holds the average).
+  void apply_on_arrival() override {
+    S& s = s_;
+    const TraceSpan pass(s.trace.get(), "arrival pass");
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      const size_t off = seg.state_offset;
+      float* e = seg.role == Role::Parameter && !s.eager_offset.empty() ? s.eager_offset.data() + off : nullptr;
+      with_params(seg, [&](auto* p) {
+        arrival_shift_segment(p, s.anchor.data() + off, s.comm_buffer.data() + off, e, seg.count);
+      });
+    }
+    std::swap(s.anchor, s.comm_buffer);
+  }
+
   void clear_eager_state() override {
     S& s = s_;
     if (!s.eager_offset.empty()) std::memset(s.eager_offset.data(), 0, s.state_count * sizeof(float));

@@ -45,6 +45,12 @@
 // shards; flat sharding: this rank's whole round start a + e and its momentum) and the whole
 // residual. It loads only on the same rank of the same sharded engine; the replicated format
 // (co2_engine_save_portable) moves between W and sharding.
+//
+// Version 7 is written by co2 engines that apply the average on arrival (config.apply_step)
+// when they save an average not yet applied (flags.apply_at): the header is followed, after any
+// per-rank fields, by u32 apply_at, the step of the round at which the ranks agreed to apply it
+// (docs/algorithm.md, "Applying the average on arrival"), so that a restored run applies it
+// where the saving run does.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -54,6 +60,7 @@
 #include "runtime/backends/backend.hpp"
 #include "runtime/outer/boundary_pass.hpp"
 #include "runtime/base/checksum.hpp"
+#include "runtime/engine/arrival.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/engine_state.hpp"
 #include "runtime/base/log.hpp"
@@ -72,6 +79,7 @@ constexpr uint32_t kEagerFormatVersion = 3;
 constexpr uint32_t kErrorFeedbackFormatVersion = 4;
 constexpr uint32_t kValueAverageFormatVersion = 5;
 constexpr uint32_t kShardFormatVersion = 6;
+constexpr uint32_t kApplyAtFormatVersion = 7;
 
 constexpr uint32_t kBetaAuto = 1u << 0;
 constexpr uint32_t kNesterov = 1u << 1;
@@ -85,9 +93,10 @@ constexpr uint32_t kValueAverage = 1u << 8;   // version 5
 constexpr uint32_t kShard = 1u << 9;          // version 6
 constexpr uint32_t kHierarchical = 1u << 10;  // version 6
 constexpr uint32_t kRefusedAverage = 1u << 11;  // version 6
+constexpr uint32_t kApplyAt = 1u << 12;         // version 7
 constexpr uint32_t kShardFlags = kShard | kHierarchical | kRefusedAverage;
 constexpr uint32_t kKnownFlags = kBetaAuto | kNesterov | kHasMomentum | kHasAverage | kHasAnchor | kPrepared |
-                                   kEager | kErrorFeedback | kValueAverage | kShardFlags;
+                                   kEager | kErrorFeedback | kValueAverage | kShardFlags | kApplyAt;
 
 // Counts bytes and CRC; forwards to the user's callback when there is one. Without one it only
 // counts and never reads `data`: state_size runs while the progress thread may be writing the
@@ -184,7 +193,8 @@ Header header_of(const Engine::State& s, bool with_average, bool prepared) {
             (s.backend->has_momentum() ? kHasMomentum : 0) | (with_average ? kHasAverage : 0) |
             (s.has_anchor() ? kHasAnchor : 0) | (prepared ? kPrepared : 0) | (s.eager() ? kEager : 0) |
             (s.error_feedback() ? kErrorFeedback : 0) |
-            (with_average && !prepared && s.on_device() ? kValueAverage : 0);
+            (with_average && !prepared && s.on_device() ? kValueAverage : 0) |
+            (with_average && applies_on_arrival(s) ? kApplyAt : 0);
   h.tau = s.config.tau;
   h.round_tau = s.round_tau;
   h.steps_in_round = s.steps_in_round;
@@ -222,6 +232,7 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
                const Backend::ShardView* shard = nullptr) {
   out.bytes(kMagic, sizeof kMagic);
   out.value(shard ? kShardFormatVersion
+             : with_average && applies_on_arrival(s) ? kApplyAtFormatVersion
              : with_average && !prepared && s.on_device() ? kValueAverageFormatVersion
              : s.error_feedback() ? kErrorFeedbackFormatVersion
              : s.eager()        ? kEagerFormatVersion
@@ -243,6 +254,7 @@ void serialize(const Engine::State& s, bool with_average, bool prepared, Sink& o
   } else if (h.flags & (kEager | kErrorFeedback)) {
     out.value(uint32_t(s.comm->rank()));
   }
+  if (h.flags & kApplyAt) out.value(s.arrival.apply_at);
   out.value(out.crc());
   for (size_t i = 0; i < s.segments.size(); ++i) {
     const Segment& seg = s.segments[i];
@@ -333,6 +345,8 @@ void Engine::save_portable(const WriteFn& write) {
   s.advisor.pause();  // a save between steps is not a training step
   s.backend->wait_for_caller("save");
   collect_pending_average(s);
+  // The blob records the step the average is applied at: agreed now, the average having arrived.
+  if (s.average_ready) settle_arrival(s, s.steps_in_round, /*agree=*/true);
   // Without an anchor the consensus is the parameters, which differ across ranks mid-round
   // (localsgd) by design: compared at boundaries only (steps_in_round is equal on every rank).
   if (s.has_anchor() || s.steps_in_round == 0) check_anchor(s);
@@ -371,6 +385,7 @@ struct Loaded {
   bool shard = false;  // a sharded engine's shards (of either format)
   bool eager_offsets = true;  // the eager slot holds offsets e (else flat sharding's round start)
   bool average_finite = true;  // every element of this rank's part of the average
+  uint32_t apply_at = 0;  // the agreed step of an average applied on arrival (version 7); 0: none
   FloatBuffer anchor, momentum, average, eager_offset, eager_momentum, residual;
   std::vector<GapHistory> history;
 };
@@ -386,9 +401,9 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
           "not a co2 checkpoint (bad magic)");
   const auto version = in.value<uint32_t>();
   require(version != 0, Status::CheckpointCorrupt, "checkpoint format version is 0: the blob is corrupted");
-  require(version >= kFormatVersion && version <= kShardFormatVersion, Status::CheckpointMismatch,
+  require(version >= kFormatVersion && version <= kApplyAtFormatVersion, Status::CheckpointMismatch,
           "checkpoint format version " + std::to_string(version) + " is newer than this library reads (" +
-              std::to_string(kFormatVersion) + " to " + std::to_string(kShardFormatVersion) +
+              std::to_string(kFormatVersion) + " to " + std::to_string(kApplyAtFormatVersion) +
               "): it was written by a newer co2, so load it with that version or a later one");
   auto get = [&](auto& v) { v = in.value<std::decay_t<decltype(v)>>(); };
   visit_header(get, h);
@@ -406,6 +421,8 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
     shard_begin = in.value<uint64_t>();
     shard_count = in.value<uint64_t>();
   }
+  const bool apply_at_blob = version >= kApplyAtFormatVersion && (h.flags & kApplyAt) != 0;
+  l.apply_at = apply_at_blob ? in.value<uint32_t>() : 0;
   const uint32_t header_crc = in.crc();
   require(in.value<uint32_t>() == header_crc, Status::CheckpointCorrupt, "checkpoint header CRC mismatch");
   require(shard_blob == (version == kShardFormatVersion) && (shard_blob || !(h.flags & kShardFlags)),
@@ -479,6 +496,9 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
           "checkpoint flags are inconsistent: momentum without an anchor");
   require(!(h.flags & kHasAverage) || h.algorithm == uint32_t(Algorithm::Co2), Status::CheckpointCorrupt,
           "checkpoint flags are inconsistent: only co2 saves an average in flight");
+  require(apply_at_blob == ((h.flags & kApplyAt) != 0) && (!apply_at_blob || (h.flags & kHasAverage)) &&
+              (version != kApplyAtFormatVersion || apply_at_blob),
+          Status::CheckpointCorrupt, "checkpoint flags are inconsistent (an apply step without an average to apply)");
   require(!(h.flags & kRefusedAverage) || ((h.flags & kHasAverage) && !prepared), Status::CheckpointCorrupt,
           "checkpoint flags are inconsistent (a refused average that is not there, or prepared)");
   require(h.world_size >= 1, Status::CheckpointCorrupt, "checkpoint world size is 0");
@@ -654,6 +674,13 @@ void commit_blob(Engine::State& s, Loaded&& l) {
   s.stats.outer_updates = h.outer_updates;
   s.stats.nonfinite_rounds = h.nonfinite_rounds;
   s.stats.resolved_outer_momentum = s.beta;
+  // The average's agreed step, as the saving run agreed it; without one (a blob of an engine that
+  // applied at the boundary) the ranks agree on it afresh, from the next step on.
+  begin_arrival_round(s);
+  if (l.apply_at) {
+    s.arrival.apply_at = l.apply_at;
+    s.arrival.announced = true;
+  }
   if (l.shard)
     s.backend->load_shard(Backend::LoadedShard{std::move(l.anchor), std::move(l.momentum), std::move(l.average),
                                                std::move(l.eager_offset), std::move(l.eager_momentum),
@@ -669,6 +696,9 @@ void Engine::load(const ReadFn& read) {
   require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
   s.advisor.pause();
   s.backend->wait_for_caller("load");
+  // An average in flight is replaced by the blob's: its arrival is announced first, so that the
+  // ranks' exchanges stay paired.
+  if (average_unapplied(s)) settle_arrival(s, kArrivedAtBoundary, /*agree=*/true);
   if (!s.sharded()) return commit_blob(s, read_blob(s, read));
   // A sharded engine's load is collective (its ranks gather the state from each other's
   // shards), and every rank's blob must be good before any rank takes its own: one verdict.

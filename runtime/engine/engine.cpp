@@ -13,6 +13,7 @@
 #include "runtime/collectives/collectives.hpp"
 #include "runtime/backends/backend.hpp"
 #include "runtime/backends/device/selection.hpp"
+#include "runtime/engine/arrival.hpp"
 #include "runtime/engine/engine_state.hpp"
 #include "runtime/group/group.hpp"
 #include "runtime/base/log.hpp"
@@ -146,6 +147,12 @@ void validate(const EngineConfig& c) {
           "unknown clip policy " + std::to_string(int(c.clip)));
   require(int(c.eager) >= -1 && int(c.eager) <= 1, Status::InvalidArgument,
           "eager must be 0 (delayed), 1 (eager) or CO2_EAGER_AUTO (-1)");
+  require(c.apply_step >= kApplyOnArrival, Status::InvalidArgument,
+          "apply_step must be CO2_APPLY_AT_BOUNDARY (0), CO2_APPLY_ON_ARRIVAL (-1) or a step k >= 1, got " +
+              std::to_string(c.apply_step));
+  require(c.apply_step == kApplyAtBoundary || c.algorithm == Algorithm::Co2, Status::InvalidArgument,
+          "apply_step applies co2's overlapped average before the next boundary; the other algorithms "
+          "average at the boundary itself (blocking) and have nothing in flight: use CO2_APPLY_AT_BOUNDARY");
   as_count(c.tau, "tau", 1);
   as_count(c.anchor_check_interval, "anchor_check_interval", 0);
   require(is_finite_in(c.outer_lr, 0.0, 1e6), Status::InvalidArgument,
@@ -358,6 +365,7 @@ std::vector<std::pair<const char*, double>> settings_that_change_the_math(const 
       {"error_feedback", double(s.error_feedback())},
       {"shard_outer_state", double(c.shard_outer_state)},
       {"hierarchy", double(int(c.hierarchy))},
+      {"apply_step", double(c.apply_step)},
   };
 }
 
@@ -451,6 +459,12 @@ void check_node_parameters_when_due(S& s) {
              "the framework's own data parallelism over the node's ranks)");
 }
 
+void throw_nonfinite() {
+  fail(Status::NonFinite,
+       "the averaged update contains NaN or Inf; nothing was applied on any rank (the anchor "
+       "is unchanged): lower the learning rate or skip the offending data");
+}
+
 // --- the rounds of each algorithm; each returns false when it applied nothing because an
 // average was not finite ---
 
@@ -459,6 +473,7 @@ void check_node_parameters_when_due(S& s) {
 // comes between the pass and the submit: it sees the anchor this boundary made.
 bool co2_boundary(S& s) {
   Backend& b = *s.backend;
+  if (average_unapplied(s)) settle_arrival(s, kArrivedAtBoundary, /*agree=*/false);
   const Arrival arrival = b.collect_average();
   const bool update = arrival.have && arrival.finite;
   if (arrival.have && !arrival.finite) ++s.stats.nonfinite_rounds;
@@ -468,11 +483,35 @@ bool co2_boundary(S& s) {
   pass.eager = s.eager();
   pass.anchor_check_due = anchor_check_due(s);
   const DeltasFinite deltas = b.boundary_pass(pass);
-  if (update) adopt_applied_update(s);
+  if (update) {
+    adopt_applied_update(s);
+    s.stats.last_apply_step = 0;
+  }
   if (deltas == DeltasFinite::No) ++s.stats.nonfinite_local;
   check_anchor_when_due(s);
   b.submit_average();
+  begin_arrival_round(s);
   return !arrival.have || arrival.finite;
+}
+
+// co2 with apply_step: the average in flight is applied at a step between boundaries, as soon as
+// its agreed step has come. Each rank keeps its progress since the boundary on top of the new
+// anchor; the next boundary then applies nothing. An average that is not finite is dropped here,
+// as a boundary would drop it.
+void apply_on_arrival(S& s) {
+  const TraceSpan span(s.trace.get(), "apply on arrival", "round", s.stats.rounds);
+  check_comm(s);
+  Backend& b = *s.backend;
+  const Arrival arrival = b.collect_average();
+  if (!arrival.have) return;
+  if (!arrival.finite) {
+    ++s.stats.nonfinite_rounds;
+    throw_nonfinite();
+  }
+  b.apply_on_arrival();
+  adopt_applied_update(s);
+  ++s.stats.arrival_updates;
+  s.stats.last_apply_step = s.steps_in_round;
 }
 
 // diloco, and co2's warm-up rounds: the average of this round's deltas, blocking. A refused
@@ -515,6 +554,7 @@ bool sync_boundary(S& s) {
 // the average was not finite (nothing applied).
 bool apply_pending(S& s) {
   Backend& b = *s.backend;
+  if (average_unapplied(s)) settle_arrival(s, kArrivedAtBoundary, /*agree=*/false);
   b.clear_eager_state();  // every rank's own deltas are in the average being applied
   const Arrival arrival = b.collect_average();
   if (arrival.have && arrival.finite) {
@@ -540,12 +580,6 @@ bool boundary_of_algorithm(S& s) {
     default:
       return sync_boundary(s);
   }
-}
-
-void throw_nonfinite() {
-  fail(Status::NonFinite,
-       "the averaged update contains NaN or Inf; nothing was applied on any rank (the anchor "
-       "is unchanged): lower the learning rate or skip the offending data");
 }
 
 }  // namespace
@@ -574,6 +608,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config)
 }
 
 Engine::~Engine() {
+  if (state_) drain_arrival(*state_);
   if (state_) state_->backend->drain();
   if (state_) finish_observing(*state_);
 }
@@ -725,6 +760,12 @@ void Engine::commit() {
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning, wire_segments(s));
+  require(!applies_on_arrival(s) || s.backend->applies_on_arrival(), Status::Unsupported,
+          "apply_step (applying co2's average before the next boundary) is implemented for host tensors with "
+          "replicated outer state; this engine " +
+              std::string(s.on_device() ? "trains CUDA tensors" : "shards its outer state (shard_outer_state or hierarchy)") +
+              ", where it is not written yet: use CO2_APPLY_AT_BOUNDARY (docs/algorithm.md, \"Applying the average on "
+              "arrival\")");
   s.backend->commit();
   s.committed = true;
 }
@@ -739,7 +780,13 @@ bool Engine::step(void* stream) {
   const AdvisorExitGuard left{s.advisor};
   ++s.stats.steps;
   if (s.metrics) s.metrics->series().count_step(s.stats.steps);
-  if (++s.steps_in_round < s.round_tau) return false;
+  if (++s.steps_in_round < s.round_tau) {
+    if (applies_on_arrival(s) && average_unapplied(s) && arrival_step_due(s)) {
+      s.backend->set_caller_stream(stream);
+      apply_on_arrival(s);
+    }
+    return false;
+  }
   s.steps_in_round = 0;
   s.round_tau = s.config.tau;  // a tau change takes effect here
   ++s.stats.rounds;

@@ -67,7 +67,12 @@ struct EngineConfig {
   // co2_comm_split_nodes; the C API passes the communicator's).
   Hierarchy hierarchy = Hierarchy::Flat;
   int node_id = -1;
+  // co2: when a round's average is applied (docs/algorithm.md, "Applying the average on arrival"):
+  // kApplyAtBoundary, kApplyOnArrival, or k >= 1 steps after the boundary.
+  int32_t apply_step = 0;
 };
+inline constexpr int32_t kApplyAtBoundary = 0;
+inline constexpr int32_t kApplyOnArrival = -1;
 
 // Throws InvalidArgument / UnknownEnum with a message naming the bad field.
 void validate(const EngineConfig& config);
@@ -110,6 +115,8 @@ struct EngineStats {
   // Memory: bytes of outer state (anchor, momentum, comm buffer, shards, eager state, residual)
   // this rank's engine holds.
   uint64_t outer_state_bytes = 0;
+  uint64_t arrival_updates = 0;  // co2 averages applied between boundaries
+  uint32_t last_apply_step = 0;  // step of its round the last one was applied at; 0: a boundary
 };
 
 using WriteFn = std::function<bool(const void* data, size_t length)>;

@@ -33,6 +33,20 @@ struct PreparedUpdate {
   bool ready = false;  // comm_buffer holds the next anchor; momentum is already updated
 };
 
+// Applying co2's average on arrival (config.apply_step != 0; docs/algorithm.md, "Applying the
+// average on arrival"): the step of the round at which the average in flight is applied, which
+// every rank must pick alike. runtime/engine/arrival.cpp.
+struct ArrivalAgreement {
+  uint32_t apply_at = 0;  // the step it is applied at; 0: not agreed yet (CO2_APPLY_ON_ARRIVAL)
+  // CO2_APPLY_ON_ARRIVAL: this rank announced the step it saw the average arrive at.
+  bool announced = false;
+  uint32_t announced_step = 0;
+  // The Max all-reduce of the ranks' arrival steps (the control lane); value holds this rank's
+  // step, then the latest of all.
+  std::shared_ptr<Request> exchange;
+  int64_t value = 0;
+};
+
 struct Engine::State {
   std::shared_ptr<Communicator> comm;
   uint32_t owner = 0;  // this engine's id on comm: part of every collective's identity
@@ -93,6 +107,7 @@ struct Engine::State {
   bool average_ready = false;  // comm_buffer holds an arrived average not yet applied
   bool ready_average_finite = true;
   PreparedUpdate prepared;  // co2 on the host: the pending average's update, once computed
+  ArrivalAgreement arrival;
 
   EngineStats stats;
   TauAdvisor advisor;  // step and all-reduce times -> the smallest tau that hides the all-reduce
@@ -143,6 +158,8 @@ std::vector<int64_t> gathered_from_every_rank(Engine::State& s, Communicator& co
 void check_anchor(Engine::State& s);  // collective; throws AnchorMismatch
 void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_check_interval rounds
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
+// The update a backend just applied: its gap history and statistics become the engine's.
+void adopt_applied_update(Engine::State& s);
 // f(p) with p the segment's parameters as a typed pointer (float*, Bf16* or Fp16*): the host
 // passes are templates over the parameter type (runtime/outer/param_types.hpp).
 template <typename F>

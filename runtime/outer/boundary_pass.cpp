@@ -160,8 +160,19 @@ bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, f
   });
 }
 
+template <typename P>
+void arrival_shift_segment(P* __restrict__ p, const float* __restrict__ a, const float* __restrict__ next,
+                           float* __restrict__ e, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float start = e ? round_start(a[i], e[i]) : a[i];
+    p[i] = narrow<P>(position_on_arrival(next[i], start, p[i]));
+  }
+  if (e) std::fill(e, e + n, 0.0f);
+}
+
 #define CO2_PARAM_TYPE_INSTANCES(P)                                                      \
   template bool apply_prepared_segment<P>(P*, float*, const float*, size_t, float);      \
+  template void arrival_shift_segment<P>(P*, const float*, const float*, float*, size_t); \
   template bool eager_boundary_segment<P>(P*, const float*, const float*, float*, float*, \
                                           float*, size_t, const EagerCoefficients&);
 CO2_PARAM_TYPE_INSTANCES(float)

@@ -157,6 +157,11 @@ template <typename P>
 bool eager_boundary_segment(P* p, const float* a, const float* next, float* e, float* q,
                             float* delta, size_t n, const EagerCoefficients& k);
 
+// Applying the average on arrival, one segment: p <- R(next - (R(a + e) - p)) and e <- 0 (e may
+// be null: no offset, as for BUFFER segments and without the eager policy).
+template <typename P>
+void arrival_shift_segment(P* p, const float* a, const float* next, float* e, size_t n);
+
 // True when no element is NaN or infinite.
 bool all_finite(const float* x, size_t n);
 

@@ -113,6 +113,14 @@ CO2_HOST_DEVICE inline float eager_offset(float d, float filtered, const EagerCo
 // a + e: where a rank's round starts under the eager policy.
 CO2_HOST_DEVICE inline float round_start(float anchor, float offset) { return anchor + offset; }
 
+// Applying the average on arrival (docs/algorithm.md): where a rank goes when the next anchor
+// arrives mid-round. It keeps its progress since the round began, R(start) - p, on top of the
+// next anchor; the next boundary's delta R(next) - p then holds the progress of the whole round.
+template <typename P>
+CO2_HOST_DEVICE inline float position_on_arrival(float next, float start, P p) {
+  return next - delta_element(start, p);
+}
+
 // --- the compressed wire (runtime/outer/wire_format.cpp) ---
 
 // What an encoding dropped of x, which travels as `sent`, in units of the sum (error feedback:

@@ -35,14 +35,14 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define CO2_VERSION_MAJOR 1
-#define CO2_VERSION_MINOR 1
+#define CO2_VERSION_MINOR 2
 #define CO2_VERSION_PATCH 0
 /* Version of the config/stats struct family, stored in each struct's `version` field by its
  * INIT macro: 1 for the layouts of 1.0, 2 since 1.1 (co2_comm_config_t, co2_engine_config_t and
- * co2_engine_stats_t grew). A config's version says which header the caller was built against:
+ * co2_engine_stats_t grew), 3 since 1.2 (co2_engine_config_t and co2_engine_stats_t grew). A config's version says which header the caller was built against:
  * the library accepts 1 up to its own and refuses 0 and newer ones (CO2_ERR_INVALID_CONFIG: a
  * newer header's fields would be ignored). co2_engine_get_stats writes the library's own. */
-#define CO2_ABI_VERSION 2
+#define CO2_ABI_VERSION 3
 
 /* ------------------------------------------------------------------------------------------ */
 /* Status codes. Values are pinned and never renumbered.                                         */
@@ -337,6 +337,10 @@ co2_status_t co2_request_free(co2_request_t request);
 #define CO2_EAGER_AUTO (-1) /* eager (co2, host and CUDA tensors) */
 #define CO2_DEFAULT_EAGER CO2_EAGER_AUTO
 #define CO2_DEFAULT_ERROR_FEEDBACK 1
+/* When co2 applies a round's average (co2_engine_config_t.apply_step, added in 1.2). */
+#define CO2_APPLY_AT_BOUNDARY 0    /* at the next boundary, tau steps after its all-reduce began */
+#define CO2_APPLY_ON_ARRIVAL (-1)  /* one step after the last rank saw it arrive (agreed)        */
+#define CO2_DEFAULT_APPLY_STEP CO2_APPLY_AT_BOUNDARY
 
 typedef struct co2_engine_config {
     size_t size;                 /* sizeof(co2_engine_config_t)                          */
@@ -379,6 +383,20 @@ typedef struct co2_engine_config {
                                       co2_engine_reduce_gradients, or the framework's own data
                                       parallelism), co2 across nodes, outer state sharded over a
                                       node's ranks; nodes as co2_comm_split_nodes forms them */
+    /* --- added in 1.2: applying the average when it arrives (co2; docs/algorithm.md,
+     *     "Applying the average on arrival") --- */
+    int32_t apply_step;            /* when the average of a boundary's all-reduce is applied:
+                                      CO2_APPLY_AT_BOUNDARY (0) at the next boundary;
+                                      CO2_APPLY_ON_ARRIVAL (-1) at the first step after every
+                                      rank saw it arrive (the ranks agree on that step over the
+                                      control lane, so each applies it at the same step);
+                                      k >= 1: at the k-th step after the boundary, waiting there
+                                      for it if it has not arrived (k >= tau: at the boundary).
+                                      Each rank keeps its progress since the boundary on top of
+                                      the new anchor. co2 on host tensors with replicated outer
+                                      state (elsewhere: CO2_ERR_UNSUPPORTED at commit);
+                                      CO2_DEFAULT_APPLY_STEP                                   */
+    int32_t reserved2;             /* 0                                                        */
 } co2_engine_config_t;
 
 #define CO2_HIERARCHY_FLAT 0
@@ -389,7 +407,7 @@ typedef struct co2_engine_config {
       CO2_DEFAULT_OUTER_LR, CO2_OUTER_MOMENTUM_AUTO, 0, CO2_PENALTY_NONE, 1.0,            \
       CO2_CLIP_NONE, CO2_DEFAULT_ANCHOR_CHECK_INTERVAL, CO2_DEFAULT_CLIP_THRESHOLD, 0.0,  \
       CO2_DTYPE_FP32, 0, CO2_DEFAULT_EAGER, 0, CO2_WIRE_FP32, CO2_DEFAULT_ERROR_FEEDBACK,  \
-      0, 0 }
+      0, 0, CO2_DEFAULT_APPLY_STEP, 0 }
 
 co2_status_t co2_engine_config_init(co2_engine_config_t *config);
 
@@ -562,11 +580,16 @@ typedef struct co2_engine_stats {
     /* --- added in 1.1: sharded outer state --- */
     uint64_t outer_state_bytes;     /* bytes of outer state (anchor, momentum, their shards,
                                        buffers) this rank's engine holds                         */
+    /* --- added in 1.2: applying the average on arrival --- */
+    uint64_t arrival_updates;       /* co2 averages applied between boundaries (apply_step)      */
+    uint32_t last_apply_step;       /* the step of its round at which the last co2 average was
+                                       applied; 0: at a boundary                                 */
+    uint32_t reserved1;
 } co2_engine_stats_t;
 
 #define CO2_ENGINE_STATS_INIT                                                              \
     { sizeof(co2_engine_stats_t), CO2_ABI_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0,     \
-      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0 }
+      1.0, 1.0, 1.0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* *stats = CO2_ENGINE_STATS_INIT, for languages that cannot use the macro. */
 co2_status_t co2_engine_stats_init(co2_engine_stats_t *stats);
