@@ -560,6 +560,7 @@ bool apply_pending(S& s) {
   if (arrival.have && arrival.finite) {
     b.apply_update();
     adopt_applied_update(s);
+    s.stats.last_apply_step = 0;
     return true;
   }
   if (arrival.have) ++s.stats.nonfinite_rounds;

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <limits>
 #include <mutex>
+#include <thread>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -66,6 +67,7 @@ struct MathCase {
   uint64_t seed = 1;
   int eager = 0;
   int shard = 0;  // shard_outer_state: the same reference, within the same rounding bound
+  int apply_step = 0;  // co2: CO2_APPLY_AT_BOUNDARY or a step k >= 1
   std::vector<Action> script;
 };
 
@@ -89,6 +91,7 @@ co2ref::Config ref_config(const MathCase& c) {
                                       : co2ref::Clip::Norm;
   r.phi = c.phi;
   r.eager = c.eager != 0;
+  r.apply_step = c.apply_step;
   return r;
 }
 
@@ -107,6 +110,7 @@ co2_engine_config_t engine_config(const MathCase& c) {
   e.clip_threshold = c.phi;
   e.eager = c.eager;
   e.shard_outer_state = c.shard;
+  e.apply_step = c.apply_step;
   return e;
 }
 
@@ -155,6 +159,8 @@ struct Expect {
   double tol = 0.0;
   // statistics
   uint64_t steps = 0, rounds = 0, outer_updates = 0, nonfinite_rounds = 0;
+  uint64_t arrival_updates = 0;
+  int last_apply_step = 0;
   std::vector<uint64_t> nonfinite_local;
   bool has_update = false;
   co2ref::UpdateRecord last;
@@ -213,9 +219,16 @@ std::string run_reference(Prepared& p) {
         for (int r = 0; r < c.world; ++r) ref_inner_step(ref.p(r), targets[r], k);
         ++k;
         e.boundary = ref.step();
+        e.status = ref.last_boundary_nonfinite() ? CO2_ERR_NONFINITE : CO2_OK;
+        if (ref.last_step_arrival()) {  // the average applied at this step, between boundaries
+          ++updates;
+          e.check_params = true;
+          record_params(ref, e);
+          e.check_anchor = true;
+          e.anchor = expected_consensus_anchor(ref, c);
+        }
         if (e.boundary) {
           ++updates;
-          e.status = ref.last_boundary_nonfinite() ? CO2_ERR_NONFINITE : CO2_OK;
           // localsgd with a skipped average leaves the ranks' params different.
           e.check_params = !(c.algo == CO2_ALGO_LOCALSGD && ref.last_boundary_nonfinite()) &&
                            c.algo != CO2_ALGO_SYNC;
@@ -253,6 +266,8 @@ std::string run_reference(Prepared& p) {
     e.rounds = ref.rounds();
     e.outer_updates = ref.outer_updates();
     e.nonfinite_rounds = ref.nonfinite_rounds();
+    e.arrival_updates = ref.arrival_updates();
+    e.last_apply_step = ref.last_apply_step();
     for (int r = 0; r < c.world; ++r) e.nonfinite_local.push_back(ref.nonfinite_local(r));
     e.has_update = ref.has_update();
     e.last = ref.last_update();
@@ -354,6 +369,10 @@ void check_stats(const Prepared& p, const Expect& e, const co2_engine_stats_t& s
     EXPECT_EQ(st.bytes_reduced, e.rounds * n * sizeof(float)) << where;
   }
   if (c.algo == CO2_ALGO_LOCALSGD || c.algo == CO2_ALGO_SYNC) return;
+  EXPECT_EQ(st.arrival_updates, e.arrival_updates) << where;
+  if (e.has_update) {
+    EXPECT_EQ(st.last_apply_step, uint32_t(e.last_apply_step)) << where;
+  }
   EXPECT_EQ(st.resolved_outer_momentum, p.beta) << where;
   if (e.plain_so_far) {
     EXPECT_EQ(st.outer_updates, e.outer_updates) << where;
@@ -488,7 +507,7 @@ void run_case(const MathCase& in) {
         CO2_EXPECT_STATUS(CO2_ERR_UNSUPPORTED,
                           co2_engine_consensus(eg.engine, CO2_CONSENSUS_ANCHOR, buf.data(), n));
       }
-      if (e.boundary || a.op == Op::Finalize || a.op == Op::Synchronize)
+      if (e.boundary || e.check_params || a.op == Op::Finalize || a.op == Op::Synchronize)
         check_stats(p, e, get_stats(eg.engine), rank, where);
       if (::testing::Test::HasFatalFailure()) return;
     }
@@ -825,6 +844,22 @@ std::vector<MathCase> sharded_cases() {
   return out;
 }
 
+// Applying the average on arrival at a fixed step: a twin of every co2 case of the lists above,
+// delayed and eager, at step 1 of the round (and at step 2 for rounds of more than two steps:
+// the eager twins), against the reference's arrival rule. τ = 1 and τ changes make some rounds
+// shorter than the step: those apply at the boundary, as the rule says.
+std::vector<MathCase> arrival_cases() {
+  std::vector<MathCase> out;
+  for (auto list : {sweep_cases, policy_cases, layout_cases, warmup_cases, script_cases, eager_cases})
+    for (MathCase c : list()) {
+      if (c.algo != CO2_ALGO_CO2) continue;
+      c.apply_step = c.eager && c.tau > 2 ? 2 : 1;
+      c.label += "_arrival" + std::to_string(c.apply_step);
+      out.push_back(c);
+    }
+  return out;
+}
+
 class EngineMath : public ::testing::TestWithParam<MathCase> {};
 TEST_P(EngineMath, MatchesReference) { run_case(GetParam()); }
 
@@ -837,6 +872,7 @@ INSTANTIATE_TEST_SUITE_P(Warmup, EngineMath, ::testing::ValuesIn(warmup_cases())
 INSTANTIATE_TEST_SUITE_P(Scripts, EngineMath, ::testing::ValuesIn(script_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Eager, EngineMath, ::testing::ValuesIn(eager_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Sharded, EngineMath, ::testing::ValuesIn(sharded_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Arrival, EngineMath, ::testing::ValuesIn(arrival_cases()), case_name);
 
 // ------------------------------------------------------------------------------------------
 // Specific properties
@@ -1073,6 +1109,84 @@ TEST(EngineMathProperty, TauSetRightAfterBoundaryAppliesFromTheNextBoundary) {
     for (int i = 0; i < 2 + 4; ++i) step();
     EXPECT_EQ(flags, (std::vector<int>{0, 1, 0, 1, 0, 0, 0, 1})) << "rank " << rank;
   });
+}
+
+// CO2_APPLY_ON_ARRIVAL: the ranks see each average arrive at steps of their own (here they run
+// at different speeds), agree on one step, and every rank applies it there; the trajectory is
+// the reference's with the average applied at the agreed steps, which the test reads from the
+// engine's statistics (last_apply_step, arrival_updates).
+TEST(EngineMathProperty, AgreedArrivalAppliesAtOneStepOnEveryRankAsTheReference) {
+  int total_mid_round = 0;
+  for (int W : {2, 3, 4})
+    for (int eager : {0, 1}) {
+      MathCase c;
+      c.world = W;
+      c.tau = 6;
+      c.beta = 0.5;
+      c.alpha = 0.8;
+      c.eager = eager;
+      c.layout = layout_mixed();
+      c.seed = 70 + 10 * W + eager;
+      const int rounds = 8;
+      const Data data = make_data(c.layout, W, c.seed);
+      const size_t n = c.layout.state_elements();
+      std::vector<std::vector<int>> applied(W);  // per rank and step: the round's step it applied at, or 0
+      std::vector<std::vector<float>> params(W), anchors(W, std::vector<float>(n));
+      run_ranks(W, [&](int rank, co2_comm_t comm) {
+        LocalModel model(c.layout, data, rank);
+        EngineGuard eg;
+        co2_engine_config_t cfg = engine_config(c);
+        cfg.apply_step = CO2_APPLY_ON_ARRIVAL;
+        CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+        CO2_ASSERT_OK(model.register_with(eg.engine));
+        CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+        uint64_t arrivals = 0;
+        for (int i = 0; i < rounds * c.tau; ++i) {
+          model.inner_step(uint64_t(i));
+          // Steps of a few milliseconds, longer than a loopback all-reduce of this model; each
+          // rank's steps vary (the same on average over W steps), so that the ranks see an
+          // average arrive at different steps.
+          std::this_thread::sleep_for(std::chrono::milliseconds(3 + ((i + rank) % W == 0 ? 2 : 0)));
+          CO2_ASSERT_OK(co2_engine_step(eg.engine, nullptr, nullptr));
+          const co2_engine_stats_t st = get_stats(eg.engine);
+          applied[rank].push_back(st.arrival_updates > arrivals ? int(st.last_apply_step) : 0);
+          arrivals = st.arrival_updates;
+        }
+        params[rank] = model.gather_state();
+        CO2_ASSERT_OK(co2_engine_consensus(eg.engine, CO2_CONSENSUS_ANCHOR, anchors[rank].data(), n));
+      });
+      const std::string label = "W" + std::to_string(W) + (eager ? " eager" : " delayed");
+      int mid_round = 0;
+      for (int r = 1; r < W; ++r) EXPECT_EQ(applied[r], applied[0]) << label << ": rank " << r << " applied elsewhere";
+      for (int k : applied[0]) mid_round += k > 0;
+      std::printf("[ math ] agreed arrival %-12s %d of %d rounds applied their average mid-round\n", label.c_str(),
+                  mid_round, rounds - 1);
+      total_mid_round += mid_round;
+      for (int r = 1; r < W; ++r) EXPECT_TRUE(bitwise_equal(anchors[r], anchors[0])) << label << " rank " << r;
+
+      std::vector<double> init = concat_state(c.layout, data.init[0]);
+      co2ref::Reference ref(ref_config(c), ref_segments(c.layout), W, init);
+      std::vector<std::vector<double>> targets;
+      for (int r = 0; r < W; ++r) targets.push_back(concat_state(c.layout, data.target[r]));
+      for (int i = 0; i < rounds * c.tau; ++i) {
+        if (i % c.tau == 0) {  // the step this round applies at, as the engine agreed it
+          int k = 0;
+          for (int j = i; j < i + c.tau; ++j) k = std::max(k, applied[0][size_t(j)]);
+          ref.set_apply_step(k);
+        }
+        for (int r = 0; r < W; ++r) ref_inner_step(ref.p(r), targets[r], uint64_t(i));
+        ref.step();
+      }
+      const double tol = tolerance(c, ref.beta(), ref.scale(), 2 * rounds + 1);
+      for (int r = 0; r < W; ++r) {
+        Checker chk{r, label};
+        chk.compare(params[r].data(), ref.p(r), tol, "params");
+        chk.compare(anchors[r].data(), ref.anchor(), tol, "anchor");
+      }
+    }
+  // Over loopback an average arrives within a step (most rounds apply it mid-round, as printed);
+  // a loaded machine may delay some, but not all of them, or this test would check nothing.
+  EXPECT_GT(total_mid_round, 0);
 }
 
 // sync: reduce_gradients averages the gradients passed in that call; step only counts and

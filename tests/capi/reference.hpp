@@ -25,6 +25,11 @@
 //    boundary's update q_i <- β q_i + d_i, e_i <- -(α/W)(nesterov ? β q_i + d_i : q_i),
 //    p_i <- a + e_i; a rank whose d_i is not finite gets e_i = q_i = 0 and p_i <- a;
 //    finalize / synchronize set e = q = 0 (after taking synchronize's deltas).
+//  - apply on arrival (co2, apply_step = k >= 1; docs/algorithm.md "Applying the average on
+//    arrival"): at the k-th step of a round (k < the round's τ) the pending average is applied
+//    there instead of at the next boundary: with progress_i = (a + e_i) - p_i taken before the
+//    update (BUFFER segments: a - p_i), p_i <- a' - progress_i and e_i <- 0; a non-finite average
+//    is skipped (that step reports it). The next boundary then has nothing to apply.
 //
 // Besides the trajectory it records what the float engine cannot reproduce exactly if data
 // come close to a branch (clip thresholds, g = 0), so tests can refuse such data (margins).
@@ -56,6 +61,7 @@ struct Config {
   Clip clip = Clip::None;
   double phi = 1.0;
   bool eager = false;
+  int apply_step = 0;  // co2: k >= 1 applies the pending average at step k of the round
 };
 
 // docs/algorithm.md "Defaults": W <= 16 -> 0, <= 32 -> 0.2, <= 64 -> 0.5, > 64 -> 0.6.
@@ -138,6 +144,10 @@ class Reference {
   uint64_t nonfinite_rounds() const { return nonfinite_rounds_; }
   uint64_t nonfinite_local(int rank) const { return nonfinite_local_[rank]; }
   bool last_boundary_nonfinite() const { return last_nonfinite_; }
+  // The last step applied the pending average on arrival (finite or skipped).
+  bool last_step_arrival() const { return last_arrival_; }
+  uint64_t arrival_updates() const { return arrival_updates_; }
+  int last_apply_step() const { return last_apply_step_; }
   bool has_update() const { return outer_updates_ > 0 || extra_updates_ > 0; }
   const UpdateRecord& last_update() const { return last_; }
   // Smallest branch distances over every update so far (see UpdateRecord).
@@ -151,6 +161,10 @@ class Reference {
       if (std::isfinite(x)) scale_ = std::max(scale_, std::fabs(x));
   }
 
+  // The step of the rounds to come at which the pending average is applied (0: at the boundary):
+  // CO2_APPLY_ON_ARRIVAL's agreed step, which the test learns from the engine.
+  void set_apply_step(int k) { apply_step_ = k; }
+
   // τ change: takes effect at the next boundary (the round in progress keeps its τ).
   void set_tau(int tau) { tau_next_ = tau; }
   int steps_in_round() const { return steps_in_round_; }
@@ -159,8 +173,14 @@ class Reference {
   // Returns true when this step was a boundary.
   bool step() {
     ++steps_;
+    last_nonfinite_ = false;
+    last_arrival_ = false;
     for (auto& p : p_) observe(p);
-    if (++steps_in_round_ < tau_current_) return false;
+    if (++steps_in_round_ < tau_current_) {
+      if (cfg_.algo == Algo::Co2 && apply_step_ > 0 && steps_in_round_ == apply_step_ && pending_valid_)
+        arrive();
+      return false;
+    }
     boundary();
     return true;
   }
@@ -187,6 +207,7 @@ class Reference {
         if (all_finite(avg)) {
           update(avg);
           ++extra_updates_;
+          last_apply_step_ = 0;
         }
       }
       clear_eager();
@@ -253,6 +274,28 @@ class Reference {
     }
   }
 
+  void arrive() {
+    pending_valid_ = false;
+    last_arrival_ = true;
+    if (!all_finite(pending_)) {
+      last_nonfinite_ = true;
+      ++nonfinite_rounds_;
+      return;
+    }
+    std::vector<std::vector<double>> progress(world_, std::vector<double>(n_));
+    for (int r = 0; r < world_; ++r)
+      for (size_t i = 0; i < n_; ++i) progress[r][i] = (a_[i] + e_[r][i]) - p_[r][i];
+    update(pending_);
+    ++outer_updates_;
+    ++arrival_updates_;
+    last_apply_step_ = steps_in_round_;
+    for (int r = 0; r < world_; ++r) {
+      for (size_t i = 0; i < n_; ++i) p_[r][i] = a_[i] - progress[r][i];
+      std::fill(e_[r].begin(), e_[r].end(), 0.0);
+      observe(p_[r]);
+    }
+  }
+
   void apply_pending() {
     if (!pending_valid_) return;
     pending_valid_ = false;
@@ -263,6 +306,7 @@ class Reference {
     }
     update(pending_);
     ++extra_updates_;
+    last_apply_step_ = 0;
   }
 
   void boundary() {
@@ -315,6 +359,7 @@ class Reference {
       if (all_finite(pending_)) {
         update(pending_);
         ++outer_updates_;
+        last_apply_step_ = 0;
       } else {
         last_nonfinite_ = true;
         ++nonfinite_rounds_;
@@ -447,6 +492,10 @@ class Reference {
   uint64_t nonfinite_rounds_ = 0;
   std::vector<uint64_t> nonfinite_local_;
   bool last_nonfinite_ = false;
+  bool last_arrival_ = false;
+  uint64_t arrival_updates_ = 0;
+  int last_apply_step_ = 0;
+  int apply_step_ = cfg_.apply_step;
   UpdateRecord last_;
   double min_value_clip_ = std::numeric_limits<double>::infinity();
   double min_norm_clip_ = std::numeric_limits<double>::infinity();
