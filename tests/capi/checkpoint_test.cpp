@@ -466,6 +466,51 @@ std::vector<RestartCase> restart_cases() {
     c.total = 18;
     v.push_back(c);
   }
+  // Applying the average on arrival (apply_step): saved before its step (the blob, format 7,
+  // carries the average and the step it is applied at) and after it (applied: nothing in
+  // flight, the offsets spent), mid-round and at a boundary, eager and delayed.
+  {
+    RestartCase c{"co2_arrival_saved_before_its_step", base_config(CO2_ALGO_CO2, 4)};
+    c.cfg.eager = 1;
+    c.cfg.apply_step = 3;
+    c.cfg.outer_momentum = 0.5;
+    c.cfg.penalty = CO2_PENALTY_GAP;
+    c.world = 3;
+    c.save_step = 9;  // step 1 of round 2: its average applies at step 3
+    c.total = 20;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_arrival_saved_after_its_step", base_config(CO2_ALGO_CO2, 4)};
+    c.cfg.eager = 1;
+    c.cfg.apply_step = 1;
+    c.cfg.outer_momentum = 0.5;
+    c.cfg.nesterov = 1;
+    c.world = 3;
+    c.save_step = 10;  // step 2 of round 2: applied at its step 1
+    c.total = 20;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_arrival_delayed_saved_at_a_boundary", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.apply_step = 2;
+    c.cfg.clip = CO2_CLIP_NORM;
+    c.cfg.clip_threshold = 0.3;
+    c.save_step = 6;
+    c.total = 15;
+    c.slow_link = true;
+    v.push_back(c);
+  }
+  {
+    RestartCase c{"co2_arrival_world_2_to_3", base_config(CO2_ALGO_CO2, 3)};
+    c.cfg.eager = 1;
+    c.cfg.apply_step = 1;
+    c.world = 2;
+    c.world_after = 3;
+    c.save_step = 9;
+    c.total = 18;
+    v.push_back(c);
+  }
   // The compressed outer all-reduce: each rank's error-feedback residual restored by its rank.
   {
     RestartCase c{"co2_bf16_error_feedback_momentum", base_config(CO2_ALGO_CO2, 3)};
@@ -527,6 +572,54 @@ INSTANTIATE_TEST_SUITE_P(Cases, Restart, ::testing::ValuesIn(restart_cases()),
                          });
 
 // An AUTO β is resolved again for the new W: 0 at W = 2, 0.2 at W = 17.
+// CO2_APPLY_ON_ARRIVAL: a save agrees on the step at which the average it saves is applied (it
+// has arrived by then), the blob (format 7) carries that step, and a restored run applies the
+// average there, as the saving run does: the next boundary is bitwise the same. (Loaded without
+// the step, the ranks would agree afresh, one step later.)
+TEST(CheckpointArrival, TheAgreedStepTravelsInTheBlob) {
+  const Layout layout = layout_mixed();
+  const int W = 3;
+  const uint32_t tau = 6;
+  const uint64_t save_step = 2 * tau + 1;  // step 1 of round 2: no average applies before step 2
+  co2_engine_config_t cfg = base_config(CO2_ALGO_CO2, int(tau));
+  cfg.eager = 1;
+  cfg.apply_step = CO2_APPLY_ON_ARRIVAL;
+  cfg.outer_momentum = 0.5;
+  const uint64_t seed = 31;
+  const Data data1 = make_data(layout, W, seed);
+  std::vector<Blob> blobs(W);
+  std::vector<std::vector<std::vector<float>>> local(W);
+  std::vector<Trajectory> saving(W);
+  std::vector<co2_engine_stats_t> saving_stats(W);
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    Trainer tr(layout, data1, rank);
+    tr.start(comm, cfg);
+    if (HasFatalFailure()) return;
+    tr.run(0, save_step, nullptr);
+    const uint64_t arrivals = get_stats(tr.eg.engine).arrival_updates;
+    CO2_ASSERT_OK(tr.save(&blobs[rank]));
+    local[rank] = tr.model.snapshot_all();
+    tr.run(save_step, 3 * tau, &saving[rank]);
+    saving_stats[rank] = get_stats(tr.eg.engine);
+    EXPECT_EQ(saving_stats[rank].arrival_updates, arrivals + 1) << "rank " << rank << ": applied mid-round";
+  });
+  if (HasFatalFailure()) return;
+  ASSERT_GE(saving_stats[0].last_apply_step, 2u);
+  const Data data2 = restart_data(layout, W, seed);
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    Trainer tr(layout, data2, rank);
+    tr.start(comm, cfg);
+    if (HasFatalFailure()) return;
+    CO2_ASSERT_OK(load_blob(tr.eg.engine, blobs[rank]));
+    tr.model.restore_all(local[rank]);
+    Trajectory restored;
+    tr.run(save_step, 3 * tau, &restored);
+    const co2_engine_stats_t st = get_stats(tr.eg.engine);
+    EXPECT_EQ(st.last_apply_step, saving_stats[rank].last_apply_step) << "rank " << rank;
+    expect_same(saving[rank], restored, save_step, "rank " + std::to_string(rank));
+  });
+}
+
 TEST(CheckpointWorld, AutoBetaResolvedAgainAtTheNewWorldSize) {
   const Layout layout = layout_single(7);
   const co2_engine_config_t cfg = base_config(CO2_ALGO_CO2, 2);  // β = AUTO
