@@ -762,11 +762,10 @@ void Engine::commit() {
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning, wire_segments(s));
   require(!applies_on_arrival(s) || s.backend->applies_on_arrival(), Status::Unsupported,
-          "apply_step (applying co2's average before the next boundary) is implemented for host tensors with "
-          "replicated outer state; this engine " +
-              std::string(s.on_device() ? "trains CUDA tensors" : "shards its outer state (shard_outer_state or hierarchy)") +
-              ", where it is not written yet: use CO2_APPLY_AT_BOUNDARY (docs/algorithm.md, \"Applying the average on "
-              "arrival\")");
+          "apply_step (applying co2's average before the next boundary) is implemented for replicated outer "
+          "state; this engine shards its outer state (shard_outer_state, or hierarchy = CO2_HIERARCHY_NODES), where "
+          "it is not written yet: use CO2_APPLY_AT_BOUNDARY, or shard_outer_state = 0 and CO2_HIERARCHY_FLAT "
+          "(docs/algorithm.md, \"Applying the average on arrival\")");
   s.backend->commit();
   s.committed = true;
 }

@@ -94,7 +94,11 @@ CO2_HOST_DEVICE inline PassResult pass_element(const Config& c, const OuterCoeff
     r.anchor = next_anchor(base_value, r.step, k);
   }
   r.param = r.anchor;
-  if (c.eager && c.write_delta && is_parameter) {
+  if (c.keep_progress) {
+    const bool offset_kept = c.eager && is_parameter;
+    r.param = position_on_arrival(r.anchor, offset_kept ? round_start(anchor_old, offset) : anchor_old, param);
+    if (offset_kept) r.offset = 0.0f;
+  } else if (c.eager && c.write_delta && is_parameter) {
     // The rank trained from anchor + e (PARAMETER: anchor weight 1).
     r.delta = delta_element(round_start(anchor_old, offset), param);
     r.filtered = eager_filtered(r.delta, c.eager_coefficients.momentum ? filtered : 0.0f, c.eager_coefficients);
@@ -144,7 +148,7 @@ CO2_HOST_DEVICE inline ElementInputs<P> load_element(const ChunkBuffers<P>& b, c
                                                      uint32_t i) {
   ElementInputs<P> x;
   x.anchor = b.anchor[i];
-  if (c.write_delta) x.param = b.params[i];
+  if (c.write_delta || c.keep_progress) x.param = b.params[i];
   if (update) x.average = b.comm[i];
   if (update && b.momentum) x.momentum = b.momentum[i];
   if (b.offset) x.offset = b.offset[i];
@@ -184,6 +188,7 @@ CO2_HOST_DEVICE inline Config probe_config(const Config& update) {
   Config c = update;
   c.write_delta = false;
   c.eager = false;
+  c.keep_progress = false;
   return c;
 }
 

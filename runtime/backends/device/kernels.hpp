@@ -68,6 +68,10 @@ struct Config {
   // its filter advanced, the parameters set to the new anchor + offset (docs/algorithm.md).
   bool eager = false;
   EagerCoefficients eager_coefficients;
+  // Applying the average on arrival (with update, without write_delta): the parameters keep their
+  // progress since the boundary on top of the new anchor, and the eager offsets are spent
+  // (docs/algorithm.md, "Applying the average on arrival").
+  bool keep_progress = false;
 };
 
 // Device pointers of the engine's device state.

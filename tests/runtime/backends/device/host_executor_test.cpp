@@ -79,6 +79,45 @@ TEST(DeviceFeatures, DevicePathEqualsHostForEveryAlgorithmAndPolicy) {
         expect_equal(run(true, world, c, 14), run(false, world, c, 14), !uses_norms(c), name_of(p, c, world));
 }
 
+// Applying the average on arrival at a fixed step (delayed and eager, every policy; the agreed
+// step depends on timing, which two runs do not share): the kernels' pass that keeps the
+// parameters' progress equals the host's.
+TEST(DeviceFeatures, ApplyOnArrivalEqualsHost) {
+  for (const Policy& p : kPolicies) {
+    if (p.algorithm != CO2_ALGO_CO2) continue;
+    for (co2_engine_config_t c : configs_of(p))
+      for (int world : {1, 2}) {
+        c.apply_step = 1 + int(c.tau > 2);
+        const Result device = run(true, world, c, 14), host = run(false, world, c, 14);
+        expect_equal(device, host, !uses_norms(c), name_of(p, c, world) + " apply_step " + std::to_string(c.apply_step));
+        EXPECT_EQ(device.stats.arrival_updates, host.stats.arrival_updates);
+        EXPECT_GT(device.stats.arrival_updates, 0u) << name_of(p, c, world);
+      }
+  }
+}
+
+// Saved at a boundary with the average in flight (the blob carries the step it is applied at),
+// the device engine resumes bit for bit, as the host does. (This harness resumes at boundaries
+// only; tests/capi/checkpoint_test.cpp saves mid-round, before and after the step, on the host.)
+TEST(DeviceFeatures, ApplyOnArrivalCheckpointsResumeBitForBit) {
+  co2_engine_config_t c = configs_of(kPolicies[1])[1];  // eager
+  c.tau = 4;
+  c.apply_step = 2;
+  for (int save_after : {8})
+    for (bool device : {true, false}) {
+      std::vector<std::vector<char>> blobs(2);
+      Checkpointing save;
+      save.save_after = save_after;
+      save.saved = &blobs;
+      const Result straight = run(device, 2, c, 18, save);
+      Checkpointing resume;
+      resume.restore = &blobs;
+      resume.resume_at = save_after;
+      expect_equal(run(device, 2, c, 18, resume), straight, true,
+                   std::string(device ? "device" : "host") + " saved after step " + std::to_string(save_after));
+    }
+}
+
 // CO2_EAGER_AUTO, the default, is the eager policy on CUDA tensors as on host tensors.
 TEST(DeviceFeatures, EagerAutoIsEagerOnTheDevice) {
   co2_engine_config_t automatic = config_of(kPolicies[1]);
