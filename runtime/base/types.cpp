@@ -28,14 +28,13 @@ const char* purpose_name(Purpose purpose) {
     case Purpose::GradientAverage: return "gradient-average";
     case Purpose::Split: return "split";
     case Purpose::AdvisorAgreement: return "advisor-agreement";
-    case Purpose::ArrivalStep: return "arrival-step";
   }
   return "purpose?";
 }
 
 bool is_control_purpose(Purpose purpose) {
   return purpose == Purpose::AnchorCheck || purpose == Purpose::LayoutHash || purpose == Purpose::Split ||
-         purpose == Purpose::AdvisorAgreement || purpose == Purpose::ArrivalStep;
+         purpose == Purpose::AdvisorAgreement;
 }
 
 }  // namespace co2

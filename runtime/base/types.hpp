@@ -26,7 +26,6 @@ enum class Purpose : uint8_t {
   GradientAverage = 7,   // co2_engine_reduce_gradients (sync)
   Split = 8,             // co2_comm_split's exchange of colors, keys and group ids
   AdvisorAgreement = 9,  // the ranks' tau-advisor inputs, combined at a boundary
-  ArrivalStep = 10,      // the step each rank saw co2's average arrive at (apply on arrival)
 };
 const char* purpose_name(Purpose purpose);
 

@@ -48,9 +48,9 @@
 //
 // Version 7 is written by co2 engines that apply the average on arrival (config.apply_step)
 // when they save an average not yet applied (flags.apply_at): the header is followed, after any
-// per-rank fields, by u32 apply_at, the step of the round at which the ranks agreed to apply it
-// (docs/algorithm.md, "Applying the average on arrival"), so that a restored run applies it
-// where the saving run does.
+// per-rank fields, by u32 apply_at, the step of the round at which the ranks apply it (0: at the
+// next boundary; docs/algorithm.md, "Applying the average on arrival"), so that a restored run
+// applies it where the saving run does.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -345,8 +345,6 @@ void Engine::save_portable(const WriteFn& write) {
   s.advisor.pause();  // a save between steps is not a training step
   s.backend->wait_for_caller("save");
   collect_pending_average(s);
-  // The blob records the step the average is applied at: agreed now, the average having arrived.
-  if (s.average_ready) settle_arrival(s, s.steps_in_round, /*agree=*/true);
   // Without an anchor the consensus is the parameters, which differ across ranks mid-round
   // (localsgd) by design: compared at boundaries only (steps_in_round is equal on every rank).
   if (s.has_anchor() || s.steps_in_round == 0) check_anchor(s);
@@ -385,7 +383,8 @@ struct Loaded {
   bool shard = false;  // a sharded engine's shards (of either format)
   bool eager_offsets = true;  // the eager slot holds offsets e (else flat sharding's round start)
   bool average_finite = true;  // every element of this rank's part of the average
-  uint32_t apply_at = 0;  // the agreed step of an average applied on arrival (version 7); 0: none
+  bool has_apply_at = false;  // version 7: the step the saved average is applied at
+  uint32_t apply_at = 0;
   FloatBuffer anchor, momentum, average, eager_offset, eager_momentum, residual;
   std::vector<GapHistory> history;
 };
@@ -422,6 +421,7 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
     shard_count = in.value<uint64_t>();
   }
   const bool apply_at_blob = version >= kApplyAtFormatVersion && (h.flags & kApplyAt) != 0;
+  l.has_apply_at = apply_at_blob;
   l.apply_at = apply_at_blob ? in.value<uint32_t>() : 0;
   const uint32_t header_crc = in.crc();
   require(in.value<uint32_t>() == header_crc, Status::CheckpointCorrupt, "checkpoint header CRC mismatch");
@@ -674,13 +674,10 @@ void commit_blob(Engine::State& s, Loaded&& l) {
   s.stats.outer_updates = h.outer_updates;
   s.stats.nonfinite_rounds = h.nonfinite_rounds;
   s.stats.resolved_outer_momentum = s.beta;
-  // The average's agreed step, as the saving run agreed it; without one (a blob of an engine that
-  // applied at the boundary) the ranks agree on it afresh, from the next step on.
+  // The saved average's step, as the saving run had it; without one (a blob of an engine that
+  // applied at the boundary) the step this engine would give an average submitted now.
   begin_arrival_round(s);
-  if (l.apply_at) {
-    s.arrival.apply_at = l.apply_at;
-    s.arrival.announced = true;
-  }
+  if (l.has_apply_at) s.arrival.apply_at = l.apply_at;
   if (l.shard)
     s.backend->load_shard(Backend::LoadedShard{std::move(l.anchor), std::move(l.momentum), std::move(l.average),
                                                std::move(l.eager_offset), std::move(l.eager_momentum),
@@ -696,9 +693,6 @@ void Engine::load(const ReadFn& read) {
   require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");
   s.advisor.pause();
   s.backend->wait_for_caller("load");
-  // An average in flight is replaced by the blob's: its arrival is announced first, so that the
-  // ranks' exchanges stay paired.
-  if (average_unapplied(s)) settle_arrival(s, kArrivedAtBoundary, /*agree=*/true);
   if (!s.sharded()) return commit_blob(s, read_blob(s, read));
   // A sharded engine's load is collective (its ranks gather the state from each other's
   // shards), and every rank's blob must be good before any rank takes its own: one verdict.

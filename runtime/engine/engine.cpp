@@ -473,7 +473,6 @@ void throw_nonfinite() {
 // comes between the pass and the submit: it sees the anchor this boundary made.
 bool co2_boundary(S& s) {
   Backend& b = *s.backend;
-  if (average_unapplied(s)) settle_arrival(s, kArrivedAtBoundary, /*agree=*/false);
   const Arrival arrival = b.collect_average();
   const bool update = arrival.have && arrival.finite;
   if (arrival.have && !arrival.finite) ++s.stats.nonfinite_rounds;
@@ -554,7 +553,6 @@ bool sync_boundary(S& s) {
 // the average was not finite (nothing applied).
 bool apply_pending(S& s) {
   Backend& b = *s.backend;
-  if (average_unapplied(s)) settle_arrival(s, kArrivedAtBoundary, /*agree=*/false);
   b.clear_eager_state();  // every rank's own deltas are in the average being applied
   const Arrival arrival = b.collect_average();
   if (arrival.have && arrival.finite) {
@@ -609,7 +607,6 @@ Engine::Engine(std::shared_ptr<Communicator> comm, const EngineConfig& config)
 }
 
 Engine::~Engine() {
-  if (state_) drain_arrival(*state_);
   if (state_) state_->backend->drain();
   if (state_) finish_observing(*state_);
 }

@@ -33,18 +33,11 @@ struct PreparedUpdate {
   bool ready = false;  // comm_buffer holds the next anchor; momentum is already updated
 };
 
-// Applying co2's average on arrival (config.apply_step != 0; docs/algorithm.md, "Applying the
-// average on arrival"): the step of the round at which the average in flight is applied, which
-// every rank must pick alike. runtime/engine/arrival.cpp.
+// Applying co2's average before the next boundary (config.apply_step; runtime/engine/arrival.*).
 struct ArrivalAgreement {
-  uint32_t apply_at = 0;  // the step it is applied at; 0: not agreed yet (CO2_APPLY_ON_ARRIVAL)
-  // CO2_APPLY_ON_ARRIVAL: this rank announced the step it saw the average arrive at.
-  bool announced = false;
-  uint32_t announced_step = 0;
-  // The Max all-reduce of the ranks' arrival steps (the control lane); value holds this rank's
-  // step, then the latest of all.
-  std::shared_ptr<Request> exchange;
-  int64_t value = 0;
+  // The step of the round at which the average in flight is applied, the same on every rank;
+  // 0: at the next boundary.
+  uint32_t apply_at = 0;
 };
 
 struct Engine::State {

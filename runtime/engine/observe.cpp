@@ -34,7 +34,6 @@ const char* wait_name(Purpose purpose) {
     case Purpose::GradientAverage: return "wait gradient-average";
     case Purpose::Split: return "wait split";
     case Purpose::AdvisorAgreement: return "wait advisor-agreement";
-    case Purpose::ArrivalStep: return "wait arrival-step";
   }
   return "wait";
 }

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -88,6 +90,7 @@ class Trainer {
   void run(uint64_t from, uint64_t to, Trajectory* out) {
     for (uint64_t k = from; k < to; ++k) {
       model.inner_step(k);
+      if (step_time.count()) std::this_thread::sleep_for(step_time);
       int b = 0;
       const co2_status_t s = co2_engine_step(eg.engine, nullptr, &b);
       ASSERT_EQ(s, CO2_OK) << "step " << k << ": " << co2_status_string(s) << ": "
@@ -100,6 +103,7 @@ class Trainer {
   LocalModel model;
   EngineGuard eg;
   size_t n = 0;
+  std::chrono::milliseconds step_time{0};  // a training step's time, beside the inner step
 };
 
 // Compares two trajectories on every boundary in [from_step, to_step), bit for bit.
@@ -572,15 +576,16 @@ INSTANTIATE_TEST_SUITE_P(Cases, Restart, ::testing::ValuesIn(restart_cases()),
                          });
 
 // An AUTO β is resolved again for the new W: 0 at W = 2, 0.2 at W = 17.
-// CO2_APPLY_ON_ARRIVAL: a save agrees on the step at which the average it saves is applied (it
-// has arrived by then), the blob (format 7) carries that step, and a restored run applies the
-// average there, as the saving run does: the next boundary is bitwise the same. (Loaded without
-// the step, the ranks would agree afresh, one step later.)
+// CO2_APPLY_ON_ARRIVAL: the step at which the saved average is applied comes from the saving
+// run's measurements; the blob (format 7) carries it, and a restored run (which has measured
+// nothing yet, so it would apply it at the boundary) applies it there, as the saving run does:
+// the next boundary is bitwise the same.
 TEST(CheckpointArrival, TheAgreedStepTravelsInTheBlob) {
   const Layout layout = layout_mixed();
   const int W = 3;
   const uint32_t tau = 6;
-  const uint64_t save_step = 2 * tau + 1;  // step 1 of round 2: no average applies before step 2
+  const uint64_t save_step = 6 * tau + 1;  // step 1 of round 6, measured by then
+
   co2_engine_config_t cfg = base_config(CO2_ALGO_CO2, int(tau));
   cfg.eager = 1;
   cfg.apply_step = CO2_APPLY_ON_ARRIVAL;
@@ -593,18 +598,20 @@ TEST(CheckpointArrival, TheAgreedStepTravelsInTheBlob) {
   std::vector<co2_engine_stats_t> saving_stats(W);
   run_ranks(W, [&](int rank, co2_comm_t comm) {
     Trainer tr(layout, data1, rank);
+    tr.step_time = std::chrono::milliseconds(3);  // a loopback all-reduce completes within one
     tr.start(comm, cfg);
     if (HasFatalFailure()) return;
     tr.run(0, save_step, nullptr);
     const uint64_t arrivals = get_stats(tr.eg.engine).arrival_updates;
     CO2_ASSERT_OK(tr.save(&blobs[rank]));
     local[rank] = tr.model.snapshot_all();
-    tr.run(save_step, 3 * tau, &saving[rank]);
+    tr.run(save_step, 7 * tau, &saving[rank]);  // to the next boundary
     saving_stats[rank] = get_stats(tr.eg.engine);
     EXPECT_EQ(saving_stats[rank].arrival_updates, arrivals + 1) << "rank " << rank << ": applied mid-round";
   });
   if (HasFatalFailure()) return;
-  ASSERT_GE(saving_stats[0].last_apply_step, 2u);
+  // Applied mid-round (else this test checks nothing): the all-reduce took less than a step.
+  ASSERT_GE(saving_stats[0].last_apply_step, 1u);
   const Data data2 = restart_data(layout, W, seed);
   run_ranks(W, [&](int rank, co2_comm_t comm) {
     Trainer tr(layout, data2, rank);
@@ -613,7 +620,7 @@ TEST(CheckpointArrival, TheAgreedStepTravelsInTheBlob) {
     CO2_ASSERT_OK(load_blob(tr.eg.engine, blobs[rank]));
     tr.model.restore_all(local[rank]);
     Trajectory restored;
-    tr.run(save_step, 3 * tau, &restored);
+    tr.run(save_step, 7 * tau, &restored);
     const co2_engine_stats_t st = get_stats(tr.eg.engine);
     EXPECT_EQ(st.last_apply_step, saving_stats[rank].last_apply_step) << "rank " << rank;
     expect_same(saving[rank], restored, save_step, "rank " + std::to_string(rank));

@@ -339,7 +339,7 @@ co2_status_t co2_request_free(co2_request_t request);
 #define CO2_DEFAULT_ERROR_FEEDBACK 1
 /* When co2 applies a round's average (co2_engine_config_t.apply_step, added in 1.2). */
 #define CO2_APPLY_AT_BOUNDARY 0    /* at the next boundary, tau steps after its all-reduce began */
-#define CO2_APPLY_ON_ARRIVAL (-1)  /* one step after the last rank saw it arrive (agreed)        */
+#define CO2_APPLY_ON_ARRIVAL (-1)  /* one step after it is due, by the ranks' agreed timings       */
 #define CO2_DEFAULT_APPLY_STEP CO2_APPLY_AT_BOUNDARY
 
 typedef struct co2_engine_config {
@@ -387,9 +387,10 @@ typedef struct co2_engine_config {
      *     "Applying the average on arrival") --- */
     int32_t apply_step;            /* when the average of a boundary's all-reduce is applied:
                                       CO2_APPLY_AT_BOUNDARY (0) at the next boundary;
-                                      CO2_APPLY_ON_ARRIVAL (-1) at the first step after every
-                                      rank saw it arrive (the ranks agree on that step over the
-                                      control lane, so each applies it at the same step);
+                                      CO2_APPLY_ON_ARRIVAL (-1) one step after the step in which
+                                      it is due to arrive, by the ranks' agreed step and
+                                      all-reduce times (the tau advisor's; the boundary until
+                                      both are measured), the same step on every rank;
                                       k >= 1: at the k-th step after the boundary, waiting there
                                       for it if it has not arrived (k >= tau: at the boundary).
                                       Each rank keeps its progress since the boundary on top of
