@@ -32,6 +32,7 @@
 #include "runtime/outer/boundary_pass.hpp"
 #include "runtime/base/checksum.hpp"
 #include "runtime/collectives/collectives.hpp"
+#include "runtime/engine/arrival.hpp"
 #include "runtime/engine/engine_state.hpp"
 #include "runtime/base/log.hpp"
 
@@ -95,7 +96,7 @@ class ShardedBackend final : public Backend {
     if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
     unpack_parameters(s, b, false);
     copy_shard(cur_.data(), b + mine_.begin);
-    if (rank_eager()) std::copy(b, b + s.state_count, round_start_.data());
+    if (!round_start_.empty()) std::copy(b, b + s.state_count, round_start_.data());
     count_state();
   }
 
@@ -107,8 +108,10 @@ class ShardedBackend final : public Backend {
 
   // Hierarchical: shards of the node's offset and momentum, and the round start the node
   // gathers; flat: this rank's round start and momentum, full-size.
+  // apply_step takes each rank's progress from where its round started: the round start too.
   void allocate_eager_state() {
     const S& s = s_;
+    if (co2::applies_on_arrival(s) && round_start_.empty()) round_start_ = FloatBuffer(s.state_count);
     if (!s.eager()) return;
     const size_t per_rank = s.hierarchical() ? mine_.count() : s.state_count;
     if (s.hierarchical() && eager_offset_.empty()) eager_offset_ = FloatBuffer(per_rank);
@@ -271,6 +274,27 @@ class ShardedBackend final : public Backend {
 
   void submit_average() override { submit_chain(); }
 
+  // apply_step, between boundaries, once the chain completed: B holds the next anchor everywhere.
+  // The parameters keep their progress from the round start on top of it, which becomes the round
+  // start (the eager offsets are spent); the next pass then takes no step back (cur_J = B_J).
+  bool applies_on_arrival() const override { return true; }
+  void apply_on_arrival() override {
+    S& s = s_;
+    const TraceSpan trace(s.trace.get(), "sharded arrival pass");
+    const float* b = s.comm_buffer.data();
+    float* r = round_start_.data();
+    for (const Segment& seg : s.segments) {
+      if (seg.role == Role::Excluded) continue;
+      const size_t off = seg.state_offset;
+      with_params(seg, [&](auto* p) {
+        arrival_shift_segment(p, r + off, b + off, static_cast<float*>(nullptr), seg.count);
+      });
+      std::copy(b + off, b + off + seg.count, r + off);
+    }
+    take_anchor_from_buffer();
+    std::fill(eager_offset_.data(), eager_offset_.data() + eager_offset_.size(), 0.0f);
+  }
+
   // finalize: the collected next anchor becomes the anchor and the parameters.
   void apply_update() override {
     take_anchor_from_buffer();
@@ -302,7 +326,7 @@ class ShardedBackend final : public Backend {
   // Only where B holds the anchor: after a collect, or when nothing was submitted yet.
   void set_parameters_to_anchor() override {
     unpack_parameters(s_, s_.comm_buffer.data(), false);
-    if (rank_eager()) std::copy(s_.comm_buffer.data(), s_.comm_buffer.data() + s_.state_count, round_start_.data());
+    if (!round_start_.empty()) std::copy(s_.comm_buffer.data(), s_.comm_buffer.data() + s_.state_count, round_start_.data());
   }
 
   uint64_t parameters_checksum(bool trained_only) override { return co2::parameters_checksum(s_, trained_only); }
@@ -446,7 +470,7 @@ class ShardedBackend final : public Backend {
       unpack_parameters(s, r, false);
     } else {
       unpack_parameters(s, b, false);
-      if (rank_eager()) std::copy(b, b + s.state_count, round_start_.data());
+      if (!round_start_.empty()) std::copy(b, b + s.state_count, round_start_.data());
     }
     if (node_offsets || !in.average.empty()) {
       copy_shard(b + mine_.begin, in.average.empty() ? cur_.data() : in.average.data());
@@ -484,6 +508,8 @@ class ShardedBackend final : public Backend {
     for (const Segment& seg : s.segments) {
       if (seg.role == Role::Excluded) continue;
       float* anchor = b + seg.state_offset;
+      // apply_step: where this round starts (runtime/engine/arrival.hpp).
+      float* start = params_take_anchor && !round_start_.empty() ? round_start_.data() + seg.state_offset : nullptr;
       const float w = anchor_weight_of(s.buffer_values(), seg);
       finite = with_params(seg, [&](auto* p) {
                  using P = std::remove_pointer_t<decltype(p)>;
@@ -494,6 +520,7 @@ class ShardedBackend final : public Backend {
                    anchor[i] = d;
                    ok = ok && std::isfinite(d);
                    if (params_take_anchor) p[i] = narrow<P>(a);
+                   if (start) start[i] = a;
                  }
                  return ok;
                }) && finite;

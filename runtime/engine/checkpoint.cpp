@@ -47,8 +47,9 @@
 // (co2_engine_save_portable) moves between W and sharding.
 //
 // Version 7 is written by co2 engines that apply the average on arrival (config.apply_step)
-// when they save an average not yet applied (flags.apply_at): the header is followed, after any
-// per-rank fields, by u32 apply_at, the step of the round at which the ranks apply it (0: at the
+// when they save an average not yet applied (flags.apply_at; a sharded engine's per-rank blob
+// stays version 6 with the flag): the header is followed, after any per-rank fields, by u32
+// apply_at, the step of the round at which the ranks apply it (0: at the
 // next boundary; docs/algorithm.md, "Applying the average on arrival"), so that a restored run
 // applies it where the saving run does.
 #include <algorithm>
@@ -420,7 +421,7 @@ Loaded read_blob(const Engine::State& s, const ReadFn& read) {
     shard_begin = in.value<uint64_t>();
     shard_count = in.value<uint64_t>();
   }
-  const bool apply_at_blob = version >= kApplyAtFormatVersion && (h.flags & kApplyAt) != 0;
+  const bool apply_at_blob = (version >= kApplyAtFormatVersion || shard_blob) && (h.flags & kApplyAt) != 0;
   l.has_apply_at = apply_at_blob;
   l.apply_at = apply_at_blob ? in.value<uint32_t>() : 0;
   const uint32_t header_crc = in.crc();

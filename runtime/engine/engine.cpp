@@ -759,10 +759,10 @@ void Engine::commit() {
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning, wire_segments(s));
   require(!applies_on_arrival(s) || s.backend->applies_on_arrival(), Status::Unsupported,
-          "apply_step (applying co2's average before the next boundary) is implemented for replicated outer "
-          "state; this engine shards its outer state (shard_outer_state, or hierarchy = CO2_HIERARCHY_NODES), where "
-          "it is not written yet: use CO2_APPLY_AT_BOUNDARY, or shard_outer_state = 0 and CO2_HIERARCHY_FLAT "
-          "(docs/algorithm.md, \"Applying the average on arrival\")");
+          "apply_step (applying co2's average before the next boundary) is not implemented for sharded outer "
+          "state on CUDA tensors (shard_outer_state or hierarchy = CO2_HIERARCHY_NODES, staged through pinned host "
+          "memory): use CO2_APPLY_AT_BOUNDARY, replicated outer state (shard_outer_state = 0 and "
+          "CO2_HIERARCHY_FLAT), or host tensors (docs/algorithm.md, \"Applying the average on arrival\")");
   s.backend->commit();
   s.committed = true;
 }

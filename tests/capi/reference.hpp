@@ -217,6 +217,13 @@ class Reference {
     tau_current_ = tau_next_;
   }
 
+  // The anchor the next boundary starts from: the pending average applied (when finite).
+  std::vector<double> next_anchor() const {
+    Reference next = *this;
+    next.apply_pending();
+    return next.a_;
+  }
+
   // The average of the ranks' current parameters (consensus LOCAL_AVERAGE).
   std::vector<double> local_average() const { return mean(p_); }
 

@@ -394,9 +394,9 @@ typedef struct co2_engine_config {
                                       k >= 1: at the k-th step after the boundary, waiting there
                                       for it if it has not arrived (k >= tau: at the boundary).
                                       Each rank keeps its progress since the boundary on top of
-                                      the new anchor. co2 with replicated outer state, host or
-                                      CUDA tensors (sharded outer state and hierarchy:
-                                      CO2_ERR_UNSUPPORTED at commit); CO2_DEFAULT_APPLY_STEP     */
+                                      the new anchor. co2 only; sharded outer state on CUDA
+                                      tensors: CO2_ERR_UNSUPPORTED at commit;
+                                      CO2_DEFAULT_APPLY_STEP                                   */
     int32_t reserved2;             /* 0                                                        */
 } co2_engine_config_t;
 

@@ -501,6 +501,65 @@ TEST(HierarchicalCo2, EagerEqualsFlatEagerCo2OverTheNodesAverageGradients) {
   for (size_t t = 0; t < std::size(kShapes); ++t) expect_close(resumed[1].params[t], straight[1].params[t], "eager resumed params");
 }
 
+// Applying the average on arrival (a fixed step) with sharded outer state: flat sharding equals
+// the replicated engine, hierarchical co2 equals flat co2 over the nodes, delayed and eager; and
+// per-rank checkpoints saved with the average not yet applied resume bit for bit.
+TEST(ShardedOuterState, ApplyOnArrivalEqualsTheReplicatedEngine) {
+  for (Policy policy : {Policy::GapNorm, Policy::Eager, Policy::EagerNoMomentum}) {
+    EngineConfig replicated = with_policy(co2_config(false), policy);
+    replicated.apply_step = 2;
+    EngineConfig sharded = with_policy(co2_config(true), policy);
+    sharded.apply_step = 2;
+    const std::string what = "apply_step 2, policy " + std::to_string(int(policy));
+    const auto a = train(3, replicated, Plan{});
+    const auto b = train(3, sharded, Plan{});
+    expect_bitwise_equal_across_ranks(b, what);
+    expect_close(b[0].anchor, a[0].anchor, what + " anchor");
+    for (int r = 0; r < 3; ++r)
+      for (size_t t = 0; t < std::size(kShapes); ++t)
+        expect_close(b[size_t(r)].params[t], a[size_t(r)].params[t], what + " rank " + std::to_string(r) + " " + kShapes[t].name);
+    EXPECT_EQ(b[0].stats.arrival_updates, a[0].stats.arrival_updates) << what;
+    EXPECT_GT(b[0].stats.arrival_updates, 3u) << what;
+  }
+}
+
+TEST(HierarchicalCo2, ApplyOnArrivalEqualsFlatCo2OverTheNodes) {
+  for (Eager eager : {Eager::Off, Eager::On}) {
+    EngineConfig config = co2_config(false);
+    config.eager = eager;
+    config.apply_step = 1;
+    const auto h = expect_equal_to_flat_over_the_nodes(config, std::string("apply_step 1, eager ") +
+                                                                   (eager == Eager::On ? "on" : "off"));
+    EXPECT_GT(h[0].stats.arrival_updates, 3u);
+  }
+}
+
+TEST(ShardedOuterState, ApplyOnArrivalCheckpointsResumeBitForBit) {
+  for (bool hierarchical : {false, true})
+    for (Eager eager : {Eager::Off, Eager::On}) {
+      EngineConfig config = co2_config(!hierarchical);
+      config.eager = eager;
+      config.apply_step = 2;
+      const std::string what = std::string(hierarchical ? "hierarchical" : "flat") + (eager == Eager::On ? " eager" : "");
+      const int world = hierarchical ? 4 : 2;
+      std::vector<std::vector<char>> blobs(static_cast<size_t>(world));
+      Plan save = hierarchical ? hierarchical_2x2() : Plan{};
+      save.save_after = 12;  // a boundary: the average in flight, applied at step 2 of the round
+      save.saved = &blobs;
+      const auto straight = train(world, config, save);
+      Plan resume = hierarchical ? hierarchical_2x2() : Plan{};
+      resume.restore = &blobs;
+      resume.first_step = 12;
+      const auto resumed = train(world, config, resume);
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(resumed[size_t(r)].failed, Status::Ok) << what << ": " << resumed[size_t(r)].failure;
+        EXPECT_EQ(resumed[size_t(r)].anchor, straight[size_t(r)].anchor) << what << " rank " << r;
+        for (size_t t = 0; t < std::size(kShapes); ++t)
+          EXPECT_EQ(resumed[size_t(r)].params[t], straight[size_t(r)].params[t]) << what << " rank " << r << " " << kShapes[t].name;
+      }
+    }
+}
+
 TEST(HierarchicalCo2, RanksOfANodeThatTrainDifferentModelsFailLoudly) {
   Plan plan = hierarchical_2x2();
   plan.reduce_gradients = false;  // no intra-node average: each rank follows its own gradients
