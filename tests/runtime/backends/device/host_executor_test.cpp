@@ -738,6 +738,31 @@ class IdleCollective final : public co2::transport::Collective {
   int stream_ = 0;
 };
 
+// Sharded outer state on CUDA tensors stages its chain through pinned host memory around each
+// pass; a mid-round pass is not written there: apply_step is refused at commit, naming it.
+TEST(DeviceFeatures, ApplyOnArrivalWithShardedStateOnCudaTensorsIsRefusedNamingIt) {
+  co2test::run_ranks(2, [&](int, co2_comm_t comm) {
+    cudaSetDevice(0);
+    co2_engine_config_t config = CO2_ENGINE_CONFIG_INIT;
+    config.shard_outer_state = 1;
+    config.apply_step = 2;
+    co2_engine_t engine = nullptr;
+    CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.data = d;
+    tensor.count = 64;
+    tensor.device = CO2_DEVICE_CUDA;
+    CO2_EXPECT_OK(co2_engine_register_tensor(engine, &tensor));
+    EXPECT_EQ(co2_engine_commit(engine), CO2_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(co2_last_error_message()).find("apply_step"), std::string::npos) << co2_last_error_message();
+    co2_engine_destroy(engine);
+    cudaFree(d);
+  });
+}
+
 TEST(DeviceFeatures, ShardingOverACollectiveTransportIsRefusedNamingIt) {
   for (bool nodes : {false, true}) {
     auto comm = std::make_shared<co2::Communicator>(std::make_unique<IdleCollective>(), co2::CommOptions{});
