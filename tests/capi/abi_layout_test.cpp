@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "capi/abi_v1.h"
+#include "guard_page.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -86,7 +87,7 @@ TEST(AbiLayout, UniqueId) {
 
 TEST(AbiLayout, EngineConfig) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_config_t), 112u);
+  EXPECT_EQ(sizeof(co2_engine_config_t), 120u);  // 112 in 1.1
   EXPECT_EQ(alignof(co2_engine_config_t), 8u);
   EXPECT_OFFSET(co2_engine_config_t, size, 0);
   EXPECT_OFFSET(co2_engine_config_t, version, 8);
@@ -110,6 +111,9 @@ TEST(AbiLayout, EngineConfig) {
   EXPECT_OFFSET(co2_engine_config_t, error_feedback, 100);
   EXPECT_OFFSET(co2_engine_config_t, shard_outer_state, 104);  // 1.1: sharded outer state
   EXPECT_OFFSET(co2_engine_config_t, hierarchy, 108);  // 1.1: hierarchical co2
+  EXPECT_OFFSET(co2_engine_config_t, apply_step, 112);  // 1.2: applying the average on arrival
+  EXPECT_OFFSET(co2_engine_config_t, reserved2, 116);
+  EXPECT_FIELD_SIZE(co2_engine_config_t, apply_step, 4);
   EXPECT_FIELD_SIZE(co2_engine_config_t, outer_lr, 8);
   EXPECT_FIELD_SIZE(co2_engine_config_t, tau, 4);
 }
@@ -142,7 +146,7 @@ TEST(AbiLayout, Segment) {
 
 TEST(AbiLayout, EngineStats) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_engine_stats_t), 232u);
+  EXPECT_EQ(sizeof(co2_engine_stats_t), 248u);  // 232 in 1.1
   EXPECT_EQ(alignof(co2_engine_stats_t), 8u);
   EXPECT_OFFSET(co2_engine_stats_t, size, 0);
   EXPECT_OFFSET(co2_engine_stats_t, version, 8);
@@ -176,6 +180,11 @@ TEST(AbiLayout, EngineStats) {
   EXPECT_OFFSET(co2_engine_stats_t, wire_bytes_last_round, 208);  // 1.1: compressed outer all-reduce
   EXPECT_OFFSET(co2_engine_stats_t, wire_bytes_total, 216);
   EXPECT_OFFSET(co2_engine_stats_t, outer_state_bytes, 224);  // 1.1: sharded outer state
+  EXPECT_OFFSET(co2_engine_stats_t, arrival_updates, 232);  // 1.2: applying the average on arrival
+  EXPECT_OFFSET(co2_engine_stats_t, last_apply_step, 240);
+  EXPECT_OFFSET(co2_engine_stats_t, reserved1, 244);
+  EXPECT_FIELD_SIZE(co2_engine_stats_t, arrival_updates, 8);
+  EXPECT_FIELD_SIZE(co2_engine_stats_t, last_apply_step, 4);
 }
 
 TEST(AbiLayout, Allocator) {
@@ -205,6 +214,64 @@ TEST(AbiLayout, V1SizesArePinned) {
   EXPECT_GE(sizeof(co2_engine_stats_t), size_t(CO2_ENGINE_STATS_V1_SIZE));
   // The first field after v1 starts where v1 ended.
   EXPECT_EQ(offsetof(co2_engine_stats_t, step_time_ns), size_t(CO2_ENGINE_STATS_V1_SIZE));
+}
+
+// A program built against the 1.1 header (CO2_ABI_VERSION 2) runs on this library: its engine
+// config ends at `hierarchy` and its stats at `outer_state_bytes`. As abi_v1_test.c does for 1.0,
+// the config sits flush against an inaccessible page and the stats right before a canary and
+// one: reading (config) or writing (stats) a byte past the caller's struct crashes or fails here.
+constexpr size_t kEngineConfigV2Size = 112;
+constexpr size_t kEngineStatsV2Size = 232;
+
+TEST(AbiLayout, V2CallerRunsOnThisLibrary) {
+  if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
+  // 1.2's fields begin where 1.1's structs ended.
+  EXPECT_EQ(offsetof(co2_engine_config_t, apply_step), kEngineConfigV2Size);
+  EXPECT_EQ(offsetof(co2_engine_stats_t, arrival_updates), kEngineStatsV2Size);
+
+  co2_comm_config_t cc = CO2_COMM_CONFIG_INIT;
+  cc.transport = CO2_TRANSPORT_LOCAL;
+  cc.group_name = "abi-layout-v2";
+  co2_comm_t comm = nullptr;
+  ASSERT_EQ(co2_comm_create(&cc, &comm), CO2_OK) << co2_last_error_message();
+
+  co2_engine_config_t v2 = CO2_ENGINE_CONFIG_INIT;
+  v2.size = kEngineConfigV2Size;
+  v2.version = 2;
+  v2.tau = 3;
+  // Sharded outer state refuses any apply_step but the default at commit: the commit below
+  // passing is the default taking the place of the field the caller does not have.
+  v2.shard_outer_state = 1;
+  auto* config = static_cast<co2_engine_config_t*>(co2_flush_at_page_end(&v2, kEngineConfigV2Size));
+  ASSERT_NE(config, nullptr);
+  co2_engine_t engine = nullptr;
+  ASSERT_EQ(co2_engine_create(comm, config, &engine), CO2_OK) << co2_last_error_message();
+  float w[4] = {1, 2, 3, 4};
+  co2_tensor_t t = CO2_TENSOR_INIT;
+  t.name = "w";
+  t.data = w;
+  t.count = 4;
+  EXPECT_EQ(co2_engine_register_tensor(engine, &t), CO2_OK) << co2_last_error_message();
+  EXPECT_EQ(co2_engine_commit(engine), CO2_OK) << co2_last_error_message();
+  for (int i = 0; i < 6; ++i) {
+    w[0] -= 1.0f;
+    EXPECT_EQ(co2_engine_step(engine, nullptr, nullptr), CO2_OK) << co2_last_error_message();
+  }
+
+  auto* stats = static_cast<co2_engine_stats_t*>(co2_at_page_end(kEngineStatsV2Size));
+  ASSERT_NE(stats, nullptr);
+  stats->size = kEngineStatsV2Size;
+  stats->version = 2;
+  EXPECT_EQ(co2_engine_get_stats(engine, stats), CO2_OK) << co2_last_error_message();
+  EXPECT_TRUE(co2_canary_intact(stats, kEngineStatsV2Size)) << "wrote past the 1.1 caller's stats";
+  EXPECT_EQ(stats->size, kEngineStatsV2Size);
+  EXPECT_EQ(stats->version, uint32_t(CO2_ABI_VERSION));
+  EXPECT_EQ(stats->steps, 6u);
+  EXPECT_EQ(stats->rounds, 2u);
+  EXPECT_GT(stats->outer_state_bytes, 0u) << "1.1's last field is the caller's: written";
+
+  EXPECT_EQ(co2_engine_destroy(engine), CO2_OK);
+  EXPECT_EQ(co2_comm_destroy(comm), CO2_OK);
 }
 
 // Every struct begins with `size`; every config/stats struct has `version` right after it.
@@ -296,7 +363,7 @@ TEST(AbiLayout, EnumValues) {
 }
 
 TEST(AbiLayout, PinnedConstants) {
-  EXPECT_EQ(CO2_ABI_VERSION, 2);  // 1.1: three structs grew (docs/capi.md, "The size rule")
+  EXPECT_EQ(CO2_ABI_VERSION, 3);  // 1.1: three structs grew, 1.2: two (docs/capi.md, "The size rule")
   EXPECT_EQ(CO2_DEFAULT_TIMEOUT_MS, 300000u);
   EXPECT_EQ(CO2_DEFAULT_CHUNK_BYTES, uint64_t(1) << 20);
   EXPECT_EQ(CO2_DEVICE_INDEX_AUTO, -1);
@@ -306,6 +373,9 @@ TEST(AbiLayout, PinnedConstants) {
   EXPECT_EQ(CO2_OUTER_MOMENTUM_AUTO, -1.0);
   EXPECT_EQ(CO2_DEFAULT_CLIP_THRESHOLD, 1.0);
   EXPECT_EQ(CO2_DEFAULT_ANCHOR_CHECK_INTERVAL, 100u);
+  EXPECT_EQ(CO2_APPLY_AT_BOUNDARY, 0);
+  EXPECT_EQ(CO2_APPLY_ON_ARRIVAL, -1);
+  EXPECT_EQ(CO2_DEFAULT_APPLY_STEP, CO2_APPLY_AT_BOUNDARY);
 }
 
 }  // namespace

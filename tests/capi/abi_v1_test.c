@@ -1,19 +1,17 @@
 /* A program built against the first published co2.h runs on this library (docs/capi.md, "The
  * size rule"). The v1 layouts are declared here, not taken from co2.h, so that this file keeps
  * testing the oldest callers however the header grows. Each struct sits at the very end of a
- * readable page, right before an inaccessible one: reading or writing one byte past the
- * caller's struct crashes the test. A canary before that page catches writes too where the
- * guard page cannot be had. */
+ * readable page, right before an inaccessible one (guard_page.h): reading or writing one byte
+ * past the caller's struct crashes the test. */
 #define _DEFAULT_SOURCE /* mmap flags under -std=c99 */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "capi/abi_v1.h"
 #include "co2/co2.h"
+#include "guard_page.h"
 
 typedef struct {
     size_t size;
@@ -62,35 +60,6 @@ static int failures = 0;
         }                                                                              \
     } while (0)
 
-enum { CANARY_BYTES = 16 };
-static const unsigned char kCanary = 0xA5;
-
-/* `bytes` of zeroed memory whose end is followed by CANARY_BYTES of kCanary and then an
- * inaccessible page. */
-static void *at_page_end(size_t bytes) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    unsigned char *base = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) return NULL;
-    if (mprotect(base + page, page, PROT_NONE) != 0) return NULL;
-    memset(base + page - CANARY_BYTES, kCanary, CANARY_BYTES);
-    return base + page - CANARY_BYTES - bytes;
-}
-
-static int canary_intact(const void *object, size_t bytes) {
-    const unsigned char *c = (const unsigned char *)object + bytes;
-    for (int i = 0; i < CANARY_BYTES; ++i)
-        if (c[i] != kCanary) return 0;
-    return 1;
-}
-
-/* The same object moved flush against the inaccessible page (no canary), for reads. */
-static void *flush_at_page_end(const void *object, size_t bytes) {
-    unsigned char *moved = (unsigned char *)at_page_end(bytes) + CANARY_BYTES;
-    if (!moved) return NULL;
-    memmove(moved, object, bytes);
-    return moved;
-}
-
 int main(void) {
     /* A v1 communicator config: accepted, its fields honoured. */
     comm_config_v1 cc;
@@ -103,7 +72,7 @@ int main(void) {
     cc.group_name = "abi-v1";
     cc.timeout_ms = CO2_DEFAULT_TIMEOUT_MS;
     cc.chunk_bytes = CO2_DEFAULT_CHUNK_BYTES;
-    comm_config_v1 *ccp = flush_at_page_end(&cc, sizeof cc);
+    comm_config_v1 *ccp = co2_flush_at_page_end(&cc, sizeof cc);
     CHECK(ccp != NULL);
     if (!ccp) return 1;
     co2_comm_t comm = NULL;
@@ -123,7 +92,7 @@ int main(void) {
     ec.anchor_check_interval = 7;
     ec.clip_threshold = 2.0;
     ec.state_dtype = CO2_DTYPE_FP32;
-    engine_config_v1 *ecp = flush_at_page_end(&ec, sizeof ec);
+    engine_config_v1 *ecp = co2_flush_at_page_end(&ec, sizeof ec);
     CHECK(ecp != NULL);
     if (!ecp) return 1;
     co2_engine_t engine = NULL;
@@ -154,12 +123,12 @@ int main(void) {
     CHECK(w[0] == (eager_default ? 1.0f - 0.75f * 5.0f : 1.0f));
 
     /* v1 stats: written up to the v1 size and not a byte further. */
-    engine_stats_v1 *stats = at_page_end(sizeof *stats);
+    engine_stats_v1 *stats = co2_at_page_end(sizeof *stats);
     CHECK(stats != NULL);
     if (!stats) return 1;
     stats->size = sizeof *stats;
     CHECK(co2_engine_get_stats(engine, (co2_engine_stats_t *)stats) == CO2_OK);
-    CHECK(canary_intact(stats, sizeof *stats));
+    CHECK(co2_canary_intact(stats, sizeof *stats));
     CHECK(stats->size == CO2_ENGINE_STATS_V1_SIZE);
     CHECK(stats->version == CO2_ABI_VERSION);
     CHECK(stats->world_size == 1);

@@ -628,6 +628,10 @@ TEST_F(BadInput, EngineConfigReservedFieldsAndVersion) {
   EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_engine_create(comm_, &c, &e));
   EXPECT_NE(std::string(co2_last_error_message()).find("reserved1"), std::string::npos) << co2_last_error_message();
   c = engine_config();
+  c.reserved2 = 1;
+  EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_engine_create(comm_, &c, &e));
+  EXPECT_NE(std::string(co2_last_error_message()).find("reserved2"), std::string::npos) << co2_last_error_message();
+  c = engine_config();
   c.version = CO2_ABI_VERSION + 1;
   EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_engine_create(comm_, &c, &e));
   EXPECT_EQ(e, kSentinelEngine);
@@ -659,7 +663,7 @@ TEST_F(BadInput, StatsVersionIsTheLibrarys) {
   stats.version = 0;
   EXPECT_STATUS(CO2_OK, co2_engine_get_stats(e, &stats));
   EXPECT_EQ(stats.version, uint32_t(CO2_ABI_VERSION));
-  EXPECT_GE(CO2_ABI_VERSION, 2) << "1.1's structs grew: its header is ABI version 2";
+  EXPECT_GE(CO2_ABI_VERSION, 3) << "1.2's structs grew: its header is ABI version 3";
 }
 
 // tau is bounded as co2_engine_set_param bounds it (an integer in [1, 1e9]) at create too.
@@ -692,6 +696,59 @@ TEST_F(BadInput, ShardOuterStateIsZeroOrOne) {
   co2_engine_config_t older = engine_config();
   older.size = offsetof(co2_engine_config_t, shard_outer_state);
   older.shard_outer_state = 2;  // not the caller's: read, it would be refused
+  co2_engine_t ok = nullptr;
+  EXPECT_STATUS(CO2_OK, co2_engine_create(comm_, &older, &ok));
+  EXPECT_EQ(co2_engine_destroy(ok), CO2_OK);
+}
+
+// apply_step (added in 1.2): CO2_APPLY_AT_BOUNDARY, CO2_APPLY_ON_ARRIVAL or a step k >= 1, for
+// co2 only (create), on host tensors with replicated outer state only (commit). A 1.1 caller's
+// struct ends before it: the default, whatever lies past its struct.
+TEST_F(BadInput, ApplyStepValuesAndWhereItApplies) {
+  auto message_names_apply_step = [] {
+    return std::string(co2_last_error_message()).find("apply_step") != std::string::npos;
+  };
+  co2_engine_t e = kSentinelEngine;
+  for (int32_t bad : {-2, std::numeric_limits<int32_t>::min()}) {
+    co2_engine_config_t c = engine_config();
+    c.apply_step = bad;
+    EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_create(comm_, &c, &e)) << bad;
+    EXPECT_TRUE(message_names_apply_step()) << co2_last_error_message();
+  }
+  co2_engine_config_t diloco = engine_config(CO2_ALGO_DILOCO);
+  diloco.apply_step = CO2_APPLY_ON_ARRIVAL;
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_create(comm_, &diloco, &e));
+  EXPECT_TRUE(message_names_apply_step()) << co2_last_error_message();
+  EXPECT_EQ(e, kSentinelEngine);
+  for (int32_t good : {CO2_APPLY_ON_ARRIVAL, 1, 5}) {
+    co2_engine_config_t c = engine_config();
+    c.apply_step = good;
+    co2_engine_t ok = nullptr;
+    EXPECT_STATUS(CO2_OK, co2_engine_create(comm_, &c, &ok)) << good;
+    EXPECT_EQ(co2_engine_destroy(ok), CO2_OK);
+  }
+
+  // Sharded outer state: created, refused at commit with what to use instead.
+  co2_engine_config_t sharded = engine_config();
+  sharded.shard_outer_state = 1;
+  sharded.apply_step = CO2_APPLY_ON_ARRIVAL;
+  co2_engine_t refused = nullptr;
+  ASSERT_OK(co2_engine_create(comm_, &sharded, &refused));
+  engines_.push_back(refused);
+  float w[4] = {1, 2, 3, 4};
+  const co2_tensor_t t = tensor("w", w, 4);
+  ASSERT_OK(co2_engine_register_tensor(refused, &t));
+  EXPECT_STATUS(CO2_ERR_UNSUPPORTED, co2_engine_commit(refused));
+  EXPECT_TRUE(message_names_apply_step()) << co2_last_error_message();
+  EXPECT_NE(std::string(co2_last_error_message()).find("CO2_APPLY_AT_BOUNDARY"), std::string::npos)
+      << co2_last_error_message();
+
+  // A 1.1 caller (version 2, its struct ending at hierarchy): neither field is read.
+  co2_engine_config_t older = engine_config();
+  older.version = 2;
+  older.size = offsetof(co2_engine_config_t, apply_step);
+  older.apply_step = -2;  // not the caller's: read, they would be refused
+  older.reserved2 = 1;
   co2_engine_t ok = nullptr;
   EXPECT_STATUS(CO2_OK, co2_engine_create(comm_, &older, &ok));
   EXPECT_EQ(co2_engine_destroy(ok), CO2_OK);

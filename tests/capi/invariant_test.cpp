@@ -489,6 +489,8 @@ std::vector<ConfigMismatchCase> config_mismatch_cases() {
       {"wire_format", "wire_format", nullptr, bf16_wire},
       {"shard_outer_state", "shard_outer_state", nullptr, [](C c) { c.shard_outer_state = 1; }},
       {"hierarchy", "hierarchy", nullptr, [](C c) { c.hierarchy = CO2_HIERARCHY_NODES; }},
+      {"apply_step", "apply_step", nullptr, [](C c) { c.apply_step = CO2_APPLY_ON_ARRIVAL; }},
+      {"apply_step_k", "apply_step", [](C c) { c.apply_step = 3; }, [](C c) { c.apply_step = 4; }},
   };
 }
 INSTANTIATE_TEST_SUITE_P(Settings, ConfigMismatch, ::testing::ValuesIn(config_mismatch_cases()),

@@ -118,9 +118,14 @@ const _PARAMS = Dict(:outer_lr => CO2_PARAM_OUTER_LR, :outer_momentum => CO2_PAR
                      :inner_lr => CO2_PARAM_INNER_LR,
                      :anchor_check_interval => CO2_PARAM_ANCHOR_CHECK_INTERVAL)
 const _CONSENSUS = Dict(:anchor => CO2_CONSENSUS_ANCHOR, :local_average => CO2_CONSENSUS_LOCAL_AVERAGE)
+const _APPLY_STEPS = Dict(:boundary => CO2_APPLY_AT_BOUNDARY, :arrival => CO2_APPLY_ON_ARRIVAL)
 
 _lookup(table, key, what) = haskey(table, key) ? table[key] :
     throw(ArgumentError("unknown $what $(repr(key)); one of $(join(sort(collect(keys(table))), ", "))"))
+
+_apply_step(when::Symbol) = _lookup(_APPLY_STEPS, when, "apply_step")
+_apply_step(k::Integer) = k >= 1 ? Int32(k) :
+    throw(ArgumentError("apply_step must be :boundary, :arrival or a step k >= 1, got $k"))
 
 _dtype(::Type{Float32}) = CO2_DTYPE_FP32
 _dtype(::Type{Float64}) = CO2_DTYPE_FP64
@@ -322,7 +327,7 @@ end
            outer_momentum=nothing, nesterov=false, penalty=:none, penalty_constant=1.0,
            clip=:none, clip_threshold=1.0, anchor_check_interval=100, inner_lr=0.0,
            eager=nothing, wire_format=:fp32, error_feedback=true, shard_outer_state=false,
-           hierarchical=false)
+           hierarchical=false, apply_step=:boundary)
 
 One rank's engine. Defaults are the C ones (`co2_engine_config_init`); `outer_momentum=nothing`
 resolves β from the world size; `eager=nothing` is automatic (eager on host arrays);
@@ -330,7 +335,11 @@ resolves β from the world size; `eager=nothing` is automatic (eager on host arr
 `error_feedback` adding what its encodings dropped to the next delta; `shard_outer_state=true`
 keeps on each rank only its shard of the anchor and outer momentum (docs/capi.md; the engine
 refuses what sharding does not implement yet); `hierarchical=true` runs sync inside a node and
-co2 across nodes (the nodes of `split_nodes`; average every step's gradients inside the node).
+co2 across nodes (the nodes of `split_nodes`; average every step's gradients inside the node);
+`apply_step` is when co2 applies a round's average: `:boundary` (at the next boundary),
+`:arrival` (at the step after every rank saw it arrive, agreed by the ranks) or a step `k >= 1`
+of the round (waiting there for it); each rank keeps its progress since the boundary (host
+arrays with replicated outer state; docs/capi.md).
 The engine roots every array registered with it, so the
 garbage collector cannot free memory the engine still uses.
 """
@@ -349,7 +358,8 @@ mutable struct Engine
                     anchor_check_interval::Integer=CO2_DEFAULT_ANCHOR_CHECK_INTERVAL,
                     inner_lr::Real=0.0, eager::Union{Nothing,Bool}=nothing,
                     wire_format::Symbol=:fp32, error_feedback::Bool=true,
-                    shard_outer_state::Bool=false, hierarchical::Bool=false)
+                    shard_outer_state::Bool=false, hierarchical::Bool=false,
+                    apply_step::Union{Symbol,Integer}=:boundary)
         config = Ref(CO2_ENGINE_CONFIG_INIT())
         check(co2_engine_config_init(config))
         c = config[]
@@ -364,6 +374,7 @@ mutable struct Engine
         c.error_feedback = error_feedback
         c.shard_outer_state = shard_outer_state
         c.hierarchy = hierarchical ? CO2_HIERARCHY_NODES : CO2_HIERARCHY_FLAT
+        c.apply_step = _apply_step(apply_step)
         c.penalty = _lookup(_PENALTIES, penalty, "penalty")
         c.penalty_constant = penalty_constant
         c.clip = _lookup(_CLIPS, clip, "clip")

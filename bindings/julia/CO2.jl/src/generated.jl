@@ -3,9 +3,9 @@
 
 # ---- macros (values evaluated by clang) ----
 const CO2_VERSION_MAJOR = Cint(1)
-const CO2_VERSION_MINOR = Cint(1)
+const CO2_VERSION_MINOR = Cint(2)
 const CO2_VERSION_PATCH = Cint(0)
-const CO2_ABI_VERSION = Cint(2)
+const CO2_ABI_VERSION = Cint(3)
 const CO2_DEFAULT_TIMEOUT_MS = Cuint(300000)
 const CO2_DEFAULT_CHUNK_BYTES = Culong(1048576)
 const CO2_DEVICE_INDEX_AUTO = Cint(-1)
@@ -20,6 +20,9 @@ const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL = Cuint(100)
 const CO2_EAGER_AUTO = Cint(-1)
 const CO2_DEFAULT_EAGER = Cint(-1)
 const CO2_DEFAULT_ERROR_FEEDBACK = Cint(1)
+const CO2_APPLY_AT_BOUNDARY = Cint(0)
+const CO2_APPLY_ON_ARRIVAL = Cint(-1)
+const CO2_DEFAULT_APPLY_STEP = Cint(0)
 const CO2_HIERARCHY_FLAT = Cint(0)
 const CO2_HIERARCHY_NODES = Cint(1)
 
@@ -264,6 +267,8 @@ mutable struct co2_engine_config_t
     error_feedback::Int32
     shard_outer_state::Int32
     hierarchy::Int32
+    apply_step::Int32
+    reserved2::Int32
 end
 
 const _co2_engine_config_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -420,6 +425,9 @@ mutable struct co2_engine_stats_t
     wire_bytes_last_round::UInt64
     wire_bytes_total::UInt64
     outer_state_bytes::UInt64
+    arrival_updates::UInt64
+    last_apply_step::UInt32
+    reserved1::UInt32
 end
 
 const _co2_engine_stats_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -464,7 +472,7 @@ end
 # ---- defaults of the *_INIT macros (evaluated by clang, field by field) ----
 CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     Csize_t(64),
-    UInt32(2),
+    UInt32(3),
     co2_transport_kind_t(0),
     Int32(0),
     Int32(1),
@@ -478,8 +486,8 @@ CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     UInt32(0),
 )
 CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
-    Csize_t(112),
-    UInt32(2),
+    Csize_t(120),
+    UInt32(3),
     co2_algorithm_t(0),
     UInt32(12),
     UInt32(0),
@@ -498,6 +506,8 @@ CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
     Int32(0),
     co2_wire_format_t(0),
     Int32(1),
+    Int32(0),
+    Int32(0),
     Int32(0),
     Int32(0),
 )
@@ -526,8 +536,8 @@ CO2_ALLOCATOR_INIT() = co2_allocator_t(
     Ptr{Cvoid}(C_NULL),
 )
 CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
-    Csize_t(232),
-    UInt32(2),
+    Csize_t(248),
+    UInt32(3),
     Int32(0),
     UInt64(0),
     UInt64(0),
@@ -557,6 +567,9 @@ CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
     UInt64(0),
     UInt64(0),
     UInt64(0),
+    UInt64(0),
+    UInt32(0),
+    UInt32(0),
 )
 
 # ---- struct layouts as clang computed them for the generating target (bytes) ----
@@ -564,11 +577,11 @@ const GENERATED_ON_WORD_SIZE = 64
 const LAYOUT = (
     co2_comm_config_t = (size = 64, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40, device_index = 48, reserved1 = 52, node_id = 56, reserved2 = 60,)),
     co2_unique_id_t = (size = 128, align = 1, offsets = (internal = 0,)),
-    co2_engine_config_t = (size = 112, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92, wire_format = 96, error_feedback = 100, shard_outer_state = 104, hierarchy = 108,)),
+    co2_engine_config_t = (size = 120, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92, wire_format = 96, error_feedback = 100, shard_outer_state = 104, hierarchy = 108, apply_step = 112, reserved2 = 116,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),
     co2_segment_t = (size = 40, align = 8, offsets = (size = 0, name = 8, offset = 16, count = 24, role = 32, reserved0 = 36,)),
     co2_allocator_t = (size = 32, align = 8, offsets = (size = 0, user = 8, allocate = 16, release = 24,)),
-    co2_engine_stats_t = (size = 232, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156, last_collective_ns = 160, last_round_ns = 168, hidden_fraction = 176, last_hidden_fraction = 184, rank_step_time_ns = 192, rank_allreduce_time_ns = 200, wire_bytes_last_round = 208, wire_bytes_total = 216, outer_state_bytes = 224,)),
+    co2_engine_stats_t = (size = 248, align = 8, offsets = (size = 0, version = 8, world_size = 12, steps = 16, rounds = 24, outer_updates = 32, bytes_reduced = 40, collective_ns = 48, boundary_wait_ns = 56, last_boundary_wait_ns = 64, nonfinite_rounds = 72, nonfinite_local = 80, anchor_checks = 88, resolved_outer_momentum = 96, last_penalty_min = 104, last_penalty_max = 112, last_clip_scale_min = 120, last_clip_fraction = 128, step_time_ns = 136, allreduce_time_ns = 144, advised_tau = 152, reserved0 = 156, last_collective_ns = 160, last_round_ns = 168, hidden_fraction = 176, last_hidden_fraction = 184, rank_step_time_ns = 192, rank_allreduce_time_ns = 200, wire_bytes_last_round = 208, wire_bytes_total = 216, outer_state_bytes = 224, arrival_updates = 232, last_apply_step = 240, reserved1 = 244,)),
 )
 
 # ---- symbol binding: CO2.jl's __init__ calls this with the dlopen'ed libco2 ----

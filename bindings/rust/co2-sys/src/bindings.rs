@@ -1,7 +1,7 @@
 pub const CO2_VERSION_MAJOR: u32 = 1;
-pub const CO2_VERSION_MINOR: u32 = 1;
+pub const CO2_VERSION_MINOR: u32 = 2;
 pub const CO2_VERSION_PATCH: u32 = 0;
-pub const CO2_ABI_VERSION: u32 = 2;
+pub const CO2_ABI_VERSION: u32 = 3;
 pub const CO2_DEFAULT_TIMEOUT_MS: u32 = 300000;
 pub const CO2_DEVICE_INDEX_AUTO: i32 = -1;
 pub const CO2_NODE_ID_AUTO: i32 = -1;
@@ -15,6 +15,9 @@ pub const CO2_DEFAULT_ANCHOR_CHECK_INTERVAL: u32 = 100;
 pub const CO2_EAGER_AUTO: i32 = -1;
 pub const CO2_DEFAULT_EAGER: i32 = -1;
 pub const CO2_DEFAULT_ERROR_FEEDBACK: u32 = 1;
+pub const CO2_APPLY_AT_BOUNDARY: u32 = 0;
+pub const CO2_APPLY_ON_ARRIVAL: i32 = -1;
+pub const CO2_DEFAULT_APPLY_STEP: u32 = 0;
 pub const CO2_HIERARCHY_FLAT: u32 = 0;
 pub const CO2_HIERARCHY_NODES: u32 = 1;
 pub type __int32_t = ::std::os::raw::c_int;
@@ -536,12 +539,14 @@ pub struct co2_engine_config {
     pub error_feedback: i32,
     pub shard_outer_state: i32,
     pub hierarchy: i32,
+    pub apply_step: i32,
+    pub reserved2: i32,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_config() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_config>(),
-        112usize,
+        120usize,
         concat!("Size of: ", stringify!(co2_engine_config))
     );
     assert_eq!(
@@ -923,6 +928,40 @@ fn bindgen_test_layout_co2_engine_config() {
         );
     }
     test_field_hierarchy();
+    fn test_field_apply_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).apply_step) as usize - ptr as usize
+            },
+            112usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_config),
+                "::",
+                stringify!(apply_step)
+            )
+        );
+    }
+    test_field_apply_step();
+    fn test_field_reserved2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+            },
+            116usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_config),
+                "::",
+                stringify!(reserved2)
+            )
+        );
+    }
+    test_field_reserved2();
 }
 pub type co2_engine_config_t = co2_engine_config;
 extern "C" {
@@ -1455,12 +1494,15 @@ pub struct co2_engine_stats {
     pub wire_bytes_last_round: u64,
     pub wire_bytes_total: u64,
     pub outer_state_bytes: u64,
+    pub arrival_updates: u64,
+    pub last_apply_step: u32,
+    pub reserved1: u32,
 }
 #[test]
 fn bindgen_test_layout_co2_engine_stats() {
     assert_eq!(
         ::std::mem::size_of::<co2_engine_stats>(),
-        232usize,
+        248usize,
         concat!("Size of: ", stringify!(co2_engine_stats))
     );
     assert_eq!(
@@ -1995,6 +2037,57 @@ fn bindgen_test_layout_co2_engine_stats() {
         );
     }
     test_field_outer_state_bytes();
+    fn test_field_arrival_updates() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).arrival_updates) as usize - ptr as usize
+            },
+            232usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(arrival_updates)
+            )
+        );
+    }
+    test_field_arrival_updates();
+    fn test_field_last_apply_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).last_apply_step) as usize - ptr as usize
+            },
+            240usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(last_apply_step)
+            )
+        );
+    }
+    test_field_last_apply_step();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_engine_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            244usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_engine_stats),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
 }
 pub type co2_engine_stats_t = co2_engine_stats;
 extern "C" {

@@ -2,7 +2,7 @@
 
 use co2_sys as sys;
 
-use crate::enums::{Algorithm, Clip, Penalty, WireFormat};
+use crate::enums::{Algorithm, ApplyStep, Clip, Penalty, WireFormat};
 
 /// Engine configuration. Starts from `co2_engine_config_init`: algorithm `Co2`, τ = 12, no
 /// warm-up, α = 1.0, β automatic (by world size), no Nesterov, no penalty (constant 1.0), no
@@ -88,6 +88,12 @@ impl EngineConfig {
         self.raw.hierarchy = if on { sys::CO2_HIERARCHY_NODES as i32 } else { sys::CO2_HIERARCHY_FLAT as i32 };
         self
     }
+    /// co2 only: when a round's average is applied (default `ApplyStep::AtBoundary`); each
+    /// rank keeps its progress since the boundary on top of the new anchor.
+    pub fn apply_step(mut self, when: ApplyStep) -> Self {
+        self.raw.apply_step = when.raw();
+        self
+    }
     pub fn penalty(mut self, penalty: Penalty) -> Self {
         self.raw.penalty = penalty.raw();
         self
@@ -156,6 +162,9 @@ impl EngineConfig {
     }
     pub fn get_shard_outer_state(&self) -> bool {
         self.raw.shard_outer_state != 0
+    }
+    pub fn get_apply_step(&self) -> Option<ApplyStep> {
+        ApplyStep::from_raw(self.raw.apply_step)
     }
     pub fn get_penalty(&self) -> Option<Penalty> {
         Penalty::from_raw(self.raw.penalty)

@@ -127,6 +127,42 @@ c_enum! {
     }
 }
 
+/// When co2 applies a round's average (`co2_engine_config_t.apply_step`; docs/algorithm.md,
+/// "Applying the average on arrival"). Other than `AtBoundary`: co2 on host tensors with
+/// replicated outer state only (elsewhere the engine refuses it at commit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApplyStep {
+    /// At the next boundary (the default; co2 1.1's behaviour).
+    AtBoundary,
+    /// At the first step after every rank saw it arrive (the ranks agree on that step).
+    OnArrival,
+    /// At the k-th step after the boundary (k >= 1), waiting there for it if it has not
+    /// arrived; k >= τ: at the boundary. `Step(0)` is `AtBoundary`.
+    Step(u32),
+}
+
+impl ApplyStep {
+    /// The C value. A step beyond `i32::MAX` becomes a value the library refuses at create
+    /// (`Status::InvalidArgument`) rather than one that wraps into another policy.
+    pub fn raw(self) -> i32 {
+        match self {
+            ApplyStep::AtBoundary => sys::CO2_APPLY_AT_BOUNDARY as i32,
+            ApplyStep::OnArrival => sys::CO2_APPLY_ON_ARRIVAL,
+            ApplyStep::Step(k) => i32::try_from(k).unwrap_or(i32::MIN),
+        }
+    }
+
+    /// The policy of a C value, if it is one (values below -1 are not).
+    pub fn from_raw(value: i32) -> Option<ApplyStep> {
+        match value {
+            v if v == sys::CO2_APPLY_AT_BOUNDARY as i32 => Some(ApplyStep::AtBoundary),
+            sys::CO2_APPLY_ON_ARRIVAL => Some(ApplyStep::OnArrival),
+            k if k >= 1 => Some(ApplyStep::Step(k as u32)),
+            _ => None,
+        }
+    }
+}
+
 /// Element types of raw collectives. Sealed: implemented for f32, f64, i32, i64 only.
 pub trait Element: Copy + Send + private::Sealed + 'static {
     /// The `co2_dtype_t` value.

@@ -39,7 +39,7 @@ pub use comm::{AbortHandle, CommConfig, Communicator, UniqueId};
 pub use config::EngineConfig;
 pub use engine::{Engine, SegmentId, TensorId};
 pub use enums::{
-    Algorithm, Clip, Consensus, Element, Param, Penalty, ReduceOp, Role, Transport, WireFormat,
+    Algorithm, ApplyStep, Clip, Consensus, Element, Param, Penalty, ReduceOp, Role, Transport, WireFormat,
 };
 pub use error::{Error, Result, Status};
 pub use request::Request;

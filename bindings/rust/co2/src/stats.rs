@@ -51,6 +51,10 @@ pub struct Stats {
     pub wire_bytes_total: u64,
     /// Bytes of outer state (anchor, momentum or their shards, buffers) this rank holds.
     pub outer_state_bytes: u64,
+    /// co2 averages applied between boundaries (`EngineConfig::apply_step`).
+    pub arrival_updates: u64,
+    /// The step of its round at which the last co2 average was applied; 0: at a boundary.
+    pub last_apply_step: u32,
 }
 
 impl From<&sys::co2_engine_stats_t> for Stats {
@@ -84,6 +88,8 @@ impl From<&sys::co2_engine_stats_t> for Stats {
             wire_bytes_last_round: s.wire_bytes_last_round,
             wire_bytes_total: s.wire_bytes_total,
             outer_state_bytes: s.outer_state_bytes,
+            arrival_updates: s.arrival_updates,
+            last_apply_step: s.last_apply_step,
         }
     }
 }

@@ -6,8 +6,8 @@ mod common;
 use std::io::{self, Cursor, Read, Write};
 
 use co2::{
-    sys, Algorithm, CommConfig, Communicator, Consensus, Engine, EngineConfig, Param, ReduceOp, Role, Status,
-    Transport,
+    sys, Algorithm, ApplyStep, CommConfig, Communicator, Consensus, Engine, EngineConfig, Param, ReduceOp,
+    Role, Status, Transport,
 };
 use common::{group_name, local_config, run_ranks};
 
@@ -166,6 +166,12 @@ fn engine_config_errors() {
     assert_status(bad(EngineConfig::new().penalty_constant(0.0)), Status::InvalidArgument);
     assert_status(bad(EngineConfig::new().clip_threshold(-0.5)), Status::InvalidArgument);
     assert_status(bad(EngineConfig::new().inner_lr(-1.0)), Status::InvalidArgument);
+    // apply_step: co2 only, and a step too large for the C field is refused, not wrapped.
+    let diloco_on_arrival = EngineConfig::new().algorithm(Algorithm::Diloco).apply_step(ApplyStep::OnArrival);
+    let e = assert_status(bad(diloco_on_arrival), Status::InvalidArgument);
+    assert!(e.message().contains("apply_step"), "{e}");
+    assert_status(bad(EngineConfig::new().apply_step(ApplyStep::Step(u32::MAX))), Status::InvalidArgument);
+    bad(EngineConfig::new().apply_step(ApplyStep::Step(1 << 30))).unwrap();
     bad(EngineConfig::new()).unwrap();
 }
 

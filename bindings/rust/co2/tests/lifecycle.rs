@@ -3,8 +3,8 @@
 mod common;
 
 use co2::{
-    sys, Algorithm, Clip, CommConfig, Communicator, Consensus, Engine, EngineConfig, Penalty, ReduceOp, Role, Transport,
-    UniqueId,
+    sys, Algorithm, ApplyStep, Clip, CommConfig, Communicator, Consensus, Engine, EngineConfig, Penalty,
+    ReduceOp, Role, Transport, UniqueId,
 };
 use common::{group_name, local_config, run_ranks};
 
@@ -39,6 +39,17 @@ fn configs_start_from_the_c_defaults() {
     assert!(sharded.get_shard_outer_state());
     assert_eq!(sharded.as_raw().shard_outer_state, 1, "reaches the C struct");
     assert_eq!(sharded.shard_outer_state(false).as_raw().shard_outer_state, 0);
+    assert_eq!(e.get_apply_step(), Some(ApplyStep::AtBoundary), "applied at the boundary by default");
+    assert_eq!(e.as_raw().apply_step, sys::CO2_DEFAULT_APPLY_STEP as i32);
+    let raws = [(ApplyStep::OnArrival, -1), (ApplyStep::Step(3), 3), (ApplyStep::AtBoundary, 0)];
+    for (when, raw) in raws {
+        let c = EngineConfig::new().apply_step(when);
+        assert_eq!(c.as_raw().apply_step, raw, "{when:?} reaches the C struct");
+        assert_eq!(c.get_apply_step(), Some(when));
+    }
+    let step_0 = EngineConfig::new().apply_step(ApplyStep::Step(0));
+    assert_eq!(step_0.get_apply_step(), Some(ApplyStep::AtBoundary), "step 0 is the boundary");
+    assert_eq!(e.as_raw().reserved2, 0);
 
     let b = EngineConfig::new().algorithm(Algorithm::Diloco).tau(5).outer_momentum(Some(0.9)).nesterov(true);
     assert_eq!(b.get_algorithm(), Some(Algorithm::Diloco));
@@ -280,5 +291,56 @@ fn sharded_and_hierarchical_engines_train_one_model() {
             assert_eq!(anchor, &anchors[0].0, "hierarchical {hierarchical}: the ranks' anchors differ");
             assert!(*copies < 3.0, "hierarchical {hierarchical}: {copies} model copies of outer state");
         }
+    }
+}
+
+/// co2 applying its average on arrival through the safe wrapper: 2 ranks, τ = 6. Every round
+/// after the first has an average in flight, applied between boundaries at a step the ranks
+/// agree on (`OnArrival`) or the one asked for (`Step(k)`), and the ranks end on one anchor.
+/// Each step takes 2 ms, as a training step would: steps of a few hundred nanoseconds
+/// end the round before the local all-reduce (about 0.1 ms) arrives, and `OnArrival` then
+/// rightly applies it at the boundary.
+#[test]
+fn apply_step_applies_the_average_between_boundaries() {
+    for when in [ApplyStep::OnArrival, ApplyStep::Step(4), ApplyStep::AtBoundary] {
+        let group = group_name("apply-step");
+        let results = run_ranks(2, &group, |rank, comm| {
+            let config = EngineConfig::new().tau(6).outer_momentum(Some(0.5)).apply_step(when);
+            let mut w = vec![0.5f32; 64];
+            let mut engine = Engine::new(&comm, &config).unwrap();
+            let tw = engine.register_tensor("w", &mut w, Role::Parameter).unwrap();
+            engine.commit().unwrap();
+            for step in 0..24 {
+                for (i, p) in engine.tensor_mut(tw).iter_mut().enumerate() {
+                    *p -= 0.01 * ((i + step + rank as usize * 5) % 7) as f32;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                engine.step().unwrap();
+            }
+            engine.finalize().unwrap();
+            let mut anchor = vec![0f32; engine.num_elements().unwrap()];
+            engine.consensus(Consensus::Anchor, &mut anchor).unwrap();
+            (common::bits(&anchor), engine.stats().unwrap())
+        });
+        for (anchor, stats) in &results {
+            assert_eq!(anchor, &results[0].0, "{when:?}: the ranks' anchors differ");
+            match when {
+                ApplyStep::AtBoundary => {
+                    assert_eq!(stats.arrival_updates, 0, "{when:?}: {stats:?}");
+                    assert_eq!(stats.last_apply_step, 0, "{when:?}: {stats:?}");
+                }
+                ApplyStep::Step(k) => {
+                    // Rounds 2 to 4 each apply the previous round's average at step k.
+                    assert_eq!(stats.arrival_updates, 3, "{when:?}: {stats:?}");
+                    assert_eq!(stats.last_apply_step, k, "{when:?}: {stats:?}");
+                }
+                ApplyStep::OnArrival => {
+                    assert!(stats.arrival_updates >= 1, "{when:?}: {stats:?}");
+                    assert!((1..6).contains(&stats.last_apply_step), "{when:?}: {stats:?}");
+                }
+            }
+        }
+        assert_eq!(results[0].1.arrival_updates, results[1].1.arrival_updates, "{when:?}: the ranks agree");
+        assert_eq!(results[0].1.last_apply_step, results[1].1.last_apply_step, "{when:?}: the ranks agree");
     }
 }
