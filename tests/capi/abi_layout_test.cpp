@@ -239,9 +239,9 @@ TEST(AbiLayout, V2CallerRunsOnThisLibrary) {
   v2.size = kEngineConfigV2Size;
   v2.version = 2;
   v2.tau = 3;
-  // Sharded outer state refuses any apply_step but the default at commit: the commit below
-  // passing is the default taking the place of the field the caller does not have.
-  v2.shard_outer_state = 1;
+  // diloco refuses any apply_step but the default at create: the create below passing is the
+  // default taking the place of the field the caller does not have.
+  v2.algorithm = CO2_ALGO_DILOCO;
   auto* config = static_cast<co2_engine_config_t*>(co2_flush_at_page_end(&v2, kEngineConfigV2Size));
   ASSERT_NE(config, nullptr);
   co2_engine_t engine = nullptr;

@@ -337,9 +337,9 @@ keeps on each rank only its shard of the anchor and outer momentum (docs/capi.md
 refuses what sharding does not implement yet); `hierarchical=true` runs sync inside a node and
 co2 across nodes (the nodes of `split_nodes`; average every step's gradients inside the node);
 `apply_step` is when co2 applies a round's average: `:boundary` (at the next boundary),
-`:arrival` (at the step after every rank saw it arrive, agreed by the ranks) or a step `k >= 1`
-of the round (waiting there for it); each rank keeps its progress since the boundary (host
-arrays with replicated outer state; docs/capi.md).
+`:arrival` (one step after it is due, by the ranks' agreed step and all-reduce times) or a step `k >= 1`
+of the round (waiting there for it); each rank keeps its progress since the boundary
+(docs/capi.md).
 The engine roots every array registered with it, so the
 garbage collector cannot free memory the engine still uses.
 """

@@ -128,13 +128,14 @@ c_enum! {
 }
 
 /// When co2 applies a round's average (`co2_engine_config_t.apply_step`; docs/algorithm.md,
-/// "Applying the average on arrival"). Other than `AtBoundary`: co2 on host tensors with
-/// replicated outer state only (elsewhere the engine refuses it at commit).
+/// "Applying the average on arrival"). Other than `AtBoundary`: co2 only; sharded outer state on
+/// CUDA tensors refuses it at commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ApplyStep {
     /// At the next boundary (the default; co2 1.1's behaviour).
     AtBoundary,
-    /// At the first step after every rank saw it arrive (the ranks agree on that step).
+    /// One step after the step in which it is due to arrive, by the ranks' agreed step and
+    /// all-reduce times (the same step on every rank; at the boundary until both are measured).
     OnArrival,
     /// At the k-th step after the boundary (k >= 1), waiting there for it if it has not
     /// arrived; k >= τ: at the boundary. `Step(0)` is `AtBoundary`.
