@@ -1,7 +1,7 @@
 """python -m co2: the version, what this build has compiled in, and where its pieces live.
 
     $ python -m co2
-    co2 1.1.0
+    co2 1.2.0
     library:      /venv/lib/python3.11/site-packages/co2/libco2.so.1
     package:      /venv/lib/python3.11/site-packages/co2
     co2run:       /venv/bin/co2run

@@ -117,6 +117,9 @@ CO2_DEFAULT_EAGER: int
 CO2_DEFAULT_ERROR_FEEDBACK: int
 CO2_HIERARCHY_FLAT: int
 CO2_HIERARCHY_NODES: int
+CO2_APPLY_AT_BOUNDARY: int
+CO2_APPLY_ON_ARRIVAL: int
+CO2_DEFAULT_APPLY_STEP: int
 
 class comm_config:
     """co2_comm_config_t, initialised by co2_comm_config_init."""
@@ -159,7 +162,9 @@ class engine_config:
     error_feedback: int
     shard_outer_state: int
     hierarchy: int
+    apply_step: int
     reserved1: int
+    reserved2: int
     def __init__(self) -> None: ...
 
 class allocator:
@@ -205,6 +210,9 @@ class engine_stats:
     wire_bytes_last_round: int
     wire_bytes_total: int
     outer_state_bytes: int
+    arrival_updates: int
+    last_apply_step: int
+    reserved1: int
     def __init__(self) -> None: ...
 
 # Communicators and raw collectives.

@@ -1,6 +1,7 @@
 """co2.Engine: the algorithm's state for one rank, driven from the training thread."""
 from __future__ import annotations
 
+import numbers
 from typing import (TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Literal, Optional,
                     TypedDict, Union, cast)
 
@@ -50,6 +51,7 @@ class EngineOptions(TypedDict, total=False):
     error_feedback: Optional[Flag]
     shard_outer_state: Optional[Flag]
     hierarchy: Union[Literal["flat", "nodes"], int, None]
+    apply_step: Union[Literal["boundary", "arrival"], int, None]
 
 ALGORITHMS = {"co2": capi.CO2_ALGO_CO2, "sync": capi.CO2_ALGO_SYNC,
               "localsgd": capi.CO2_ALGO_LOCALSGD, "diloco": capi.CO2_ALGO_DILOCO}
@@ -58,6 +60,7 @@ PENALTIES = {"none": capi.CO2_PENALTY_NONE, "constant": capi.CO2_PENALTY_CONSTAN
 CLIPS = {"none": capi.CO2_CLIP_NONE, "value": capi.CO2_CLIP_VALUE, "norm": capi.CO2_CLIP_NORM}
 WIRE_FORMATS = {"fp32": capi.CO2_WIRE_FP32, "bf16": capi.CO2_WIRE_BF16, "int8": capi.CO2_WIRE_INT8}
 HIERARCHIES = {"flat": capi.CO2_HIERARCHY_FLAT, "nodes": capi.CO2_HIERARCHY_NODES}
+APPLY_STEPS = {"boundary": capi.CO2_APPLY_AT_BOUNDARY, "arrival": capi.CO2_APPLY_ON_ARRIVAL}
 ROLES = {"parameter": capi.CO2_ROLE_PARAMETER, "buffer": capi.CO2_ROLE_BUFFER,
          "excluded": capi.CO2_ROLE_EXCLUDED}
 PARAMS = {"outer_lr": capi.CO2_PARAM_OUTER_LR, "outer_momentum": capi.CO2_PARAM_OUTER_MOMENTUM,
@@ -100,6 +103,21 @@ def _eager(value: object) -> int:
     return _values.tristate("eager", value, "auto", capi.CO2_EAGER_AUTO)
 
 
+def _apply_step(value: object) -> int:
+    described = f"apply_step={value!r} ({type(value).__name__})"
+    allowed = (f"apply_step is 'boundary', 'arrival' or a step k >= 1 of the round (or the C "
+               f"values {capi.CO2_APPLY_AT_BOUNDARY}, {capi.CO2_APPLY_ON_ARRIVAL})")
+    if isinstance(value, str):
+        if value not in APPLY_STEPS:
+            raise InvalidArgumentError(f"{described}: {allowed}")
+        return APPLY_STEPS[value]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{described}: {allowed}")
+    if not capi.CO2_APPLY_ON_ARRIVAL <= int(value) <= _values.INT32_MAX:
+        raise InvalidArgumentError(f"{described}: {allowed}")
+    return int(value)
+
+
 # Keyword arguments of Engine and the check each value goes through (co2/_values.py) before it
 # becomes the co2_engine_config_t field of the same name.
 _CONFIG_KEYS = {"algorithm": _choice(ALGORITHMS, "algorithm"), "tau": _count("tau"),
@@ -115,7 +133,10 @@ _CONFIG_KEYS = {"algorithm": _choice(ALGORITHMS, "algorithm"), "tau": _count("ta
                 "error_feedback": _flag("error_feedback"),
                 # sharded outer state and hierarchical co2 (docs/capi.md)
                 "shard_outer_state": _flag("shard_outer_state"),
-                "hierarchy": _choice(HIERARCHIES, "hierarchy")}
+                "hierarchy": _choice(HIERARCHIES, "hierarchy"),
+                # when co2 applies a round's average (docs/algorithm.md, "Applying the average
+                # on arrival")
+                "apply_step": _apply_step}
 
 
 class EngineStats(TypedDict):
@@ -151,6 +172,9 @@ class EngineStats(TypedDict):
     wire_bytes_total: int
     # sharded outer state: bytes of outer state this rank holds
     outer_state_bytes: int
+    # 1.2: applying the average on arrival (apply_step)
+    arrival_updates: int
+    last_apply_step: int
 
 
 _STATS_FIELDS = tuple(EngineStats.__annotations__)
@@ -176,7 +200,11 @@ class Engine(OwnsHandle):
     momentum; the engine refuses what sharding does not implement yet, naming it), hierarchy
     "flat" ("nodes": sync inside a node — average every step's gradients with reduce_gradients
     or the framework's own data parallelism over the node's ranks —, co2 across nodes, outer
-    state sharded over a node's ranks; nodes as Communicator.split_nodes forms them).
+    state sharded over a node's ranks; nodes as Communicator.split_nodes forms them),
+    apply_step "boundary" (co2 applies a round's average at the next boundary; "arrival": at
+    the step the ranks agree on once every rank has it, an int k >= 1: at the k-th step of the
+    round, waiting there for it; each rank keeps its progress since the boundary on top of the
+    new anchor; host tensors, replicated outer state).
 
     Lifecycle: register tensors (register) or adopt one flat storage and declare its segments
     (adopt_flat, add_segment); commit() (collective: every rank gets rank 0's values); then per

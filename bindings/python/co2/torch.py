@@ -664,7 +664,7 @@ def distribute(module: torch.nn.Module, optimizer: Optional[torch.optim.Optimize
     sync: bucket_mb sizes the gradient buckets averaged during backward; reduce_in_backward=False
     averages in optimizer.step instead.
     Engine keywords (tau, outer_lr, outer_momentum, nesterov, penalty, clip, eager,
-    wire_format, shard_outer_state, hierarchy, ...) keep
+    wire_format, shard_outer_state, hierarchy, apply_step, ...) keep
     the C API's defaults when left out. Collective: every rank calls it with the same model.
     hierarchy="nodes" (co2 only): sync inside a node, co2 across nodes (nodes from the launcher:
     co2run --nnodes, torchrun, srun); intra_node_average="co2" averages the gradients inside the

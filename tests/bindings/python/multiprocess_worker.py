@@ -1,16 +1,19 @@
 """One rank of test_multiprocess.py, launched as a real process with the launcher's environment
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as co2run and torchrun set them).
 
-    multiprocess_worker.py train ALGORITHM OUT_DIR
+    multiprocess_worker.py train ALGORITHM OUT_DIR [APPLY_STEP]
     multiprocess_worker.py checkpoint ALGORITHM PHASE OUT_DIR    (PHASE: full, first, second)
     multiprocess_worker.py rank0_saves OUT_DIR     (the DDP habit: only rank 0 calls state_dict)
     multiprocess_worker.py uneven join|nojoin OUT_DIR     (the last rank is 5 batches short)
     multiprocess_worker.py portable LAYOUT PHASE OUT_DIR     (LAYOUT: sharded, nodes, one_node;
         PHASE: save, plain, finalized, resumed; see test_multiprocess.py)
+    multiprocess_worker.py apply_step VALUE OUT_DIR     (VALUE: arrival, or a step k)
+    multiprocess_worker.py arrival_finalize OUT_DIR
 """
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -25,9 +28,12 @@ TOTAL_STEPS, CUT = 17, 7          # tau 3: step 7 is mid-round
 MISUSE_TIMEOUT_MS = 20000
 
 
-def train(algorithm, out):
+def train(algorithm, out, apply_step=None):
     comm = co2.Communicator.from_env()
-    result = digits.train_co2(algorithm, comm, digits.load_digits(), seed=0)
+    # apply_step: at tau 6, where a step k = 2 falls inside the round (digits' co2 tau is 2)
+    config = {} if apply_step is None else \
+        {"tau": 6, "apply_step": apply_step if apply_step == "arrival" else int(apply_step)}
+    result = digits.train_co2(algorithm, comm, digits.load_digits(), seed=0, **config)
     np.save(os.path.join(out, f"params{comm.rank}.npy"), result.pop("parameters"))
     if comm.rank == 0:
         with open(os.path.join(out, "result.json"), "w") as f:
@@ -151,16 +157,83 @@ def portable(layout, phase, out):
     comm.close()
 
 
+# tau 6: the anchor read 27 steps in, after four averages, the last one's round 3 steps in;
+# finalize() at the boundary of step 30 (arrival_finalize: mid-round).
+APPLY_TAU, APPLY_READ, APPLY_STEPS = 6, 27, 30
+# Each step lasts at least this: a loopback all-reduce of the tiny model arrives within a few
+# steps, so "arrival" applies averages between boundaries (a busy machine may delay some).
+APPLY_STEP_S = 0.005
+
+
+def apply_step(value, out):
+    """co2, eager, apply_step "arrival" or k. Writes anchor{rank}.npy (the anchor 3 steps into
+    the fifth round), stats{rank}.json (the engine's statistics then) and params{rank}.npy (the
+    parameters after finalize())."""
+    comm = co2.Communicator.from_env(timeout_ms=MISUSE_TIMEOUT_MS)
+    rank = comm.rank
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = co2.torch.distribute(model, optimizer, comm=comm, tau=APPLY_TAU, eager=True,
+                                   apply_step=value if value == "arrival" else int(value))
+    for step in range(APPLY_STEPS):
+        if step == APPLY_READ:
+            np.save(os.path.join(out, f"anchor{rank}.npy"), trainer.engine.consensus("anchor"))
+            with open(os.path.join(out, f"stats{rank}.json"), "w") as f:
+                json.dump(trainer.stats(), f)
+        started = time.perf_counter()
+        train_steps(model, optimizer, rank, step, step + 1)
+        time.sleep(max(0.0, APPLY_STEP_S - (time.perf_counter() - started)))
+    trainer.finalize()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+    np.save(os.path.join(out, f"params{rank}.npy"), flat)
+    trainer.close()
+    comm.close()
+
+
+def arrival_finalize(out):
+    """apply_step "arrival", tau 6: finalize() one step after the boundary at step 24, rank 0
+    having seen that boundary's average arrive at that step and rank 1 not (rank 0 reaches the
+    boundary 0.3 s late, and takes the next step 0.3 s after it; a 16 MB parameter that trains
+    nothing makes the all-reduce last longer than rank 1's next step). Writes result{rank}.json:
+    the error, or params (after finalize())."""
+    comm = co2.Communicator.from_env(timeout_ms=MISUSE_TIMEOUT_MS)
+    rank = comm.rank
+    model = tiny_model(0)
+    model.register_parameter("ballast", torch.nn.Parameter(torch.zeros(4_000_000)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = co2.torch.distribute(model, optimizer, comm=comm, tau=APPLY_TAU, eager=True,
+                                   apply_step="arrival")
+    result = {}
+    try:
+        for step in range(4 * APPLY_TAU + 1):
+            if rank == 0 and step >= 4 * APPLY_TAU - 1:
+                time.sleep(0.3)
+            train_steps(model, optimizer, rank, step, step + 1)
+        trainer.finalize()
+        result["params"] = torch.cat([p.detach().flatten() for name, p in
+                                      model.named_parameters() if name != "ballast"]).tolist()
+    except co2.Error as exc:
+        result["error"] = str(exc)
+    with open(os.path.join(out, f"result{rank}.json"), "w") as f:
+        json.dump(result, f)
+    trainer.close(_warn=False)
+    comm.close()
+
+
 def main(argv):
     torch.set_num_threads(1)
     if argv[0] == "train":
-        train(argv[1], argv[2])
+        train(*argv[1:])
     elif argv[0] == "uneven":
         uneven(argv[1], argv[2])
     elif argv[0] == "rank0_saves":
         rank0_saves(argv[1])
     elif argv[0] == "portable":
         portable(argv[1], argv[2], argv[3])
+    elif argv[0] == "apply_step":
+        apply_step(argv[1], argv[2])
+    elif argv[0] == "arrival_finalize":
+        arrival_finalize(argv[1])
     elif argv[0] == "checkpoint":
         checkpoint(argv[1], argv[2], argv[3])
     else:

@@ -246,6 +246,48 @@ def test_engine_keywords_take_exactly_the_documented_values(monkeypatch):
         assert len(seen) == calls, "a refused value reached the C API"
 
 
+def test_apply_step_takes_boundary_arrival_or_a_step(monkeypatch):
+    """apply_step (1.2): "boundary" (the default), "arrival", a step k >= 1 or the C constants
+    reach co2_engine_config_t; anything else raises naming the choices before C sees it; what
+    C refuses (another algorithm than co2, sharded outer state) it refuses naming apply_step.
+    The statistics carry arrival_updates and last_apply_step."""
+    assert co2.engine_defaults()["apply_step"] == capi.CO2_APPLY_AT_BOUNDARY == 0
+    assert capi.CO2_APPLY_ON_ARRIVAL == -1
+    with local_comm(0, 1, unique_group()) as comm:
+        with pytest.raises(co2.InvalidArgumentError, match="apply_step"):
+            co2.Engine(comm, algorithm="diloco", apply_step=2)
+        with co2.Engine(comm, apply_step="arrival", shard_outer_state=True) as engine:
+            engine.register("w", np.zeros(8, np.float32))
+            with pytest.raises(co2.UnsupportedError, match="apply_step"):
+                engine.commit()
+        with co2.Engine(comm, tau=4, apply_step=2) as engine:
+            engine.register("w", np.zeros(8, np.float32))
+            engine.commit()
+            for _ in range(7):
+                engine.step()
+            stats = engine.stats()
+            raw = capi.engine_get_stats(engine.handle)
+            assert (stats["arrival_updates"], stats["last_apply_step"]) == \
+                (raw.arrival_updates, raw.last_apply_step) == (1, 2)
+        seen = _capture_whole_engine_config(monkeypatch)
+        for value, expected in [("boundary", 0), ("arrival", -1), (1, 1), (np.int64(6), 6),
+                                (capi.CO2_APPLY_ON_ARRIVAL, -1), (0, 0)]:
+            with pytest.raises(_Captured):
+                co2.Engine(comm, apply_step=value)
+            assert seen[-1]["apply_step"] == expected, value
+        with pytest.raises(_Captured):
+            co2.torch.distribute(torch.nn.Linear(3, 2), comm=comm, apply_step="arrival")
+        assert seen[-1]["apply_step"] == -1
+        calls = len(seen)
+        choices = r"apply_step is 'boundary', 'arrival' or a step k >= 1"
+        for value, error in [("soon", co2.InvalidArgumentError), ("Arrival ", ValueError),
+                             (-2, co2.InvalidArgumentError), (2 ** 31, ValueError),
+                             (2.0, TypeError), (True, TypeError), ([1], TypeError)]:
+            with pytest.raises(error, match=choices):
+                co2.Engine(comm, apply_step=value)
+        assert len(seen) == calls, "a refused value reached the C API"
+
+
 def test_other_c_fields_take_exactly_the_documented_values():
     """The same rule for the communicator's options and the engine's other calls."""
     group = unique_group()

@@ -77,6 +77,10 @@ def with_torch(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None
 
     co2.torch.distribute(model, tau=2.5)                    # error: [arg-type]
     co2.torch.distribute(model, intra_node_average="ddp")   # error: [arg-type]
+    co2.torch.distribute(model, apply_step="arrival")
+    co2.torch.distribute(model, apply_step=3)
+    co2.torch.distribute(model, apply_step="soon")          # error: [arg-type]
+    assert_type(trainer.stats()["arrival_updates"], int)
     co2.torch.distribute(model, buffers={"bn": "sum"})      # error: [dict-item]
     co2.torch.distribute(optimizer)                         # error: [arg-type]
     trainer.finalize(True)                                  # error: [call-arg]
