@@ -489,7 +489,6 @@ bool co2_boundary(S& s) {
   if (deltas == DeltasFinite::No) ++s.stats.nonfinite_local;
   check_anchor_when_due(s);
   b.submit_average();
-  begin_arrival_round(s);
   return !arrival.have || arrival.finite;
 }
 
@@ -793,6 +792,7 @@ bool Engine::step(void* stream) {
   s.backend->fold_reports(/*wait=*/false);
   const bool applied = boundary_of_algorithm(s);
   observe_round(s);  // on every rank, applied or not: the agreements stay paired
+  begin_arrival_round(s);  // from the timings the ranks agreed on up to this boundary
   if (!applied) throw_nonfinite();
   return true;
 }

@@ -201,10 +201,10 @@ class Engine(OwnsHandle):
     "flat" ("nodes": sync inside a node — average every step's gradients with reduce_gradients
     or the framework's own data parallelism over the node's ranks —, co2 across nodes, outer
     state sharded over a node's ranks; nodes as Communicator.split_nodes forms them),
-    apply_step "boundary" (co2 applies a round's average at the next boundary; "arrival": at
-    the step the ranks agree on once every rank has it, an int k >= 1: at the k-th step of the
-    round, waiting there for it; each rank keeps its progress since the boundary on top of the
-    new anchor; host tensors, replicated outer state).
+    apply_step "boundary" (co2 applies a round's average at the next boundary; "arrival": one
+    step after it is due, by the step and all-reduce times the ranks agreed on; an int k >= 1:
+    at the k-th step of the round, waiting there for it; each rank keeps its progress since the
+    boundary on top of the new anchor; sharded outer state on CUDA tensors refuses it).
 
     Lifecycle: register tensors (register) or adopt one flat storage and declare its segments
     (adopt_flat, add_segment); commit() (collective: every rank gets rank 0's values); then per

@@ -158,8 +158,9 @@ def portable(layout, phase, out):
 
 
 # tau 6: the anchor read 27 steps in, after four averages, the last one's round 3 steps in;
-# finalize() at the boundary of step 30 (arrival_finalize: mid-round).
-APPLY_TAU, APPLY_READ, APPLY_STEPS = 6, 27, 30
+# finalize() at the boundary of step 48 (arrival_finalize: mid-round). "arrival" applies at the
+# boundary until the ranks agreed on measured step and all-reduce times (a few rounds).
+APPLY_TAU, APPLY_READ, APPLY_STEPS = 6, 45, 48
 # Each step lasts at least this: a loopback all-reduce of the tiny model arrives within a few
 # steps, so "arrival" applies averages between boundaries (a busy machine may delay some).
 APPLY_STEP_S = 0.005
@@ -167,7 +168,7 @@ APPLY_STEP_S = 0.005
 
 def apply_step(value, out):
     """co2, eager, apply_step "arrival" or k. Writes anchor{rank}.npy (the anchor 3 steps into
-    the fifth round), stats{rank}.json (the engine's statistics then) and params{rank}.npy (the
+    the eighth round), stats{rank}.json (the engine's statistics then) and params{rank}.npy (the
     parameters after finalize())."""
     comm = co2.Communicator.from_env(timeout_ms=MISUSE_TIMEOUT_MS)
     rank = comm.rank

@@ -249,26 +249,23 @@ def test_engine_keywords_take_exactly_the_documented_values(monkeypatch):
 def test_apply_step_takes_boundary_arrival_or_a_step(monkeypatch):
     """apply_step (1.2): "boundary" (the default), "arrival", a step k >= 1 or the C constants
     reach co2_engine_config_t; anything else raises naming the choices before C sees it; what
-    C refuses (another algorithm than co2, sharded outer state) it refuses naming apply_step.
-    The statistics carry arrival_updates and last_apply_step."""
+    C refuses (another algorithm than co2) it refuses naming apply_step; sharded outer state
+    takes it. The statistics carry arrival_updates and last_apply_step."""
     assert co2.engine_defaults()["apply_step"] == capi.CO2_APPLY_AT_BOUNDARY == 0
     assert capi.CO2_APPLY_ON_ARRIVAL == -1
     with local_comm(0, 1, unique_group()) as comm:
         with pytest.raises(co2.InvalidArgumentError, match="apply_step"):
             co2.Engine(comm, algorithm="diloco", apply_step=2)
-        with co2.Engine(comm, apply_step="arrival", shard_outer_state=True) as engine:
-            engine.register("w", np.zeros(8, np.float32))
-            with pytest.raises(co2.UnsupportedError, match="apply_step"):
+        for sharded in (False, True):
+            with co2.Engine(comm, tau=4, apply_step=2, shard_outer_state=sharded) as engine:
+                engine.register("w", np.zeros(8, np.float32))
                 engine.commit()
-        with co2.Engine(comm, tau=4, apply_step=2) as engine:
-            engine.register("w", np.zeros(8, np.float32))
-            engine.commit()
-            for _ in range(7):
-                engine.step()
-            stats = engine.stats()
-            raw = capi.engine_get_stats(engine.handle)
-            assert (stats["arrival_updates"], stats["last_apply_step"]) == \
-                (raw.arrival_updates, raw.last_apply_step) == (1, 2)
+                for _ in range(7):
+                    engine.step()
+                stats = engine.stats()
+                raw = capi.engine_get_stats(engine.handle)
+                assert (stats["arrival_updates"], stats["last_apply_step"]) == \
+                    (raw.arrival_updates, raw.last_apply_step) == (1, 2)
         seen = _capture_whole_engine_config(monkeypatch)
         for value, expected in [("boundary", 0), ("arrival", -1), (1, 1), (np.int64(6), 6),
                                 (capi.CO2_APPLY_ON_ARRIVAL, -1), (0, 0)]:
