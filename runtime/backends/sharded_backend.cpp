@@ -32,7 +32,6 @@
 #include "runtime/outer/boundary_pass.hpp"
 #include "runtime/base/checksum.hpp"
 #include "runtime/collectives/collectives.hpp"
-#include "runtime/engine/arrival.hpp"
 #include "runtime/engine/engine_state.hpp"
 #include "runtime/base/log.hpp"
 
@@ -111,7 +110,7 @@ class ShardedBackend final : public Backend {
   // apply_step takes each rank's progress from where its round started: the round start too.
   void allocate_eager_state() {
     const S& s = s_;
-    if (co2::applies_on_arrival(s) && round_start_.empty()) round_start_ = FloatBuffer(s.state_count);
+    if (s.config.apply_step != kApplyAtBoundary && round_start_.empty()) round_start_ = FloatBuffer(s.state_count);
     if (!s.eager()) return;
     const size_t per_rank = s.hierarchical() ? mine_.count() : s.state_count;
     if (s.hierarchical() && eager_offset_.empty()) eager_offset_ = FloatBuffer(per_rank);
