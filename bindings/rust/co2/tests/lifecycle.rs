@@ -316,7 +316,7 @@ fn apply_step_applies_the_average_between_boundaries() {
                 for (i, p) in engine.tensor_mut(tw).iter_mut().enumerate() {
                     *p -= 0.01 * ((i + step + rank as usize * 5) % 7) as f32;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(2));
+                std::thread::sleep(std::time::Duration::from_millis(5));
                 engine.step().unwrap();
             }
             let stats = engine.stats().unwrap();  // before finalize, which applies at a boundary
