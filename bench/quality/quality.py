@@ -4,7 +4,8 @@ of examples/python/lm (docs/quality.md).
 
     quality.py [--quick] [--seeds 3] [--steps 480] [--out DIR]
         Every configuration (torch DDP over gloo; co2 sync; localsgd, diloco, co2 with penalty
-        none/constant 2/gap x clip none/norm, co2 + eager, each at tau 12 and 48) trains the
+        none/constant 2/gap x clip none/norm, co2 + eager, co2 + eager applying its average on
+        arrival, each at tau 12 and 48) trains the
         same model from the same initial weights on the same data for the same number of
         steps, W ranks on loopback. Prints final validation loss mean +- std over seeds, the
         ratio to DDP's, training wall time; writes DIR/quality.json, DIR/quality.png.
@@ -27,6 +28,14 @@ evaluations (every rank evaluates the same held-out windows) are taken out of it
         (hierarchy="nodes", the gradients averaged inside each node of W/K ranks every step by
         co2), both with the engine's defaults otherwise, at equal steps. Each rank gets
         GROUP_RANK = rank // (W/K), as co2run --nnodes K sets it. Writes DIR/quality_hierarchy.json.
+
+    quality.py --delays [--taus 12,48] [--seeds 3] [--merge-from DIR/quality_delays.json]
+        Quality against the delay of the average (docs/quality.md, "Quality against the delay
+        (apply on arrival)"): per tau, co2 delayed and eager at the boundary, eager and delayed
+        with apply_step k = 1, tau/4, tau/2 (the average applied k steps after its boundary),
+        eager with apply_step "arrival"; the loss over DDP's of the same seed against k / tau.
+        Writes DIR/quality_delays.json after every seed; --merge-from adds an earlier run's
+        (another tau's) and skips what it measured.
 
 The eager outer policy is the engine key `eager`; in a build whose Python binding lacks it the
 eager rows are reported as unavailable.
@@ -113,6 +122,39 @@ def configurations(taus, quick=False):
                 configs.append((f"co2 t{tau} {penalty}/{clip}", "co2",
                                 {"tau": tau, **pconfig, "clip": clip, "eager": False}))
         configs.append((f"co2+eager t{tau}", "co2", {"tau": tau, "eager": True}))
+        configs.append((f"co2+arrival t{tau}", "co2", arrival(tau)))
+    return configs
+
+
+def arrival(tau):
+    """co2 + eager applying each average at the step the ranks agree on once it arrived, over
+    the real transport (the launch's: loopback, or the shaped link of --links)."""
+    return {"tau": tau, "eager": True, "apply_step": "arrival"}
+
+
+def delay_steps(tau):
+    """The apply steps k of --delays: 1 step, tau/4 and tau/2 after the boundary."""
+    return sorted({1, max(1, tau // 4), max(1, tau // 2)})
+
+
+def delay_name(tau, k, eager):
+    return f"co2{'+eager' if eager else ''} t{tau} k{k}"
+
+
+def delay_configurations(taus):
+    """Quality against the delay of the average (--delays; docs/quality.md, "Quality against
+    the delay (apply on arrival)"). apply_step=k applies a boundary's average k steps after it:
+    what "arrival" gives on a link whose all-reduce takes about k - 1 steps; k = tau is the
+    boundary. Per tau: delayed and eager at the boundary, eager with apply_step k for each
+    delay_steps(tau), the same without eager, and eager with apply_step "arrival" on loopback."""
+    configs = [("ddp", "ddp", {})]
+    for tau in taus:
+        configs += [(f"co2 t{tau} delayed", "co2", {"tau": tau, "eager": False}),
+                    (f"co2+eager t{tau}", "co2", {"tau": tau, "eager": True})]
+        for eager in (True, False):
+            configs += [(delay_name(tau, k, eager), "co2",
+                         {"tau": tau, "eager": eager, "apply_step": k}) for k in delay_steps(tau)]
+        configs.append((f"co2+arrival t{tau}", "co2", arrival(tau)))
     return configs
 
 
@@ -181,17 +223,26 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_all(args, configs, prefix=None, rate="none"):
-    runs = []
+def run_all(args, configs, prefix=None, rate="none", earlier=(), after_seed=None):
+    """Every configuration for every seed, but those `earlier` runs (--merge-from) measured
+    already; `after_seed(runs so far)` after each launch, so that an interrupted run keeps what
+    it measured."""
+    runs = list(earlier)
     for seed in args.seed_list:
+        done = {r["name"] for r in runs if r["seed"] == seed and r["rate"] == rate}
+        todo = [c for c in configs if c[0] not in done]
+        if not todo:
+            continue
         started = time.monotonic()
-        lines = launch_seed(args, seed, configs, prefix, rate)
+        lines = launch_seed(args, seed, todo, prefix, rate)
         for r in lines:
             log(f"  {rate} seed {seed} {r['name']:<26} " + (
                 f"unavailable: {r['unavailable']}" if "unavailable" in r else
                 f"validation {r['final_loss']:.4f}  {r['wall_s']:.1f} s"))
         log(f"  seed {seed}: {time.monotonic() - started:.0f} s")
         runs += lines
+        if after_seed:
+            after_seed(runs)
     return runs
 
 
@@ -226,6 +277,65 @@ def print_table(table, out=sys.stdout, base_label="DDP"):
         ratio = f"{row['ratio_to_ddp']:.4f}" if "ratio_to_ddp" in row else "-"
         print(f"{name:<26} {row['runs']:>4} {row['loss_mean']:>9.4f} ± {row['loss_std']:<6.4f} "
               f"{ratio:>7} {row['wall_mean_s']:>8.1f}", file=out)
+
+
+def paired_ratios(runs, name, base="ddp"):
+    """Per seed: the configuration's final loss over the base's of the same seed."""
+    base_loss = {r["seed"]: r["final_loss"] for r in runs
+                 if r["name"] == base and "unavailable" not in r}
+    return [r["final_loss"] / base_loss[r["seed"]] for r in runs
+            if r["name"] == name and "unavailable" not in r and r["seed"] in base_loss]
+
+
+def delay_table(runs, taus):
+    """--delays, per tau: final loss over DDP's of the same seed (mean, std over seeds) against
+    the delay from a boundary to the application of its average. Columns: apply_step k for each
+    delay_steps(tau), then tau (the boundary, where eager + k is the eager row and k without
+    eager the delayed one); the arrival row: what "arrival" gave on loopback."""
+    table = {}
+    for tau in taus:
+        ks = delay_steps(tau)
+        delayed, eager = f"co2 t{tau} delayed", f"co2+eager t{tau}"
+        rows = {"delayed": [None] * len(ks) + [delayed], "eager": [None] * len(ks) + [eager],
+                "eager + apply_step k": [delay_name(tau, k, True) for k in ks] + [eager],
+                "apply_step k, no eager": [delay_name(tau, k, False) for k in ks] + [delayed]}
+        cells = {}
+        for row, names in rows.items():
+            cells[row] = []
+            for name in names:
+                ratios = paired_ratios(runs, name) if name else []
+                cells[row].append({"config": name, "runs": len(ratios),
+                                   "ratio_mean": statistics.mean(ratios),
+                                   "ratio_std": statistics.stdev(ratios) if len(ratios) > 1
+                                   else 0.0} if ratios else None)
+        mine = [r for r in runs if r["name"] == f"co2+arrival t{tau}" and "unavailable" not in r]
+        ratios = paired_ratios(runs, f"co2+arrival t{tau}")
+        measured = {"runs": len(ratios),
+                    "ratio_mean": statistics.mean(ratios) if ratios else None,
+                    "ratio_std": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+                    "arrival_updates": [r.get("arrival_updates") for r in mine],
+                    "rounds": [r.get("rounds") for r in mine],
+                    "last_apply_step": [r.get("last_apply_step") for r in mine]}
+        table[tau] = {"apply_steps": ks, "rows": cells, "arrival": measured}
+    return table
+
+
+def print_delay_table(table, out=sys.stdout):
+    for tau, entry in table.items():
+        labels = [("1 step" if k == 1 else f"tau/{tau // k} (k={k})" if tau % k == 0
+                   else f"k={k}") for k in entry["apply_steps"]] + ["tau (boundary)"]
+        print(f"\ntau {tau}: final validation loss / DDP's of the same seed, mean ± std over "
+              f"seeds, against the delay from a boundary to the application of its average",
+              file=out)
+        print(f"{'policy':<24}" + "".join(f"{label:>19}" for label in labels), file=out)
+        for row, cells in entry["rows"].items():
+            text = [f"{c['ratio_mean']:.4f} ± {c['ratio_std']:.4f}" if c else "-" for c in cells]
+            print(f"{row:<24}" + "".join(f"{t:>19}" for t in text), file=out)
+        got = entry["arrival"]
+        if got["runs"]:
+            print(f"eager + arrival (loopback): {got['ratio_mean']:.4f} ± {got['ratio_std']:.4f}; "
+                  f"averages applied between boundaries per seed {got['arrival_updates']} of "
+                  f"{got['rounds']} rounds, the last at step {got['last_apply_step']}", file=out)
 
 
 def reach(curve, target, key):
@@ -425,6 +535,12 @@ def parse_args(argv):
     ap.add_argument("--wire-formats", action="store_true",
                     help="co2+eager at the first of --taus with each wire format (fp32, bf16, "
                          "int8), with and without error feedback, against fp32")
+    ap.add_argument("--delays", action="store_true",
+                    help="quality against the delay of the average: delayed and eager at the "
+                         "boundary, eager and delayed with apply_step k (1, tau/4, tau/2), "
+                         "eager with apply_step 'arrival', at each of --taus")
+    ap.add_argument("--merge-from", help="an earlier run's JSON of the same mode: its runs join "
+                                         "this one's, and what it measured is not run again")
     ap.add_argument("--nodes", type=int, default=1,
                     help="K >= 2: flat against hierarchical co2 with the W ranks in K nodes")
     ap.add_argument("--only", help="comma-separated configuration names (as in the table)")
@@ -473,6 +589,7 @@ def main(argv):
     configs = (tuning_configurations(args.taus[0]) if args.tune
                else wire_configurations(args.taus[0]) if args.wire_formats
                else hierarchy_configurations(args.taus) if args.nodes > 1
+               else delay_configurations(args.taus) if args.delays
                else configurations(args.taus, args.quick))
     if args.only:
         wanted = set(args.only.split(","))
@@ -492,31 +609,66 @@ def main(argv):
         return links_report(args, configs, [c[0] for c in configs], saved["runs"])
     if args.links:
         return links_main(args, configs, names)
-    started = time.monotonic()
-    runs = run_all(args, configs)
-    base = names[0] if args.wire_formats else "ddp"
-    table = summarize(runs, names, base)
-    if args.nodes > 1:
-        # Each row against the first (flat) row of its tau.
-        table = {}
-        for tau in args.taus:
-            mine = [n for n in names if n.startswith(f"co2 t{tau} ")]
-            if mine:
-                table.update(summarize(runs, mine, mine[0]))
-    import model
-    size = model.SIZES[args.size]
-    print(f"# LM quality, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.size} "
-          f"({size.parameters():,} parameters, batch {args.batch or size.batch} x "
-          f"{size.context} bytes per rank), W={args.world}, {args.steps} steps, seeds "
-          f"{args.seed_list}; {time.monotonic() - started:.0f} s")
-    print_table(table, base_label="fp32" if args.wire_formats else "flat" if args.nodes > 1 else "DDP")
-    os.makedirs(args.out, exist_ok=True)
+    earlier = []
+    if args.merge_from:
+        with open(args.merge_from) as f:
+            saved = json.load(f)
+        if (saved["steps"], saved["size"], saved["world"]) != (args.steps, args.size, args.world):
+            log(f"--merge-from {args.merge_from}: {saved['steps']} steps, {saved['size']}, "
+                f"W={saved['world']}, not this run's")
+            return 2
+        earlier = saved["runs"]
+    if args.delays:
+        # The rows of every tau measured, this run's and the merged ones, in table order.
+        taus = sorted(set(args.taus) | {r["engine_config"]["tau"] for r in earlier
+                                        if "tau" in r.get("engine_config", {})})
+        measured = {c[0] for c in configs} | {r["name"] for r in earlier}
+        names = [c[0] for c in delay_configurations(taus) if c[0] in measured]
     stem = ("quality_tune" if args.tune else "quality_wire" if args.wire_formats
-            else "quality_hierarchy" if args.nodes > 1 else "quality")
-    with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "steps": args.steps, "size": args.size,
-                   "world": args.world, "nodes": args.nodes, "seeds": args.seed_list, "summary": table,
-                   "runs": runs}, f, indent=1)
+            else "quality_hierarchy" if args.nodes > 1 else "quality_delays" if args.delays
+            else "quality")
+    started, load_before = time.monotonic(), os.getloadavg()
+
+    def report(runs, partial):
+        """The tables of `runs`: printed at the end, written (JSON) after every seed."""
+        base = names[0] if args.wire_formats else "ddp"
+        table = summarize(runs, names, base)
+        if args.nodes > 1:
+            # Each row against the first (flat) row of its tau.
+            table = {}
+            for tau in args.taus:
+                mine = [n for n in names if n.startswith(f"co2 t{tau} ")]
+                if mine:
+                    table.update(summarize(runs, mine, mine[0]))
+        delays = delay_table(runs, taus) if args.delays else None
+        load = {"start": load_before, "end": os.getloadavg()}
+        if not partial:
+            import model
+            size = model.SIZES[args.size]
+            print(f"# LM quality, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+                  f"{args.size} ({size.parameters():,} parameters, batch "
+                  f"{args.batch or size.batch} x {size.context} bytes per rank), W={args.world}, "
+                  f"{args.steps} steps, seeds {sorted({r['seed'] for r in runs})}; "
+                  f"{time.monotonic() - started:.0f} s")
+            # Other jobs on the machine slow the runs, not their quality (equal steps).
+            print("# load average (1, 5, 15 min): start " +
+                  ", ".join(f"{x:.2f}" for x in load["start"]) + "; end " +
+                  ", ".join(f"{x:.2f}" for x in load["end"]))
+            print_table(table, base_label="fp32" if args.wire_formats
+                        else "flat" if args.nodes > 1 else "DDP")
+            if delays:
+                print_delay_table(delays)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, stem + ".json"), "w") as f:
+            json.dump({"command": " ".join(sys.argv), "steps": args.steps, "size": args.size,
+                       "world": args.world, "nodes": args.nodes,
+                       "seeds": sorted({r["seed"] for r in runs}), "partial": partial,
+                       "load_average": load, "summary": table,
+                       **({"delays": {str(t): d for t, d in delays.items()}} if delays else {}),
+                       "runs": runs}, f, indent=1)
+
+    runs = run_all(args, configs, earlier=earlier, after_seed=lambda runs: report(runs, True))
+    report(runs, False)
     if not args.no_plot:
         plot(runs, names, os.path.join(args.out, stem + ".png"), ["step", "seconds"],
              f"{args.size} LM, W={args.world}, {args.steps} steps")

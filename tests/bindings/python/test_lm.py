@@ -85,5 +85,34 @@ def test_quality_quick(tmp_path):
         assert summary[name]["loss_mean"] < 5.55 - MIN_DECREASE / 2, summary
     eager = summary["co2+eager t4"]
     assert "unavailable" in eager or math.isfinite(eager["loss_mean"])
+    assert summary["co2+arrival t4"]["loss_mean"] < 5.55 - MIN_DECREASE / 2, summary
     assert "ratio_to_ddp" in summary["co2 t4 none/none"]
     assert "co2 t4 none/none" in proc.stdout
+
+
+def test_quality_delays_quick(tmp_path):
+    """--delays on the tiny model at tau 4 (apply steps 1 and 2), one seed, then again with
+    --merge-from: every cell of the delay table is filled and trained, the apply steps were
+    applied between boundaries, and the merged run measures nothing twice."""
+    build = os.environ["CO2_BUILD_ROOT"]
+    env = launch_env()
+    command = [sys.executable, QUALITY, "--quick", "--delays", "--no-plot", "--build", build,
+               "--out", str(tmp_path)]
+    run(command + ["--port", str(two_free_ports())], env)
+    saved = json.loads((tmp_path / "quality_delays.json").read_text())
+    assert not saved["partial"] and len(saved["load_average"]["end"]) == 3
+    table = saved["delays"]["4"]
+    assert table["apply_steps"] == [1, 2]
+    for row in ("eager + apply_step k", "apply_step k, no eager"):
+        assert [cell["runs"] for cell in table["rows"][row]] == [1, 1, 1], row
+    assert table["rows"]["delayed"][:2] == [None, None] and table["rows"]["delayed"][2]["runs"]
+    assert len(saved["runs"]) == 8                   # DDP and the 7 co2 rows
+    for result in saved["runs"]:
+        assert result["final_loss"] < 5.55 - MIN_DECREASE / 2, result
+        if result["engine_config"].get("apply_step") in (1, 2):
+            assert result["arrival_updates"] > 0, result
+    merged = run(command + ["--port", str(two_free_ports()), "--merge-from",
+                            str(tmp_path / "quality_delays.json")], env)
+    again = json.loads((tmp_path / "quality_delays.json").read_text())
+    assert again["runs"] == saved["runs"]
+    assert "tau 4: final validation loss / DDP's" in merged.stdout
