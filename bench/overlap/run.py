@@ -42,7 +42,7 @@ DIGITS = os.path.join(HERE, "digits_rank.py")
 # Hidden widths whose step time is calibrated; the digits table picks its model among them.
 DIGITS_WIDTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
-RATES_BITS = {"100mbit": 100e6, "1gbit": 1e9, "none": None}
+RATES_BITS = {"10mbit": 10e6, "100mbit": 100e6, "1gbit": 1e9, "none": None}
 # Uncapped veth carries about 2.8 Gbit/s of TCP here (iperf3, docs/benchmarks.md); the local
 # transport's link model without a cap is a memcpy.
 UNCAPPED_TCP_BYTES = 2.5e9 / 8
@@ -592,7 +592,7 @@ def plot(results, path, args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = list(RATES_BITS)
+    rates = [rate for rate in RATES_BITS if any(r["rate"] == rate for r in results)]
     xs = list(range(len(rates)))
     fig, axes = plt.subplots(1, len(args.taus), figsize=(4.2 * len(args.taus), 3.8), sharey=True)
     if len(args.taus) == 1:

@@ -109,6 +109,23 @@ def hierarchy_configurations(taus):
     return configs
 
 
+# --wall: the probe run that measures the tau advisor's figures before a "tau": "advised" run.
+PROBE_STEPS = 36
+PROBE_TAU = 12
+
+
+def wall_configurations(factor):
+    """Time to DDP's final loss where the link dominates DDP's step (--wall): DDP against co2's
+    defaults (eager at the boundary) at tau 12 and at the tau the advisor picks from a probe run,
+    fp32 and int8 on the wire. co2 trains `factor` x DDP's steps (its schedule over its own
+    steps): the question is when it reaches DDP's loss, not where it ends."""
+    more = {"train_steps_factor": factor}
+    return [("ddp", "ddp", {}),
+            ("co2 t12", "co2", {"tau": 12, **more}),
+            ("co2 advised", "co2", {"tau": "advised", **more}),
+            ("co2 advised int8", "co2", {"tau": "advised", "wire_format": "int8", **more})]
+
+
 def configurations(taus, quick=False):
     """[(name, algorithm, engine config)] in run order."""
     configs = [("ddp", "ddp", {}), ("sync", "sync", {})]
@@ -177,6 +194,8 @@ def rank_main(args):
     comm = co2.Communicator.from_env()
     gloo = False
     for name, algorithm, config in plan:
+        config = dict(config)
+        steps = round(args.steps * config.pop("train_steps_factor", 1))
         missing = [k for k in config if k not in co2.engine._CONFIG_KEYS]
         if missing:
             result = {"name": name, "unavailable": f"this co2 build has no engine key "
@@ -185,9 +204,20 @@ def rank_main(args):
             if algorithm == "ddp" and not gloo:
                 lm.init_gloo(rank, world)
                 gloo = True
-            result = lm.train(algorithm, data, args.seed, args.steps, comm=comm, rank=rank,
+            probe = None
+            if config.get("tau") == "advised":
+                # What a user does before a long job: a short run whose statistics carry the
+                # advisor's tau (agreed, the same on every rank); not part of the timed run.
+                probe = lm.train(algorithm, data, args.seed, PROBE_STEPS, comm=comm, rank=rank,
+                                 world=world, eval_every=PROBE_STEPS,
+                                 **{**config, "tau": PROBE_TAU})
+                config["tau"] = max(1, probe["advised_tau"] or PROBE_TAU)
+            result = lm.train(algorithm, data, args.seed, steps, comm=comm, rank=rank,
                               world=world, eval_every=args.eval_every, **config)
             result["name"] = name
+            if probe:
+                result["probe"] = {"steps": PROBE_STEPS, "tau": PROBE_TAU,
+                                   "wall_s": probe["wall_s"], "advised_tau": config["tau"]}
         if rank == 0:
             print(json.dumps(result), flush=True)
     comm.close()
@@ -353,18 +383,24 @@ def reach(curve, target, key):
 
 def time_to_target(runs, names, target):
     """Per configuration: mean seconds and steps to reach target over the seeds that reached
-    it (and how many did)."""
+    it (and how many did), and the ratio to DDP's seconds per seed (both reaching it)."""
     rows = {}
+    ddp_seconds = {r["seed"]: reach(r["curve"], target, "seconds")
+                   for r in runs if r["name"] == "ddp" and "unavailable" not in r}
     for name in names:
         done = [r for r in runs if r["name"] == name and "unavailable" not in r]
-        hits = [(reach(r["curve"], target, "seconds"), reach(r["curve"], target, "step"))
+        hits = [(reach(r["curve"], target, "seconds"), reach(r["curve"], target, "step"), r["seed"])
                 for r in done]
         hits = [h for h in hits if h[0] is not None]
+        ratios = [h[0] / ddp_seconds[h[2]] for h in hits if ddp_seconds.get(h[2])]
+        taus = sorted({r["probe"]["advised_tau"] for r in done if "probe" in r})
         rows[name] = {"runs": len(done), "reached": len(hits),
                       "final_loss": statistics.mean(r["final_loss"] for r in done) if done else None,
                       "wall_s": statistics.mean(r["wall_s"] for r in done) if done else None,
+                      "total_steps": done[0]["steps"] if done else None,
                       "seconds": statistics.mean(h[0] for h in hits) if hits else None,
-                      "steps": statistics.mean(h[1] for h in hits) if hits else None}
+                      "steps": statistics.mean(h[1] for h in hits) if hits else None,
+                      "seed_ratios": ratios, "advised_taus": taus}
     base = rows.get("ddp", {}).get("seconds")
     for row in rows.values():
         row["ratio_to_ddp"] = row["seconds"] / base if base and row["seconds"] else None
@@ -374,7 +410,7 @@ def time_to_target(runs, names, target):
 def print_time_table(rows, title, out=sys.stdout):
     print(title, file=out)
     print(f"{'configuration':<26} {'reached':>8} {'steps':>7} {'seconds':>8} {'/ DDP':>7}"
-          f"   {'final loss':>10} {'wall s':>7}  (all steps)", file=out)
+          f" {'per seed':>15}   {'final loss':>10} {'wall s':>7}  (all steps)", file=out)
     for name, row in rows.items():
         if not row["runs"]:
             print(f"{name:<26}  unavailable", file=out)
@@ -382,8 +418,13 @@ def print_time_table(rows, title, out=sys.stdout):
         steps = f"{row['steps']:.0f}" if row["steps"] is not None else "-"
         secs = f"{row['seconds']:.1f}" if row["seconds"] is not None else "-"
         ratio = f"{row['ratio_to_ddp']:.3f}" if row["ratio_to_ddp"] is not None else "-"
+        ratios = row.get("seed_ratios") or []
+        spread = (f"{statistics.mean(ratios):.3f} ± {statistics.stdev(ratios):.3f}"
+                  if len(ratios) > 1 else "-")
+        taus = f"  tau {','.join(map(str, row['advised_taus']))}" if row.get("advised_taus") else ""
         print(f"{name:<26} {row['reached']:>3}/{row['runs']:<4} {steps:>7} {secs:>8} {ratio:>7}"
-              f"   {row['final_loss']:>10.4f} {row['wall_s']:>7.1f}", file=out)
+              f" {spread:>15}   {row['final_loss']:>10.4f} {row['wall_s']:>7.1f}  "
+              f"({row['total_steps']}){taus}", file=out)
 
 
 def overlap_ratio(overlap_rows, world, rate, algorithm, tau):
@@ -484,7 +525,8 @@ def links_report(args, configs, names, runs):
         with open(args.overlap_json) as f:
             overlap_rows = json.load(f)["results"]
     report = {"command": " ".join(sys.argv), "steps": args.steps, "size": args.size,
-              "world": args.world, "seeds": args.seed_list, "links": {}, "runs": runs}
+              "batch": args.batch, "world": args.world, "seeds": args.seed_list,
+              "load_average_end": os.getloadavg(), "links": {}, "runs": runs}
     for rate in args.links:
         mine = [r for r in runs if r["rate"] == rate]
         ddp = summarize(mine, ["ddp"]).get("ddp", {})
@@ -508,10 +550,11 @@ def links_report(args, configs, names, runs):
                           f"{row['ratio_to_ddp']:.3f} of DDP")
         report["links"][rate] = entry
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "quality_links.json"), "w") as f:
+    stem = "quality_wall" if args.wall else "quality_links"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(report, f, indent=1)
     if runs and not args.no_plot:
-        plot(runs, names, os.path.join(args.out, "quality_links.png"), ["seconds"],
+        plot(runs, names, os.path.join(args.out, stem + ".png"), ["seconds"],
              f"{args.size} LM, W={args.world}")
     return 0 if report["links"] else 1
 
@@ -539,6 +582,12 @@ def parse_args(argv):
                     help="quality against the delay of the average: delayed and eager at the "
                          "boundary, eager and delayed with apply_step k (1, tau/4, tau/2), "
                          "eager with apply_step 'arrival', at each of --taus")
+    ap.add_argument("--wall", action="store_true",
+                    help="with --links: time to DDP's final loss, DDP against co2's defaults at "
+                         "tau 12 and at the advisor's tau (fp32, int8), co2 running "
+                         "--steps-factor x DDP's steps")
+    ap.add_argument("--steps-factor", type=float, default=2.0,
+                    help="--wall: co2's steps over DDP's")
     ap.add_argument("--merge-from", help="an earlier run's JSON of the same mode: its runs join "
                                          "this one's, and what it measured is not run again")
     ap.add_argument("--nodes", type=int, default=1,
@@ -577,6 +626,10 @@ def parse_args(argv):
             ap.error(f"--links: {rate} is not one of {', '.join(overlap.RATES_BITS)}")
     if args.nodes < 1 or args.world % args.nodes != 0:
         ap.error("--nodes must be >= 1 and divide --world")
+    if args.wall and not (args.links or args.runs_from):
+        ap.error("--wall needs --links (or --runs-from)")
+    if args.steps_factor <= 0:
+        ap.error("--steps-factor must be > 0")
     if args.steps < 1 or args.seeds < 1 or args.eval_every < 1:
         ap.error("--steps, --seeds and --eval-every must be >= 1")
     return args
@@ -586,7 +639,8 @@ def main(argv):
     args = parse_args(argv)
     if args.rank:
         return rank_main(args)
-    configs = (tuning_configurations(args.taus[0]) if args.tune
+    configs = (wall_configurations(args.steps_factor) if args.wall
+               else tuning_configurations(args.taus[0]) if args.tune
                else wire_configurations(args.taus[0]) if args.wire_formats
                else hierarchy_configurations(args.taus) if args.nodes > 1
                else delay_configurations(args.taus) if args.delays

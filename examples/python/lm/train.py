@@ -196,6 +196,7 @@ def train(algorithm, data, seed, steps, *, comm=None, rank=0, world=1, eval_ever
             "curve": curve,
             "boundary_wait_s": stats["boundary_wait_ns"] / 1e9 if stats else None,
             "rounds": stats["rounds"] if stats else None,
+            "advised_tau": stats.get("advised_tau") if stats else None,
             # co2's averages applied between boundaries (apply_step) and the step of the last
             "arrival_updates": stats.get("arrival_updates") if stats else None,
             "last_apply_step": stats.get("last_apply_step") if stats else None,
