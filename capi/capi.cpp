@@ -47,7 +47,8 @@ static_assert(CO2_ALGO_CO2 == int(co2::Algorithm::Co2) && CO2_ALGO_SYNC == int(c
 static_assert(CO2_PARAM_ANCHOR_CHECK_INTERVAL == int(co2::Param::AnchorCheckInterval), "param keys must agree");
 static_assert(CO2_ROLE_EXCLUDED == int(co2::Role::Excluded), "roles must agree");
 static_assert(CO2_WIRE_FP32 == int(co2::WireFormat::F32) && CO2_WIRE_BF16 == int(co2::WireFormat::BF16) &&
-                  CO2_WIRE_INT8 == int(co2::WireFormat::Int8), "wire formats must agree");
+                  CO2_WIRE_INT8 == int(co2::WireFormat::Int8) && CO2_WIRE_FP4 == int(co2::WireFormat::Fp4),
+              "wire formats must agree");
 static_assert(CO2_TRANSPORT_AUTO == int(co2::TransportKind::Auto) && CO2_TRANSPORT_LOCAL == int(co2::TransportKind::Local) &&
                   CO2_TRANSPORT_UCX == int(co2::TransportKind::Ucx) && CO2_TRANSPORT_NCCL == int(co2::TransportKind::Nccl),
               "transport kinds must agree");

@@ -29,8 +29,7 @@ class CompressedAllReduceSchedule final : public RingSchedule {
         buffer_(static_cast<float*>(buffer)),
         residual_(residual),
         segments_(segments),
-        block_elements_(chunk_elements(tuning, wire_element_bytes(wire_),
-                                       ceil_div(count_, size_t(ranks)))),
+        block_elements_(wire_chunk_elements(tuning, wire_, ceil_div(count_, size_t(ranks)))),
         encoded_bytes_(wire_bytes_bound(wire_, block_elements_, segments_)),
         steps_(step_count(phases, ranks)) {}
 

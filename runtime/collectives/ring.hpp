@@ -54,6 +54,12 @@ inline size_t chunk_elements(const Tuning& tuning, size_t element_bytes, size_t 
   return std::min(elements, std::max<size_t>(1, total_elements));
 }
 
+// The same for values of `format` on the wire (a chunk budget counts message bytes).
+inline size_t wire_chunk_elements(const Tuning& tuning, WireFormat format, size_t total_elements) {
+  const size_t elements = std::max<size_t>(1, tuning.chunk_bytes * 8 / wire_element_bits(format));
+  return std::min(elements, std::max<size_t>(1, total_elements));
+}
+
 inline size_t ceil_div(size_t value, size_t divisor) { return value / divisor + (value % divisor != 0); }
 
 struct Block {

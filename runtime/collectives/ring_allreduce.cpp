@@ -159,7 +159,7 @@ uint64_t ring_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
                          const Tuning& tuning, Phases phases, const SegmentStarts& segments = {}) {
   if (ranks <= 1 || count == 0) return 0;
   const size_t block_elements =
-      chunk_elements(tuning, wire_element_bytes(format), ceil_div(count, size_t(ranks)));
+      wire_chunk_elements(tuning, format, ceil_div(count, size_t(ranks)));
   const int first = first_step(phases, ranks);
   uint64_t bytes = 0;
   for (size_t chunk = 0; chunk < segment_count(count, ranks, block_elements); ++chunk)

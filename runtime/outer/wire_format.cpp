@@ -16,6 +16,7 @@ const char* wire_format_name(WireFormat format) {
     case WireFormat::F32: return "fp32";
     case WireFormat::BF16: return "bf16";
     case WireFormat::Int8: return "int8";
+    case WireFormat::Fp4: return "fp4";
   }
   return "unknown";
 }
@@ -23,16 +24,16 @@ const char* wire_format_name(WireFormat format) {
 WireFormat wire_format_of(int value) {
   require(value >= 0 && value < kWireFormats, Status::UnknownEnum,
           "unknown wire format " + std::to_string(value) +
-              " (expected CO2_WIRE_FP32, CO2_WIRE_BF16 or CO2_WIRE_INT8)");
+              " (expected CO2_WIRE_FP32, CO2_WIRE_BF16, CO2_WIRE_INT8 or CO2_WIRE_FP4)");
   return WireFormat(value);
 }
 
 namespace {
 
-// group(index, begin, end) for the int8 groups of the `count` values at element `offset` of
-// the reduced buffer, in order (see SegmentStarts).
+// group(index, begin, end) for the groups of at most `size` of the `count` values at element
+// `offset` of the reduced buffer, in order (see SegmentStarts).
 template <typename Group>
-void for_each_group(size_t count, const SegmentStarts& segments, size_t offset, Group&& group) {
+void for_each_group(size_t size, size_t count, const SegmentStarts& segments, size_t offset, Group&& group) {
   const size_t position = segments.origin + offset;
   const size_t* const last = segments.starts + segments.count;
   // The first segment start after the range's first element (so *cut - position >= 1).
@@ -40,18 +41,31 @@ void for_each_group(size_t count, const SegmentStarts& segments, size_t offset, 
   size_t index = 0;
   for (size_t begin = 0; begin < count; ++index) {
     while (cut != last && *cut - position <= begin) ++cut;
-    size_t end = std::min(count, begin + kInt8Group);
+    size_t end = std::min(count, begin + size);
     if (cut != last) end = std::min(end, *cut - position);
     group(index, begin, end);
     begin = end;
   }
 }
 
-size_t groups(size_t count, const SegmentStarts& segments, size_t offset) {
-  if (segments.count == 0) return count / kInt8Group + (count % kInt8Group != 0);
+size_t groups(size_t size, size_t count, const SegmentStarts& segments, size_t offset) {
+  if (segments.count == 0) return count / size + (count % size != 0);
   size_t n = 0;
-  for_each_group(count, segments, offset, [&](size_t, size_t, size_t) { ++n; });
+  for_each_group(size, count, segments, offset, [&](size_t, size_t, size_t) { ++n; });
   return n;
+}
+
+// A group's scale from the largest magnitude through the bits: for non-negative floats their
+// order is the integers' (an integer max vectorises, a float one does not without
+// -ffast-math), and any NaN or Inf is at least 0x7f800000.
+GroupScale scale_of_group(const float* in, size_t n, float top) {
+  uint32_t bits[kInt8Group];
+  std::memcpy(bits, in, n * sizeof(float));
+  uint32_t largest = 0;
+  for (size_t i = 0; i < n; ++i) largest = std::max(largest, bits[i] & 0x7fffffffu);
+  float absmax;
+  std::memcpy(&absmax, &largest, sizeof absmax);
+  return group_scale_of(absmax, largest < 0x7f800000u, top);
 }
 
 // Chunks through a local array: the loops over it vectorise, and the byte buffers (whose blocks
@@ -103,37 +117,26 @@ void decode_bf16(const std::byte* in, size_t count, float* out, bool accumulate)
 
 void encode_int8(const float* in, size_t count, std::byte* out, const Drops& drops, const SegmentStarts& segments,
                  size_t offset) {
-  std::byte* codes = out + groups(count, segments, offset) * sizeof(float);
-  for_each_group(count, segments, offset, [&](size_t g, size_t begin, size_t end) {
-    // The largest magnitude through the bits: for non-negative floats their order is the
-    // integers' (an integer max vectorises, a float one does not without -ffast-math), and any
-    // NaN or Inf is at least 0x7f800000.
-    uint32_t bits[kInt8Group];
-    std::memcpy(bits, in + begin, (end - begin) * sizeof(float));
-    uint32_t largest = 0;
-    for (size_t i = 0; i < end - begin; ++i) largest = std::max(largest, bits[i] & 0x7fffffffu);
-    const bool finite = largest < 0x7f800000u;
-    float absmax;
-    std::memcpy(&absmax, &largest, sizeof absmax);
-    const Int8Scale group_scale = int8_scale_of(absmax, finite);
-    const float scale = group_scale.scale, inverse = group_scale.inverse;
-    std::memcpy(out + g * sizeof(float), &scale, sizeof scale);
-    if (inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
+  std::byte* codes = out + groups(kInt8Group, count, segments, offset) * sizeof(float);
+  for_each_group(kInt8Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
+    const GroupScale group = scale_of_group(in + begin, end - begin, kInt8Top);
+    std::memcpy(out + g * sizeof(float), &group.scale, sizeof group.scale);
+    if (group.inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
       std::memset(codes + begin, 0, end - begin);
-      for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], 0.0f * scale);
+      for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], 0.0f * group.scale);
       return;
     }
     int8_t q[kInt8Group];
-    for (size_t i = begin; i < end; ++i) q[i - begin] = int8_code(in[i], inverse);
+    for (size_t i = begin; i < end; ++i) q[i - begin] = int8_code(in[i], group.inverse);
     std::memcpy(codes + begin, q, end - begin);
-    for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], int8_value(q[i - begin], scale));
+    for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], int8_value(q[i - begin], group.scale));
   });
 }
 
 void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate, const SegmentStarts& segments,
                  size_t offset) {
-  const std::byte* codes = in + groups(count, segments, offset) * sizeof(float);
-  for_each_group(count, segments, offset, [&](size_t g, size_t begin, size_t end) {
+  const std::byte* codes = in + groups(kInt8Group, count, segments, offset) * sizeof(float);
+  for_each_group(kInt8Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
     float scale;
     std::memcpy(&scale, in + g * sizeof(float), sizeof scale);
     int8_t q[kInt8Group];
@@ -147,30 +150,68 @@ void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate,
   });
 }
 
+// Value i of a range is nibble i of its codes: the low half of byte i / 2 when i is even. A
+// group may begin at an odd value (a segment start), so groups share bytes but not nibbles.
+uint8_t nibble(const std::byte* codes, size_t i) {
+  return uint8_t((std::to_integer<uint8_t>(codes[i / 2]) >> (i % 2 * 4)) & 0xfu);
+}
+
+void encode_fp4(const float* in, size_t count, std::byte* out, const Drops& drops, const SegmentStarts& segments,
+                size_t offset) {
+  std::byte* codes = out + groups(kFp4Group, count, segments, offset) * sizeof(float);
+  std::memset(codes, 0, (count + 1) / 2);
+  for_each_group(kFp4Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
+    const GroupScale group = scale_of_group(in + begin, end - begin, kFp4Top);
+    std::memcpy(out + g * sizeof(float), &group.scale, sizeof group.scale);
+    // A zero or non-finite group: inverse 0 codes every value as +0 (a NaN scale decodes NaN).
+    for (size_t i = begin; i < end; ++i) {
+      const uint8_t code = fp4_code(in[i], group.inverse);
+      codes[i / 2] |= std::byte(code << (i % 2 * 4));
+      if (drops.any()) drops.record(i, in[i], fp4_value(code, group.scale));
+    }
+  });
+}
+
+void decode_fp4(const std::byte* in, size_t count, float* out, bool accumulate, const SegmentStarts& segments,
+                size_t offset) {
+  const std::byte* codes = in + groups(kFp4Group, count, segments, offset) * sizeof(float);
+  for_each_group(kFp4Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
+    float scale;
+    std::memcpy(&scale, in + g * sizeof(float), sizeof scale);
+    for (size_t i = begin; i < end; ++i) {
+      const float value = fp4_value(nibble(codes, i), scale);
+      out[i] = accumulate ? value + out[i] : value;
+    }
+  });
+}
+
 }  // namespace
 
 size_t wire_bytes(WireFormat format, size_t count, const SegmentStarts& segments, size_t offset) {
   switch (format) {
     case WireFormat::F32: return count * sizeof(float);
     case WireFormat::BF16: return count * sizeof(uint16_t);
-    case WireFormat::Int8: return count + groups(count, segments, offset) * sizeof(float);
+    case WireFormat::Int8: return count + groups(kInt8Group, count, segments, offset) * sizeof(float);
+    case WireFormat::Fp4: return (count + 1) / 2 + groups(kFp4Group, count, segments, offset) * sizeof(float);
   }
   return 0;
 }
 
 size_t wire_bytes_bound(WireFormat format, size_t count, const SegmentStarts& segments) {
-  // Each segment start inside a range adds at most one group to the kInt8Group-aligned ones.
-  const size_t extra_scales = format == WireFormat::Int8 ? segments.count * sizeof(float) : 0;
+  // Each segment start inside a range adds at most one group to the aligned ones.
+  const bool grouped = format == WireFormat::Int8 || format == WireFormat::Fp4;
+  const size_t extra_scales = grouped ? segments.count * sizeof(float) : 0;
   return wire_bytes(format, count) + extra_scales;
 }
 
-size_t wire_element_bytes(WireFormat format) {
+size_t wire_element_bits(WireFormat format) {
   switch (format) {
-    case WireFormat::F32: return 4;
-    case WireFormat::BF16: return 2;
-    case WireFormat::Int8: return 1;
+    case WireFormat::F32: return 32;
+    case WireFormat::BF16: return 16;
+    case WireFormat::Int8: return 8;
+    case WireFormat::Fp4: return 4;
   }
-  return 4;
+  return 32;
 }
 
 void wire_encode(WireFormat format, const float* in, size_t count, std::byte* out, float* dropped,
@@ -185,6 +226,8 @@ void wire_encode(WireFormat format, const float* in, size_t count, std::byte* ou
       return encode_bf16(in, count, out, drops);
     case WireFormat::Int8:
       return encode_int8(in, count, out, drops, segments, offset);
+    case WireFormat::Fp4:
+      return encode_fp4(in, count, out, drops, segments, offset);
   }
 }
 
@@ -206,6 +249,8 @@ void wire_decode(WireFormat format, const std::byte* in, size_t count, float* ou
       return decode_bf16(in, count, out, accumulate);
     case WireFormat::Int8:
       return decode_int8(in, count, out, accumulate, segments, offset);
+    case WireFormat::Fp4:
+      return decode_fp4(in, count, out, accumulate, segments, offset);
   }
 }
 

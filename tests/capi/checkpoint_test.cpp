@@ -535,6 +535,15 @@ std::vector<RestartCase> restart_cases() {
     v.push_back(c);
   }
   {
+    RestartCase c{"co2_fp4_error_feedback_in_flight", base_config(CO2_ALGO_CO2, 2)};
+    c.cfg.wire_format = CO2_WIRE_FP4;
+    c.world = 3;
+    c.save_step = 6;
+    c.total = 14;
+    c.slow_link = true;
+    v.push_back(c);
+  }
+  {
     RestartCase c{"co2_int8_error_feedback_eager", base_config(CO2_ALGO_CO2, 3)};
     c.cfg.wire_format = CO2_WIRE_INT8;
     c.cfg.eager = 1;

@@ -7,7 +7,7 @@
     co2run:       /venv/bin/co2run
     transports:   local, ucx (not built: nccl)
     devices:      host (not built: cuda)
-    wire formats: fp32, bf16, int8 (bf16 and int8: local and ucx transports)
+    wire formats: fp32, bf16, int8, fp4 (bf16, int8 and fp4: local and ucx transports)
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def report() -> list[str]:
         "transports:   " + _built([("local", True), ("ucx", _build_info.UCX),
                                    ("nccl", _build_info.NCCL)]),
         "devices:      " + _built([("host", True), ("cuda", _build_info.CUDA)]),
-        f"wire formats: {', '.join(WIRE_FORMATS)} (bf16 and int8: local and ucx transports)",
+        f"wire formats: {', '.join(WIRE_FORMATS)} (bf16, int8 and fp4: local and ucx transports)",
     ]
 
 

@@ -47,7 +47,7 @@ class EngineOptions(TypedDict, total=False):
     inner_lr: Optional[float]
     state_dtype: Union[Literal["float32", "fp32"], int, None]
     eager: Union[bool, Literal["auto"], int, None]
-    wire_format: Union[Literal["fp32", "bf16", "int8"], int, None]
+    wire_format: Union[Literal["fp32", "bf16", "int8", "fp4"], int, None]
     error_feedback: Optional[Flag]
     shard_outer_state: Optional[Flag]
     hierarchy: Union[Literal["flat", "nodes"], int, None]
@@ -58,7 +58,8 @@ ALGORITHMS = {"co2": capi.CO2_ALGO_CO2, "sync": capi.CO2_ALGO_SYNC,
 PENALTIES = {"none": capi.CO2_PENALTY_NONE, "constant": capi.CO2_PENALTY_CONSTANT,
              "gap": capi.CO2_PENALTY_GAP}
 CLIPS = {"none": capi.CO2_CLIP_NONE, "value": capi.CO2_CLIP_VALUE, "norm": capi.CO2_CLIP_NORM}
-WIRE_FORMATS = {"fp32": capi.CO2_WIRE_FP32, "bf16": capi.CO2_WIRE_BF16, "int8": capi.CO2_WIRE_INT8}
+WIRE_FORMATS = {"fp32": capi.CO2_WIRE_FP32, "bf16": capi.CO2_WIRE_BF16, "int8": capi.CO2_WIRE_INT8,
+                "fp4": capi.CO2_WIRE_FP4}
 HIERARCHIES = {"flat": capi.CO2_HIERARCHY_FLAT, "nodes": capi.CO2_HIERARCHY_NODES}
 APPLY_STEPS = {"boundary": capi.CO2_APPLY_AT_BOUNDARY, "arrival": capi.CO2_APPLY_ON_ARRIVAL}
 ROLES = {"parameter": capi.CO2_ROLE_PARAMETER, "buffer": capi.CO2_ROLE_BUFFER,
@@ -194,7 +195,7 @@ class Engine(OwnsHandle):
     "auto" (co2 only: each rank starts its round from the anchor plus its own fresh delta's
     share, docs/algorithm.md "The eager policy"; "auto" is eager, on host and CUDA
     tensors; True / False force it), wire_format "fp32" (the outer
-    all-reduce of co2 and diloco can travel as "bf16" or "int8", accumulated in fp32) with
+    all-reduce of co2 and diloco can travel as "bf16", "int8" or "fp4", accumulated in fp32) with
     error_feedback True (each rank adds what its encodings dropped to its next delta),
     shard_outer_state False (True: each rank keeps only its shard of the anchor and outer
     momentum; the engine refuses what sharding does not implement yet, naming it), hierarchy

@@ -175,8 +175,11 @@ typedef int32_t co2_wire_format_t;
 enum {
     CO2_WIRE_FP32 = 0, /* 4 bytes per value, exact                                          */
     CO2_WIRE_BF16 = 1, /* 2 bytes per value, round to nearest even                          */
-    CO2_WIRE_INT8 = 2  /* 1 byte per value + one fp32 scale per group (max|x| / 127): groups
+    CO2_WIRE_INT8 = 2, /* 1 byte per value + one fp32 scale per group (max|x| / 127): groups
                           of at most 128 values of one tensor                               */
+    CO2_WIRE_FP4 = 3   /* added in 1.2: 4 bits per value (FP4 E2M1: sign, 0, 0.5, 1, 1.5, 2,
+                          3, 4, 6) + one fp32 scale per group (max|x| / 6) of at most 64
+                          values of one tensor; use it with error feedback                  */
 };
 
 /* ------------------------------------------------------------------------------------------ */

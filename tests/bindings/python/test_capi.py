@@ -91,6 +91,28 @@ def test_eager_policy_reaches_the_engine():
     np.testing.assert_allclose(w1, -alpha / world * 2.0)
 
 
+def test_fp4_wire_format_reaches_the_engine():
+    """wire_format="fp4": 4 bits a value and a scale per 64 (about 7x fewer bytes than fp32),
+    the same anchor on every rank; a uniform delta is one of its exact values."""
+    group, world, n = unique_group(), 2, 1000
+
+    def rank_main(rank):
+        w = np.zeros(n, np.float32)
+        with local_comm(rank, world, group) as comm, co2.Engine(
+                comm, algorithm="diloco", tau=1, outer_lr=1.0, outer_momentum=0.0,
+                wire_format="fp4") as engine:
+            engine.register("w", w)
+            engine.commit()
+            w -= np.float32(0.25) * (rank + 1)
+            assert engine.step()
+            return engine.consensus("anchor"), engine.stats()
+
+    (a0, s0), (a1, _) = run_ranks(world, rank_main)
+    np.testing.assert_array_equal(a0, a1)
+    np.testing.assert_allclose(a0, -0.375, rtol=1e-6)
+    assert 6.5 * s0["wire_bytes_last_round"] < s0["bytes_reduced"] < 7.5 * s0["wire_bytes_last_round"]
+
+
 def test_wire_format_reaches_the_engine():
     """wire_format="bf16": the anchor is the bf16 round trip of the average, the same on every
     rank; the statistics count half the fp32 bytes; bad values raise."""
@@ -119,7 +141,7 @@ def test_wire_format_reaches_the_engine():
     assert s0["wire_bytes_total"] == s0["wire_bytes_last_round"]
     with local_comm(0, 1, unique_group()) as comm:
         with pytest.raises(ValueError, match="unknown wire_format"):
-            co2.Engine(comm, wire_format="fp4")
+            co2.Engine(comm, wire_format="int4")
         with pytest.raises(co2.InvalidArgumentError, match="co2 and diloco"):
             co2.Engine(comm, algorithm="sync", wire_format="int8")
 
@@ -238,7 +260,7 @@ def test_engine_keywords_take_exactly_the_documented_values(monkeypatch):
                    ({"algorithm": 1.0}, TypeError, r"algorithm=1\.0 \(float\): algorithm is "
                                                    r"one of co2, sync"),
                    ({"clip": True}, TypeError, r"clip=True"),
-                   ({"wire_format": "fp4"}, co2.UnknownEnumError, r"unknown wire_format 'fp4'")]
+                   ({"wire_format": "int4"}, co2.UnknownEnumError, r"unknown wire_format 'int4'")]
         calls = len(seen)
         for keywords, error, message in refused:
             with pytest.raises(error, match=message):

@@ -68,6 +68,8 @@ const std::vector<AlgorithmCase>& algorithm_cases() {
        CO2_WIRE_INT8, 1},
       {"diloco_int8_no_ef", CO2_ALGO_DILOCO, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.9,
        CO2_WIRE_INT8, 0},
+      {"co2_fp4_ef", CO2_ALGO_CO2, Storage::Registered, CO2_PENALTY_NONE, CO2_CLIP_NONE, 0, 0.5,
+       CO2_WIRE_FP4, 1},
       // Sharded outer state: reduce-scatter, shard update, all-gather, chained on the progress
       // thread; the gathered anchor bit-identical across ranks and transports.
       {"co2_sharded_constant_value", CO2_ALGO_CO2, Storage::AdoptFlat, CO2_PENALTY_CONSTANT, CO2_CLIP_VALUE, 1, 0.9,

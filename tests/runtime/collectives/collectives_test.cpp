@@ -854,7 +854,14 @@ using co2::WireFormat;
 // What one element of a format may lose per encoding, relative to the largest magnitude in
 // its group (int8) or to itself (bf16).
 double format_tolerance(WireFormat format) {
-  return format == WireFormat::BF16 ? std::ldexp(1.0, -8) : 1.0 / 127.0;
+  // Twice the largest rounding relative to the group's largest value: bf16 half an ulp; int8
+  // half a step of max/127; fp4 half the gap between its two largest codes, 4 and 6 (of max/6).
+  switch (format) {
+    case WireFormat::BF16: return std::ldexp(1.0, -8);
+    case WireFormat::Int8: return 1.0 / 127.0;
+    case WireFormat::Fp4: return 2.0 / 6.0;
+    default: return 0.0;
+  }
 }
 
 // Inputs of rank r: values spanning several magnitudes, so that groups differ in scale.
@@ -928,7 +935,7 @@ INSTANTIATE_TEST_SUITE_P(
     FormatsRanksSizes, CompressedAllReduce,
     ::testing::Combine(::testing::Values(1, 2, 3, 4),
                        ::testing::Values(size_t(1), size_t(7), size_t(1000), size_t(20011)),
-                       ::testing::Values(WireFormat::BF16, WireFormat::Int8)),
+                       ::testing::Values(WireFormat::BF16, WireFormat::Int8, WireFormat::Fp4)),
     [](const ::testing::TestParamInfo<CompressedCase>& info) {
       return "W" + std::to_string(std::get<0>(info.param)) + "_n" +
              std::to_string(std::get<1>(info.param)) + "_" +
@@ -943,7 +950,7 @@ TEST(CompressedAllReduce, ErrorFeedbackKeepsTheAccumulatedAverageOnTheFloat64Ref
   const size_t count = 3001;
   Tuning tuning;
   tuning.chunk_bytes = 2048;
-  for (WireFormat format : {WireFormat::BF16, WireFormat::Int8})
+  for (WireFormat format : {WireFormat::BF16, WireFormat::Int8, WireFormat::Fp4})
     for (int ranks : {2, 3, 4}) {  // one rank drops nothing (CompressedAllReduce W1_*)
       const auto inputs = compressed_inputs(ranks, count, 11);
       std::vector<double> exact(count, 0.0);
@@ -1009,12 +1016,12 @@ TEST(CompressedAllReduce, CodecRoundTripsAndBoundaries) {
   co2::wire_encode(WireFormat::Int8, tiny.data(), tiny.size(), int8.data());
   co2::wire_decode(WireFormat::Int8, int8.data(), tiny.size(), out.data(), false);
   for (size_t i = 0; i < tiny.size(); ++i) EXPECT_EQ(out[i], 0.0f) << i;
-  EXPECT_THROW(co2::wire_format_of(3), co2::Error);
+  EXPECT_THROW(co2::wire_format_of(4), co2::Error);
 
   // The fused outputs of wire_encode are exactly what decoding the message gives.
   std::vector<float> mixed = compressed_inputs(1, 1000, 3)[0];
   mixed[5] = std::numeric_limits<float>::quiet_NaN();
-  for (WireFormat format : {WireFormat::F32, WireFormat::BF16, WireFormat::Int8}) {
+  for (WireFormat format : {WireFormat::F32, WireFormat::BF16, WireFormat::Int8, WireFormat::Fp4}) {
     std::vector<std::byte> message(co2::wire_bytes(format, mixed.size()));
     std::vector<float> dropped(mixed.size()), fused(mixed.size()), plain(mixed.size());
     co2::wire_encode(format, mixed.data(), mixed.size(), message.data(), dropped.data(), 3.0f, fused.data());
@@ -1024,8 +1031,73 @@ TEST(CompressedAllReduce, CodecRoundTripsAndBoundaries) {
     for (size_t i = 0; i < mixed.size(); ++i) {
       if (std::isnan(mixed[i])) continue;
       if (format == WireFormat::Int8 && i / co2::kInt8Group == 0) continue;  // the NaN group
+      if (format == WireFormat::Fp4 && i / co2::kFp4Group == 0) continue;
       ASSERT_EQ(dropped[i], (mixed[i] - plain[i]) * 3.0f) << co2::wire_format_name(format) << " " << i;
     }
+  }
+}
+
+// FP4 E2M1 of x / s against a float64 reference: the nearest of the format's magnitudes, ties to
+// the even code (0, 1, 2, 4: the codes 0, 2, 4, 6), the sign in bit 3.
+double fp4_reference(double x) {
+  static const double magnitudes[] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  const double m = std::fabs(x);
+  int best = 0;
+  for (int code = 1; code < 8; ++code) {
+    const double gap = std::fabs(m - magnitudes[code]), best_gap = std::fabs(m - magnitudes[best]);
+    if (gap < best_gap || (gap == best_gap && code % 2 == 0)) best = code;
+  }
+  return x < 0 ? -magnitudes[best] : magnitudes[best];
+}
+
+TEST(CompressedAllReduce, Fp4CodesAreTheNearestE2M1ValuesTiesToEven) {
+  // Every magnitude, every midpoint (the ties), and values around them, in one group per sign
+  // whose largest is 6 (scale 1: the codes are the values themselves).
+  std::vector<std::byte> message;
+  std::vector<float> out;
+  for (double sign : {1.0, -1.0}) {
+    std::vector<float> values = {float(sign * 6.0)};
+    for (double m : {0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0})
+      for (double nudge : {-1e-3, 0.0, 1e-3})
+        if (m + nudge >= 0.0 && m + nudge <= 6.0) values.push_back(float(sign * (m + nudge)));
+    ASSERT_LE(values.size(), co2::kFp4Group);
+    message.assign(co2::wire_bytes(WireFormat::Fp4, values.size()), std::byte{0});
+    EXPECT_EQ(message.size(), (values.size() + 1) / 2 + 4u);
+    co2::wire_encode(WireFormat::Fp4, values.data(), values.size(), message.data());
+    out.assign(values.size(), -1.0f);
+    co2::wire_decode(WireFormat::Fp4, message.data(), values.size(), out.data(), false);
+    for (size_t i = 0; i < values.size(); ++i)
+      ASSERT_EQ(double(out[i]), fp4_reference(values[i])) << "value " << values[i];
+    EXPECT_EQ(out[0], values[0]);  // the group's largest is exact
+  }
+
+  // Groups of 64 that start at every segment, an odd one included: values 0-2 are one segment
+  // (of small values), 3-302 another; [0,3) [3,67) ... [259,303): six groups, and the odd start
+  // shares a byte with the group before it but not a nibble.
+  std::vector<float> mixed(303, 1.0f);
+  for (size_t i = 0; i < 3; ++i) mixed[i] = 1e-3f * float(i + 1);
+  for (size_t i = 3; i < mixed.size(); ++i) mixed[i] = float(i % 13) - 6.0f;
+  const size_t starts[] = {0, 3};
+  const co2::SegmentStarts segments{starts, 2, 0};
+  EXPECT_EQ(co2::wire_bytes(WireFormat::Fp4, mixed.size(), segments), 152u + 6u * 4u);
+  EXPECT_EQ(co2::wire_bytes(WireFormat::Fp4, mixed.size()), 152u + 5u * 4u);
+  EXPECT_LE(co2::wire_bytes(WireFormat::Fp4, mixed.size(), segments),
+            co2::wire_bytes_bound(WireFormat::Fp4, mixed.size(), segments));
+  message.assign(co2::wire_bytes(WireFormat::Fp4, mixed.size(), segments), std::byte{0xff});
+  co2::wire_encode(WireFormat::Fp4, mixed.data(), mixed.size(), message.data(), nullptr, 1.0f, nullptr, segments);
+  out.assign(mixed.size(), -1.0f);
+  co2::wire_decode(WireFormat::Fp4, message.data(), mixed.size(), out.data(), false, segments);
+  for (size_t i = 0; i < 3; ++i)  // their own scale 3e-3 / 6: 1e-3 and 2e-3 are 2 and 4 of it
+    EXPECT_FLOAT_EQ(out[i], mixed[i]) << i;
+  for (size_t i = 3; i < mixed.size(); ++i) {
+    // A group's scale is its largest |x| / 6, so the values -6..6 of the pattern decode as the
+    // codes' nearest magnitudes of x * 6 / max.
+    size_t begin = 3 + (i - 3) / co2::kFp4Group * co2::kFp4Group;
+    size_t end = std::min(mixed.size(), begin + co2::kFp4Group);
+    double largest = 0.0;
+    for (size_t j = begin; j < end; ++j) largest = std::max(largest, double(std::fabs(mixed[j])));
+    const double scale = double(float(largest) / 6.0f);
+    ASSERT_NEAR(out[i], fp4_reference(mixed[i] / scale) * scale, 1e-6) << "element " << i;
   }
 }
 
@@ -1115,5 +1187,9 @@ TEST(CompressedAllReduce, WireBytesCountWhatIsSent) {
   const uint64_t int8 = co2::collectives::allreduce_wire_bytes(0, 4, 100000, WireFormat::Int8, tuning);
   EXPECT_GT(int8, f32 / 4);
   EXPECT_LT(int8, f32 / 4 * 1.05);
+  // fp4: an eighth plus a scale per 64 values (4.5 bits: 7.1x fewer bytes than fp32).
+  const uint64_t fp4 = co2::collectives::allreduce_wire_bytes(0, 4, 100000, WireFormat::Fp4, tuning);
+  EXPECT_GT(fp4, f32 / 8 * 1.12);
+  EXPECT_LT(fp4, f32 / 8 * 1.14);
   EXPECT_EQ(co2::collectives::allreduce_wire_bytes(0, 1, 100000, WireFormat::Int8, tuning), 0u);
 }

@@ -141,7 +141,7 @@ TEST(OuterElements, Int8CodesRoundTripWithinHalfAStep) {
   const std::vector<float> x = uniform(128, 3.0f, 8);
   double absmax = 0.0;
   for (float v : x) absmax = std::max(absmax, std::fabs(double(v)));
-  const Int8Scale s = int8_scale_of(float(absmax), true);
+  const GroupScale s = int8_scale_of(float(absmax), true);
   expect_close(absmax / 127.0, s.scale);
   for (float v : x) {
     const int8_t code = int8_code(v, s.inverse);
@@ -150,7 +150,7 @@ TEST(OuterElements, Int8CodesRoundTripWithinHalfAStep) {
   }
   EXPECT_EQ(int8_code(1e30f, 1.0f), 127);
   EXPECT_EQ(int8_code(-1e30f, 1.0f), -127);
-  const Int8Scale tiny = int8_scale_of(1e-40f, true);
+  const GroupScale tiny = int8_scale_of(1e-40f, true);
   EXPECT_EQ(tiny.scale, 0.0f);
   EXPECT_EQ(tiny.inverse, 0.0f);
   EXPECT_TRUE(std::isnan(int8_scale_of(0.0f, false).scale));

@@ -107,7 +107,8 @@ const _ALGORITHMS = Dict(:co2 => CO2_ALGO_CO2, :sync => CO2_ALGO_SYNC,
 const _PENALTIES = Dict(:none => CO2_PENALTY_NONE, :constant => CO2_PENALTY_CONSTANT,
                         :gap => CO2_PENALTY_GAP)
 const _CLIPS = Dict(:none => CO2_CLIP_NONE, :value => CO2_CLIP_VALUE, :norm => CO2_CLIP_NORM)
-const _WIRE_FORMATS = Dict(:fp32 => CO2_WIRE_FP32, :bf16 => CO2_WIRE_BF16, :int8 => CO2_WIRE_INT8)
+const _WIRE_FORMATS = Dict(:fp32 => CO2_WIRE_FP32, :bf16 => CO2_WIRE_BF16, :int8 => CO2_WIRE_INT8,
+                     :fp4 => CO2_WIRE_FP4)
 const _ROLES = Dict(:parameter => CO2_ROLE_PARAMETER, :buffer => CO2_ROLE_BUFFER,
                     :excluded => CO2_ROLE_EXCLUDED)
 const _OPS = Dict(:sum => CO2_REDUCE_SUM, :avg => CO2_REDUCE_AVG, :min => CO2_REDUCE_MIN,
@@ -331,7 +332,7 @@ end
 
 One rank's engine. Defaults are the C ones (`co2_engine_config_init`); `outer_momentum=nothing`
 resolves β from the world size; `eager=nothing` is automatic (eager on host arrays);
-`wire_format` (:fp32, :bf16, :int8) is how the outer all-reduce of co2 and diloco travels, with
+`wire_format` (:fp32, :bf16, :int8, :fp4) is how the outer all-reduce of co2 and diloco travels, with
 `error_feedback` adding what its encodings dropped to the next delta; `shard_outer_state=true`
 keeps on each rank only its shard of the anchor and outer momentum (docs/capi.md; the engine
 refuses what sharding does not implement yet); `hierarchical=true` runs sync inside a node and

@@ -139,6 +139,7 @@ const co2_wire_format_t = Int32
 const CO2_WIRE_FP32 = Cint(0)
 const CO2_WIRE_BF16 = Cint(1)
 const CO2_WIRE_INT8 = Cint(2)
+const CO2_WIRE_FP4 = Cint(3)
 
 mutable struct co2_comm end  # opaque handle target
 const co2_comm_t = Ptr{co2_comm}

@@ -123,6 +123,7 @@ pub type co2_wire_format_t = i32;
 pub const CO2_WIRE_FP32: _bindgen_ty_12 = 0;
 pub const CO2_WIRE_BF16: _bindgen_ty_12 = 1;
 pub const CO2_WIRE_INT8: _bindgen_ty_12 = 2;
+pub const CO2_WIRE_FP4: _bindgen_ty_12 = 3;
 pub type _bindgen_ty_12 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

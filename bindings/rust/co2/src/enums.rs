@@ -61,6 +61,9 @@ c_enum! {
         Bf16 = sys::CO2_WIRE_BF16,
         /// 1 byte per value plus one fp32 scale per group of at most 128 values of one tensor.
         Int8 = sys::CO2_WIRE_INT8,
+        /// 4 bits per value (FP4 E2M1) plus one fp32 scale per group of at most 64 values of
+        /// one tensor; use it with error feedback.
+        Fp4 = sys::CO2_WIRE_FP4,
     }
 }
 

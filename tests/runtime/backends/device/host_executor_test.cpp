@@ -182,11 +182,12 @@ TEST(DeviceFeatures, WireFormatsWithErrorFeedbackEqualHost) {
   for (const Policy& p : kPolicies) {
     if (p.algorithm != CO2_ALGO_CO2 && p.algorithm != CO2_ALGO_DILOCO) continue;
     for (co2_engine_config_t c : configs_of(p))
-      for (co2_wire_format_t wire : {CO2_WIRE_BF16, CO2_WIRE_INT8})
+      for (co2_wire_format_t wire : {CO2_WIRE_BF16, CO2_WIRE_INT8, CO2_WIRE_FP4})
         for (int feedback : {0, 1}) {
           c.wire_format = wire;
           c.error_feedback = feedback;
-          const std::string what = name_of(p, c, 2) + (wire == CO2_WIRE_BF16 ? " bf16" : " int8") + " wire" +
+          const char* format = wire == CO2_WIRE_BF16 ? " bf16" : wire == CO2_WIRE_INT8 ? " int8" : " fp4";
+          const std::string what = name_of(p, c, 2) + format + " wire" +
                                    (feedback ? " with error feedback" : "");
           expect_equal(run(true, 2, c, 14), run(false, 2, c, 14), !uses_norms(c), what);
         }
