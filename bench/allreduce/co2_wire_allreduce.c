@@ -1,4 +1,4 @@
-/* The outer all-reduce of an engine per wire format (fp32, bf16, int8), through the public C
+/* The outer all-reduce of an engine per wire format (fp32, bf16, int8, fp4), through the public C
  * API: a diloco engine with tau = 1 runs one blocking outer average of the whole model per step,
  * so the engine's collective time per round is one all-reduce of the model in that format,
  * encoding and decoding included. One process per rank, launched like any co2 program (co2run,
@@ -20,7 +20,7 @@ int main(int argc, char **argv) {
     int wire;
     double payload_bytes_per_value;
     if (argc < 2) {
-        fprintf(stderr, "usage: %s fp32|bf16|int8 [MIN_MIB MAX_MIB]\n", argv[0]);
+        fprintf(stderr, "usage: %s fp32|bf16|int8|fp4 [MIN_MIB MAX_MIB]\n", argv[0]);
         return 2;
     }
     if (strcmp(argv[1], "fp32") == 0) {
@@ -29,6 +29,8 @@ int main(int argc, char **argv) {
         wire = CO2_WIRE_BF16, payload_bytes_per_value = 2.0;
     } else if (strcmp(argv[1], "int8") == 0) {
         wire = CO2_WIRE_INT8, payload_bytes_per_value = 1.0 + 4.0 / 128.0;
+    } else if (strcmp(argv[1], "fp4") == 0) {
+        wire = CO2_WIRE_FP4, payload_bytes_per_value = 0.5 + 4.0 / 64.0;
     } else {
         fprintf(stderr, "unknown wire format '%s'\n", argv[1]);
         return 2;

@@ -23,7 +23,7 @@ ninja -C "$build" bench/sharded_allreduce launcher/co2run >/dev/null
 port=$((29500 + $$ % 300))
 
 for world in $ranks_list; do
-  for format in fp32 bf16 int8; do
+  for format in fp32 bf16 int8 fp4; do
     port=$((port + 1))
     UCX_TLS=tcp UCX_NET_DEVICES=lo "$build/launcher/co2run" --nproc-per-node "$world" --master-port "$port" \
       "$bin" launched 0 "$min_mib" "$max_mib" "$format" | sed -n 's/^\[rank 0\] //p'

@@ -3,8 +3,8 @@
 // of the same buffer. `local` / `ucx`: W ranks are threads of this process, each with its own
 // communicator and progress thread (UCX: UCX_TLS as set, memory rendezvous). `launched`: this
 // process is one rank of a group a launcher formed (co2run; transport AUTO, i.e. UCX), W unused.
-//   sharded_allreduce local|ucx W [MIN_MIB MAX_MIB [fp32|bf16|int8]]
-//   co2run --nproc-per-node W sharded_allreduce launched 0 [MIN_MIB MAX_MIB [fp32|bf16|int8]]
+//   sharded_allreduce local|ucx W [MIN_MIB MAX_MIB [fp32|bf16|int8|fp4]]
+//   co2run --nproc-per-node W sharded_allreduce launched 0 [MIN_MIB MAX_MIB [fp32|bf16|int8|fp4]]
 // Columns: fp32 bytes of the buffer, seconds per all-reduce, seconds per reduce-scatter, per
 // shard all-gather, their sum, and sum / all-reduce. The two are timed alternately in one loop
 // (so that both see the same machine load) until MIN_SECONDS and MIN_ITERS are reached; the
@@ -80,7 +80,7 @@ double median(std::vector<double> values) {
 int main(int argc, char** argv) {
   const auto is = [&](const char* kind) { return argc >= 3 && std::strcmp(argv[1], kind) == 0; };
   if (!is("local") && !is("ucx") && !is("launched")) {
-    std::fprintf(stderr, "usage: %s local|ucx|launched W [MIN_MIB MAX_MIB [fp32|bf16|int8]]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s local|ucx|launched W [MIN_MIB MAX_MIB [fp32|bf16|int8|fp4]]\n", argv[0]);
     return 2;
   }
   const std::string kind = argv[1];
@@ -91,7 +91,10 @@ int main(int argc, char** argv) {
   co2::WireFormat format = co2::WireFormat::F32;
   if (argc > 5) {
     const std::string name = argv[5];
-    format = name == "bf16" ? co2::WireFormat::BF16 : name == "int8" ? co2::WireFormat::Int8 : co2::WireFormat::F32;
+    format = name == "bf16"   ? co2::WireFormat::BF16
+             : name == "int8" ? co2::WireFormat::Int8
+             : name == "fp4"  ? co2::WireFormat::Fp4
+                              : co2::WireFormat::F32;
   }
   if (size < 1 || min_mib < 1 || max_mib < min_mib) {
     std::fprintf(stderr, "W must be >= 1 and 1 <= MIN_MIB <= MAX_MIB\n");

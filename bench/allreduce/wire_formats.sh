@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The engine's outer all-reduce per wire format (fp32, bf16, int8): bench/allreduce/
+# The engine's outer all-reduce per wire format (fp32, bf16, int8, fp4): bench/allreduce/
 # co2_wire_allreduce.c over UCX/TCP, on loopback and on rate-capped links (one network namespace
 # per rank, tc tbf on every veth: bench/overlap/netns.sh). Prints one table per link: seconds per
 # all-reduce, GB/s of payload (in the format) and of fp32 equivalent, and the speed-up over fp32.
@@ -26,7 +26,7 @@ done
 
 build=$root/${BUILD_DIR:-build}
 bin=$build/bench/co2_wire_allreduce
-formats="fp32 bf16 int8"
+formats="fp32 bf16 int8 fp4"
 port=$((29700 + $$ % 200))
 
 if [ -z "$phase" ]; then

@@ -88,7 +88,7 @@ def wire_configurations(tau):
     """The compressed outer all-reduce (docs/benchmarks.md, "Wire formats"): co2+eager at `tau`
     with each wire format, with and without error feedback; fp32 is the reference."""
     configs = [(f"co2+eager t{tau} fp32", "co2", {"tau": tau, "eager": True})]
-    for wire in ("bf16", "int8"):
+    for wire in ("bf16", "int8", "fp4"):
         for feedback in (True, False):
             configs.append((f"co2+eager t{tau} {wire}" + ("" if feedback else " no-ef"), "co2",
                             {"tau": tau, "eager": True, "wire_format": wire,
