@@ -382,15 +382,17 @@ def reach(curve, target, key):
 
 
 def time_to_target(runs, names, target):
-    """Per configuration: mean seconds and steps to reach target over the seeds that reached
-    it (and how many did), and the ratio to DDP's seconds per seed (both reaching it)."""
+    """Per configuration: mean seconds and steps to reach the target over the seeds that
+    reached it (and how many did), and the ratio to DDP's seconds per seed (both reaching it).
+    `target`: one loss, or {seed: loss} (each seed against its own DDP run)."""
+    target_of = (lambda r: target[r["seed"]]) if isinstance(target, dict) else (lambda r: target)
     rows = {}
-    ddp_seconds = {r["seed"]: reach(r["curve"], target, "seconds")
+    ddp_seconds = {r["seed"]: reach(r["curve"], target_of(r), "seconds")
                    for r in runs if r["name"] == "ddp" and "unavailable" not in r}
     for name in names:
         done = [r for r in runs if r["name"] == name and "unavailable" not in r]
-        hits = [(reach(r["curve"], target, "seconds"), reach(r["curve"], target, "step"), r["seed"])
-                for r in done]
+        hits = [(reach(r["curve"], target_of(r), "seconds"), reach(r["curve"], target_of(r), "step"),
+                 r["seed"]) for r in done]
         hits = [h for h in hits if h[0] is not None]
         ratios = [h[0] / ddp_seconds[h[2]] for h in hits if ddp_seconds.get(h[2])]
         taus = sorted({r["probe"]["advised_tau"] for r in done if "probe" in r})
@@ -532,11 +534,20 @@ def links_report(args, configs, names, runs):
         ddp = summarize(mine, ["ddp"]).get("ddp", {})
         if "loss_mean" not in ddp:
             continue
-        target = args.target or args.target_ratio * ddp["loss_mean"]
-        how = ("stated" if args.target else "DDP final, mean" if args.target_ratio == 1.0
-               else f"{args.target_ratio:g} x DDP final, mean")
+        if args.wall and not args.target:
+            # "When do I reach DDP's final loss?": each seed against its own DDP run (DDP then
+            # reaches it at its last step), not against the mean over seeds.
+            target = {r["seed"]: args.target_ratio * r["final_loss"]
+                      for r in mine if r["name"] == "ddp" and "unavailable" not in r}
+            how = "each seed's DDP final" + ("" if args.target_ratio == 1.0 else f" x {args.target_ratio:g}")
+            shown = ", ".join(f"{target[seed]:.4f}" for seed in sorted(target))
+        else:
+            target = args.target or args.target_ratio * ddp["loss_mean"]
+            how = ("stated" if args.target else "DDP final, mean" if args.target_ratio == 1.0
+                   else f"{args.target_ratio:g} x DDP final, mean")
+            shown = f"{target:.4f}"
         rows = time_to_target(mine, names, target)
-        print_time_table(rows, f"\nlink {rate}: time to validation loss {target:.4f} ({how})")
+        print_time_table(rows, f"\nlink {rate}: time to validation loss {shown} ({how})")
         entry = {"target": target, "time_to_target": rows}
         if overlap_rows:
             comp = composite(rows, configs, overlap_rows, args.world, rate)

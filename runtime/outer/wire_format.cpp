@@ -115,12 +115,23 @@ void decode_bf16(const std::byte* in, size_t count, float* out, bool accumulate)
   }
 }
 
+// A grouped message: the groups' fp32 scales first, then the codes.
+size_t scales_bytes(size_t group, size_t count, const SegmentStarts& segments, size_t offset) {
+  return groups(group, count, segments, offset) * sizeof(float);
+}
+void put_scale(std::byte* message, size_t g, float scale) { std::memcpy(message + g * sizeof(float), &scale, sizeof scale); }
+float scale_at(const std::byte* message, size_t g) {
+  float scale;
+  std::memcpy(&scale, message + g * sizeof(float), sizeof scale);
+  return scale;
+}
+
 void encode_int8(const float* in, size_t count, std::byte* out, const Drops& drops, const SegmentStarts& segments,
                  size_t offset) {
-  std::byte* codes = out + groups(kInt8Group, count, segments, offset) * sizeof(float);
+  std::byte* codes = out + scales_bytes(kInt8Group, count, segments, offset);
   for_each_group(kInt8Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
     const GroupScale group = scale_of_group(in + begin, end - begin, kInt8Top);
-    std::memcpy(out + g * sizeof(float), &group.scale, sizeof group.scale);
+    put_scale(out, g, group.scale);
     if (group.inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
       std::memset(codes + begin, 0, end - begin);
       for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], 0.0f * group.scale);
@@ -135,10 +146,9 @@ void encode_int8(const float* in, size_t count, std::byte* out, const Drops& dro
 
 void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate, const SegmentStarts& segments,
                  size_t offset) {
-  const std::byte* codes = in + groups(kInt8Group, count, segments, offset) * sizeof(float);
+  const std::byte* codes = in + scales_bytes(kInt8Group, count, segments, offset);
   for_each_group(kInt8Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
-    float scale;
-    std::memcpy(&scale, in + g * sizeof(float), sizeof scale);
+    const float scale = scale_at(in, g);
     int8_t q[kInt8Group];
     std::memcpy(q, codes + begin, end - begin);
     float* o = out + begin;
@@ -158,11 +168,11 @@ uint8_t nibble(const std::byte* codes, size_t i) {
 
 void encode_fp4(const float* in, size_t count, std::byte* out, const Drops& drops, const SegmentStarts& segments,
                 size_t offset) {
-  std::byte* codes = out + groups(kFp4Group, count, segments, offset) * sizeof(float);
+  std::byte* codes = out + scales_bytes(kFp4Group, count, segments, offset);
   std::memset(codes, 0, (count + 1) / 2);
   for_each_group(kFp4Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
     const GroupScale group = scale_of_group(in + begin, end - begin, kFp4Top);
-    std::memcpy(out + g * sizeof(float), &group.scale, sizeof group.scale);
+    put_scale(out, g, group.scale);
     // A zero or non-finite group: inverse 0 codes every value as +0 (a NaN scale decodes NaN).
     for (size_t i = begin; i < end; ++i) {
       const uint8_t code = fp4_code(in[i], group.inverse);
@@ -174,10 +184,9 @@ void encode_fp4(const float* in, size_t count, std::byte* out, const Drops& drop
 
 void decode_fp4(const std::byte* in, size_t count, float* out, bool accumulate, const SegmentStarts& segments,
                 size_t offset) {
-  const std::byte* codes = in + groups(kFp4Group, count, segments, offset) * sizeof(float);
+  const std::byte* codes = in + scales_bytes(kFp4Group, count, segments, offset);
   for_each_group(kFp4Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
-    float scale;
-    std::memcpy(&scale, in + g * sizeof(float), sizeof scale);
+    const float scale = scale_at(in, g);
     for (size_t i = begin; i < end; ++i) {
       const float value = fp4_value(nibble(codes, i), scale);
       out[i] = accumulate ? value + out[i] : value;
