@@ -23,6 +23,12 @@ MASTER_PORT and gloo at MASTER_PORT + 1, through bench/overlap/run.py's launcher
 the namespaces). Each rank uses one torch thread. Wall time is rank 0's training time; the
 evaluations (every rank evaluates the same held-out windows) are taken out of it.
 
+    quality.py --wall --links 100mbit --size medium --batch 1 [--steps-factor 2] [--seeds 3]
+        Time to DDP's final loss where the link dominates DDP's step (docs/quality.md): DDP
+        against co2's defaults at tau 12 and at the tau the advisor picks from a probe run (fp32,
+        int8), co2 training --steps-factor x DDP's steps; each seed against its own DDP run.
+        Writes DIR/quality_wall.json and .png; --runs-from re-renders it.
+
     quality.py --nodes 2 --world 4 [--seeds 3] [--taus 12,48]
         Hierarchical co2 (issue 16): per tau, flat co2 over the W ranks against hierarchical co2
         (hierarchy="nodes", the gradients averaged inside each node of W/K ranks every step by
