@@ -43,6 +43,7 @@ DIGITS = os.path.join(HERE, "digits_rank.py")
 DIGITS_WIDTHS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 RATES_BITS = {"10mbit": 10e6, "100mbit": 100e6, "1gbit": 1e9, "none": None}
+RATE_LABELS = {"10mbit": "10 Mbit/s", "100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "none": "uncapped"}
 # Uncapped veth carries about 2.8 Gbit/s of TCP here (iperf3, docs/benchmarks.md); the local
 # transport's link model without a cap is a memcpy.
 UNCAPPED_TCP_BYTES = 2.5e9 / 8
@@ -621,7 +622,7 @@ def plot(results, path, args):
                 ax.plot(xs, ys, ls, color=color, marker=marker, label=f"{algo} W={world}")
         ax.axhline(0.95, color="gray", lw=0.8, ls=":")
         ax.set_xticks(xs)
-        ax.set_xticklabels(["100 Mbit/s", "1 Gbit/s", "uncapped"])
+        ax.set_xticklabels([RATE_LABELS[rate] for rate in rates])
         ax.set_title(f"tau = {tau}")
         ax.set_ylim(0, max(1.1, top + 0.05))
         ax.grid(alpha=0.3)
