@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/base/log.hpp"
+#include "runtime/outer/codec_isa.hpp"
 #include "rendezvous/tcp_store.hpp"
 #include "transports/local/transport.hpp"
 #ifdef CO2_HAVE_UCX
@@ -293,6 +294,8 @@ TransportChoice choose_transport(TransportKind requested, const std::string& env
 
 std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
   GroupRequest request = original;
+  // A bad CO2_WIRE_CODEC fails here, not on the progress thread's first compressed message.
+  const CodecIsa codec = codec_isa();
   const store::LaunchEnvironment launched = store::read_launch_environment();
   if (request.rank_is_default && request.unique_id.empty() && launched.present) {
     request.rank = launched.rank;
@@ -302,7 +305,8 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
   const TransportChoice choice =
       choose_transport(request.transport, override_text ? override_text : "", launched, request.world_size,
                        kUcxCompiledIn);
-  log::info(describe(request) + ": transport " + transport_name(choice.kind) + " (" + choice.reason + ")");
+  log::info(describe(request) + ": transport " + transport_name(choice.kind) + " (" + choice.reason +
+            "), wire codec " + codec_isa_name(codec));
 
   switch (choice.kind) {
     case TransportKind::Local: {

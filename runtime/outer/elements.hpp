@@ -183,11 +183,15 @@ CO2_HOST_DEVICE inline uint8_t fp4_code(float x, float inverse) {
   return uint8_t((r < 0.0f ? 8u : 0u) | magnitude);
 }
 
-// Exact in fp32: each magnitude has at most two significant bits.
+// The code's value as fp32 bits (exact: each magnitude has at most two significant bits), no
+// branch or table, so that a loop of it vectorises. Magnitude m (the low three bits) is 0, 0.5
+// (2^-1: 126 << 23), or for m >= 2 the exponent m / 2 - 1 with the mantissa's top bit m & 1,
+// which (m + 252) << 22 spells; the sign is bit 3.
 CO2_HOST_DEVICE inline float fp4_value(uint8_t code, float scale) {
-  const uint8_t m = code & 7u;
-  const float magnitude = m < 2 ? 0.5f * float(m) : float(1u << ((m >> 1) - 1)) * (m & 1u ? 1.5f : 1.0f);
-  return (code & 8u ? -magnitude : magnitude) * scale;
+  const uint32_t m = code & 7u;
+  const uint32_t magnitude = m >= 2u ? (m + 252u) << 22 : m == 1u ? 126u << 23 : 0u;
+  const uint32_t sign = uint32_t(code & 8u) << 28;
+  return param_detail::float_of(sign | magnitude) * scale;
 }
 
 }  // namespace co2

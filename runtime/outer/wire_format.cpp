@@ -4,10 +4,18 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include "runtime/outer/codec_isa.hpp"
 #include "runtime/outer/elements.hpp"
 #include "runtime/outer/param_types.hpp"
 #include "runtime/base/status.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CO2_CODEC_X86 1
+#else
+#define CO2_CODEC_X86 0
+#endif
 
 namespace co2 {
 
@@ -55,66 +63,6 @@ size_t groups(size_t size, size_t count, const SegmentStarts& segments, size_t o
   return n;
 }
 
-// A group's scale from the largest magnitude through the bits: for non-negative floats their
-// order is the integers' (an integer max vectorises, a float one does not without
-// -ffast-math), and any NaN or Inf is at least 0x7f800000.
-GroupScale scale_of_group(const float* in, size_t n, float top) {
-  uint32_t bits[kInt8Group];
-  std::memcpy(bits, in, n * sizeof(float));
-  uint32_t largest = 0;
-  for (size_t i = 0; i < n; ++i) largest = std::max(largest, bits[i] & 0x7fffffffu);
-  float absmax;
-  std::memcpy(&absmax, &largest, sizeof absmax);
-  return group_scale_of(absmax, largest < 0x7f800000u, top);
-}
-
-// Chunks through a local array: the loops over it vectorise, and the byte buffers (whose blocks
-// need not be aligned) are touched only by memcpy.
-constexpr size_t kChunk = 256;
-
-// What the encoding of x as `sent` dropped, and what every rank will decode (see wire_encode).
-struct Drops {
-  float* dropped;
-  float scale;
-  float* decoded;
-  void record(size_t i, float x, float sent) const {
-    if (dropped) dropped[i] = wire_dropped(x, sent, scale);
-    if (decoded) decoded[i] = sent;
-  }
-  bool any() const { return dropped || decoded; }
-};
-
-void encode_bf16(const float* in, size_t count, std::byte* out, const Drops& drops) {
-  uint16_t halves[kChunk];
-  float values[kChunk], sent[kChunk];
-  for (size_t begin = 0; begin < count; begin += kChunk) {
-    const size_t n = std::min(kChunk, count - begin);
-    std::memcpy(values, in + begin, n * sizeof(float));
-    // The parameters' rounding (nearest even, a NaN stays a quiet NaN): one definition.
-    for (size_t i = 0; i < n; ++i) halves[i] = narrow<Bf16>(values[i]).bits;
-    std::memcpy(out + begin * sizeof(uint16_t), halves, n * sizeof(uint16_t));
-    if (!drops.any()) continue;
-    for (size_t i = 0; i < n; ++i) sent[i] = widen(Bf16{halves[i]});
-    for (size_t i = 0; i < n; ++i) drops.record(begin + i, values[i], sent[i]);
-  }
-}
-
-void decode_bf16(const std::byte* in, size_t count, float* out, bool accumulate) {
-  uint16_t halves[kChunk];
-  float values[kChunk];
-  for (size_t begin = 0; begin < count; begin += kChunk) {
-    const size_t n = std::min(kChunk, count - begin);
-    std::memcpy(halves, in + begin * sizeof(uint16_t), n * sizeof(uint16_t));
-    for (size_t i = 0; i < n; ++i) values[i] = widen(Bf16{halves[i]});
-    float* o = out + begin;
-    if (accumulate) {
-      for (size_t i = 0; i < n; ++i) o[i] = values[i] + o[i];
-    } else {
-      std::memcpy(o, values, n * sizeof(float));
-    }
-  }
-}
-
 // A grouped message: the groups' fp32 scales first, then the codes.
 size_t scales_bytes(size_t group, size_t count, const SegmentStarts& segments, size_t offset) {
   return groups(group, count, segments, offset) * sizeof(float);
@@ -126,72 +74,33 @@ float scale_at(const std::byte* message, size_t g) {
   return scale;
 }
 
-void encode_int8(const float* in, size_t count, std::byte* out, const Drops& drops, const SegmentStarts& segments,
-                 size_t offset) {
-  std::byte* codes = out + scales_bytes(kInt8Group, count, segments, offset);
-  for_each_group(kInt8Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
-    const GroupScale group = scale_of_group(in + begin, end - begin, kInt8Top);
-    put_scale(out, g, group.scale);
-    if (group.inverse == 0.0f) {  // zeros, or a non-finite group (its NaN scale makes it NaN)
-      std::memset(codes + begin, 0, end - begin);
-      for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], 0.0f * group.scale);
-      return;
-    }
-    int8_t q[kInt8Group];
-    for (size_t i = begin; i < end; ++i) q[i - begin] = int8_code(in[i], group.inverse);
-    std::memcpy(codes + begin, q, end - begin);
-    for (size_t i = begin; drops.any() && i < end; ++i) drops.record(i, in[i], int8_value(q[i - begin], group.scale));
-  });
-}
+// The codec's loops, once per instruction set (wire_codec.inc, codec_isa.hpp). AVX-512 implies
+// FMA in GCC, and the library is built with -ffp-contract=off (meson.build): no instruction set
+// fuses a multiply and an add that the generic code rounds twice.
+namespace generic_codec {
+#include "runtime/outer/wire_codec.inc"
+}  // namespace generic_codec
+#if CO2_CODEC_X86
+#pragma GCC push_options
+#pragma GCC target("avx2")
+namespace avx2_codec {
+#include "runtime/outer/wire_codec.inc"
+}  // namespace avx2_codec
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl")
+namespace avx512_codec {
+#include "runtime/outer/wire_codec.inc"
+}  // namespace avx512_codec
+#pragma GCC pop_options
+#endif
 
-void decode_int8(const std::byte* in, size_t count, float* out, bool accumulate, const SegmentStarts& segments,
-                 size_t offset) {
-  const std::byte* codes = in + scales_bytes(kInt8Group, count, segments, offset);
-  for_each_group(kInt8Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
-    const float scale = scale_at(in, g);
-    int8_t q[kInt8Group];
-    std::memcpy(q, codes + begin, end - begin);
-    float* o = out + begin;
-    if (accumulate) {
-      for (size_t i = 0; i < end - begin; ++i) o[i] = int8_value(q[i], scale) + o[i];
-    } else {
-      for (size_t i = 0; i < end - begin; ++i) o[i] = int8_value(q[i], scale);
-    }
-  });
-}
-
-// Value i of a range is nibble i of its codes: the low half of byte i / 2 when i is even. A
-// group may begin at an odd value (a segment start), so groups share bytes but not nibbles.
-uint8_t nibble(const std::byte* codes, size_t i) {
-  return uint8_t((std::to_integer<uint8_t>(codes[i / 2]) >> (i % 2 * 4)) & 0xfu);
-}
-
-void encode_fp4(const float* in, size_t count, std::byte* out, const Drops& drops, const SegmentStarts& segments,
-                size_t offset) {
-  std::byte* codes = out + scales_bytes(kFp4Group, count, segments, offset);
-  std::memset(codes, 0, (count + 1) / 2);
-  for_each_group(kFp4Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
-    const GroupScale group = scale_of_group(in + begin, end - begin, kFp4Top);
-    put_scale(out, g, group.scale);
-    // A zero or non-finite group: inverse 0 codes every value as +0 (a NaN scale decodes NaN).
-    for (size_t i = begin; i < end; ++i) {
-      const uint8_t code = fp4_code(in[i], group.inverse);
-      codes[i / 2] |= std::byte(code << (i % 2 * 4));
-      if (drops.any()) drops.record(i, in[i], fp4_value(code, group.scale));
-    }
-  });
-}
-
-void decode_fp4(const std::byte* in, size_t count, float* out, bool accumulate, const SegmentStarts& segments,
-                size_t offset) {
-  const std::byte* codes = in + scales_bytes(kFp4Group, count, segments, offset);
-  for_each_group(kFp4Group, count, segments, offset, [&](size_t g, size_t begin, size_t end) {
-    const float scale = scale_at(in, g);
-    for (size_t i = begin; i < end; ++i) {
-      const float value = fp4_value(nibble(codes, i), scale);
-      out[i] = accumulate ? value + out[i] : value;
-    }
-  });
+// fp4's one-code-per-byte scratch, per thread (progress threads encode concurrently).
+uint8_t* nibble_scratch(WireFormat format, size_t count) {
+  if (format != WireFormat::Fp4) return nullptr;
+  thread_local std::vector<uint8_t> scratch;
+  if (scratch.size() < count) scratch.resize(count);
+  return scratch.data();
 }
 
 }  // namespace
@@ -225,41 +134,31 @@ size_t wire_element_bits(WireFormat format) {
 
 void wire_encode(WireFormat format, const float* in, size_t count, std::byte* out, float* dropped,
                  float dropped_scale, float* decoded, const SegmentStarts& segments, size_t offset) {
-  const Drops drops{dropped, dropped_scale, decoded};
-  switch (format) {
-    case WireFormat::F32:
-      if (count) std::memcpy(out, in, count * sizeof(float));
-      for (size_t i = 0; drops.any() && i < count; ++i) drops.record(i, in[i], in[i]);
-      return;
-    case WireFormat::BF16:
-      return encode_bf16(in, count, out, drops);
-    case WireFormat::Int8:
-      return encode_int8(in, count, out, drops, segments, offset);
-    case WireFormat::Fp4:
-      return encode_fp4(in, count, out, drops, segments, offset);
+  uint8_t* const nibbles = nibble_scratch(format, count);
+  switch (codec_isa()) {
+#if CO2_CODEC_X86
+    case CodecIsa::Avx512:
+      return avx512_codec::encode(format, in, count, out, {dropped, dropped_scale, decoded}, segments, offset, nibbles);
+    case CodecIsa::Avx2:
+      return avx2_codec::encode(format, in, count, out, {dropped, dropped_scale, decoded}, segments, offset, nibbles);
+#endif
+    default:
+      return generic_codec::encode(format, in, count, out, {dropped, dropped_scale, decoded}, segments, offset, nibbles);
   }
 }
 
 void wire_decode(WireFormat format, const std::byte* in, size_t count, float* out, bool accumulate,
                  const SegmentStarts& segments, size_t offset) {
-  switch (format) {
-    case WireFormat::F32:
-      if (!accumulate) {
-        if (count) std::memcpy(out, in, count * sizeof(float));
-        return;
-      }
-      for (size_t i = 0; i < count; ++i) {
-        float value;
-        std::memcpy(&value, in + i * sizeof value, sizeof value);
-        out[i] = value + out[i];
-      }
-      return;
-    case WireFormat::BF16:
-      return decode_bf16(in, count, out, accumulate);
-    case WireFormat::Int8:
-      return decode_int8(in, count, out, accumulate, segments, offset);
-    case WireFormat::Fp4:
-      return decode_fp4(in, count, out, accumulate, segments, offset);
+  uint8_t* const nibbles = nibble_scratch(format, count);
+  switch (codec_isa()) {
+#if CO2_CODEC_X86
+    case CodecIsa::Avx512:
+      return avx512_codec::decode(format, in, count, out, accumulate, segments, offset, nibbles);
+    case CodecIsa::Avx2:
+      return avx2_codec::decode(format, in, count, out, accumulate, segments, offset, nibbles);
+#endif
+    default:
+      return generic_codec::decode(format, in, count, out, accumulate, segments, offset, nibbles);
   }
 }
 

@@ -271,3 +271,23 @@ def test_a_python_without_numpy_or_torch_is_told_which(hidden, imported, parts):
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError"), run.stderr
     one_sentence_fix(last, *parts)
+
+
+def test_a_wire_codec_the_cpu_cannot_run_fails_at_the_communicator():
+    """CO2_WIRE_CODEC naming no instruction set fails where the group forms, with the choices,
+    not later on the progress thread; a valid choice trains."""
+    code = ("import co2\n"
+            "try:\n"
+            "    co2.Communicator(rank=0, world_size=1)\n"
+            "    print('ok')\n"
+            "except co2.InvalidArgumentError as e:\n"
+            "    print('invalid:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "CO2_WIRE_CODEC"}
+    bad = subprocess.run([sys.executable, "-c", code], env={**env, "CO2_WIRE_CODEC": "avx3"},
+                         capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+    assert bad.returncode == 0, bad.stderr
+    assert bad.stdout.startswith("invalid:"), bad.stdout
+    assert "CO2_WIRE_CODEC=avx3" in bad.stdout and "generic, avx2 or avx512" in bad.stdout, bad.stdout
+    good = subprocess.run([sys.executable, "-c", code], env={**env, "CO2_WIRE_CODEC": "generic"},
+                          capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+    assert good.stdout.strip() == "ok", good.stdout + good.stderr
