@@ -62,6 +62,17 @@ std::string random_token() {
   return token;
 }
 
+// co2-probe beside this co2run (the build tree and an installation both put them together);
+// "" when it is not there.
+std::string probe_beside_us() {
+  char self[4096];
+  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) return "";
+  std::string path(self, size_t(length));
+  path = path.substr(0, path.rfind('/') + 1) + "co2-probe";
+  return ::access(path.c_str(), X_OK) == 0 ? path : "";
+}
+
 int main_or_status(int argc, char** argv) {
   Options options;
   try {
@@ -73,6 +84,15 @@ int main_or_status(int argc, char** argv) {
   if (options.help) {
     std::fputs(kUsage, stdout);
     return 0;
+  }
+  if (options.probe) {
+    const std::string probe = probe_beside_us();
+    if (probe.empty()) {
+      std::fprintf(stderr, "co2run: error: --probe runs co2-probe from co2run's directory, and it is not there "
+                           "(install both, or run co2-probe under your launcher)\n");
+      return 1;
+    }
+    options.program.insert(options.program.begin(), probe);
   }
 
   // On one machine co2run may choose the port and the token: nobody else has to agree on them.

@@ -30,6 +30,9 @@ const char kUsage[] =
     "  --master-port P      port of the rendezvous store (default: a free port on one machine;\n"
     "                       required with --node-rank when --nnodes > 1)\n"
     "  --grace-period S     seconds between SIGTERM and SIGKILL when stopping ranks (default 10)\n"
+    "  --probe ARGS...      run co2-probe (installed beside co2run) as PROGRAM: it times the outer\n"
+    "                       all-reduce per wire format across the ranks and prints the tau and\n"
+    "                       format that hide it behind a training step; co2run --probe --help\n"
     "  -h, --help           this text\n"
     "\n"
     "On one machine co2run makes up a random CO2_AUTH_TOKEN unless one is set; across machines,\n"
@@ -40,7 +43,8 @@ const char kUsage[] =
     "examples: co2run --nproc-per-node 4 ./train --steps 1000\n"
     "          co2run --nnodes 2 --nproc-per-node 2 ./train    (2 simulated nodes of 2 ranks)\n"
     "          co2run --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr host0 \\\n"
-    "                 --master-port 29500 ./train               (on host0; --node-rank 1 on host1)\n";
+    "                 --master-port 29500 ./train               (on host0; --node-rank 1 on host1)\n"
+    "          co2run --nproc-per-node 4 --probe --params 124M --step-ms 150\n";
 
 namespace {
 
@@ -65,7 +69,7 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
 }
 
-enum OptionId { kNprocPerNode = 1000, kNnodes, kNodeRank, kMasterAddr, kMasterPort, kGracePeriod, kHelp };
+enum OptionId { kNprocPerNode = 1000, kNnodes, kNodeRank, kMasterAddr, kMasterPort, kGracePeriod, kProbe, kHelp };
 
 // Both spellings of each option: co2run's and torchrun's (underscores).
 const option kLongOptions[] = {
@@ -80,6 +84,7 @@ const option kLongOptions[] = {
     {"master_port", required_argument, nullptr, kMasterPort},
     {"grace-period", required_argument, nullptr, kGracePeriod},
     {"grace_period", required_argument, nullptr, kGracePeriod},
+    {"probe", no_argument, nullptr, kProbe},
     {"help", no_argument, nullptr, kHelp},
     {nullptr, 0, nullptr, 0}};
 
@@ -127,6 +132,10 @@ Options parse_command_line(int argc, char** argv) {
       options.help = true;
       return options;
     }
+    if (id == kProbe) {  // the rest of the line is co2-probe's
+      options.probe = true;
+      break;
+    }
     const std::string flag = flag_name(id);
     const std::string value = optarg != nullptr ? optarg : "";
     switch (id) {
@@ -144,7 +153,7 @@ Options parse_command_line(int argc, char** argv) {
   int i = optind;
   for (; i < argc; ++i) options.program.push_back(argv[i]);
 
-  if (options.program.empty()) throw UsageError("no PROGRAM to run");
+  if (options.program.empty() && !options.probe) throw UsageError("no PROGRAM to run");
   if (options.node_rank >= options.nnodes)
     throw UsageError("--node-rank " + std::to_string(options.node_rank) + " is not below --nnodes " +
                      std::to_string(options.nnodes));

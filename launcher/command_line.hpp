@@ -22,6 +22,7 @@ struct Options {
   int master_port = 0;      // 0 = not given
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   bool help = false;
+  bool probe = false;                // --probe: PROGRAM is co2-probe, `program` holds its arguments
   std::vector<std::string> program;  // PROGRAM ARGS...
 };
 

@@ -42,7 +42,7 @@ TEST(Co2run, HelpExplainsTheOptions) {
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
   for (const char* part : {"usage: co2run", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
                            "--master-port", "--grace-period", "CO2_AUTH_TOKEN", "CO2_MASTER_PORT", "GROUP_RANK",
-                           "simulated nodes"})
+                           "simulated nodes", "--probe"})
     EXPECT_TRUE(contains(run.out(), part)) << part;
 }
 
