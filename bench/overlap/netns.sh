@@ -3,7 +3,7 @@
 # link capped at RATE in each direction (tc tbf on both ends of its veth pair), like a host with
 # a full-duplex NIC of that rate.
 #
-#   netns.sh run --ranks W [--rate RATE] [--nodes K] [--prefix P] -- COMMAND [ARGS...]
+#   netns.sh run --ranks W [--rate RATE] [--flow-rate FLOW] [--nodes K] [--prefix P] -- COMMAND [ARGS...]
 #       Sets up, runs COMMAND in the root namespace with the environment below, and removes
 #       everything it created when COMMAND ends, fails, or the script is interrupted.
 #   netns.sh down [--prefix P]   removes leftovers of a killed run (namespaces named P*)
@@ -81,6 +81,43 @@ tc_rate_bits() {
   esac
 }
 
+# cap_link NAMESPACE DEVICE RATE FLOW: the device's egress capped at RATE (tbf), or with FLOW
+# (non-empty) an htb per-flow cap below it (see --flow-rate above), loaded in one tc -batch.
+cap_link() {
+  local ns="$1" dev="$2" rate="$3" flow="$4" a b share
+  if [[ -z "$flow" ]]; then
+    # shellcheck disable=SC2046
+    tc -n "$ns" qdisc add dev "$dev" root tbf $(tbf_args "$rate")
+    return
+  fi
+  # Each class is assured 1/17 of the link (16 flow classes and one for what is not TCP) and
+  # may borrow up to FLOW; the parent bounds their sum by RATE.
+  share="$(( $(tc_rate_bits "$rate") / 17 ))bit"
+  {
+    echo "qdisc add dev $dev root handle 1: htb default 2"
+    echo "class add dev $dev parent 1: classid 1:1 htb rate $rate ceil $rate quantum 60000"
+    echo "class add dev $dev parent 1:1 classid 1:2 htb rate $share ceil $rate quantum 60000"
+    for (( a = 0; a < 16; a++ )); do
+      printf 'class add dev %s parent 1:1 classid 1:%x htb rate %s ceil %s quantum 60000\n' "$dev" $(( 0x10 + a )) "$share" "$flow"
+    done
+    # Table 2: by the source port's low 4 bits (a), then table 0x100+a: by the destination port's (b).
+    echo "filter add dev $dev parent 1: prio 1 handle 2: protocol ip u32 divisor 16"
+    for (( a = 0; a < 16; a++ )); do
+      printf 'filter add dev %s parent 1: prio 1 handle %x: protocol ip u32 divisor 16\n' "$dev" $(( 0x100 + a ))
+    done
+    for (( a = 0; a < 16; a++ )); do
+      for (( b = 0; b < 16; b++ )); do
+        printf 'filter add dev %s parent 1: prio 1 protocol ip u32 ht %x:%x: match u32 0 0 flowid 1:%x\n' \
+          "$dev" $(( 0x100 + a )) "$b" $(( 0x10 + ((a + b) & 15) ))
+      done
+      printf 'filter add dev %s parent 1: prio 1 protocol ip u32 ht 2:%x: match u32 0 0 link %x: hashkey mask 0x0000000f at 20\n' \
+        "$dev" "$a" $(( 0x100 + a ))
+    done
+    echo "filter add dev $dev parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff link 2: hashkey mask 0x000f0000 at 20"
+  } | tc -n "$ns" -batch - 2>&1 | grep -v "quantum of class" >&2 || true
+  tc -n "$ns" qdisc show dev "$dev" | grep -q "htb 1:" || die "could not load the per-flow cap on $dev (htb, u32)"
+}
+
 # --nodes: per node a bridge, uncapped rank ports, one capped uplink to the core bridge br0.
 setup_nodes() {
   local prefix="$1" ranks="$2" rate="$3" nodes="$4" i k ns nb
@@ -100,10 +137,8 @@ setup_nodes() {
     ip -n "${prefix}br" link set "node$k" master br0
     ip -n "${prefix}br" link set "node$k" up
     if [[ "$rate" != "none" ]]; then
-      # shellcheck disable=SC2046
-      tc -n "$nb" qdisc add dev "up$k" root tbf $(tbf_args "$rate")
-      # shellcheck disable=SC2046
-      tc -n "${prefix}br" qdisc add dev "node$k" root tbf $(tbf_args "$rate")
+      cap_link "$nb" "up$k" "$rate" "$flow_rate"
+      cap_link "${prefix}br" "node$k" "$rate" "$flow_rate"
     fi
   done
   for (( i = 0; i < ranks; i++ )); do
@@ -135,10 +170,8 @@ setup() {
     ip -n "${prefix}br" link set "port$i" master br0
     ip -n "${prefix}br" link set "port$i" up
     if [[ "$rate" != "none" ]]; then
-      # shellcheck disable=SC2046
-      tc -n "$ns" qdisc add dev "eth$i" root tbf $(tbf_args "$rate")
-      # shellcheck disable=SC2046
-      tc -n "${prefix}br" qdisc add dev "port$i" root tbf $(tbf_args "$rate")
+      cap_link "$ns" "eth$i" "$rate" "$flow_rate"
+      cap_link "${prefix}br" "port$i" "$rate" "$flow_rate"
     fi
   done
 }
@@ -149,11 +182,13 @@ shift
 prefix="$PREFIX_DEFAULT"
 ranks=""
 rate="none"
+flow_rate=""
 nodes=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --ranks) ranks="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
+    --flow-rate) flow_rate="$2"; shift 2 ;;
     --prefix) prefix="$2"; shift 2 ;;
     --nodes) nodes="$2"; shift 2 ;;
     --) shift; break ;;
@@ -177,6 +212,10 @@ case "$cmd" in
       || die "--nodes must be >= 1 and divide --ranks"
 
     [[ "$rate" == "none" ]] || tc_rate_bits "$rate" >/dev/null
+    if [[ -n "$flow_rate" ]]; then
+      [[ "$rate" != "none" ]] || die "--flow-rate needs --rate (the link's cap, above the flow's)"
+      (( $(tc_rate_bits "$flow_rate") <= $(tc_rate_bits "$rate") )) || die "--flow-rate must not exceed --rate"
+    fi
     check_privilege || exit $?
     if ip netns list | awk '{print $1}' | grep -q "^${prefix}"; then
       die "namespaces named ${prefix}* exist already (another run, or a killed one: netns.sh down --prefix $prefix)"
@@ -196,7 +235,7 @@ case "$cmd" in
       setup "$prefix" "$ranks" "$rate"
     fi
     export CO2_NETNS_NODES="$nodes"
-    export CO2_NETNS_RANKS="$ranks" CO2_NETNS_PREFIX="$prefix" CO2_NETNS_RATE="$rate"
+    export CO2_NETNS_RANKS="$ranks" CO2_NETNS_PREFIX="$prefix" CO2_NETNS_RATE="$rate" CO2_NETNS_FLOW_RATE="$flow_rate"
     for (( i = 0; i < ranks; i++ )); do
       export "CO2_NETNS_ADDR_$i=${SUBNET}.$(( i + 1 ))"
     done
