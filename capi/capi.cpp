@@ -124,6 +124,7 @@ void require_reserved_zero(const co2_comm_config_t& c, const char* what) {
   require_reserved_zero(c.reserved0, what, "reserved0");
   require_reserved_zero(c.reserved1, what, "reserved1");
   require_reserved_zero(c.reserved2, what, "reserved2");
+  require_reserved_zero(c.reserved3, what, "reserved3");
 }
 void require_reserved_zero(const co2_engine_config_t& c, const char* what) {
   require_reserved_zero(c.reserved0, what, "reserved0");
@@ -204,11 +205,14 @@ co2::GroupRequest group_request(const co2_comm_config_t& config) {
   require_arg(config.device_index >= CO2_DEVICE_INDEX_AUTO,
               "device_index must be a CUDA device index or CO2_DEVICE_INDEX_AUTO (-1)");
   require_arg(config.node_id >= CO2_NODE_ID_AUTO, "node_id must be >= 0, or CO2_NODE_ID_AUTO (-1)");
+  require_arg(config.connections_per_peer <= CO2_MAX_CONNECTIONS,
+              "connections_per_peer must be in 1..16, or CO2_CONNECTIONS_AUTO (0)");
   co2::GroupRequest request;
   request.transport = co2::TransportKind(config.transport);
   request.options.timeout = std::chrono::milliseconds(config.timeout_ms);
   request.options.chunk_bytes = size_t(config.chunk_bytes);
   request.device_index = config.device_index;
+  request.options.connections_per_peer = int(config.connections_per_peer);
   return request;
 }
 

@@ -64,6 +64,9 @@ class PointToPoint {
   // memory of their own, copied to the caller's buffer on success and kept alive until the
   // transport released it, so a caller's buffer is never written after its request completed.
   virtual bool receives_may_land_late() const { return false; }
+  // How many connections messages to one peer are striped over (by tag): the collectives keep
+  // at least this many chunks in flight, so that every connection carries one.
+  virtual int connections_per_peer() const { return 1; }
 };
 
 }  // namespace co2::transport

@@ -3,20 +3,23 @@
 # connection at FLOW below it (bench/overlap/netns.sh --flow-rate: htb, 16 hashed flow classes).
 # Beside each other in one run: iperf3 with 1 and K streams, ucx_perftest tag_bw (one UCX
 # endpoint), and co2's outer all-reduce in fp32 (bench/allreduce/co2_wire_allreduce.c) at W = 2
-# and 4. Prints Gbit/s per rank and link and the fraction of RATE each gets.
-#   bash bench/allreduce/per_flow.sh [--rate 1gbit] [--flow-rate 250mbit] [--mib 64] [--ranks "2 4"]
+# and 4, with 1 and more connections per peer (CO2_UCX_CONNECTIONS). Prints Gbit/s per rank and
+# link and the fraction of RATE each gets. Without --flow-rate: the plain capped link (tbf).
+#   bash bench/allreduce/per_flow.sh [--rate 1gbit] [--flow-rate 250mbit|none] [--mib 64] [--ranks "2 4"]
+#                                    [--connections "1 4 8"]
 # Needs root (namespaces); iperf3 is optional (apt-get install iperf3).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 
-rate=1gbit flow_rate=250mbit mib=64 ranks_list="2 4" phase=""
+rate=1gbit flow_rate=250mbit mib=64 ranks_list="2 4" connections_list="1 4 8" phase=""
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) rate=$2; shift 2 ;;
     --flow-rate) flow_rate=$2; shift 2 ;;
     --mib) mib=$2; shift 2 ;;
     --ranks) ranks_list=$2; shift 2 ;;
+    --connections) connections_list=$2; shift 2 ;;
     --inner) phase=inner; shift ;;  # internal: runs inside netns.sh
     *) echo "usage: $0 [--rate RATE] [--flow-rate FLOW] [--mib N] [--ranks \"2 4\"]" >&2; exit 2 ;;
   esac
@@ -31,8 +34,11 @@ if [ -z "$phase" ]; then
   for w in $ranks_list; do [ "$w" -gt "$max_world" ] && max_world=$w; done
   [ "$max_world" -ge 2 ] || max_world=2
   echo "per-flow-capped link, $(date -u +%FT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-  exec bash "$root/bench/overlap/netns.sh" run --ranks "$max_world" --rate "$rate" --flow-rate "$flow_rate" \
-    --prefix co2f -- bash "$0" --rate "$rate" --flow-rate "$flow_rate" --mib "$mib" --ranks "$ranks_list" --inner
+  flow_args=()
+  [ "$flow_rate" = none ] || flow_args=(--flow-rate "$flow_rate")
+  exec bash "$root/bench/overlap/netns.sh" run --ranks "$max_world" --rate "$rate" "${flow_args[@]}" \
+    --prefix co2f -- bash "$0" --rate "$rate" --flow-rate "$flow_rate" --mib "$mib" --ranks "$ranks_list" \
+    --connections "$connections_list" --inner
 fi
 
 ns() { echo "${CO2_NETNS_PREFIX}r$1"; }
@@ -41,7 +47,7 @@ row() {  # row TOOL DETAIL BITS_PER_S
   awk -v t="$1" -v d="$2" -v b="$3" -v r="$rate_bits" 'BEGIN { printf "%-14s %-22s %8.3f %8.2f\n", t, d, b / 1e9, b / r }'
 }
 
-echo "== rank link $rate, per-flow cap $flow_rate (one connection: at most $flow_rate)"
+echo "== rank link $rate, per-flow cap $flow_rate"
 printf "%-14s %-22s %8s %8s\n" tool detail "Gbit/s" "of link"
 
 if command -v iperf3 >/dev/null; then
@@ -71,18 +77,21 @@ row ucx_perftest "tag_bw, $mib MiB" "$(awk -v m="${mbps:-0}" 'BEGIN { print m * 
 
 # co2: each rank sends 2(W-1)/W of the model per all-reduce; Gbit/s = those bits / time.
 for world in $ranks_list; do
+ for connections in $connections_list; do
   port=$((port + 1))
   tmp=$(mktemp -d)
   pids=()
   for ((i = 0; i < world; i++)); do
     ip netns exec "$(ns $i)" env RANK=$i WORLD_SIZE="$world" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
       MASTER_ADDR="$CO2_NETNS_ADDR_0" MASTER_PORT="$port" UCX_TLS=tcp UCX_NET_DEVICES="eth$i" CO2_LOG_LEVEL=warn \
+      CO2_UCX_CONNECTIONS="$connections" \
       "$bin" fp32 "$mib" "$mib" >"$tmp/out.$i" 2>"$tmp/err.$i" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || cat "$tmp"/err.* >&2; done
   seconds=$(grep -v '^#' "$tmp/out.0" | awk '{ print $2 }')
   rm -rf "$tmp"
-  row "co2 W=$world" "all-reduce, $mib MiB" "$(awk -v s="${seconds:-0}" -v b="$bytes" -v w="$world" \
+  row "co2 W=$world" "$connections conn, $mib MiB" "$(awk -v s="${seconds:-0}" -v b="$bytes" -v w="$world" \
     'BEGIN { print (s > 0 ? 2 * (w - 1) / w * b * 8 / s : 0) }')"
+ done
 done

@@ -24,6 +24,13 @@
 # Traffic between nodes crosses two such uplinks (its node's and the other's), so each direction
 # of a node's traffic is capped at RATE. All addresses stay in one subnet (layer 2 throughout).
 # COMMAND also sees CO2_NETNS_NODES=K (1 without --nodes).
+#
+# --flow-rate FLOW (a per-flow cap below the link's, as some clouds and WAN paths impose): every
+# capped link becomes an htb class at RATE holding 16 classes of at most FLOW each, and a TCP
+# packet goes to class (source port / 2 + destination port / 2) mod 16 (two levels of u32 hash
+# tables on bits 1-4 of the ports: this kernel has no fq, sfq or flower). One connection then
+# gets at most FLOW; several get up to RATE between them (hashed: two may share a class). COMMAND
+# sees CO2_NETNS_FLOW_RATE (empty without it).
 set -euo pipefail
 
 PREFIX_DEFAULT="co2b"
@@ -100,7 +107,8 @@ cap_link() {
     for (( a = 0; a < 16; a++ )); do
       printf 'class add dev %s parent 1:1 classid 1:%x htb rate %s ceil %s quantum 60000\n' "$dev" $(( 0x10 + a )) "$share" "$flow"
     done
-    # Table 2: by the source port's low 4 bits (a), then table 0x100+a: by the destination port's (b).
+    # Table 2: by bits 1-4 of the source port (a), then table 0x100+a: by the destination port's
+    # (b). Not bits 0-3: Linux's connect() picks even ports, so bit 0 would halve the classes.
     echo "filter add dev $dev parent 1: prio 1 handle 2: protocol ip u32 divisor 16"
     for (( a = 0; a < 16; a++ )); do
       printf 'filter add dev %s parent 1: prio 1 handle %x: protocol ip u32 divisor 16\n' "$dev" $(( 0x100 + a ))
@@ -110,10 +118,10 @@ cap_link() {
         printf 'filter add dev %s parent 1: prio 1 protocol ip u32 ht %x:%x: match u32 0 0 flowid 1:%x\n' \
           "$dev" $(( 0x100 + a )) "$b" $(( 0x10 + ((a + b) & 15) ))
       done
-      printf 'filter add dev %s parent 1: prio 1 protocol ip u32 ht 2:%x: match u32 0 0 link %x: hashkey mask 0x0000000f at 20\n' \
+      printf 'filter add dev %s parent 1: prio 1 protocol ip u32 ht 2:%x: match u32 0 0 link %x: hashkey mask 0x0000001e at 20\n' \
         "$dev" "$a" $(( 0x100 + a ))
     done
-    echo "filter add dev $dev parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff link 2: hashkey mask 0x000f0000 at 20"
+    echo "filter add dev $dev parent 1: prio 1 protocol ip u32 ht 800:: match ip protocol 6 0xff link 2: hashkey mask 0x001e0000 at 20"
   } | tc -n "$ns" -batch - 2>&1 | grep -v "quantum of class" >&2 || true
   tc -n "$ns" qdisc show dev "$dev" | grep -q "htb 1:" || die "could not load the per-flow cap on $dev (htb, u32)"
 }

@@ -174,7 +174,7 @@ PointToPointExecutor::PointToPointExecutor(std::unique_ptr<transport::PointToPoi
                                    const CommOptions& options)
     : transport_(std::move(transport)),
       options_(options),
-      tuning_{options.chunk_bytes, kChunksInFlight},
+      tuning_{options.chunk_bytes, std::max(kChunksInFlight, size_t(transport_->connections_per_peer()))},
       rank_(transport_->rank()),
       size_(transport_->size()),
       progress_thread_([this] { run(); }) {}

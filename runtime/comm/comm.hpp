@@ -86,6 +86,9 @@ struct CommOptions {
   std::chrono::milliseconds timeout{300000};
   // Collectives are split into chunks of about this many bytes, pipelined around the ring.
   size_t chunk_bytes = size_t(1) << 20;
+  // UCX: bulk connections to each peer, messages striped over them (0: CO2_UCX_CONNECTIONS,
+  // else 1; transports/ucx/transport.hpp).
+  int connections_per_peer = 0;
 };
 
 // How an f32 all-reduce travels (runtime/collectives/collectives.hpp, make_allreduce): `format` other than

@@ -196,7 +196,8 @@ constexpr bool kUcxCompiledIn =
 std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, const std::string& prefix, int rank, int world_size,
                                                const CommOptions& options) {
 #ifdef CO2_HAVE_UCX
-  auto transport = transport::ucx::connect(store, prefix + "ucx/", rank, world_size, options.timeout);
+  auto transport = transport::ucx::connect(store, prefix + "ucx/", rank, world_size, options.timeout,
+                                           options.connections_per_peer);
   return std::make_shared<Communicator>(std::move(transport), options);
 #else
   (void)store, (void)prefix, (void)rank, (void)world_size, (void)options;

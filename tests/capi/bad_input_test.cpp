@@ -383,6 +383,13 @@ TEST(BadInputComm, RankAndWorldSizeOutOfRange) {
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_comm_create(&c, &comm));
   EXPECT_NE(std::string(co2_last_error_message()).find("device_index"), std::string::npos);
   c = local_config(g);
+  c.connections_per_peer = CO2_MAX_CONNECTIONS + 1;
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_comm_create(&c, &comm));
+  EXPECT_NE(std::string(co2_last_error_message()).find("connections_per_peer"), std::string::npos);
+  c = local_config(g);
+  c.reserved3 = 1;
+  EXPECT_STATUS(CO2_ERR_INVALID_CONFIG, co2_comm_create(&c, &comm));
+  c = local_config(g);
   c.group_name = "";
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_comm_create(&c, &comm));
   EXPECT_EQ(comm, kSentinelComm);

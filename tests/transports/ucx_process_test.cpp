@@ -67,10 +67,12 @@ std::string read_file(const fs::path& path) {
 // ---------------------------------------------------------------------------------------------
 // Worker side
 
+// connections 0: the transport's default (CO2_UCX_CONNECTIONS: the striped run of this suite
+// sets it, meson.build).
 std::unique_ptr<co2::transport::PointToPoint> connect_rank(const fs::path& dir, int rank, int size,
-                                                           milliseconds timeout) {
+                                                           milliseconds timeout, int connections = 0) {
   auto store = co2::store::open_file_store((dir / "store").string());
-  return co2::transport::ucx::connect(*store, "ucx/", rank, size, timeout);
+  return co2::transport::ucx::connect(*store, "ucx/", rank, size, timeout, connections);
 }
 
 int worker_workload(const fs::path& dir, int rank, int size) {
@@ -173,11 +175,12 @@ int worker_lanes(const fs::path& dir, int rank, int size) {
   return 0;
 }
 
-int worker_absent(const fs::path& dir, int rank, int size, milliseconds timeout) {
+// absent: one rank never comes; disagree: rank r asks for r + 1 connections per peer.
+int worker_absent(const fs::path& dir, int rank, int size, milliseconds timeout, bool disagree) {
   const int64_t start = now_ns();
   std::string outcome = "connected";
   try {
-    connect_rank(dir, rank, size, timeout);
+    connect_rank(dir, rank, size, timeout, disagree ? rank + 1 : 0);
   } catch (const co2::transport::RendezvousError& error) {
     outcome = std::string("rendezvous error\n") + error.what();
   }
@@ -197,7 +200,8 @@ int run_worker(int argc, char** argv) {
   try {
     if (mode == "workload") return worker_workload(dir, rank, size);
     if (mode == "fault") return worker_fault(dir, rank, size, timeout);
-    if (mode == "absent") return worker_absent(dir, rank, size, timeout);
+    if (mode == "absent") return worker_absent(dir, rank, size, timeout, false);
+    if (mode == "disagree") return worker_absent(dir, rank, size, timeout, true);
     if (mode == "lanes") return worker_lanes(dir, rank, size);
   } catch (const std::exception& error) {
     write_file(dir / ("error." + std::to_string(rank)), error.what());
@@ -645,6 +649,31 @@ TEST(UcxFaults, PeerThatNeverArrivesIsARendezvousError) {
     EXPECT_NE(outcome.find("rank 2"), std::string::npos) << outcome;
     EXPECT_GE(elapsed_ms, kTimeout.count() - 50);
     EXPECT_LT(elapsed_ms, (kTimeout + kFaultMargin).count());
+  }
+}
+
+TEST(UcxFaults, RanksThatAskForDifferentConnectionsFailAtRendezvousNamingIt) {
+  if (!co2::transport::ucx::available()) GTEST_SKIP() << "UCX cannot be initialised here";
+  if (std::getenv("CO2_UCX_CONNECTIONS"))
+    GTEST_SKIP() << "CO2_UCX_CONNECTIONS overrides what each rank asks for (the plain run checks this)";
+  constexpr int kSize = 2;
+  constexpr milliseconds kTimeout{20000};
+  TemporaryDirectory dir;
+  Children children(dir.path());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < kSize; ++rank) pids.push_back(children.spawn("disagree", rank, kSize, kTimeout));
+  const auto deadline = Clock::now() + kTimeout + std::chrono::seconds(30);
+  for (int rank = 0; rank < kSize; ++rank) {
+    ASSERT_EQ(children.wait(pids[size_t(rank)], deadline), 0) << children.error_of(rank);
+    std::istringstream in(read_file(dir.path() / ("absent." + std::to_string(rank))));
+    int64_t elapsed_ms = 0;
+    in >> elapsed_ms;
+    std::string outcome;
+    std::getline(in, outcome);
+    std::getline(in, outcome, '\0');
+    EXPECT_NE(outcome.find("rendezvous error"), std::string::npos) << outcome;
+    EXPECT_NE(outcome.find("connection(s) per peer and this rank"), std::string::npos) << outcome;
+    EXPECT_LT(elapsed_ms, kTimeout.count()) << "the mismatch is found when the addresses arrive, not at the timeout";
   }
 }
 

@@ -30,13 +30,15 @@ constexpr unsigned kKindShift = 62;
 static_assert(kMaxRanks == 1 << (kKindShift - kSourceShift), "the source field holds every rank");
 constexpr ucp_tag_t kMatchAll = ~ucp_tag_t(0);
 
-// Each peer has one endpoint per lane (transport::kControlLaneTag), each its own connection
-// (over TCP its own socket), so a control-lane message never queues behind the bulk bytes that
-// UCX, the socket or the peer's receive path still holds for the other lane (docs/transports.md,
-// "Lanes"). A tag belongs to one lane, so messages of one tag keep their order.
-constexpr int kLanes = 2;
+// Each peer has one endpoint per lane, each its own connection (over TCP its own socket): the
+// control lane (transport::kControlLaneTag), so that a control-lane message never queues behind
+// the bulk bytes that UCX, the socket or the peer's receive path still holds for the others
+// (docs/transports.md, "Lanes"), and `connections` bulk lanes, so that a path that caps each
+// connection (a per-flow limit) still carries the link's rate. Bulk lane 0 is lane 0, the
+// control lane is lane 1, further bulk lanes are 2..connections: one connection is 1.1's
+// layout. A tag belongs to one lane, so messages of one tag keep their order.
 constexpr int kBulkLane = 0, kControlLane = 1;
-int lane_of(uint64_t tag) { return (tag & kControlLaneTag) ? kControlLane : kBulkLane; }
+constexpr int kMaxLanes = kMaxConnections + 1;
 
 // Control messages (Abort, Goodbye) have the top bit set: one standing receive catches both.
 enum class Kind : ucp_tag_t { Data = 0, Hello = 1, Abort = 2, Goodbye = 3 };
@@ -91,6 +93,18 @@ std::chrono::microseconds spin_before_sleep(const std::string& where) {
   return std::chrono::microseconds(value);
 }
 
+// Bulk connections per peer: CO2_UCX_CONNECTIONS where set, else `requested`, else 1.
+int connections_per_peer(int requested, const std::string& where) {
+  const char* text = std::getenv("CO2_UCX_CONNECTIONS");
+  if (!text || !*text) return requested > 0 ? requested : kDefaultConnections;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > kMaxConnections)
+    throw RendezvousError(where + "CO2_UCX_CONNECTIONS must be a whole number in 1.." + std::to_string(kMaxConnections) +
+                          ", not '" + text + "'");
+  return int(value);
+}
+
 std::string describe_tag(uint64_t tag) {
   std::ostringstream out;
   out << "0x" << std::hex << tag;
@@ -121,7 +135,7 @@ bool means_peer_lost(ucs_status_t status) {
 
 class UcxTransport final : public PointToPoint {
  public:
-  UcxTransport(int rank, int size, std::chrono::microseconds spin);
+  UcxTransport(int rank, int size, int connections, std::chrono::microseconds spin);
   ~UcxTransport() override;
 
   // This worker's address, to publish.
@@ -136,6 +150,7 @@ class UcxTransport final : public PointToPoint {
   // endpoints cannot be force-closed: its data may still land after the abort.
   bool receives_may_land_late() const override { return true; }
   int size() const override { return size_; }
+  int connections_per_peer() const override { return connections_; }
   Handle post_send(int peer, uint64_t tag, const void* data, size_t length) override;
   Handle post_recv(int peer, uint64_t tag, void* data, size_t length) override;
   Outcome test(Handle handle) override;
@@ -148,19 +163,19 @@ class UcxTransport final : public PointToPoint {
   struct Peer {
     UcxTransport* owner = nullptr;
     int rank = 0;
-    ucp_ep_h endpoints[kLanes] = {nullptr, nullptr};  // by lane; both or neither
+    ucp_ep_h endpoints[kMaxLanes] = {};  // by lane; all of the transport's lanes or none
     bool closed = false;  // the endpoints were handed to ucp_ep_close_nbx
     bool lost = false;    // an error handler ran, or the peer said goodbye on every lane
     bool peer_error_handling = false;  // both created with UCP_ERR_HANDLING_MODE_PEER
     // Goodbyes heard, by lane: a goodbye follows everything the peer sent on its lane, so the
     // peer is gone only once every lane said it (the lanes' connections are not ordered).
-    bool goodbye[kLanes] = {false, false};
+    bool goodbye[kMaxLanes] = {};
     // After an abort: our notice to it and the flushes of its endpoints still in flight, and
     // whether its own notice arrived (it aborted too and posts nothing more to us).
     std::vector<void*> notice_sends;
     bool abort_heard = false;
     // Lanes whose endpoint failed (error handler), when the first did, and why.
-    bool failed[kLanes] = {false, false};
+    bool failed[kMaxLanes] = {};
     Clock::time_point failed_at{};
     std::string failed_reason;
     std::string lost_reason;
@@ -182,6 +197,17 @@ class UcxTransport final : public PointToPoint {
   };
 
   static void on_endpoint_error(void* arg, ucp_ep_h endpoint, ucs_status_t status);
+
+  // The lane of a data message: the control lane, or the bulk lanes in turn by tag (consecutive
+  // tags, such as a collective's chunks, travel on different connections).
+  int lane_of(uint64_t tag) const {
+    if (tag & kControlLaneTag) return kControlLane;
+    const int stripe = int(tag % uint64_t(connections_));
+    return stripe == 0 ? kBulkLane : stripe + 1;
+  }
+  bool any_lane_failed(const Peer& peer) const {
+    return std::any_of(peer.failed, peer.failed + lanes_, [](bool failed) { return failed; });
+  }
 
   // All below: mutex_ held.
   Handle remember(Operation operation);
@@ -220,6 +246,8 @@ class UcxTransport final : public PointToPoint {
 
   const int rank_;
   const int size_;
+  const int connections_;  // bulk lanes per peer
+  const int lanes_;        // connections_ + the control lane
   const std::chrono::microseconds spin_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -271,8 +299,8 @@ std::string cannot_start_message(ucs_status_t status) {
          "(ucx_info -d lists them; UCX_TLS=tcp UCX_NET_DEVICES=lo on one host)";
 }
 
-UcxTransport::UcxTransport(int rank, int size, std::chrono::microseconds spin)
-    : rank_(rank), size_(size), spin_(spin) {
+UcxTransport::UcxTransport(int rank, int size, int connections, std::chrono::microseconds spin)
+    : rank_(rank), size_(size), connections_(connections), lanes_(connections + 1), spin_(spin) {
   const std::string where = "ucx transport rank " + std::to_string(rank) + ": ";
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);  // honours UCX_* variables
@@ -402,9 +430,10 @@ void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h endpoint, ucs_status_t 
   // Runs inside ucp_worker_progress, i.e. with the owner's mutex held: only records the
   // failure; settle_lanes decides once the control messages that preceded it were taken in.
   auto* peer = static_cast<Peer*>(arg);
-  const int lane = endpoint == peer->endpoints[kControlLane] ? kControlLane : kBulkLane;
-  if (peer->failed[lane]) return;
-  if (!peer->failed[kBulkLane] && !peer->failed[kControlLane]) {
+  const int lanes = peer->owner->lanes_;
+  const int lane = int(std::find(peer->endpoints, peer->endpoints + lanes, endpoint) - peer->endpoints);
+  if (lane == lanes || peer->failed[lane]) return;
+  if (!peer->owner->any_lane_failed(*peer)) {
     peer->failed_at = Clock::now();
     peer->failed_reason = std::string("ucx endpoint error: ") + status_text(status);
   }
@@ -414,7 +443,7 @@ void UcxTransport::on_endpoint_error(void* arg, ucp_ep_h endpoint, ucs_status_t 
 
 bool UcxTransport::unsettled(const Peer& peer) const {
   if (peer.lost) return false;
-  for (int lane = 0; lane < kLanes; ++lane)
+  for (int lane = 0; lane < lanes_; ++lane)
     if (peer.failed[lane] && !peer.goodbye[lane]) return true;
   return false;
 }
@@ -426,7 +455,7 @@ void UcxTransport::settle_lanes() {
     // A lane that said goodbye and then closed is finished, not failed; the peer is lost when
     // every lane is finished or failed (all it sent before is in), or after the grace.
     bool all_finished = true;
-    for (int lane = 0; lane < kLanes; ++lane)
+    for (int lane = 0; lane < lanes_; ++lane)
       all_finished = all_finished && (peer->failed[lane] || peer->goodbye[lane]);
     if (all_finished || Clock::now() - peer->failed_at >= kLaneGrace)
       mark_lost(*peer, peer->failed_reason);
@@ -443,7 +472,7 @@ void UcxTransport::mark_lost(Peer& peer, const std::string& reason) {
 void UcxTransport::say_goodbye() {
   for (auto& peer : peers_) {
     if (peer->rank == rank_ || peer->lost || peer->closed || !peer->endpoints[0]) continue;
-    for (int lane = 0; lane < kLanes; ++lane) {
+    for (int lane = 0; lane < lanes_; ++lane) {
       ucp_request_param_t param{};
       void* request = ucp_tag_send_nbx(peer->endpoints[lane], nullptr, 0,
                                        wire_tag(Kind::Goodbye, rank_, uint64_t(lane)), &param);
@@ -456,19 +485,19 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
                                  Clock::time_point deadline, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   const std::string where = "ucx transport rank " + std::to_string(rank_) + ": ";
-  // Both lanes' endpoints are created in the same order on every rank: UCX's wire-up matches a
+  // Every lane's endpoints are created in the same order on every rank: UCX's wire-up matches a
   // rank's endpoint with the peer's by a per-peer sequence number, so bulk meets bulk. Nothing
   // depends on it: receives match by tag whichever endpoint carried the message.
   for (int peer = 0; peer < size_; ++peer) {
     Peer& slot = *peers_[size_t(peer)];
-    for (int lane = 0; lane < kLanes; ++lane)
+    for (int lane = 0; lane < lanes_; ++lane)
       create_endpoint(slot, lane, addresses[size_t(peer)], where);
   }
 
   // Wire-up: a zero-length message each way on each lane between every pair proves both
-  // directions work and has both connections up before the first collective. Slot
-  // peer * kLanes + lane.
-  const size_t slots = size_t(size_) * kLanes;
+  // directions work and has every connection up before the first collective. Slot
+  // peer * lanes_ + lane.
+  const size_t slots = size_t(size_) * size_t(lanes_);
   std::vector<void*> hellos_in(slots, nullptr), hellos_out(slots, nullptr);
   std::vector<bool> heard(slots, false);
   const auto release_all = [&] {
@@ -485,19 +514,19 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
       }
   };
   for (int peer = 0; peer < size_; ++peer)
-    for (int lane = 0; lane < kLanes; ++lane) {
+    for (int lane = 0; lane < lanes_; ++lane) {
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
       void* request = ucp_tag_recv_nbx(worker_, nullptr, 0,
                                        wire_tag(Kind::Hello, peer, uint64_t(lane)), kMatchAll, &param);
-      if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer) * kLanes + size_t(lane)] = request;
+      if (UCS_PTR_IS_PTR(request)) hellos_in[size_t(peer) * size_t(lanes_) + size_t(lane)] = request;
     }
   for (int peer = 0; peer < size_; ++peer)
-    for (int lane = 0; lane < kLanes; ++lane) {
+    for (int lane = 0; lane < lanes_; ++lane) {
       ucp_request_param_t param{};
       void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoints[lane], nullptr, 0,
                                        wire_tag(Kind::Hello, rank_, uint64_t(lane)), &param);
-      if (UCS_PTR_IS_PTR(request)) hellos_out[size_t(peer) * kLanes + size_t(lane)] = request;
+      if (UCS_PTR_IS_PTR(request)) hellos_out[size_t(peer) * size_t(lanes_) + size_t(lane)] = request;
     }
 
   const auto settled = [&] {
@@ -516,7 +545,7 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
     }
     // Nothing was sent yet that a failed lane's partner could still deliver.
     for (auto& peer : peers_)
-      if (peer->failed[kBulkLane] || peer->failed[kControlLane]) mark_lost(*peer, peer->failed_reason);
+      if (any_lane_failed(*peer)) mark_lost(*peer, peer->failed_reason);
     for (auto& peer : peers_)
       if (peer->lost) return true;
     return std::all_of(heard.begin(), heard.end(), [](bool b) { return b; }) &&
@@ -531,7 +560,8 @@ void UcxTransport::connect_peers(const std::vector<std::string>& addresses,
   if (!done) {
     std::vector<int> silent;
     for (int peer = 0; peer < size_; ++peer)
-      if (!heard[size_t(peer) * kLanes] || !heard[size_t(peer) * kLanes + 1]) silent.push_back(peer);
+      if (!std::all_of(heard.begin() + peer * lanes_, heard.begin() + (peer + 1) * lanes_, [](bool b) { return b; }))
+        silent.push_back(peer);
     throw RendezvousError(where + "timed out after " + std::to_string(timeout.count()) +
                           " ms waiting for the wire-up with rank(s) " +
                           (silent.empty() ? std::string("(messages still leaving)")
@@ -879,9 +909,10 @@ void UcxTransport::start_abort(const std::string& reason) {
                                      notice_out_.size(), wire_tag(Kind::Abort, rank_, 0), &param);
     if (UCS_PTR_IS_PTR(request)) peer->notice_sends.push_back(request);
     // Completes once the notice (and everything before it) reached the peer, not merely left
-    // this process's buffers; settle_abort closes the endpoints only after that. Both lanes,
-    // since closing either one cancels what it still holds.
+    // this process's buffers; settle_abort closes the endpoints only after that. Every lane,
+    // since closing any one cancels what it still holds.
     for (ucp_ep_h endpoint : peer->endpoints) {
+      if (!endpoint) continue;  // a lane this transport lacks
       ucp_request_param_t flush_param{};
       void* flush = ucp_ep_flush_nbx(endpoint, &flush_param);
       if (UCS_PTR_IS_PTR(flush)) peer->notice_sends.push_back(flush);
@@ -917,8 +948,9 @@ void UcxTransport::on_control(const ucp_tag_recv_info_t& info) {
   if (source >= size_) return;  // not from this group
   if (kind_of(info.sender_tag) == Kind::Goodbye) {
     Peer& peer = *peers_[size_t(source)];
-    peer.goodbye[(info.sender_tag & 1) ? kControlLane : kBulkLane] = true;
-    if (peer.goodbye[kBulkLane] && peer.goodbye[kControlLane])
+    const uint64_t lane = info.sender_tag & ((uint64_t(1) << kSourceShift) - 1);
+    if (lane < uint64_t(lanes_)) peer.goodbye[lane] = true;
+    if (std::all_of(peer.goodbye, peer.goodbye + lanes_, [](bool said) { return said; }))
       mark_lost(peer, "it closed its transport");
     return;
   }
@@ -935,7 +967,7 @@ void UcxTransport::close_endpoint(Peer& peer, bool force) {
   // FORCE cancels what is still queued on the endpoint; UCX allows it only with peer error
   // handling on both sides. Without it, the close flushes (bounded by the caller's deadline).
   for (ucp_ep_h endpoint : peer.endpoints) {
-    if (!endpoint) continue;  // a wire-up that failed half way
+    if (!endpoint) continue;  // a wire-up that failed half way, or a lane this transport lacks
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = peer.peer_error_handling && force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -1041,7 +1073,8 @@ void UcxTransport::reap_closing_requests() {
 }  // namespace
 
 std::unique_ptr<PointToPoint> connect(Rendezvous& rendezvous, const std::string& key_prefix,
-                                      int rank, int size, std::chrono::milliseconds timeout) {
+                                      int rank, int size, std::chrono::milliseconds timeout,
+                                      int connections) {
   const std::string where = "ucx transport rank " + std::to_string(rank) + ": ";
   if (size < 1 || size > kMaxRanks)
     throw RendezvousError(where + "size " + std::to_string(size) + " must be in 1.." +
@@ -1050,22 +1083,36 @@ std::unique_ptr<PointToPoint> connect(Rendezvous& rendezvous, const std::string&
     throw RendezvousError(where + "rank is out of range for size " + std::to_string(size));
   if (timeout.count() < 0)
     throw RendezvousError(where + "timeout must be >= 0 ms, not " + std::to_string(timeout.count()));
+  if (connections < 0 || connections > kMaxConnections)
+    throw RendezvousError(where + "connections per peer must be in 1.." + std::to_string(kMaxConnections) +
+                          " (0: the default), not " + std::to_string(connections));
+  const int lanes = connections_per_peer(connections, where);
   const auto deadline = Clock::now() + timeout;
 
-  auto transport = std::make_unique<UcxTransport>(rank, size, spin_before_sleep(where));
-  rendezvous.set(key_prefix + std::to_string(rank), transport->address());
+  auto transport = std::make_unique<UcxTransport>(rank, size, lanes, spin_before_sleep(where));
+  // "connections:address": every rank must make as many endpoints as its peers expect.
+  rendezvous.set(key_prefix + std::to_string(rank), std::to_string(lanes) + ":" + transport->address());
   std::vector<std::string> addresses(static_cast<size_t>(size));
   for (int peer = 0; peer < size; ++peer) {
     // Rounded up: a truncated remainder would give up before the deadline the error names.
     const auto left = std::max(std::chrono::milliseconds(0),
                                std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+    std::string published;
     try {
-      addresses[size_t(peer)] = rendezvous.get(key_prefix + std::to_string(peer), left);
+      published = rendezvous.get(key_prefix + std::to_string(peer), left);
     } catch (const RendezvousError& error) {
       throw RendezvousError(where + "the worker address of rank " + std::to_string(peer) +
                             " did not arrive within " + std::to_string(timeout.count()) +
                             " ms: " + error.what());
     }
+    const size_t colon = published.find(':');
+    const std::string theirs = colon == std::string::npos ? "?" : published.substr(0, colon);
+    if (theirs != std::to_string(lanes))
+      throw RendezvousError(where + "rank " + std::to_string(peer) + " uses " + theirs +
+                            " connection(s) per peer and this rank " + std::to_string(lanes) +
+                            ": give every rank the same (CO2_UCX_CONNECTIONS, or the communicator's "
+                            "connections_per_peer)");
+    addresses[size_t(peer)] = published.substr(colon + 1);
   }
   transport->connect_peers(addresses, deadline, timeout);
   return transport;

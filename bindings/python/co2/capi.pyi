@@ -106,6 +106,8 @@ CO2_WIRE_FP4: int
 CO2_DEFAULT_TIMEOUT_MS: int
 CO2_DEVICE_INDEX_AUTO: int
 CO2_NODE_ID_AUTO: int
+CO2_CONNECTIONS_AUTO: int
+CO2_MAX_CONNECTIONS: int
 CO2_UNIQUE_ID_BYTES: int
 CO2_SPLIT_NONE: int
 CO2_DEFAULT_TAU: int
@@ -136,6 +138,7 @@ class comm_config:
     chunk_bytes: int
     device_index: int
     node_id: int
+    connections_per_peer: int
     def __init__(self) -> None: ...
 
 class engine_config:

@@ -127,6 +127,9 @@ class Communicator(OwnsHandle):
         else the current device).
     node_id: the node (host) this rank is on, for split_nodes() (None: the launcher's node,
         GROUP_RANK or SLURM_NODEID, else the host name).
+    connections_per_peer: UCX connections each peer's messages are striped over, 1..16, the
+        same on every rank (None: CO2_UCX_CONNECTIONS, else 1): for networks that cap each
+        connection below the link's rate.
     """
 
     rank: int
@@ -136,7 +139,7 @@ class Communicator(OwnsHandle):
                  transport: Union[TransportName, int] = "auto", group_name: Optional[str] = None,
                  unique_id: Optional[bytes] = None, timeout_ms: Optional[int] = None,
                  chunk_bytes: Optional[int] = None, device_index: Optional[int] = None,
-                 node_id: Optional[int] = None) -> None:
+                 node_id: Optional[int] = None, connections_per_peer: Optional[int] = None) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither (then the "
                              "environment's RANK/WORLD_SIZE are used)")
@@ -144,7 +147,7 @@ class Communicator(OwnsHandle):
             rank, world_size = _launch.rank_and_world() or (0, 1)
             if unique_id is None and _torchrun_holds_master_port(world_size):
                 unique_id = _unique_id_through_torch(rank, world_size)
-        config = _config(transport, timeout_ms, chunk_bytes, device_index, node_id)
+        config = _config(transport, timeout_ms, chunk_bytes, device_index, node_id, connections_per_peer)
         config.rank = _values.integer("rank", rank, 0, _values.INT32_MAX)
         config.world_size = _values.integer("world_size", world_size, 0, _values.INT32_MAX)
         self._handle: Optional[capi._Comm] = None
@@ -256,7 +259,8 @@ class Communicator(OwnsHandle):
 
 
 def _config(transport: object = "auto", timeout_ms: object = None, chunk_bytes: object = None,
-            device_index: object = None, node_id: object = None) -> capi.comm_config:
+            device_index: object = None, node_id: object = None,
+            connections_per_peer: object = None) -> capi.comm_config:
     """A co2_comm_config_t from keyword options; None keeps the C API's default (timeout_ms:
     CO2_TIMEOUT_MS's if set, default_timeout_ms())."""
     config = capi.comm_config()
@@ -270,6 +274,9 @@ def _config(transport: object = "auto", timeout_ms: object = None, chunk_bytes: 
                                               _values.INT32_MAX)
     if node_id is not None:
         config.node_id = _values.integer("node_id", node_id, -1, _values.INT32_MAX)
+    if connections_per_peer is not None:
+        config.connections_per_peer = _values.integer("connections_per_peer", connections_per_peer, 1,
+                                                      capi.CO2_MAX_CONNECTIONS)
     return config
 
 

@@ -218,6 +218,10 @@ typedef struct co2_comm_config {
     int32_t node_id;                /* the node (host) this rank is on, for
                                        co2_comm_split_nodes: CO2_NODE_ID_AUTO           */
     uint32_t reserved2;             /* 0                                                */
+    /* --- added in 1.2 --- */
+    uint32_t connections_per_peer;  /* UCX: bulk connections to each peer, 1..16, or
+                                       CO2_CONNECTIONS_AUTO (0)                         */
+    uint32_t reserved3;             /* 0                                                */
 } co2_comm_config_t;
 
 /* device_index default: the launcher's local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
@@ -232,10 +236,19 @@ typedef struct co2_comm_config {
  * or no launcher). See docs/launching.md, "Nodes". */
 #define CO2_NODE_ID_AUTO (-1)
 
+/* connections_per_peer (added in 1.2): over UCX, messages to a peer are striped over this many
+ * connections (TCP sockets), so that a network that caps each connection below the link's rate
+ * (per-flow limits of clouds and WAN paths) still carries the link's rate; the control lane is
+ * one more. Every rank must use the same (else CO2_ERR_RENDEZVOUS naming it). AUTO: the
+ * environment's CO2_UCX_CONNECTIONS, else 1. The environment variable overrides a set value
+ * too. Other transports ignore it. docs/transports.md, "Several connections per peer". */
+#define CO2_CONNECTIONS_AUTO 0u
+#define CO2_MAX_CONNECTIONS 16u
+
 #define CO2_COMM_CONFIG_INIT                                                               \
     { sizeof(co2_comm_config_t), CO2_ABI_VERSION, CO2_TRANSPORT_AUTO, 0, 1, NULL,         \
       CO2_DEFAULT_TIMEOUT_MS, 0, CO2_DEFAULT_CHUNK_BYTES, CO2_DEVICE_INDEX_AUTO, 0,         \
-      CO2_NODE_ID_AUTO, 0 }
+      CO2_NODE_ID_AUTO, 0, CO2_CONNECTIONS_AUTO, 0 }
 
 co2_status_t co2_comm_config_init(co2_comm_config_t *config);
 

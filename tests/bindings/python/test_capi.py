@@ -315,7 +315,9 @@ def test_other_c_fields_take_exactly_the_documented_values():
             ({"timeout_ms": 0}, co2.InvalidArgumentError, r"timeout_ms=0 \(int\)"),
             ({"chunk_bytes": "1M"}, TypeError, r"chunk_bytes='1M'"),
             ({"transport": 1.0}, TypeError, r"transport=1\.0"),
-            ({"node_id": True}, TypeError, r"node_id=True")]:
+            ({"node_id": True}, TypeError, r"node_id=True"),
+            ({"connections_per_peer": 0}, co2.InvalidArgumentError, r"connections_per_peer=0"),
+            ({"connections_per_peer": 17}, co2.InvalidArgumentError, r"connections_per_peer=17")]:
         with pytest.raises(error, match=message):
             co2.Communicator(0, 1, transport=keywords.pop("transport", "local"),
                              group_name=group, **keywords)

@@ -5,6 +5,8 @@ pub const CO2_ABI_VERSION: u32 = 3;
 pub const CO2_DEFAULT_TIMEOUT_MS: u32 = 300000;
 pub const CO2_DEVICE_INDEX_AUTO: i32 = -1;
 pub const CO2_NODE_ID_AUTO: i32 = -1;
+pub const CO2_CONNECTIONS_AUTO: u32 = 0;
+pub const CO2_MAX_CONNECTIONS: u32 = 16;
 pub const CO2_UNIQUE_ID_BYTES: u32 = 128;
 pub const CO2_SPLIT_NONE: i32 = -1;
 pub const CO2_DEFAULT_TAU: u32 = 12;
@@ -159,12 +161,14 @@ pub struct co2_comm_config {
     pub reserved1: u32,
     pub node_id: i32,
     pub reserved2: u32,
+    pub connections_per_peer: u32,
+    pub reserved3: u32,
 }
 #[test]
 fn bindgen_test_layout_co2_comm_config() {
     assert_eq!(
         ::std::mem::size_of::<co2_comm_config>(),
-        64usize,
+        72usize,
         concat!("Size of: ", stringify!(co2_comm_config))
     );
     assert_eq!(
@@ -393,6 +397,40 @@ fn bindgen_test_layout_co2_comm_config() {
         );
     }
     test_field_reserved2();
+    fn test_field_connections_per_peer() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_comm_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).connections_per_peer) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_comm_config),
+                "::",
+                stringify!(connections_per_peer)
+            )
+        );
+    }
+    test_field_connections_per_peer();
+    fn test_field_reserved3() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_comm_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved3) as usize - ptr as usize
+            },
+            68usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_comm_config),
+                "::",
+                stringify!(reserved3)
+            )
+        );
+    }
+    test_field_reserved3();
 }
 pub type co2_comm_config_t = co2_comm_config;
 extern "C" {
