@@ -72,13 +72,18 @@ with open(sys.argv[1]) as f:
         line = line.strip()
         if not line:
             continue
-        result = json.loads(line).get("result", "ERROR")
+        entry = json.loads(line)
+        result = entry.get("result", "ERROR")
         if result in ("OK", "EXPECTEDFAIL"):
             passed += 1
         elif result == "SKIP":
             skipped += 1
         else:  # FAIL, TIMEOUT, ERROR, UNEXPECTEDPASS, INTERRUPT
             failed += 1
+            # Named again here so that a log's tail says which test failed (.ci/run repeats it).
+            print(f"failed test: {entry.get('name', '?')} ({result}, {entry.get('duration', 0):.1f}s)")
+            for output in (entry.get("stdout") or "").splitlines()[-20:]:
+                print(f"failed test:   | {output}")
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)
 PY
