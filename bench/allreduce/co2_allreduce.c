@@ -18,17 +18,18 @@ int main(int argc, char **argv) {
     CHECK(co2_comm_create(&config, &comm));
     CHECK(co2_comm_rank(comm, &rank));
     CHECK(co2_comm_size(comm, &world));
-    if (rank == 0) printf("# tool co2 ranks %d\n# bytes seconds algbw_GBps busbw_GBps\n", world);
+    if (rank == 0) printf("# tool co2 ranks %d\n# bytes seconds algbw_GBps busbw_GBps cpu_seconds\n", world);
     for (mib = min_mib; mib <= max_mib; mib *= 4) {
         const size_t bytes = mib << 20, count = bytes / sizeof(float);
         float *buffer = malloc(bytes);
-        double start, elapsed = 0.0;
+        double start, elapsed = 0.0, cpu_start, cpu;
         int32_t done = 0;
         int iters = 0;
         size_t i;
         for (i = 0; i < count; ++i) buffer[i] = (float)(rank + 1) * 1e-3f;
         allreduce(comm, buffer, count, CO2_DTYPE_FP32, CO2_REDUCE_SUM); /* warm-up */
         start = now();
+        cpu_start = cpu_now();
         while (!done) {
             allreduce(comm, buffer, count, CO2_DTYPE_FP32, CO2_REDUCE_SUM);
             ++iters;
@@ -38,10 +39,12 @@ int main(int argc, char **argv) {
             allreduce(comm, &done, 1, CO2_DTYPE_INT32, CO2_REDUCE_MAX);
         }
         elapsed /= iters;
+        cpu = (cpu_now() - cpu_start) / iters;
         allreduce(comm, &elapsed, 1, CO2_DTYPE_FP64, CO2_REDUCE_MAX);
+        allreduce(comm, &cpu, 1, CO2_DTYPE_FP64, CO2_REDUCE_SUM);
         if (rank == 0)
-            printf("%zu %.6f %.3f %.3f\n", bytes, elapsed, (double)bytes / elapsed / 1e9,
-                   2.0 * (world - 1) / world * (double)bytes / elapsed / 1e9);
+            printf("%zu %.6f %.3f %.3f %.6f\n", bytes, elapsed, (double)bytes / elapsed / 1e9,
+                   2.0 * (world - 1) / world * (double)bytes / elapsed / 1e9, cpu / world);
         fflush(stdout);
         free(buffer);
     }

@@ -1,4 +1,4 @@
-/* What the C benchmarks of bench/allreduce share: a status check that exits, a monotonic clock,
+/* What the C benchmarks of bench/allreduce share: a status check that exits, a monotonic clock and the process's CPU clock,
  * and a blocking raw all-reduce (as the other tools' calls are). */
 #ifndef CO2_BENCH_H
 #define CO2_BENCH_H
@@ -22,6 +22,13 @@ static inline void check(co2_status_t status, const char *call) {
 static inline double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* CPU seconds of every thread of this process (the progress thread and UCX's included). */
+static inline double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 

@@ -18,14 +18,14 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
-        print(f"# tool gloo ranks {world}\n# bytes seconds algbw_GBps busbw_GBps", flush=True)
+        print(f"# tool gloo ranks {world}\n# bytes seconds algbw_GBps busbw_GBps cpu_seconds", flush=True)
     mib = min_mib
     while mib <= max_mib:
         nbytes = mib << 20
         buffer = torch.full((nbytes // 4,), 1e-3 * (rank + 1), dtype=torch.float32)
         dist.all_reduce(buffer)  # warm-up
         dist.barrier()
-        iters, start = 0, time.perf_counter()
+        iters, start, cpu_start = 0, time.perf_counter(), time.process_time()
         while True:
             dist.all_reduce(buffer)
             iters += 1
@@ -34,10 +34,12 @@ def main():
             if done.item():
                 break
         elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+        cpu = torch.tensor([(time.process_time() - cpu_start) / iters], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpu)
         t = elapsed.item()
         if rank == 0:
-            print(f"{nbytes} {t:.6f} {nbytes / t / 1e9:.3f} {2 * (world - 1) / world * nbytes / t / 1e9:.3f}", flush=True)
+            print(f"{nbytes} {t:.6f} {nbytes / t / 1e9:.3f} {2 * (world - 1) / world * nbytes / t / 1e9:.3f} {cpu.item() / world:.6f}", flush=True)
         mib *= 4
     dist.destroy_process_group()
 

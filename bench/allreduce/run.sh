@@ -118,15 +118,24 @@ def load(name, column):
     return out
 p2p = load("p2p", 1)
 print(f"\n== {link}: bus bandwidth GB/s (2(W-1)/W * bytes / time); p2p = ucx_perftest tag_bw, one direction")
-print(f"{'W':>2} {'bytes':>10} {'co2':>7} {'mpi':>7} {'gloo':>7} {'p2p':>7} {'co2/mpi':>8} {'co2/best':>9} {'co2/p2p':>8}")
+print("   cores@25G: CPU seconds per second (all threads of a rank, its kernel time included) that")
+print("   the rank would spend at 25 Gbit/s of bus bandwidth: its CPU time per bus byte x 3.125 GB/s")
+print(f"{'W':>2} {'bytes':>10} {'co2':>7} {'mpi':>7} {'gloo':>7} {'p2p':>7} {'co2/mpi':>8} {'co2/best':>9} {'co2/p2p':>8}"
+      f" {'cores@25G co2':>14} {'mpi':>6} {'gloo':>6}")
 for w in ranks:
     co2, mpi, gloo = load(f"co2.{w}", 3), load(f"mpi.{w}", 3), load(f"gloo.{w}", 3)
+    cpu = {tool: load(f"{tool}.{w}", 4) for tool in ("co2", "mpi", "gloo")}
+    bus_factor = 2 * (int(w) - 1) / int(w)
+    def cores(tool, b):
+        seconds = cpu[tool].get(b)
+        return f"{seconds / (bus_factor * b) * 3.125e9:.2f}" if seconds else "-"
     for b in sorted(co2):
         m, g, p = mpi.get(b), gloo.get(b), p2p.get(b)
         best = max([x for x in (m, g) if x] or [0])
         ratio = lambda a, d: f"{a / d:.2f}" if d else "-"
         fmt = lambda x: f"{x:.3f}" if x else "-"
-        print(f"{w:>2} {b:>10} {co2[b]:>7.3f} {fmt(m):>7} {fmt(g):>7} {fmt(p):>7} {ratio(co2[b], m):>8} {ratio(co2[b], best):>9} {ratio(co2[b], p):>8}")
+        print(f"{w:>2} {b:>10} {co2[b]:>7.3f} {fmt(m):>7} {fmt(g):>7} {fmt(p):>7} {ratio(co2[b], m):>8} {ratio(co2[b], best):>9} {ratio(co2[b], p):>8}"
+              f" {cores('co2', b):>14} {cores('mpi', b):>6} {cores('gloo', b):>6}")
 PY
   rm -rf "$tmp"
 }

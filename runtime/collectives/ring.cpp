@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/collectives/ring.hpp"
+#include "runtime/collectives/scratch_pool.hpp"
 
 namespace co2::collectives {
 
@@ -34,10 +35,10 @@ class RingCollective final : public Collective {
         chunks_left_(schedule_->chunk_count()) {
     const size_t slots = std::min(std::max<size_t>(1, tuning.max_chunks_in_flight), chunks_left_);
     const size_t scratch_bytes = schedule_->scratch_bytes();
-    if (scratch_bytes > 0 && slots > 0) scratch_.reset(new std::byte[slots * scratch_bytes]);
+    if (scratch_bytes > 0 && slots > 0) scratch_ = lease_scratch(slots * scratch_bytes);
     slots_.resize(slots);
     for (size_t i = 0; i < slots; ++i)
-      slots_[i].scratch = scratch_ ? scratch_.get() + i * scratch_bytes : nullptr;
+      slots_[i].scratch = scratch_.data() ? scratch_.data() + i * scratch_bytes : nullptr;
   }
 
   bool advance() override;
@@ -53,7 +54,7 @@ class RingCollective final : public Collective {
     std::byte* scratch = nullptr;
     // With a transport whose receives may land late: the step's receive lands in `staging`
     // (owned here) and is copied to `recv_target` once it completed.
-    std::vector<std::byte> staging;
+    ScratchLease staging;
     std::byte* recv_target = nullptr;
     size_t recv_bytes = 0;
   };
@@ -81,7 +82,7 @@ class RingCollective final : public Collective {
   std::optional<Handle> descriptor_send_;
   std::optional<Handle> descriptor_recv_;
 
-  std::unique_ptr<std::byte[]> scratch_;
+  ScratchLease scratch_;
   std::vector<Slot> slots_;
   size_t next_chunk_ = 0;
   size_t chunks_left_;
@@ -210,7 +211,7 @@ void RingCollective::post_step(Slot& slot) {
                             !not_after(slot.scratch + schedule_->scratch_bytes(), io.recv);
   const bool into_callers_memory = io.recv_bytes > 0 && !into_scratch;
   if (io.has_recv && stage_receives_ && into_callers_memory) {
-    if (slot.staging.size() < io.recv_bytes) slot.staging.resize(io.recv_bytes);
+    if (slot.staging.size() < io.recv_bytes) slot.staging = lease_scratch(io.recv_bytes);
     slot.recv_target = io.recv;
     slot.recv_bytes = io.recv_bytes;
     recv = slot.staging.data();

@@ -139,11 +139,14 @@ _dtype(::Type{Int64}) = CO2_DTYPE_INT64
 
 """
     Communicator(; transport=:auto, rank=0, world_size=1, group_name=nothing,
-                 timeout_ms=CO2_DEFAULT_TIMEOUT_MS, chunk_bytes=CO2_DEFAULT_CHUNK_BYTES)
+                 timeout_ms=CO2_DEFAULT_TIMEOUT_MS, chunk_bytes=CO2_DEFAULT_CHUNK_BYTES,
+                 node_id=nothing, connections_per_peer=nothing)
 
 Joins rank `rank` of a group of `world_size` ranks; blocks until all joined (collective). With
 `transport=:local`, ranks are threads of this process and `group_name` keys the group. Freed by
-its finalizer or, deterministically, by `close`.
+its finalizer or, deterministically, by `close`. `connections_per_peer` (UCX, 1..16; `nothing`:
+`CO2_UCX_CONNECTIONS` where set, else 1) stripes each peer's messages over that many TCP
+connections, for links that cap each flow.
 """
 mutable struct Communicator
     handle::co2_comm_t
@@ -152,7 +155,8 @@ mutable struct Communicator
                           group_name::Union{Nothing,AbstractString}=nothing,
                           timeout_ms::Integer=CO2_DEFAULT_TIMEOUT_MS,
                           chunk_bytes::Integer=CO2_DEFAULT_CHUNK_BYTES,
-                          node_id::Union{Nothing,Integer}=nothing)
+                          node_id::Union{Nothing,Integer}=nothing,
+                          connections_per_peer::Union{Nothing,Integer}=nothing)
         config = Ref(CO2_COMM_CONFIG_INIT())
         check(co2_comm_config_init(config))
         c = config[]
@@ -162,6 +166,7 @@ mutable struct Communicator
         c.timeout_ms = timeout_ms
         c.chunk_bytes = chunk_bytes
         c.node_id = node_id === nothing ? CO2_NODE_ID_AUTO : node_id
+        c.connections_per_peer = connections_per_peer === nothing ? CO2_CONNECTIONS_AUTO : connections_per_peer
         name = group_name === nothing ? nothing : Base.cconvert(Cstring, String(group_name))
         out = Ref{co2_comm_t}(C_NULL)
         GC.@preserve name config out begin

@@ -82,6 +82,7 @@ end
     end
     g = groupname("errors")
     @test status(() -> Communicator(transport=:local, rank=2, world_size=2, group_name=g)) == C.CO2_ERR_INVALID_ARGUMENT
+    @test status(() -> Communicator(transport=:local, group_name=g, connections_per_peer=17)) == C.CO2_ERR_INVALID_ARGUMENT
     @test status(() -> Communicator(transport=:local, rank=0, world_size=2, group_name=g, timeout_ms=200)) == C.CO2_ERR_RENDEZVOUS
     comm = Communicator(transport=:local, group_name=g)
     @test status(() -> Engine(comm; tau=0)) == C.CO2_ERR_INVALID_ARGUMENT

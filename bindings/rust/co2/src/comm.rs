@@ -77,6 +77,14 @@ impl CommConfig {
         self
     }
 
+    /// Over UCX: bulk connections to each peer (1..=16), messages striped over them, for links
+    /// that cap each TCP flow; `None` (the default): `CO2_UCX_CONNECTIONS` where set, else 1.
+    /// Every rank must ask for the same number.
+    pub fn connections_per_peer(mut self, connections: Option<u32>) -> Self {
+        self.raw.connections_per_peer = connections.unwrap_or(sys::CO2_CONNECTIONS_AUTO);
+        self
+    }
+
     pub fn get_transport(&self) -> Option<Transport> {
         Transport::from_raw(self.raw.transport)
     }
@@ -101,6 +109,10 @@ impl CommConfig {
 
     pub fn get_node_id(&self) -> Option<i32> {
         (self.raw.node_id >= 0).then_some(self.raw.node_id)
+    }
+
+    pub fn get_connections_per_peer(&self) -> Option<u32> {
+        (self.raw.connections_per_peer != sys::CO2_CONNECTIONS_AUTO).then_some(self.raw.connections_per_peer)
     }
 
     /// The C struct plus the C string its `group_name` points into (keep both alive together).

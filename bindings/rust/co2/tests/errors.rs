@@ -68,6 +68,8 @@ fn communicator_creation_errors() {
     assert_status(bad(local_config(&g, -1, 2)), Status::InvalidArgument);
     assert_status(bad(local_config(&g, 0, 1).timeout_ms(0)), Status::InvalidArgument);
     assert_status(bad(local_config(&g, 0, 1).chunk_bytes(4)), Status::InvalidArgument);
+    let err = assert_status(bad(local_config(&g, 0, 1).connections_per_peer(Some(17))), Status::InvalidArgument);
+    assert!(err.message().contains("connections_per_peer"), "{err}");
     assert_status(bad(local_config("", 0, 1)), Status::InvalidArgument); // empty group name
     let err = assert_status(bad(local_config("a\0b", 0, 1)), Status::InvalidArgument);
     assert!(err.message().contains("NUL"), "{err}");
