@@ -34,6 +34,7 @@ static_assert(CO2_OK == int(Status::Ok) && CO2_ERR_INVALID_ARGUMENT == int(Statu
                   CO2_ERR_CHECKPOINT_CORRUPT == int(Status::CheckpointCorrupt) &&
                   CO2_ERR_CHECKPOINT_MISMATCH == int(Status::CheckpointMismatch) &&
                   CO2_ERR_CALLBACK == int(Status::Callback) && CO2_ERR_TIMEOUT == int(Status::Timeout) &&
+                  CO2_MEMBERSHIP_CHANGED == int(Status::MembershipChanged) &&
                   CO2_ERR_PEER_LOST == int(Status::PeerLost) &&
                   CO2_ERR_PEER_TIMEOUT == int(Status::PeerTimeout) &&
                   CO2_ERR_COLLECTIVE_MISMATCH == int(Status::CollectiveMismatch) &&
@@ -125,6 +126,7 @@ void require_reserved_zero(const co2_comm_config_t& c, const char* what) {
   require_reserved_zero(c.reserved1, what, "reserved1");
   require_reserved_zero(c.reserved2, what, "reserved2");
   require_reserved_zero(c.reserved3, what, "reserved3");
+  require_reserved_zero(c.reserved4, what, "reserved4");
 }
 void require_reserved_zero(const co2_engine_config_t& c, const char* what) {
   require_reserved_zero(c.reserved0, what, "reserved0");
@@ -207,12 +209,14 @@ co2::GroupRequest group_request(const co2_comm_config_t& config) {
   require_arg(config.node_id >= CO2_NODE_ID_AUTO, "node_id must be >= 0, or CO2_NODE_ID_AUTO (-1)");
   require_arg(config.connections_per_peer <= CO2_MAX_CONNECTIONS,
               "connections_per_peer must be in 1..16, or CO2_CONNECTIONS_AUTO (0)");
+  require_arg(config.elastic_min_ranks >= 0, "elastic_min_ranks must be >= 0 (0: a lost rank fails the group)");
   co2::GroupRequest request;
   request.transport = co2::TransportKind(config.transport);
   request.options.timeout = std::chrono::milliseconds(config.timeout_ms);
   request.options.chunk_bytes = size_t(config.chunk_bytes);
   request.device_index = config.device_index;
   request.options.connections_per_peer = int(config.connections_per_peer);
+  request.options.elastic_min_ranks = config.elastic_min_ranks;
   return request;
 }
 
@@ -288,6 +292,7 @@ const char* status_text(co2_status_t status) {
     case CO2_ERR_CHECKPOINT_CORRUPT: return "corrupt checkpoint: truncated, bad magic or CRC mismatch; the engine is unchanged";
     case CO2_ERR_CHECKPOINT_MISMATCH: return "checkpoint mismatch: saved from another layout, algorithm or format version; the engine is unchanged";
     case CO2_ERR_CALLBACK: return "a user callback reported failure";
+    case CO2_MEMBERSHIP_CHANGED: return "membership changed: the elastic group lost a rank and re-formed; read co2_comm_rank/co2_comm_size and the engine's step count, re-shard the data and go on";
     case CO2_ERR_TIMEOUT: return "timed out: the wait expired and the operation is still pending; wait again or abort";
     case CO2_ERR_PEER_LOST: return "peer lost: another rank disappeared; destroy the communicator and restart the group";
     case CO2_ERR_PEER_TIMEOUT: return "peer timeout: no progress for the communicator's timeout (a peer stalled or died); destroy the communicator";

@@ -24,6 +24,7 @@ enum class Status : int {
   CheckpointMismatch = 24,
   Callback = 25,
   Timeout = 40,
+  MembershipChanged = 50,
   PeerLost = 100,
   PeerTimeout = 101,
   CollectiveMismatch = 102,

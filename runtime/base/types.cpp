@@ -28,6 +28,7 @@ const char* purpose_name(Purpose purpose) {
     case Purpose::GradientAverage: return "gradient-average";
     case Purpose::Split: return "split";
     case Purpose::AdvisorAgreement: return "advisor-agreement";
+    case Purpose::Membership: return "membership";
   }
   return "purpose?";
 }

@@ -26,6 +26,7 @@ enum class Purpose : uint8_t {
   GradientAverage = 7,   // co2_engine_reduce_gradients (sync)
   Split = 8,             // co2_comm_split's exchange of colors, keys and group ids
   AdvisorAgreement = 9,  // the ranks' tau-advisor inputs, combined at a boundary
+  Membership = 10,       // a re-formed elastic group's choice of donor and its outer state
 };
 const char* purpose_name(Purpose purpose);
 

@@ -390,8 +390,14 @@ Communicator::Communicator(std::unique_ptr<transport::Collective> transport,
 
 Communicator::~Communicator() = default;
 
-int Communicator::rank() const { return collective_transport_ ? collective_transport_->rank() : point_to_point_->rank(); }
-int Communicator::size() const { return collective_transport_ ? collective_transport_->size() : point_to_point_->size(); }
+int Communicator::rank() const {
+  std::lock_guard<std::mutex> lock(executor_mutex_);
+  return collective_transport_ ? collective_transport_->rank() : point_to_point_->rank();
+}
+int Communicator::size() const {
+  std::lock_guard<std::mutex> lock(executor_mutex_);
+  return collective_transport_ ? collective_transport_->size() : point_to_point_->size();
+}
 const CommOptions& Communicator::options() const {
   return collective_transport_ ? collective_transport_->options() : point_to_point_->options();
 }
@@ -542,21 +548,64 @@ std::shared_ptr<Request> Communicator::allgather_shards(void* buffer, size_t cou
 uint32_t Communicator::register_owner() { return next_owner_.fetch_add(1); }
 
 void Communicator::abort() {
+  aborted_here_ = true;
+  std::lock_guard<std::mutex> lock(executor_mutex_);
   if (collective_transport_)
-    return collective_transport_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
-  point_to_point_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(rank()));
+    return collective_transport_->fail(Status::Aborted, "communicator aborted on rank " +
+                                                            std::to_string(collective_transport_->rank()));
+  point_to_point_->fail(Status::Aborted, "communicator aborted on rank " + std::to_string(point_to_point_->rank()));
 }
 
 void Communicator::fail_with(Status status, const std::string& message) {
+  std::lock_guard<std::mutex> lock(executor_mutex_);
   if (collective_transport_) return collective_transport_->fail(status, message);
   point_to_point_->fail(status, message);
 }
 
 Status Communicator::error_status() const {
+  std::lock_guard<std::mutex> lock(executor_mutex_);
   return collective_transport_ ? collective_transport_->error_status() : point_to_point_->error_status();
 }
 std::string Communicator::error_message() const {
+  std::lock_guard<std::mutex> lock(executor_mutex_);
   return collective_transport_ ? collective_transport_->error_message() : point_to_point_->error_message();
+}
+
+void Communicator::set_reformer(Reformer reformer) {
+  require(point_to_point_ != nullptr, Status::Unsupported,
+          "elastic membership needs a point-to-point transport (UCX); NCCL's ncclCommShrink is not wired in yet");
+  reformer_ = std::move(reformer);
+}
+
+bool Communicator::can_reform() const {
+  if (!reformer_ || aborted_here_) return false;
+  switch (error_status()) {
+    case Status::PeerLost:
+    case Status::PeerTimeout:
+    case Status::Aborted:  // a peer's abort: it lost a peer first (an abort of our own is excluded above)
+    case Status::Transport:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void Communicator::reform() {
+  require(can_reform(), Status::InvalidState,
+          "reform() after a failure that elastic membership survives only (status " +
+              std::to_string(int(error_status())) + ": " + error_message() + ")");
+  // The new transport is a transport of its own (its own UCX worker): nothing of the old,
+  // failed group reaches it. A reformer that throws leaves the communicator failed as it was.
+  std::unique_ptr<transport::PointToPoint> transport = reformer_(error_message());
+  auto executor = std::make_unique<PointToPointExecutor>(std::move(transport), options());
+  std::unique_ptr<PointToPointExecutor> old;
+  {
+    std::lock_guard<std::mutex> lock(executor_mutex_);
+    old = std::move(point_to_point_);
+    point_to_point_ = std::move(executor);
+  }
+  old.reset();
+  ++generation_;
 }
 
 }  // namespace co2

@@ -89,6 +89,9 @@ struct CommOptions {
   // UCX: bulk connections to each peer, messages striped over them (0: CO2_UCX_CONNECTIONS,
   // else 1; transports/ucx/transport.hpp).
   int connections_per_peer = 0;
+  // Elastic groups (docs/architecture.md, "Membership"): 0, a lost rank fails the communicator
+  // on every rank (for good); k >= 1, the survivors re-form without it while at least k remain.
+  int elastic_min_ranks = 0;
 };
 
 // How an f32 all-reduce travels (runtime/collectives/collectives.hpp, make_allreduce): `format` other than
@@ -185,10 +188,32 @@ class Communicator {
   // The CUDA device of a collective-kind transport's collectives; -1 over point-to-point.
   int collective_device() const;
 
+  // --- elastic membership (docs/architecture.md, "Membership") ---
+  // Forms the transport of the ranks still alive after a failure: blocks while the survivors
+  // agree on who they are, throws Error when this rank is left out or too few ranks remain.
+  // `cause` is the failure's message. Set by the group layer (runtime/group/membership.hpp).
+  using Reformer = std::function<std::unique_ptr<transport::PointToPoint>(const std::string& cause)>;
+  void set_reformer(Reformer reformer);
+  bool elastic() const { return bool(reformer_); }
+  // Whether a failure of this communicator can be survived: a reformer is set and the failure
+  // is a lost or silent peer (or a peer's abort caused by one), not this process's own abort().
+  bool can_reform() const;
+  // After a failure that can_reform(): continues over the reformer's transport, with the new
+  // rank and size, fresh sequence numbers and no collective in flight. Caller: the submitting
+  // thread, with every request of this communicator finished. Throws the reformer's Error.
+  void reform();
+  // 0 at formation, +1 at every reform.
+  uint64_t generation() const { return generation_.load(); }
+
  private:
   std::unique_ptr<PointToPointExecutor> point_to_point_;
   std::unique_ptr<CollectiveTransportExecutor> collective_transport_;  // instead of point_to_point_ for collective transports
   std::atomic<uint32_t> next_owner_{1};
+  Reformer reformer_;
+  std::atomic<bool> aborted_here_{false};  // abort() was called on this communicator
+  std::atomic<uint64_t> generation_{0};
+  // Held by reform() while it replaces point_to_point_, and by the calls other threads may make.
+  mutable std::mutex executor_mutex_;
 };
 
 // Per-(owner, purpose) sequence numbers of one communicator's collectives.

@@ -706,8 +706,9 @@ void Engine::add_segment(const SegmentDesc& d) {
   s.segments.push_back(Segment{d.name, data, d.count, role, 0, s.flat_dtype});
 }
 
-void Engine::commit() {
-  State& s = *state_;
+void Engine::commit() { commit_layout(*state_); }
+
+void commit_layout(Engine::State& s) {
   require(!s.committed, Status::InvalidState, "the layout is already committed");
   check_comm(s);
   std::string why;
@@ -762,12 +763,16 @@ void Engine::commit() {
           "state on CUDA tensors (shard_outer_state or hierarchy = CO2_HIERARCHY_NODES, staged through pinned host "
           "memory): use CO2_APPLY_AT_BOUNDARY, replicated outer state (shard_outer_state = 0 and "
           "CO2_HIERARCHY_FLAT), or host tensors (docs/algorithm.md, \"Applying the average on arrival\")");
+  require(!s.comm->elastic() || (!s.sharded() && !s.on_device()), Status::Unsupported,
+          "elastic membership (elastic_min_ranks > 0) is implemented for replicated outer state on host tensors "
+          "only: use shard_outer_state = 0, CO2_HIERARCHY_FLAT and host tensors, or elastic_min_ranks = 0");
   s.backend->commit();
   s.committed = true;
 }
 
-bool Engine::step(void* stream) {
-  State& s = *state_;
+namespace {
+
+bool step_now(Engine::State& s, void* stream) {
   require_committed(s);
   const Clock::time_point entered = Clock::now();
   if (s.trace) trace_caller_step(s, entered);
@@ -797,8 +802,7 @@ bool Engine::step(void* stream) {
   return true;
 }
 
-void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream) {
-  State& s = *state_;
+void reduce_gradients_now(Engine::State& s, void* const* grads, size_t num_grads, void* stream) {
   require_committed(s);
   require(grads != nullptr, Status::InvalidArgument, "grads is NULL");
   require(num_grads == s.num_trained, Status::InvalidArgument,
@@ -817,21 +821,9 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
          "this optimizer step");
 }
 
-void Engine::finalize() {
-  State& s = *state_;
+void synchronize_now(Engine::State& s, bool finalizing) {
   require_committed(s);
-  const RoundsSettled settled(s, /*finalizing=*/true);
-  const TraceSpan call(s.trace.get(), "finalize");
-  // Applying only the pending average would drop every step since the last boundary (all of
-  // them when fewer than tau steps ran): synchronize's last blocking average keeps them.
-  synchronize();
-}
-
-void Engine::synchronize() {
-  State& s = *state_;
-  require_committed(s);
-  const RoundsSettled settled(s, /*finalizing=*/false);
-  const TraceSpan call(s.trace.get(), "synchronize");
+  const RoundsSettled settled(s, finalizing);
   s.advisor.pause();
   check_comm(s);
   s.backend->wait_for_caller("synchronize");
@@ -860,6 +852,45 @@ void Engine::synchronize() {
   s.backend->fold_reports(/*wait=*/true);
   if (!applied) throw_nonfinite();
   check_anchor(s);
+}
+
+// Runs one training call; when a lost peer failed it and the group is elastic, re-forms the
+// group over the survivors (runtime/engine/survivors.cpp) and reports the change.
+template <typename Body>
+auto surviving(Engine::State& s, Body&& body) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    if (!s.committed || !s.comm->can_reform()) throw;
+    continue_with_survivors(s, e.what());
+    fail(Status::MembershipChanged,
+         "the group lost a rank and re-formed without it: this is rank " + std::to_string(s.comm->rank()) + " of " +
+             std::to_string(s.comm->size()) + " now, every rank's parameters and anchor are the agreed anchor, "
+             "and the engine's step count is " + std::to_string(s.stats.steps) +
+             " on every rank: re-shard the data and go on from there (docs/capi.md, \"Elastic membership\")");
+  }
+}
+
+}  // namespace
+
+bool Engine::step(void* stream) {
+  return surviving(*state_, [&] { return step_now(*state_, stream); });
+}
+
+void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream) {
+  surviving(*state_, [&] { reduce_gradients_now(*state_, grads, num_grads, stream); });
+}
+
+void Engine::finalize() {
+  const TraceSpan call(state_->trace.get(), "finalize");
+  // Applying only the pending average would drop every step since the last boundary (all of
+  // them when fewer than tau steps ran): synchronize's last blocking average keeps them.
+  surviving(*state_, [&] { synchronize_now(*state_, /*finalizing=*/true); });
+}
+
+void Engine::synchronize() {
+  const TraceSpan call(state_->trace.get(), "synchronize");
+  surviving(*state_, [&] { synchronize_now(*state_, /*finalizing=*/false); });
 }
 
 void Engine::consensus(ConsensusKind kind, float* out, size_t count) {

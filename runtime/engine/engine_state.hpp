@@ -192,6 +192,18 @@ WireCompression outer_wire(Engine::State& s, float* state, size_t begin = 0, siz
 // The segments of the state for a collective over the state elements from `origin` on.
 SegmentStarts wire_segments(const Engine::State& s, size_t origin = 0);
 
+// Engine::commit's work: the layout agreed and hashed, the backend's state allocated from rank
+// 0's parameters. Collective.
+void commit_layout(Engine::State& s);
+// Elastic membership (runtime/engine/survivors.cpp): re-forms s.comm over the ranks still alive
+// after `cause` failed it, and gives every survivor the outer state of the one that applied the
+// most updates, the round in flight dropped. Throws when this rank cannot go on.
+void continue_with_survivors(Engine::State& s, const std::string& cause);
+// The replicated checkpoint of the outer state as it stands, without the average in flight and
+// without any collective (runtime/engine/checkpoint.cpp); and its load into a committed engine.
+std::vector<char> outer_state_blob(Engine::State& s);
+void load_outer_state_blob(Engine::State& s, const std::vector<char>& blob);
+
 // Waits for the outer collective in flight (s.pending, then empty), as wait_charged does.
 void wait_pending(Engine::State& s);
 // Waits for `request`, charging the time to boundary_wait_ns; throws the collective's error.

@@ -34,6 +34,7 @@ const char* wait_name(Purpose purpose) {
     case Purpose::GradientAverage: return "wait gradient-average";
     case Purpose::Split: return "wait split";
     case Purpose::AdvisorAgreement: return "wait advisor-agreement";
+    case Purpose::Membership: return "wait membership";
   }
   return "wait";
 }

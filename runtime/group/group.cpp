@@ -1,9 +1,5 @@
 #include "runtime/group/group.hpp"
 
-#include <ifaddrs.h>
-#include <arpa/inet.h>
-#include <net/if.h>
-#include <netinet/in.h>
 
 #include <unistd.h>
 
@@ -18,6 +14,8 @@
 #include <vector>
 
 #include "runtime/base/log.hpp"
+#include "runtime/group/addresses.hpp"
+#include "runtime/group/membership.hpp"
 #include "runtime/outer/codec_isa.hpp"
 #include "rendezvous/tcp_store.hpp"
 #include "transports/local/transport.hpp"
@@ -35,38 +33,6 @@ using std::chrono::milliseconds;
 
 constexpr const char* kIdPrefix = "co2-id-";
 
-std::string random_hex(size_t bytes) {
-  std::random_device entropy;
-  std::string out;
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < bytes; ++i) {
-    const unsigned value = entropy() & 0xff;
-    out += digits[value >> 4];
-    out += digits[value & 15];
-  }
-  return out;
-}
-
-// The address other hosts reach this one at, for ids: CO2_MASTER_ADDR if set, else the first
-// IPv4 address of an interface that is up and not loopback, else loopback.
-std::string advertised_host() {
-  if (const char* host = std::getenv("CO2_MASTER_ADDR"); host && *host) return host;
-  std::string found = "127.0.0.1";
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return found;
-  for (ifaddrs* entry = list; entry; entry = entry->ifa_next) {
-    if (!entry->ifa_addr || entry->ifa_addr->sa_family != AF_INET) continue;
-    if (!(entry->ifa_flags & IFF_UP) || (entry->ifa_flags & IFF_LOOPBACK)) continue;
-    char text[INET_ADDRSTRLEN];
-    const auto* address = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
-    if (inet_ntop(AF_INET, &address->sin_addr, text, sizeof text)) {
-      found = text;
-      break;
-    }
-  }
-  freeifaddrs(list);
-  return found;
-}
 
 // Store servers this process runs: the ones behind ids it made (until a group formed from the id
 // met here) and the MASTER_PORT one of rank 0 (shared by every communicator that uses it).
@@ -227,6 +193,31 @@ std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::
 #endif
 }
 
+// Elastic membership (runtime/group/membership.hpp): this rank's endpoint, every rank's address,
+// and how the communicator re-forms over the survivors after a failure.
+void make_elastic(Communicator& comm, store::Store& store, const std::string& prefix, const GroupRequest& request) {
+  require(comm.collective_stream() == nullptr, Status::Unsupported,
+          "elastic membership over NCCL (ncclCommShrink) is not implemented yet: use UCX (host tensors), or "
+          "elastic_min_ranks = 0");
+  require(request.options.elastic_min_ranks <= request.world_size, Status::InvalidArgument,
+          "elastic_min_ranks " + std::to_string(request.options.elastic_min_ranks) + " is larger than the group (" +
+              std::to_string(request.world_size) + " ranks)");
+  std::shared_ptr<Membership> membership = Membership::publish(
+      store, prefix + "membership/", request.rank, request.world_size, request.options.elastic_min_ranks,
+      request.options.timeout);
+  const CommOptions options = request.options;
+  comm.set_reformer([membership, options](const std::string& cause) -> std::unique_ptr<transport::PointToPoint> {
+    const Membership::Agreed agreed = membership->agree(cause);
+#ifdef CO2_HAVE_UCX
+    return transport::ucx::connect(*agreed.store, agreed.prefix + "ucx/", agreed.rank, agreed.size, options.timeout,
+                                   options.connections_per_peer);
+#else
+    (void)agreed;
+    fail(Status::Unsupported, kBuiltWithoutUcx);
+#endif
+  });
+}
+
 // A launched process takes the GPU of its local rank, as torch users do with
 // torch.cuda.set_device(LOCAL_RANK): NCCL would otherwise use whatever device is current when
 // the communicator is made, which is device 0 on every rank before the framework sets it.
@@ -311,6 +302,9 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
 
   switch (choice.kind) {
     case TransportKind::Local: {
+      require(request.options.elastic_min_ranks == 0, Status::Unsupported,
+              "elastic membership (elastic_min_ranks > 0) needs ranks in separate processes over UCX: the local "
+              "transport's ranks are threads of one process, which live and die together");
       require(request.world_size <= transport::local::kMaxRanks, Status::InvalidArgument,
               "world_size " + std::to_string(request.world_size) +
                   " is too large for the local transport (its ranks are threads of one process): "
@@ -378,6 +372,7 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
                       ? connect_over_ucx(*store, prefix, request.rank, request.world_size, request.options)
                       : connect_over_nccl(*store, prefix, request.rank, request.world_size,
                                           nccl_device(request.device_index, launched), request.options);
+      if (request.options.elastic_min_ranks > 0) make_elastic(*comm, *store, prefix, request);
       leave_together(*store, prefix, request.rank, request.world_size, server != nullptr, request.options.timeout);
       if (!request.unique_id.empty()) {
         std::lock_guard<std::mutex> lock(servers().mutex);

@@ -56,7 +56,7 @@ TEST(AbiLayout, ScalarTypedefs) {
 
 TEST(AbiLayout, CommConfig) {
   if (!CO2_ABI_PINNED) GTEST_SKIP() << "layout values are pinned for x86_64 only";
-  EXPECT_EQ(sizeof(co2_comm_config_t), 72u);  // 48 in 1.0 (CO2_COMM_CONFIG_V1_SIZE), 64 in 1.1
+  EXPECT_EQ(sizeof(co2_comm_config_t), 80u);  // 48 in 1.0 (CO2_COMM_CONFIG_V1_SIZE), 64 in 1.1
   EXPECT_EQ(alignof(co2_comm_config_t), 8u);
   EXPECT_OFFSET(co2_comm_config_t, size, 0);
   EXPECT_OFFSET(co2_comm_config_t, version, 8);
@@ -73,6 +73,8 @@ TEST(AbiLayout, CommConfig) {
   EXPECT_OFFSET(co2_comm_config_t, reserved2, 60);
   EXPECT_OFFSET(co2_comm_config_t, connections_per_peer, 64);  // 1.2: striped UCX connections
   EXPECT_OFFSET(co2_comm_config_t, reserved3, 68);
+  EXPECT_OFFSET(co2_comm_config_t, elastic_min_ranks, 72);  // 1.2: elastic membership
+  EXPECT_OFFSET(co2_comm_config_t, reserved4, 76);
   EXPECT_FIELD_SIZE(co2_comm_config_t, node_id, 4);
   EXPECT_FIELD_SIZE(co2_comm_config_t, size, 8);
   EXPECT_FIELD_SIZE(co2_comm_config_t, version, 4);

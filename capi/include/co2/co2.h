@@ -70,6 +70,9 @@ enum {
     CO2_ERR_CALLBACK = 25,          /* a user read/write callback reported failure                */
     /* Waiting. */
     CO2_ERR_TIMEOUT = 40,           /* a wait with a caller-given timeout expired; still pending  */
+    CO2_MEMBERSHIP_CHANGED = 50,    /* added in 1.2: an elastic group lost a rank and re-formed;
+                                       the call did not complete, the engine goes on at the new
+                                       rank/size (co2_comm_rank/size) from the agreed state    */
     /* Peer / transport failures: 100-199. The communicator is unusable afterwards: destroy it. */
     CO2_ERR_PEER_LOST = 100,        /* a peer disappeared (process died, endpoint closed)         */
     CO2_ERR_PEER_TIMEOUT = 101,     /* no progress for the communicator's timeout                 */
@@ -222,6 +225,9 @@ typedef struct co2_comm_config {
     uint32_t connections_per_peer;  /* UCX: bulk connections to each peer, 1..16, or
                                        CO2_CONNECTIONS_AUTO (0)                         */
     uint32_t reserved3;             /* 0                                                */
+    int32_t elastic_min_ranks;      /* 0: a lost rank fails the group (default); k >= 1:
+                                       the survivors re-form while k ranks remain       */
+    uint32_t reserved4;             /* 0                                                */
 } co2_comm_config_t;
 
 /* device_index default: the launcher's local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
@@ -242,13 +248,20 @@ typedef struct co2_comm_config {
  * one more. Every rank must use the same (else CO2_ERR_RENDEZVOUS naming it). AUTO: the
  * environment's CO2_UCX_CONNECTIONS, else 1. The environment variable overrides a set value
  * too. Other transports ignore it. docs/transports.md, "Several connections per peer". */
+/* elastic_min_ranks (added in 1.2): with k >= 1, a rank that dies, stalls past timeout_ms or
+ * leaves does not end the group. The survivors agree on who is left (without the launcher's
+ * store), re-form over UCX, take the outer state of the survivor that applied the most updates
+ * (the round in flight is dropped), and the engine call that met the failure returns
+ * CO2_MEMBERSHIP_CHANGED. Fewer than k survivors: CO2_ERR_PEER_LOST as with 0. Every rank must
+ * use the same. UCX and host tensors with replicated outer state only (else
+ * CO2_ERR_UNSUPPORTED). docs/capi.md, "Elastic membership". */
 #define CO2_CONNECTIONS_AUTO 0u
 #define CO2_MAX_CONNECTIONS 16u
 
 #define CO2_COMM_CONFIG_INIT                                                               \
     { sizeof(co2_comm_config_t), CO2_ABI_VERSION, CO2_TRANSPORT_AUTO, 0, 1, NULL,         \
       CO2_DEFAULT_TIMEOUT_MS, 0, CO2_DEFAULT_CHUNK_BYTES, CO2_DEVICE_INDEX_AUTO, 0,         \
-      CO2_NODE_ID_AUTO, 0, CO2_CONNECTIONS_AUTO, 0 }
+      CO2_NODE_ID_AUTO, 0, CO2_CONNECTIONS_AUTO, 0, 0, 0 }
 
 co2_status_t co2_comm_config_init(co2_comm_config_t *config);
 

@@ -1,0 +1,86 @@
+// Elastic membership, the engine's part (docs/algorithm.md, "Losing a rank"): after a lost peer
+// failed a call, the survivors re-form the communicator (runtime/group/membership.hpp) and
+// restart the round from one agreed outer state.
+//
+// What the survivors agree on: the donor is the rank that applied the most outer updates (the
+// lowest such rank), since a rank may have applied the average of a round whose all-reduce
+// finished on it just before another rank saw the failure; everyone takes its anchor, momentum
+// and gap history bit for bit (the replicated checkpoint, broadcast), and its step and round
+// counts. The average in flight is dropped on every rank: the all-reduce that failed cannot be
+// completed without the lost rank's delta, and one that completed on some ranks only would give
+// different anchors. Each rank's parameters become the anchor, so the round that was under way
+// (its local steps) is dropped too. With the new W the average's divisor, an automatic beta,
+// the eager share and the wire's layout are the commit's, as for a group formed at that size.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/base/log.hpp"
+#include "runtime/engine/engine_state.hpp"
+
+namespace co2 {
+namespace {
+
+// Collective over the new communicator: `blob` of rank `root` on every rank.
+std::vector<char> broadcast_blob(Engine::State& s, int root, std::vector<char> blob) {
+  int64_t size = int64_t(blob.size());
+  auto sized = s.comm->broadcast(&size, 1, DataType::I64, root, s.id(Purpose::Membership));
+  if (sized->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+  // Whole 32-bit words travel; the blob is cut back to its size after.
+  std::vector<int32_t> words((size_t(size) + 3) / 4, 0);
+  if (s.comm->rank() == root) std::memcpy(words.data(), blob.data(), blob.size());
+  auto sent = s.comm->broadcast(words.data(), words.size(), DataType::I32, root, s.id(Purpose::Membership));
+  if (sent->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+  blob.resize(size_t(size));
+  std::memcpy(blob.data(), words.data(), blob.size());
+  return blob;
+}
+
+}  // namespace
+
+void continue_with_survivors(Engine::State& s, const std::string& cause) {
+  const int old_rank = s.comm->rank();
+  const int old_size = s.comm->size();
+  s.backend->drain();
+  s.comm->reform();  // the old collectives are finished, failed, and their transport is gone
+  s.pending.reset();
+  s.average_ready = false;
+  s.prepared = PreparedUpdate{};
+  s.arrival = ArrivalAgreement{};
+
+  // The donor: most outer updates applied, then the lowest rank.
+  const std::vector<int64_t> counts = gathered_from_every_rank(
+      s, *s.comm, s.id(Purpose::Membership),
+      {int64_t(s.stats.outer_updates), int64_t(s.stats.steps), int64_t(s.stats.rounds)});
+  int donor = 0;
+  for (int r = 1; r < s.comm->size(); ++r)
+    if (counts[size_t(3 * r)] > counts[size_t(3 * donor)]) donor = r;
+  std::vector<char> blob;
+  if (s.comm->rank() == donor && s.has_anchor()) blob = outer_state_blob(s);
+
+  // A fresh backend over the new group: commit's agreements, sizes and rank 0's parameters.
+  s.backend = make_host_backend(s);
+  s.committed = false;
+  s.steps_in_round = 0;
+  s.round_tau = s.config.tau;
+  commit_layout(s);
+  if (s.has_anchor()) {
+    load_outer_state_blob(s, broadcast_blob(s, donor, std::move(blob)));
+    // The donor's own per-rank state belongs to the dropped round: every rank starts from the anchor.
+    for (FloatBuffer* own : {&s.eager_offset, &s.residual})
+      if (!own->empty()) std::memset(own->data(), 0, own->size() * sizeof(float));
+    s.backend->set_parameters_to_anchor();
+  }
+  s.stats.outer_updates = uint64_t(counts[size_t(3 * donor)]);
+  s.stats.steps = uint64_t(counts[size_t(3 * donor + 1)]);
+  s.stats.rounds = uint64_t(counts[size_t(3 * donor + 2)]);
+  s.stats.world_size = s.comm->size();
+  s.stats.resolved_outer_momentum = s.beta;
+  check_anchor(s);
+  log::warn("membership: rank " + std::to_string(old_rank) + " of " + std::to_string(old_size) + " goes on as rank " +
+            std::to_string(s.comm->rank()) + " of " + std::to_string(s.comm->size()) + " from step " +
+            std::to_string(s.stats.steps) + " (the outer state of rank " + std::to_string(donor) +
+            " of the new group; the round in flight was dropped) after: " + cause);
+}
+
+}  // namespace co2

@@ -1,0 +1,174 @@
+"""Elastic membership between real processes over UCX/TCP on loopback (issue 26): a rank killed
+mid-round, killed with its all-reduce in flight, the coordinator killed, two ranks lost one after
+the other, a rank stopped past the timeout (and refused when it resumes), too few survivors.
+Survivors must end with the same parameters (hash), the new size and the full step count; no
+rank may hang (each test has a deadline and kills what is left).
+
+Run by meson: ELASTIC_WORKER=path/to/elastic_worker pytest elastic_test.py
+"""
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+WORKER = os.environ.get("ELASTIC_WORKER", "")
+TIMEOUT_MS = 3000          # the communicators' no-progress timeout in these tests
+STEPS = 150                # engine steps every survivor reaches (tau = 3 in the worker)
+LIMIT_S = 90.0             # a run that takes longer hangs
+
+PEER_LOST, PEER_TIMEOUT, INVALID_ARGUMENT = 100, 101, 1
+
+pytestmark = pytest.mark.skipif(not WORKER, reason="ELASTIC_WORKER is not set")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Group:
+    def __init__(self, world, min_ranks, steps=STEPS):
+        self.world, self.min_ranks, self.steps = world, min_ranks, steps
+        self.port = free_port()
+        self.ready_dir = tempfile.mkdtemp(prefix="co2-elastic-")
+        self.procs = {}
+
+    def start(self, per_rank_env=None):
+        """per_rank_env: rank -> {VAR: value} for that rank only."""
+        for rank in range(self.world):
+            env = dict(os.environ)
+            env.update(RANK=str(rank), WORLD_SIZE=str(self.world), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(self.port), CO2_AUTH_TOKEN="elastic-token",
+                       UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="warn")
+            env.update({k: str(v) for k, v in (per_rank_env or {}).get(rank, {}).items()})
+            self.procs[rank] = subprocess.Popen(
+                [WORKER, self.ready_dir, str(TIMEOUT_MS), str(self.steps), str(self.min_ranks)],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait(self, ranks, limit_s=LIMIT_S):
+        deadline = time.monotonic() + limit_s
+        codes, outputs = {}, {}
+        for r in ranks:
+            try:
+                out, err = self.procs[r].communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rank {r} still running after {limit_s:.0f} s: a hang")
+            codes[r], outputs[r] = self.procs[r].returncode, out + err
+        return codes, outputs
+
+    def cleanup(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def group_factory():
+    groups = []
+
+    def make(*args, **kwargs):
+        g = Group(*args, **kwargs)
+        groups.append(g)
+        return g
+
+    yield make
+    for g in groups:
+        g.cleanup()
+
+
+def done_lines(outputs):
+    """old rank -> {rank, size, steps, changes, hash} from each survivor's last line."""
+    found = {}
+    for old_rank, text in outputs.items():
+        for line in text.splitlines():
+            if line.startswith("done "):
+                words = line.split()
+                found[old_rank] = dict(zip(words[1::2], words[2::2]))
+    return found
+
+
+def assert_survivors_agree(g, survivors, changes):
+    codes, outputs = g.wait(survivors)
+    assert all(code == 0 for code in codes.values()), (codes, outputs)
+    done = done_lines(outputs)
+    assert set(done) == set(survivors), outputs
+    assert {d["size"] for d in done.values()} == {str(len(survivors))}, done
+    assert sorted(int(d["rank"]) for d in done.values()) == list(range(len(survivors))), done
+    assert {d["steps"] for d in done.values()} == {str(g.steps)}, done
+    assert {d["changes"] for d in done.values()} == {str(changes)}, done
+    # The anchor, bitwise equal on every survivor.
+    assert len({d["hash"] for d in done.values()}) == 1, done
+    return done
+
+
+def test_no_failure_trains_to_the_end(group_factory):
+    g = group_factory(3, min_ranks=2)
+    g.start()
+    assert_survivors_agree(g, [0, 1, 2], changes=0)
+
+
+@pytest.mark.parametrize("die_at", [40, 42], ids=["mid_round", "allreduce_in_flight"])
+def test_killed_rank_survivors_go_on(group_factory, die_at):
+    g = group_factory(4, min_ranks=2)
+    g.start({2: {"ELASTIC_DIE_AT": die_at}})
+    assert_survivors_agree(g, [0, 1, 3], changes=1)
+    assert g.procs[2].wait(timeout=10) == -signal.SIGKILL
+
+
+def test_killed_coordinator(group_factory):
+    g = group_factory(3, min_ranks=2)
+    g.start({0: {"ELASTIC_DIE_AT": 31}})
+    done = assert_survivors_agree(g, [1, 2], changes=1)
+    assert done[1]["rank"] == "0" and done[2]["rank"] == "1", done
+
+
+def test_two_ranks_lost_one_after_the_other(group_factory):
+    g = group_factory(4, min_ranks=2)
+    g.start({1: {"ELASTIC_DIE_AT": 30}, 3: {"ELASTIC_DIE_AT": 90}})
+    assert_survivors_agree(g, [0, 2], changes=2)
+
+
+def test_stopped_rank_is_left_out_and_refused_when_it_resumes(group_factory):
+    # Rank 0 (the first coordinator candidate) stops; the others re-form after the timeout.
+    # Resumed, it must not form a group of its own (min_ranks 1 would allow one): the others
+    # agreed on a generation without it, so it fails with PEER_LOST.
+    g = group_factory(3, min_ranks=1, steps=400)
+    hold = os.path.join(tempfile.mkdtemp(prefix="co2-elastic-hold-"), "release")
+    g.start({0: {"ELASTIC_STOP_AT": 30}, 1: {"ELASTIC_HOLD": hold}, 2: {"ELASTIC_HOLD": hold}})
+    changed = [os.path.join(g.ready_dir, f"changed.{r}") for r in (1, 2)]
+    deadline = time.monotonic() + LIMIT_S
+    while not all(os.path.exists(c) for c in changed):
+        assert time.monotonic() < deadline, "the survivors never re-formed"
+        for r in (1, 2):
+            assert g.procs[r].poll() is None, g.wait([r])
+        time.sleep(0.05)
+    g.procs[0].send_signal(signal.SIGCONT)
+    codes, outputs = g.wait([0])
+    assert codes[0] == PEER_LOST, outputs
+    assert "left out" in outputs[0], outputs
+    open(hold, "w").close()
+    assert_survivors_agree(g, [1, 2], changes=1)
+
+
+def test_too_few_survivors_fail_with_peer_lost(group_factory):
+    g = group_factory(3, min_ranks=3)
+    g.start({1: {"ELASTIC_DIE_AT": 30}})
+    codes, outputs = g.wait([0, 2])
+    assert set(codes.values()) <= {PEER_LOST}, (codes, outputs)
+    assert all("elastic_min_ranks" in text for text in outputs.values()), outputs
+
+
+def test_min_ranks_above_world_size_is_refused(group_factory):
+    g = group_factory(2, min_ranks=3)
+    g.start()
+    codes, outputs = g.wait([0, 1])
+    assert set(codes.values()) == {INVALID_ARGUMENT}, (codes, outputs)
+    assert all("elastic_min_ranks" in text for text in outputs.values()), outputs

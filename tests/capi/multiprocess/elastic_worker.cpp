@@ -1,0 +1,126 @@
+// One rank of an elastic group (tests/capi/multiprocess/elastic_test.py): forms the group from the
+// launcher environment with elastic_min_ranks = MIN_RANKS, trains a deterministic model until the
+// engine's step count reaches STEPS, and goes on through CO2_MEMBERSHIP_CHANGED (re-reading its
+// rank and size, as a framework re-shards its data). Then it finalizes and prints
+//   done rank R size S steps N changes C hash H
+// where H hashes the parameters after finalize (the anchor, equal on every member). Any other
+// failure prints "status S" and exits with S.
+//   elastic_worker READY_DIR TIMEOUT_MS STEPS MIN_RANKS
+// ELASTIC_DIE_AT=k: this process kills itself (SIGKILL) when the engine reaches step k;
+// ELASTIC_STOP_AT=k: it stops itself (SIGSTOP) there instead, for the test to continue later.
+// After each membership change it writes READY_DIR/changed.<first rank>; with ELASTIC_HOLD=path it
+// waits for that file to exist before it finalizes (the test holds the group together meanwhile).
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "co2/co2.h"
+
+namespace {
+
+uint64_t fnv1a(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+long env_long(const char* name, long fallback) {
+  const char* text = std::getenv(name);
+  return text && *text ? std::atol(text) : fallback;
+}
+
+int fail(co2_status_t status, const char* call) {
+  std::fprintf(stderr, "%s -> %d (%s): %s\n", call, int(status), co2_status_string(status), co2_last_error_message());
+  std::printf("status %d\n", int(status));
+  std::fflush(stdout);
+  return int(status);
+}
+
+}  // namespace
+
+#define TRY(call)                                  \
+  do {                                             \
+    const co2_status_t status_ = (call);           \
+    if (status_ != CO2_OK) return fail(status_, #call); \
+  } while (0)
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s READY_DIR TIMEOUT_MS STEPS MIN_RANKS\n", argv[0]);
+    return 2;
+  }
+  const std::string ready_dir = argv[1];
+  const uint64_t steps = uint64_t(std::atol(argv[3]));
+  const long die_at = env_long("ELASTIC_DIE_AT", -1);
+  const long stop_at = env_long("ELASTIC_STOP_AT", -1);
+  co2_comm_config_t config = CO2_COMM_CONFIG_INIT;
+  config.timeout_ms = uint32_t(std::atoi(argv[2]));
+  config.elastic_min_ranks = std::atoi(argv[4]);
+  co2_comm_t comm = nullptr;
+  co2_engine_t engine = nullptr;
+  TRY(co2_comm_create(&config, &comm));
+  co2_engine_config_t engine_config = CO2_ENGINE_CONFIG_INIT;
+  engine_config.tau = 3;
+  TRY(co2_engine_create(comm, &engine_config, &engine));
+  std::vector<float> weights(4096, 1.0f);
+  co2_tensor_t tensor = CO2_TENSOR_INIT;
+  tensor.name = "weights";
+  tensor.data = weights.data();
+  tensor.count = weights.size();
+  TRY(co2_engine_register_tensor(engine, &tensor));
+  TRY(co2_engine_commit(engine));
+  int32_t rank = 0, size = 0;
+  TRY(co2_comm_rank(comm, &rank));
+  TRY(co2_comm_size(comm, &size));
+  const int first_rank = rank;
+  std::ofstream(ready_dir + "/ready." + std::to_string(rank)) << "ready\n";
+  const char* hold = std::getenv("ELASTIC_HOLD");
+
+  co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
+  int changes = 0;
+  // finalize may meet a failure too; then the group trains on to STEPS and finalizes again.
+  for (bool finalized = false; !finalized;) {
+    TRY(co2_engine_get_stats(engine, &stats));
+    co2_status_t status = CO2_OK;
+    if (stats.steps < steps) {
+      if (long(stats.steps) == die_at) raise(SIGKILL);
+      if (long(stats.steps) == stop_at) raise(SIGSTOP);
+      // Each rank pulls towards its own target: the average depends on who is in the group.
+      for (size_t i = 0; i < weights.size(); ++i)
+        weights[i] -= 0.05f * (weights[i] - float((rank + 1) * int(i % 7)));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      status = co2_engine_step(engine, nullptr, nullptr);
+    } else {
+      // Only while the test lets it: bounded, so a test that forgets cannot hang the worker.
+      for (int waited = 0; hold && *hold && !std::ifstream(hold) && waited < 120000; waited += 10)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      status = co2_engine_finalize(engine);
+      finalized = status == CO2_OK;
+    }
+    if (status == CO2_MEMBERSHIP_CHANGED) {
+      ++changes;
+      std::fprintf(stderr, "membership changed: %s\n", co2_last_error_message());
+      std::ofstream(ready_dir + "/changed." + std::to_string(first_rank)) << changes << "\n";
+      TRY(co2_comm_rank(comm, &rank));
+      TRY(co2_comm_size(comm, &size));
+      continue;
+    }
+    TRY(status);
+  }
+  TRY(co2_engine_get_stats(engine, &stats));
+  std::printf("done rank %d size %d steps %llu changes %d hash %016llx\n", rank, size,
+              (unsigned long long)stats.steps, changes,
+              (unsigned long long)fnv1a(weights.data(), weights.size() * sizeof(float)));
+  std::fflush(stdout);
+  co2_engine_destroy(engine);
+  co2_comm_destroy(comm);
+  return 0;
+}
