@@ -121,7 +121,7 @@ int main_or_status(int argc, char** argv) {
   // Our variables replace any the caller had (co2run inside another launcher's job).
   const std::set<std::string> ours = {"RANK",        "WORLD_SIZE",       "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
                                       "GROUP_RANK",  "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                      "CO2_AUTH_TOKEN"};
+                                      "CO2_AUTH_TOKEN", "CO2_ELASTIC_MIN_RANKS"};
   std::vector<std::string> inherited;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const char* equals = std::strchr(*entry, '=');
@@ -134,6 +134,12 @@ int main_or_status(int argc, char** argv) {
     inherited.push_back("CO2_STORE_BIND=" + master_addr);
   std::vector<RankLaunch> ranks;
   const int world_size = options.nproc_per_node * options.nnodes;
+  if (options.elastic_min_ranks > world_size) {
+    std::fprintf(stderr, "co2run: error: --elastic %d is more ranks than the job has (%d)\n", options.elastic_min_ranks,
+                 world_size);
+    return 2;
+  }
+  if (options.elastic_min_ranks > 0) inherited.push_back("CO2_ELASTIC_MIN_RANKS=" + std::to_string(options.elastic_min_ranks));
   const int first_node = one_machine ? 0 : options.node_rank;
   const int last_node = one_machine ? options.nnodes - 1 : options.node_rank;
   for (int node = first_node; node <= last_node; ++node) {
@@ -153,7 +159,7 @@ int main_or_status(int argc, char** argv) {
       ranks.push_back(std::move(rank));
     }
   }
-  return run_ranks(options.program, ranks, options.grace_period);
+  return run_ranks(options.program, ranks, options.grace_period, options.elastic_min_ranks > 0);
 }
 
 }  // namespace

@@ -30,6 +30,9 @@ const char kUsage[] =
     "  --master-port P      port of the rendezvous store (default: a free port on one machine;\n"
     "                       required with --node-rank when --nnodes > 1)\n"
     "  --grace-period S     seconds between SIGTERM and SIGKILL when stopping ranks (default 10)\n"
+    "  --elastic K          an elastic group: a rank that fails does not stop the others, which\n"
+    "                       go on without it while K ranks remain (CO2_ELASTIC_MIN_RANKS=K for\n"
+    "                       the ranks); co2run exits 0 when a rank of its own finished with 0\n"
     "  --probe ARGS...      run co2-probe (installed beside co2run) as PROGRAM: it times the outer\n"
     "                       all-reduce per wire format across the ranks and prints the tau and\n"
     "                       format that hide it behind a training step; co2run --probe --help\n"
@@ -69,7 +72,17 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
 }
 
-enum OptionId { kNprocPerNode = 1000, kNnodes, kNodeRank, kMasterAddr, kMasterPort, kGracePeriod, kProbe, kHelp };
+enum OptionId {
+  kNprocPerNode = 1000,
+  kNnodes,
+  kNodeRank,
+  kMasterAddr,
+  kMasterPort,
+  kGracePeriod,
+  kElastic,
+  kProbe,
+  kHelp
+};
 
 // Both spellings of each option: co2run's and torchrun's (underscores).
 const option kLongOptions[] = {
@@ -84,6 +97,7 @@ const option kLongOptions[] = {
     {"master_port", required_argument, nullptr, kMasterPort},
     {"grace-period", required_argument, nullptr, kGracePeriod},
     {"grace_period", required_argument, nullptr, kGracePeriod},
+    {"elastic", required_argument, nullptr, kElastic},
     {"probe", no_argument, nullptr, kProbe},
     {"help", no_argument, nullptr, kHelp},
     {nullptr, 0, nullptr, 0}};
@@ -144,6 +158,7 @@ Options parse_command_line(int argc, char** argv) {
       case kNodeRank: options.node_rank = int(parse_integer(flag, value, 0, kMaxRanks)); break;
       case kMasterPort: options.master_port = int(parse_integer(flag, value, 1, 65535)); break;
       case kGracePeriod: options.grace_period = parse_seconds(flag, value); break;
+      case kElastic: options.elastic_min_ranks = int(parse_integer(flag, value, 1, kMaxRanks)); break;
       case kMasterAddr:
         if (value.empty()) throw UsageError("--master-addr is empty");
         options.master_addr = value;

@@ -58,8 +58,8 @@ std::string ranks_phrase(int count) { return std::to_string(count) + (count == 1
 class Supervisor {
  public:
   Supervisor(const std::vector<std::string>& program, const std::vector<RankLaunch>& ranks,
-             std::chrono::milliseconds grace_period)
-      : program_(program), ranks_(ranks), grace_period_(grace_period) {}
+             std::chrono::milliseconds grace_period, bool elastic)
+      : program_(program), ranks_(ranks), grace_period_(grace_period), elastic_(elastic) {}
 
   int run() {
     sigset_t handled;
@@ -89,6 +89,11 @@ class Supervisor {
     // A failure seen before an interrupt is what the user needs to hear about; failures after
     // it are the forwarded signal's doing.
     if (first_failure_ == nullptr && interrupted_by_ != 0) return 128 + interrupted_by_;
+    if (elastic_ && first_failure_ == nullptr && lost_ > 0) {
+      const int finished = int(children_.size()) - lost_;
+      say(ranks_phrase(lost_) + " of " + std::to_string(children_.size()) + " failed; the group went on without " +
+          (lost_ == 1 ? "it" : "them") + " and " + ranks_phrase(finished) + " finished with exit code 0");
+    }
     if (first_failure_ != nullptr) {
       std::string message = "rank " + std::to_string(first_failure_->rank) + " (pid " +
                             std::to_string(first_failure_->pid) + ") " + how_it_ended(first_failure_->status) + "; " +
@@ -266,6 +271,15 @@ class Supervisor {
         if (child->pid != pid || !child->running) continue;
         child->running = false;
         child->status = status;
+        if (failed(status) && elastic_ && interrupted_by_ == 0 && !start_failed_) {
+          if (!first_lost_) first_lost_ = child.get();
+          ++lost_;
+          say("rank " + std::to_string(child->rank) + " (pid " + std::to_string(child->pid) + ") " +
+              how_it_ended(status) + "; --elastic: the other ranks go on without it");
+          // Elastic ranks end together: when none finished well, the first loss is the failure.
+          if (running_count() == 0 && lost_ == int(children_.size())) first_failure_ = first_lost_;
+          continue;
+        }
         if (failed(status) && first_failure_ == nullptr && interrupted_by_ == 0 && !start_failed_) {
           first_failure_ = child.get();
           running_at_failure_ = running_count();
@@ -279,6 +293,9 @@ class Supervisor {
   const std::vector<std::string>& program_;
   const std::vector<RankLaunch>& ranks_;
   const std::chrono::milliseconds grace_period_;
+  const bool elastic_;
+  int lost_ = 0;               // elastic: ranks that failed while the others went on
+  Child* first_lost_ = nullptr;
   sigset_t original_mask_;
   int signals_ = -1;
   std::vector<std::unique_ptr<Child>> children_;
@@ -293,8 +310,8 @@ class Supervisor {
 }  // namespace
 
 int run_ranks(const std::vector<std::string>& program, const std::vector<RankLaunch>& ranks,
-              std::chrono::milliseconds grace_period) {
-  return Supervisor(program, ranks, grace_period).run();
+              std::chrono::milliseconds grace_period, bool elastic) {
+  return Supervisor(program, ranks, grace_period, elastic).run();
 }
 
 }  // namespace co2::launcher

@@ -21,8 +21,9 @@ struct RankLaunch {
 // its own process group with stdin from /dev/null. Returns co2run's exit status: 0 when every
 // rank exited 0; the failed rank's exit code (or 128 + its signal) when one failed first, after
 // printing which rank failed and how; 128 + the signal when co2run itself was interrupted
-// (before any rank failed).
+// (before any rank failed). `elastic`: a failed rank does not stop the others (they re-form
+// without it); then 0 when any rank exited 0, else the first failure's code.
 int run_ranks(const std::vector<std::string>& program, const std::vector<RankLaunch>& ranks,
-              std::chrono::milliseconds grace_period);
+              std::chrono::milliseconds grace_period, bool elastic);
 
 }  // namespace co2::launcher

@@ -862,7 +862,14 @@ auto surviving(Engine::State& s, Body&& body) {
     return body();
   } catch (const Error& e) {
     if (!s.committed || !s.comm->can_reform()) throw;
-    continue_with_survivors(s, e.what());
+    try {
+      continue_with_survivors(s, e.what());
+    } catch (const Error&) {
+      throw;  // left out, too few ranks: said precisely where it was found
+    } catch (const std::exception& reform) {
+      fail(Status::PeerLost, std::string("the group lost a rank (") + e.what() +
+                                 ") and could not re-form over the survivors: " + reform.what());
+    }
     fail(Status::MembershipChanged,
          "the group lost a rank and re-formed without it: this is rank " + std::to_string(s.comm->rank()) + " of " +
              std::to_string(s.comm->size()) + " now, every rank's parameters and anchor are the agreed anchor, "

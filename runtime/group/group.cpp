@@ -193,6 +193,18 @@ std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::
 #endif
 }
 
+// CO2_ELASTIC_MIN_RANKS (co2run --elastic sets it) for a launched group whose config left
+// elastic_min_ranks at 0; 0 when unset.
+int elastic_min_ranks_from_environment() {
+  const char* text = std::getenv("CO2_ELASTIC_MIN_RANKS");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  require(*end == '\0' && value >= 0 && value <= 1 << 20, Status::InvalidArgument,
+          std::string("CO2_ELASTIC_MIN_RANKS must be a whole number >= 0, not '") + text + "'");
+  return int(value);
+}
+
 // Elastic membership (runtime/group/membership.hpp): this rank's endpoint, every rank's address,
 // and how the communicator re-forms over the survivors after a failure.
 void make_elastic(Communicator& comm, store::Store& store, const std::string& prefix, const GroupRequest& request) {
@@ -372,6 +384,8 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
                       ? connect_over_ucx(*store, prefix, request.rank, request.world_size, request.options)
                       : connect_over_nccl(*store, prefix, request.rank, request.world_size,
                                           nccl_device(request.device_index, launched), request.options);
+      if (request.options.elastic_min_ranks == 0 && request.unique_id.empty())
+        request.options.elastic_min_ranks = elastic_min_ranks_from_environment();
       if (request.options.elastic_min_ranks > 0) make_elastic(*comm, *store, prefix, request);
       leave_together(*store, prefix, request.rank, request.world_size, server != nullptr, request.options.timeout);
       if (!request.unique_id.empty()) {

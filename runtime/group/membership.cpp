@@ -145,9 +145,27 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
 
 Membership::Agreed Membership::agree(const std::string& cause) {
   ++generation_;
-  const std::string prefix = "co2/elastic/" + std::to_string(generation_) + "/";
+  // A coordinator that dies while the others wait at its endpoint: agree again with the next
+  // rank that answers. The coordinator's rank is part of the keys, so every survivor meets the
+  // others at the same keys whether or not it saw the first coordinator.
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return agree_once(cause);
+    } catch (const transport::RendezvousError& e) {
+      if (attempt >= size())
+        fail(Status::PeerLost, "the group lost a rank (" + cause + ") and the survivors could not agree on a new "
+                               "group: " + e.what());
+      log::warn("membership: the coordinator of generation " + std::to_string(generation_) +
+                " went away during the agreement (" + e.what() + "); agreeing again");
+    }
+  }
+}
+
+Membership::Agreed Membership::agree_once(const std::string& cause) {
   int coordinator = 0;
   std::shared_ptr<store::Store> store = coordinator_store(&coordinator);
+  const std::string prefix =
+      "co2/elastic/" + std::to_string(generation_) + "/" + std::to_string(coordinator) + "/";
   log::info("membership: rank " + std::to_string(rank_) + " of " + std::to_string(size()) + " lost a peer (" + cause +
             "); rank " + std::to_string(coordinator) + " coordinates generation " + std::to_string(generation_));
   store->add(prefix + "arrived/" + std::to_string(rank_), 1);

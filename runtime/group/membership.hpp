@@ -53,6 +53,8 @@ class Membership {
 
  private:
   Membership() = default;
+  // One try of agree() with the lowest rank that answers as the coordinator.
+  Agreed agree_once(const std::string& cause);
   // The endpoint of the lowest rank that answers (this rank's own at the latest).
   std::shared_ptr<store::Store> coordinator_store(int* coordinator) const;
   // The coordinator's part: the old ranks that arrived, once every other one stopped answering.

@@ -42,7 +42,7 @@ TEST(Co2run, HelpExplainsTheOptions) {
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
   for (const char* part : {"usage: co2run", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
                            "--master-port", "--grace-period", "CO2_AUTH_TOKEN", "CO2_MASTER_PORT", "GROUP_RANK",
-                           "simulated nodes", "--probe"})
+                           "simulated nodes", "--probe", "--elastic"})
     EXPECT_TRUE(contains(run.out(), part)) << part;
 }
 
@@ -61,6 +61,8 @@ TEST(Co2run, BadCommandLinesAreUsageErrors) {
       {{"--grace_period", "x", "true"}, "--grace-period wants seconds"},
       {{"--n", "2", "true"}, "ambiguous option '--n'"},
       {{"--master-addr=", "true"}, "--master-addr is empty"},
+      {{"--elastic", "0", "true"}, "out of range"},
+      {{"--nproc-per-node", "2", "--elastic", "3", "true"}, "--elastic 3 is more ranks than the job has (2)"},
   };
   for (const auto& [arguments, message] : cases) {
     Subprocess run(co2run(arguments));
@@ -190,6 +192,34 @@ TEST(Co2run, ARankKilledByASignalStopsTheOthers) {
   EXPECT_TRUE(run.exited_with(128 + 9)) << run.describe();
   const std::regex line(R"(co2run: rank 2 \(pid \d+\) was killed by signal 9 \(SIGKILL\); stopped the other 3 ranks\n)");
   EXPECT_TRUE(std::regex_search(run.err(), line)) << run.describe();
+}
+
+TEST(Co2run, ElasticKeepsTheOthersRunningWhenARankFails) {
+  // Rank 1 fails at once; the others finish a second later, each printing its
+  // CO2_ELASTIC_MIN_RANKS: co2run waits for them and succeeds, naming the lost rank.
+  Subprocess run(co2run({"--nproc-per-node", "3", "--elastic", "2", "/bin/sh", "-c",
+                         "if [ \"$RANK\" = 1 ]; then exit 7; fi; sleep 1; echo min=$CO2_ELASTIC_MIN_RANKS"}));
+  ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+  EXPECT_TRUE(run.exited_with(0)) << run.describe();
+  EXPECT_TRUE(contains(run.out(), "[rank 0] min=2\n") && contains(run.out(), "[rank 2] min=2\n")) << run.describe();
+  const std::regex lost(R"(co2run: rank 1 \(pid \d+\) exited with code 7; --elastic: the other ranks go on without it\n)");
+  EXPECT_TRUE(std::regex_search(run.err(), lost)) << run.describe();
+  EXPECT_TRUE(contains(run.err(), "1 rank of 3 failed; the group went on without it and 2 ranks finished with exit code 0"))
+      << run.describe();
+}
+
+TEST(Co2run, ElasticFailsWhenNoRankFinishes) {
+  Subprocess run(co2run({"--nproc-per-node", "2", "--elastic", "1", "/bin/sh", "-c", "exit $((RANK + 3))"}));
+  ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+  EXPECT_FALSE(run.exited_with(0)) << run.describe();
+  EXPECT_TRUE(run.exited_with(3) || run.exited_with(4)) << run.describe();
+}
+
+TEST(Co2run, WithoutElasticTheVariableIsNotPassedOn) {
+  Subprocess run(co2run({"/bin/sh", "-c", "echo min=${CO2_ELASTIC_MIN_RANKS:-unset}"}),
+                 {{"CO2_ELASTIC_MIN_RANKS", std::string("3")}});
+  ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+  EXPECT_TRUE(contains(run.out(), "[rank 0] min=unset\n")) << run.describe();
 }
 
 TEST(Co2run, RanksThatIgnoreSigtermGetSigkillAfterTheGracePeriod) {

@@ -28,7 +28,8 @@ from ._errors import (Error, InvalidArgumentError, InvalidStateError, Unsupporte
                       InvalidConfigError, UnknownEnumError, DuplicateTensorError,
                       OutOfMemoryError, NonFiniteError, LayoutMismatchError,
                       AnchorMismatchError, CheckpointCorruptError, CheckpointMismatchError,
-                      CallbackError, TimeoutError, PeerError, PeerLostError, PeerTimeoutError,
+                      CallbackError, TimeoutError, MembershipChangedError, PeerError,
+                      PeerLostError, PeerTimeoutError,
                       CollectiveMismatchError, AbortedError, TransportError, RendezvousError,
                       InternalError)
 from .communicator import Communicator, Request, unique_id, comm_defaults
@@ -43,5 +44,6 @@ __all__ = ["Communicator", "Engine", "Request", "unique_id", "comm_defaults", "e
            "UnsupportedError", "InvalidConfigError", "UnknownEnumError", "DuplicateTensorError",
            "OutOfMemoryError", "NonFiniteError", "LayoutMismatchError", "AnchorMismatchError",
            "CheckpointCorruptError", "CheckpointMismatchError", "CallbackError", "TimeoutError",
-           "PeerError", "PeerLostError", "PeerTimeoutError", "CollectiveMismatchError",
+           "MembershipChangedError", "PeerError", "PeerLostError", "PeerTimeoutError",
+           "CollectiveMismatchError",
            "AbortedError", "TransportError", "RendezvousError", "InternalError"]

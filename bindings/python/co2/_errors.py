@@ -86,6 +86,13 @@ class TimeoutError(Error, builtins.TimeoutError):  # noqa: A001 - also the built
     status = capi.CO2_ERR_TIMEOUT
 
 
+class MembershipChangedError(Error):
+    """An elastic group (elastic_min_ranks >= 1) lost a rank and re-formed without it: the call
+    did not complete; every survivor's parameters are the agreed anchor. Re-read rank and
+    world_size, re-shard the data and keep training (docs/capi.md, "Elastic membership")."""
+    status = capi.CO2_MEMBERSHIP_CHANGED
+
+
 class PeerError(Error, ConnectionError):
     """Statuses 100-199: the communicator is unusable; destroy it and its engines."""
 
@@ -123,8 +130,8 @@ _BY_STATUS: dict[Optional[int], type[Error]] = {cls.status: cls for cls in (
     InvalidArgumentError, InvalidStateError, UnsupportedError, InvalidConfigError,
     UnknownEnumError, DuplicateTensorError, OutOfMemoryError, NonFiniteError,
     LayoutMismatchError, AnchorMismatchError, CheckpointCorruptError, CheckpointMismatchError,
-    CallbackError, TimeoutError, PeerLostError, PeerTimeoutError, CollectiveMismatchError,
-    AbortedError, TransportError, RendezvousError, InternalError)}
+    CallbackError, TimeoutError, MembershipChangedError, PeerLostError, PeerTimeoutError,
+    CollectiveMismatchError, AbortedError, TransportError, RendezvousError, InternalError)}
 
 
 def _make_error(status: int, function: str, status_string: str, detail: str) -> Error:

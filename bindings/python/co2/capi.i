@@ -278,6 +278,7 @@ static int co2_address(PyObject *input, void **out, const char *what) {
 %ignore co2_comm_config::reserved1;
 %ignore co2_comm_config::reserved2;
 %ignore co2_comm_config::reserved3;
+%ignore co2_comm_config::reserved4;
 %immutable co2_engine_config::size;
 %immutable co2_engine_config::version;
 %ignore co2_engine_config::reserved0;

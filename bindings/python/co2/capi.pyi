@@ -49,6 +49,7 @@ CO2_ERR_CHECKPOINT_CORRUPT: int
 CO2_ERR_CHECKPOINT_MISMATCH: int
 CO2_ERR_CALLBACK: int
 CO2_ERR_TIMEOUT: int
+CO2_MEMBERSHIP_CHANGED: int
 CO2_ERR_PEER_LOST: int
 CO2_ERR_PEER_TIMEOUT: int
 CO2_ERR_COLLECTIVE_MISMATCH: int
@@ -139,6 +140,7 @@ class comm_config:
     device_index: int
     node_id: int
     connections_per_peer: int
+    elastic_min_ranks: int
     def __init__(self) -> None: ...
 
 class engine_config:

@@ -130,16 +130,28 @@ class Communicator(OwnsHandle):
     connections_per_peer: UCX connections each peer's messages are striped over, 1..16, the
         same on every rank (None: CO2_UCX_CONNECTIONS, else 1): for networks that cap each
         connection below the link's rate.
+    elastic_min_ranks: 0 (the default): a lost rank fails the group (co2.PeerLostError).
+        k >= 1: the survivors of a lost rank re-form while k ranks remain, and the call that
+        met the loss raises co2.MembershipChangedError; rank and world_size then give the new
+        group (UCX, host tensors, replicated outer state; docs/capi.md, "Elastic membership").
     """
 
-    rank: int
-    world_size: int
+    @property
+    def rank(self) -> int:
+        """This rank; it changes when an elastic group re-forms (co2.MembershipChangedError)."""
+        return capi.comm_rank(self.handle)
+
+    @property
+    def world_size(self) -> int:
+        """The group's size; it changes when an elastic group re-forms."""
+        return capi.comm_size(self.handle)
 
     def __init__(self, rank: Optional[int] = None, world_size: Optional[int] = None, *,
                  transport: Union[TransportName, int] = "auto", group_name: Optional[str] = None,
                  unique_id: Optional[bytes] = None, timeout_ms: Optional[int] = None,
                  chunk_bytes: Optional[int] = None, device_index: Optional[int] = None,
-                 node_id: Optional[int] = None, connections_per_peer: Optional[int] = None) -> None:
+                 node_id: Optional[int] = None, connections_per_peer: Optional[int] = None,
+                 elastic_min_ranks: Optional[int] = None) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither (then the "
                              "environment's RANK/WORLD_SIZE are used)")
@@ -147,7 +159,8 @@ class Communicator(OwnsHandle):
             rank, world_size = _launch.rank_and_world() or (0, 1)
             if unique_id is None and _torchrun_holds_master_port(world_size):
                 unique_id = _unique_id_through_torch(rank, world_size)
-        config = _config(transport, timeout_ms, chunk_bytes, device_index, node_id, connections_per_peer)
+        config = _config(transport, timeout_ms, chunk_bytes, device_index, node_id, connections_per_peer,
+                         elastic_min_ranks)
         config.rank = _values.integer("rank", rank, 0, _values.INT32_MAX)
         config.world_size = _values.integer("world_size", world_size, 0, _values.INT32_MAX)
         self._handle: Optional[capi._Comm] = None
@@ -159,8 +172,6 @@ class Communicator(OwnsHandle):
 
     def _adopt(self, handle: capi._Comm) -> Communicator:
         self._handle = handle
-        self.rank = capi.comm_rank(handle)
-        self.world_size = capi.comm_size(handle)
         return self
 
     def split(self, color: Optional[int], key: Optional[int] = None,
@@ -260,7 +271,7 @@ class Communicator(OwnsHandle):
 
 def _config(transport: object = "auto", timeout_ms: object = None, chunk_bytes: object = None,
             device_index: object = None, node_id: object = None,
-            connections_per_peer: object = None) -> capi.comm_config:
+            connections_per_peer: object = None, elastic_min_ranks: object = None) -> capi.comm_config:
     """A co2_comm_config_t from keyword options; None keeps the C API's default (timeout_ms:
     CO2_TIMEOUT_MS's if set, default_timeout_ms())."""
     config = capi.comm_config()
@@ -277,6 +288,8 @@ def _config(transport: object = "auto", timeout_ms: object = None, chunk_bytes: 
     if connections_per_peer is not None:
         config.connections_per_peer = _values.integer("connections_per_peer", connections_per_peer, 1,
                                                       capi.CO2_MAX_CONNECTIONS)
+    if elastic_min_ranks is not None:
+        config.elastic_min_ranks = _values.integer("elastic_min_ranks", elastic_min_ranks, 0, _values.INT32_MAX)
     return config
 
 

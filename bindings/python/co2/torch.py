@@ -419,6 +419,11 @@ class Distributed:
     def _engine_step(self) -> bool:
         try:
             boundary = self.engine.step(self._stream())
+        except _errors.MembershipChangedError:
+            # The engine set the parameters to the survivors' anchor: that is not a change
+            # behind co2's back. The loop re-reads rank / world_size and goes on.
+            self._seen_version = _wiring.version(self._params)
+            raise
         except _errors.Error as exc:
             raise self._explained(exc, None) from None
         self._seen_version = _wiring.version(self._params)

@@ -9,6 +9,8 @@
         PHASE: save, plain, finalized, resumed; see test_multiprocess.py)
     multiprocess_worker.py apply_step VALUE OUT_DIR     (VALUE: arrival, or a step k)
     multiprocess_worker.py arrival_finalize OUT_DIR
+    multiprocess_worker.py elastic STEPS OUT_DIR     (CO2_ELASTIC_MIN_RANKS from co2run --elastic;
+        the rank ELASTIC_DIE_RANK kills itself at step ELASTIC_DIE_AT)
 """
 import json
 import os
@@ -221,6 +223,37 @@ def arrival_finalize(out):
     comm.close()
 
 
+def elastic(steps, out):
+    """A co2.torch loop that survives a lost rank: it catches co2.MembershipChangedError, re-reads
+    its rank and world size and trains on to the agreed step count."""
+    comm = co2.Communicator.from_env()
+    first_rank = comm.rank
+    model = tiny_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = co2.torch.distribute(model, optimizer, comm=comm, tau=3)
+    die_at = int(os.environ["ELASTIC_DIE_AT"]) if os.environ.get("ELASTIC_DIE_RANK") == str(first_rank) else -1
+    changes = 0
+    while True:
+        done = trainer.engine.stats()["steps"]
+        if done == die_at:
+            os.kill(os.getpid(), 9)
+        try:
+            if done < int(steps):
+                train_steps(model, optimizer, comm.rank, done, done + 1)
+                continue
+            trainer.finalize()
+            break
+        except co2.MembershipChangedError:
+            changes += 1
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+    np.save(os.path.join(out, f"elastic{first_rank}.npy"), flat)
+    with open(os.path.join(out, f"elastic{first_rank}.json"), "w") as f:
+        json.dump({"rank": comm.rank, "world_size": comm.world_size, "changes": changes,
+                   "steps": trainer.engine.stats()["steps"]}, f)
+    trainer.close()
+    comm.close()
+
+
 def main(argv):
     torch.set_num_threads(1)
     if argv[0] == "train":
@@ -235,6 +268,8 @@ def main(argv):
         apply_step(argv[1], argv[2])
     elif argv[0] == "arrival_finalize":
         arrival_finalize(argv[1])
+    elif argv[0] == "elastic":
+        elastic(argv[1], argv[2])
     elif argv[0] == "checkpoint":
         checkpoint(argv[1], argv[2], argv[3])
     else:

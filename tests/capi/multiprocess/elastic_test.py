@@ -16,6 +16,7 @@ import time
 import pytest
 
 WORKER = os.environ.get("ELASTIC_WORKER", "")
+CO2RUN = os.environ.get("CO2RUN", "")
 TIMEOUT_MS = 3000          # the communicators' no-progress timeout in these tests
 STEPS = 150                # engine steps every survivor reaches (tau = 3 in the worker)
 LIMIT_S = 90.0             # a run that takes longer hangs
@@ -172,3 +173,20 @@ def test_min_ranks_above_world_size_is_refused(group_factory):
     codes, outputs = g.wait([0, 1])
     assert set(codes.values()) == {INVALID_ARGUMENT}, (codes, outputs)
     assert all("elastic_min_ranks" in text for text in outputs.values()), outputs
+
+
+def test_co2run_elastic_keeps_the_survivors(tmp_path):
+    """co2run --elastic 2: rank 1 of 3 dies, co2run keeps ranks 0 and 2, which finish as a group
+    of 2 with equal parameters, and co2run exits 0 naming the lost rank."""
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="warn",
+               ELASTIC_DIE_RANK="1", ELASTIC_DIE_AT="30")
+    run = subprocess.run([CO2RUN, "--nproc-per-node", "3", "--elastic", "2", WORKER, str(tmp_path),
+                          str(TIMEOUT_MS), str(STEPS), "0"],
+                         env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "rank 1 (pid" in run.stderr and "--elastic: the other ranks go on without it" in run.stderr, run.stderr
+    done = [line.split("] ", 1)[1].split() for line in run.stdout.splitlines() if "] done " in line]
+    assert len(done) == 2, run.stdout
+    fields = [dict(zip(d[1::2], d[2::2])) for d in done]
+    assert {f["size"] for f in fields} == {"2"} and {f["changes"] for f in fields} == {"1"}, fields
+    assert len({f["hash"] for f in fields}) == 1, fields

@@ -6,7 +6,9 @@
 // where H hashes the parameters after finalize (the anchor, equal on every member). Any other
 // failure prints "status S" and exits with S.
 //   elastic_worker READY_DIR TIMEOUT_MS STEPS MIN_RANKS
-// ELASTIC_DIE_AT=k: this process kills itself (SIGKILL) when the engine reaches step k;
+// ELASTIC_DIE_AT=k: this process kills itself (SIGKILL) when the engine reaches step k (with
+// ELASTIC_DIE_RANK=r set: only the process started as rank r, for launchers that share one
+// environment);
 // ELASTIC_STOP_AT=k: it stops itself (SIGSTOP) there instead, for the test to continue later.
 // After each membership change it writes READY_DIR/changed.<first rank>; with ELASTIC_HOLD=path it
 // waits for that file to exist before it finalizes (the test holds the group together meanwhile).
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
   }
   const std::string ready_dir = argv[1];
   const uint64_t steps = uint64_t(std::atol(argv[3]));
-  const long die_at = env_long("ELASTIC_DIE_AT", -1);
+  const long die_rank = env_long("ELASTIC_DIE_RANK", -1);
+  const long die_at = die_rank < 0 || die_rank == env_long("RANK", -1) ? env_long("ELASTIC_DIE_AT", -1) : -1;
   const long stop_at = env_long("ELASTIC_STOP_AT", -1);
   co2_comm_config_t config = CO2_COMM_CONFIG_INIT;
   config.timeout_ms = uint32_t(std::atoi(argv[2]));

@@ -17,7 +17,7 @@ using Libdl
 
 include("generated.jl")
 
-export CO2Error, Communicator, Engine, Request, split_nodes
+export CO2Error, Communicator, Engine, Request, split_nodes, membership_changed
 export allreduce!, broadcast!, register_tensor!, alloc_flat!, adopt_flat!, add_segment!,
        commit!, step!, reduce_gradients!, synchronize!, finalize!, consensus!, consensus,
        num_elements, set_param!, get_param, stats, save, load!, state_size
@@ -67,11 +67,27 @@ end
 
 A failed co2 call: `status` is the C `co2_status_t` (compare with the `CO2_ERR_*` constants),
 `message` what `co2_last_error_message()` said.
+
+`status == CO2_MEMBERSHIP_CHANGED` (50, C API 1.2; see [`membership_changed`](@ref)) is not a
+failure of the group: an elastic communicator (`elastic_min_ranks >= 1`) lost a rank and
+re-formed without it. The call did not complete; the engine goes on in the new group from the
+agreed state (every survivor's parameters are the agreed anchor). Re-read `CO2.rank(comm)` and
+`size(comm)` (they changed), re-shard the data if it is sharded by rank, and keep training
+(call `step!` again; a `finalize!` that threw it did not finalize). docs/capi.md, "Elastic
+membership". Statuses 100-199 are communicator failures: close it and its engines.
 """
 struct CO2Error <: Exception
     status::Int32
     message::String
 end
+
+"""
+    membership_changed(e::CO2Error) -> Bool
+
+True for `CO2_MEMBERSHIP_CHANGED`: an elastic group re-formed after losing a rank; re-read
+`CO2.rank(comm)` / `size(comm)` and keep training (see [`CO2Error`](@ref)).
+"""
+membership_changed(e::CO2Error) = e.status == CO2_MEMBERSHIP_CHANGED
 
 function Base.showerror(io::IO, e::CO2Error)
     print(io, "CO2Error: ", unsafe_string(co2_status_string(e.status)), " (status ", e.status, ")")
@@ -140,13 +156,18 @@ _dtype(::Type{Int64}) = CO2_DTYPE_INT64
 """
     Communicator(; transport=:auto, rank=0, world_size=1, group_name=nothing,
                  timeout_ms=CO2_DEFAULT_TIMEOUT_MS, chunk_bytes=CO2_DEFAULT_CHUNK_BYTES,
-                 node_id=nothing, connections_per_peer=nothing)
+                 node_id=nothing, connections_per_peer=nothing, elastic_min_ranks=0)
 
 Joins rank `rank` of a group of `world_size` ranks; blocks until all joined (collective). With
 `transport=:local`, ranks are threads of this process and `group_name` keys the group. Freed by
 its finalizer or, deterministically, by `close`. `connections_per_peer` (UCX, 1..16; `nothing`:
 `CO2_UCX_CONNECTIONS` where set, else 1) stripes each peer's messages over that many TCP
-connections, for links that cap each flow.
+connections, for links that cap each flow. `elastic_min_ranks` (C API 1.2): 0, the default, a
+lost rank fails the group (`CO2_ERR_PEER_LOST`); k >= 1 (UCX only; every rank the same k), the
+survivors re-form while at least k ranks remain and the engine call that met the loss throws a
+`CO2Error` with status `CO2_MEMBERSHIP_CHANGED`: re-read `CO2.rank(c)` / `size(c)` and keep
+training. Values are checked by the library (`CO2_ERR_INVALID_ARGUMENT` for k < 0 or above
+`world_size`, `CO2_ERR_UNSUPPORTED` for k >= 1 on the local transport).
 """
 mutable struct Communicator
     handle::co2_comm_t
@@ -156,7 +177,8 @@ mutable struct Communicator
                           timeout_ms::Integer=CO2_DEFAULT_TIMEOUT_MS,
                           chunk_bytes::Integer=CO2_DEFAULT_CHUNK_BYTES,
                           node_id::Union{Nothing,Integer}=nothing,
-                          connections_per_peer::Union{Nothing,Integer}=nothing)
+                          connections_per_peer::Union{Nothing,Integer}=nothing,
+                          elastic_min_ranks::Integer=0)
         config = Ref(CO2_COMM_CONFIG_INIT())
         check(co2_comm_config_init(config))
         c = config[]
@@ -167,6 +189,7 @@ mutable struct Communicator
         c.chunk_bytes = chunk_bytes
         c.node_id = node_id === nothing ? CO2_NODE_ID_AUTO : node_id
         c.connections_per_peer = connections_per_peer === nothing ? CO2_CONNECTIONS_AUTO : connections_per_peer
+        c.elastic_min_ranks = elastic_min_ranks
         name = group_name === nothing ? nothing : Base.cconvert(Cstring, String(group_name))
         out = Ref{co2_comm_t}(C_NULL)
         GC.@preserve name config out begin

@@ -45,6 +45,7 @@ const CO2_ERR_CHECKPOINT_CORRUPT = Cint(23)
 const CO2_ERR_CHECKPOINT_MISMATCH = Cint(24)
 const CO2_ERR_CALLBACK = Cint(25)
 const CO2_ERR_TIMEOUT = Cint(40)
+const CO2_MEMBERSHIP_CHANGED = Cint(50)
 const CO2_ERR_PEER_LOST = Cint(100)
 const CO2_ERR_PEER_TIMEOUT = Cint(101)
 const CO2_ERR_COLLECTIVE_MISMATCH = Cint(102)
@@ -168,6 +169,8 @@ mutable struct co2_comm_config_t
     reserved2::UInt32
     connections_per_peer::UInt32
     reserved3::UInt32
+    elastic_min_ranks::Int32
+    reserved4::UInt32
 end
 
 const _co2_comm_config_init_ptr = Ref{Ptr{Cvoid}}(C_NULL)
@@ -476,7 +479,7 @@ end
 
 # ---- defaults of the *_INIT macros (evaluated by clang, field by field) ----
 CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
-    Csize_t(72),
+    Csize_t(80),
     UInt32(3),
     co2_transport_kind_t(0),
     Int32(0),
@@ -490,6 +493,8 @@ CO2_COMM_CONFIG_INIT() = co2_comm_config_t(
     Int32(-1),
     UInt32(0),
     UInt32(0),
+    UInt32(0),
+    Int32(0),
     UInt32(0),
 )
 CO2_ENGINE_CONFIG_INIT() = co2_engine_config_t(
@@ -582,7 +587,7 @@ CO2_ENGINE_STATS_INIT() = co2_engine_stats_t(
 # ---- struct layouts as clang computed them for the generating target (bytes) ----
 const GENERATED_ON_WORD_SIZE = 64
 const LAYOUT = (
-    co2_comm_config_t = (size = 72, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40, device_index = 48, reserved1 = 52, node_id = 56, reserved2 = 60, connections_per_peer = 64, reserved3 = 68,)),
+    co2_comm_config_t = (size = 80, align = 8, offsets = (size = 0, version = 8, transport = 12, rank = 16, world_size = 20, group_name = 24, timeout_ms = 32, reserved0 = 36, chunk_bytes = 40, device_index = 48, reserved1 = 52, node_id = 56, reserved2 = 60, connections_per_peer = 64, reserved3 = 68, elastic_min_ranks = 72, reserved4 = 76,)),
     co2_unique_id_t = (size = 128, align = 1, offsets = (internal = 0,)),
     co2_engine_config_t = (size = 120, align = 8, offsets = (size = 0, version = 8, algorithm = 12, tau = 16, warmup_sync_rounds = 20, outer_lr = 24, outer_momentum = 32, nesterov = 40, penalty = 44, penalty_constant = 48, clip = 56, anchor_check_interval = 60, clip_threshold = 64, inner_lr = 72, state_dtype = 80, reserved0 = 84, eager = 88, reserved1 = 92, wire_format = 96, error_feedback = 100, shard_outer_state = 104, hierarchy = 108, apply_step = 112, reserved2 = 116,)),
     co2_tensor_t = (size = 48, align = 8, offsets = (size = 0, name = 8, data = 16, count = 24, dtype = 32, device = 36, device_index = 40, role = 44,)),

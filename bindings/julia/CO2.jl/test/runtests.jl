@@ -41,11 +41,24 @@ end
     @test C.co2_comm_config_init(cfg) == C.CO2_OK
     @test cfg[].timeout_ms == C.CO2_DEFAULT_TIMEOUT_MS
     @test cfg[].size == sizeof(C.co2_comm_config_t)
+    @test cfg[].elastic_min_ranks == 0  # 1.2: not elastic by default
+    @test cfg[].reserved4 == 0
     ecfg = Ref(C.CO2_ENGINE_CONFIG_INIT())
     @test C.co2_engine_config_init(ecfg) == C.CO2_OK
     @test ecfg[].tau == C.CO2_DEFAULT_TAU
     @test ecfg[].outer_momentum == C.CO2_OUTER_MOMENTUM_AUTO
     @test CO2.libversion() == VersionNumber(C.CO2_VERSION_MAJOR, C.CO2_VERSION_MINOR, C.CO2_VERSION_PATCH)
+end
+
+@testset "membership changed status" begin
+    @test C.CO2_MEMBERSHIP_CHANGED == 50
+    e = CO2Error(C.CO2_MEMBERSHIP_CHANGED, "re-formed: rank 0 of 2")
+    @test membership_changed(e)
+    @test !membership_changed(CO2Error(C.CO2_ERR_PEER_LOST, ""))
+    text = sprint(showerror, e)
+    @test occursin("(status 50)", text)
+    @test unsafe_string(C.co2_status_string(C.CO2_MEMBERSHIP_CHANGED)) !=
+          unsafe_string(C.co2_status_string(Int32(77)))  # a text of its own, not "unknown"
 end
 
 @testset "create, train, destroy on one rank" begin
@@ -83,6 +96,11 @@ end
     g = groupname("errors")
     @test status(() -> Communicator(transport=:local, rank=2, world_size=2, group_name=g)) == C.CO2_ERR_INVALID_ARGUMENT
     @test status(() -> Communicator(transport=:local, group_name=g, connections_per_peer=17)) == C.CO2_ERR_INVALID_ARGUMENT
+    # elastic_min_ranks reaches the library: negative is refused; k >= 1 is UCX-only, so the local
+    # transport refuses it (a keyword that never reached the config would create the group).
+    @test status(() -> Communicator(transport=:local, group_name=g, elastic_min_ranks=-1)) == C.CO2_ERR_INVALID_ARGUMENT
+    @test status(() -> Communicator(transport=:local, group_name=g, elastic_min_ranks=1)) == C.CO2_ERR_UNSUPPORTED
+    close(Communicator(transport=:local, group_name=groupname("elastic0"), elastic_min_ranks=0))
     @test status(() -> Communicator(transport=:local, rank=0, world_size=2, group_name=g, timeout_ms=200)) == C.CO2_ERR_RENDEZVOUS
     comm = Communicator(transport=:local, group_name=g)
     @test status(() -> Engine(comm; tau=0)) == C.CO2_ERR_INVALID_ARGUMENT

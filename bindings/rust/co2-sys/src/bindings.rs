@@ -42,6 +42,7 @@ pub const CO2_ERR_CHECKPOINT_CORRUPT: _bindgen_ty_1 = 23;
 pub const CO2_ERR_CHECKPOINT_MISMATCH: _bindgen_ty_1 = 24;
 pub const CO2_ERR_CALLBACK: _bindgen_ty_1 = 25;
 pub const CO2_ERR_TIMEOUT: _bindgen_ty_1 = 40;
+pub const CO2_MEMBERSHIP_CHANGED: _bindgen_ty_1 = 50;
 pub const CO2_ERR_PEER_LOST: _bindgen_ty_1 = 100;
 pub const CO2_ERR_PEER_TIMEOUT: _bindgen_ty_1 = 101;
 pub const CO2_ERR_COLLECTIVE_MISMATCH: _bindgen_ty_1 = 102;
@@ -163,12 +164,14 @@ pub struct co2_comm_config {
     pub reserved2: u32,
     pub connections_per_peer: u32,
     pub reserved3: u32,
+    pub elastic_min_ranks: i32,
+    pub reserved4: u32,
 }
 #[test]
 fn bindgen_test_layout_co2_comm_config() {
     assert_eq!(
         ::std::mem::size_of::<co2_comm_config>(),
-        72usize,
+        80usize,
         concat!("Size of: ", stringify!(co2_comm_config))
     );
     assert_eq!(
@@ -431,6 +434,40 @@ fn bindgen_test_layout_co2_comm_config() {
         );
     }
     test_field_reserved3();
+    fn test_field_elastic_min_ranks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_comm_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).elastic_min_ranks) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_comm_config),
+                "::",
+                stringify!(elastic_min_ranks)
+            )
+        );
+    }
+    test_field_elastic_min_ranks();
+    fn test_field_reserved4() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<co2_comm_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved4) as usize - ptr as usize
+            },
+            76usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(co2_comm_config),
+                "::",
+                stringify!(reserved4)
+            )
+        );
+    }
+    test_field_reserved4();
 }
 pub type co2_comm_config_t = co2_comm_config;
 extern "C" {

@@ -85,6 +85,20 @@ impl CommConfig {
         self
     }
 
+    /// Elastic membership (docs/capi.md, "Elastic membership"). 0 (the default): a lost rank
+    /// fails the group (`Status::PeerLost` / `Status::PeerTimeout` on every rank). k >= 1: when a
+    /// rank dies, stalls past the timeout or is cut off, the survivors re-form without it while at
+    /// least k ranks remain, and the engine call that met the loss returns
+    /// [`Status::MembershipChanged`]: the caller re-reads [`Communicator::rank`] /
+    /// [`Communicator::size`] (they changed) and keeps training. Every rank must pass the same k;
+    /// UCX only (the local transport and NCCL refuse k >= 1 with `Status::Unsupported`), host
+    /// tensors with replicated outer state; k < 0 or above the world size is
+    /// `Status::InvalidArgument`.
+    pub fn elastic_min_ranks(mut self, k: i32) -> Self {
+        self.raw.elastic_min_ranks = k;
+        self
+    }
+
     pub fn get_transport(&self) -> Option<Transport> {
         Transport::from_raw(self.raw.transport)
     }
@@ -113,6 +127,11 @@ impl CommConfig {
 
     pub fn get_connections_per_peer(&self) -> Option<u32> {
         (self.raw.connections_per_peer != sys::CO2_CONNECTIONS_AUTO).then_some(self.raw.connections_per_peer)
+    }
+
+    /// 0: not elastic (the default).
+    pub fn get_elastic_min_ranks(&self) -> i32 {
+        self.raw.elastic_min_ranks
     }
 
     /// The C struct plus the C string its `group_name` points into (keep both alive together).

@@ -23,6 +23,14 @@ pub enum Status {
     CheckpointMismatch,
     Callback,
     Timeout,
+    /// Not a failure of the group: an elastic communicator
+    /// ([`CommConfig::elastic_min_ranks`](crate::CommConfig::elastic_min_ranks) >= 1) lost a rank
+    /// and re-formed without it. The call did not complete; the engine goes on in the new group
+    /// from the agreed outer state (every survivor's parameters are the agreed anchor). Re-read
+    /// [`Communicator::rank`](crate::Communicator::rank) / [`size`](crate::Communicator::size),
+    /// re-shard the data if it is sharded by rank, and keep training (call `step` again; a
+    /// `finalize` that returned it did not finalize). docs/capi.md, "Elastic membership".
+    MembershipChanged,
     PeerLost,
     PeerTimeout,
     CollectiveMismatch,
@@ -34,7 +42,7 @@ pub enum Status {
     Other(i32),
 }
 
-const CODES: [(Status, u32); 21] = [
+const CODES: [(Status, u32); 22] = [
     (Status::InvalidArgument, sys::CO2_ERR_INVALID_ARGUMENT),
     (Status::InvalidState, sys::CO2_ERR_INVALID_STATE),
     (Status::Unsupported, sys::CO2_ERR_UNSUPPORTED),
@@ -49,6 +57,7 @@ const CODES: [(Status, u32); 21] = [
     (Status::CheckpointMismatch, sys::CO2_ERR_CHECKPOINT_MISMATCH),
     (Status::Callback, sys::CO2_ERR_CALLBACK),
     (Status::Timeout, sys::CO2_ERR_TIMEOUT),
+    (Status::MembershipChanged, sys::CO2_MEMBERSHIP_CHANGED),
     (Status::PeerLost, sys::CO2_ERR_PEER_LOST),
     (Status::PeerTimeout, sys::CO2_ERR_PEER_TIMEOUT),
     (Status::CollectiveMismatch, sys::CO2_ERR_COLLECTIVE_MISMATCH),

@@ -24,7 +24,7 @@ fn assert_status<T: std::fmt::Debug>(result: co2::Result<T>, status: Status) -> 
 
 #[test]
 fn status_codes_round_trip_and_have_texts() {
-    let codes: [u32; 21] = [
+    let codes: [u32; 22] = [
         sys::CO2_ERR_INVALID_ARGUMENT,
         sys::CO2_ERR_INVALID_STATE,
         sys::CO2_ERR_UNSUPPORTED,
@@ -39,6 +39,7 @@ fn status_codes_round_trip_and_have_texts() {
         sys::CO2_ERR_CHECKPOINT_MISMATCH,
         sys::CO2_ERR_CALLBACK,
         sys::CO2_ERR_TIMEOUT,
+        sys::CO2_MEMBERSHIP_CHANGED,
         sys::CO2_ERR_PEER_LOST,
         sys::CO2_ERR_PEER_TIMEOUT,
         sys::CO2_ERR_COLLECTIVE_MISMATCH,
@@ -55,6 +56,12 @@ fn status_codes_round_trip_and_have_texts() {
         assert!(texts.insert(status.description()), "{status:?} shares its text");
         assert_eq!(status.is_communicator_failure(), (100..200).contains(&code));
     }
+    // 1.2: an elastic group re-formed. Its own variant, pinned at 50, not a communicator failure.
+    assert_eq!(sys::CO2_MEMBERSHIP_CHANGED, 50);
+    assert_eq!(Status::from_code(50), Status::MembershipChanged);
+    assert_eq!(Status::MembershipChanged.code(), 50);
+    assert!(!Status::MembershipChanged.is_communicator_failure());
+    assert_ne!(Status::MembershipChanged.description(), Status::Other(77).description());
     assert_eq!(Status::from_code(77), Status::Other(77));
     assert_eq!(Status::Other(77).code(), 77);
 }
@@ -70,6 +77,12 @@ fn communicator_creation_errors() {
     assert_status(bad(local_config(&g, 0, 1).chunk_bytes(4)), Status::InvalidArgument);
     let err = assert_status(bad(local_config(&g, 0, 1).connections_per_peer(Some(17))), Status::InvalidArgument);
     assert!(err.message().contains("connections_per_peer"), "{err}");
+    // elastic_min_ranks reaches the library: negative is refused, and k >= 1 is UCX-only, so the
+    // local transport refuses it (a builder that dropped the value would create the group).
+    let err = assert_status(bad(local_config(&g, 0, 1).elastic_min_ranks(-1)), Status::InvalidArgument);
+    assert!(err.message().contains("elastic_min_ranks"), "{err}");
+    let err = assert_status(bad(local_config(&g, 0, 1).elastic_min_ranks(1)), Status::Unsupported);
+    assert!(err.message().contains("elastic_min_ranks"), "{err}");
     assert_status(bad(local_config("", 0, 1)), Status::InvalidArgument); // empty group name
     let err = assert_status(bad(local_config("a\0b", 0, 1)), Status::InvalidArgument);
     assert!(err.message().contains("NUL"), "{err}");

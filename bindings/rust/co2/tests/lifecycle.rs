@@ -16,6 +16,10 @@ fn configs_start_from_the_c_defaults() {
     assert_eq!(c.get_group_name(), None);
     assert_eq!(c.get_timeout_ms(), sys::CO2_DEFAULT_TIMEOUT_MS);
     assert_eq!(c.get_chunk_bytes(), sys::CO2_DEFAULT_CHUNK_BYTES);
+    assert_eq!(c.get_connections_per_peer(), None);
+    assert_eq!(c.get_elastic_min_ranks(), 0, "not elastic by default");
+    assert_eq!(CommConfig::new().elastic_min_ranks(3).get_elastic_min_ranks(), 3);
+    assert_eq!(CommConfig::new().elastic_min_ranks(3).elastic_min_ranks(0).get_elastic_min_ranks(), 0);
 
     let e = EngineConfig::new();
     assert_eq!(e.get_algorithm(), Some(Algorithm::Co2));
