@@ -322,10 +322,43 @@ CO2_EXPORT co2_status_t co2_get_version(int* major, int* minor, int* patch) {
 
 // --- communicator -------------------------------------------------------------------------
 
-CO2_EXPORT co2_status_t co2_comm_config_init(co2_comm_config_t* config) {
+// The init functions write a whole struct into the caller's memory, so each must write the
+// layout the caller was built with: a binary built against an older co2.h has a smaller struct.
+// Their symbols are versioned (capi/libco2.map, docs/capi.md "The size rule"): a binary linked
+// before 1.2 is bound to co2_*_init@CO2_1 and gets 1.1's layout (its size in `size`, the fields
+// after it untouched); binaries linked since get the current one (@@CO2_1.2). When a struct
+// grows again, its current function moves to a new version node and the one it replaces stays.
+namespace {
+
+// The 1.1 sizes (x86_64 / LP64), the last layouts bound to CO2_1.
+constexpr size_t kCommConfig11Size = offsetof(co2_comm_config_t, connections_per_peer);
+constexpr size_t kEngineConfig11Size = offsetof(co2_engine_config_t, apply_step);
+constexpr size_t kEngineStats11Size = offsetof(co2_engine_stats_t, arrival_updates);
+constexpr uint32_t kAbiVersion11 = 2;
+
+// The first `bytes` of `value`, with its size and version saying so, into `out`.
+template <typename Struct>
+void write_prefix(Struct* out, Struct value, size_t bytes, uint32_t version) {
+  value.size = bytes;
+  value.version = version;
+  std::memcpy(out, &value, bytes);
+}
+
+}  // namespace
+
+#define CO2_VERSIONED(name, node) extern "C" __attribute__((visibility("default"), symver(#name "@" node)))
+
+CO2_VERSIONED(co2_comm_config_init, "@CO2_1.2") co2_status_t versioned_comm_config_init_1_2(co2_comm_config_t* config) {
   return guarded([&] {
     require_arg(config != nullptr, "config is NULL");
     *config = default_comm_config();
+  });
+}
+
+CO2_VERSIONED(co2_comm_config_init, "CO2_1") co2_status_t versioned_comm_config_init_1_1(co2_comm_config_t* config) {
+  return guarded([&] {
+    require_arg(config != nullptr, "config is NULL");
+    write_prefix(config, default_comm_config(), kCommConfig11Size, kAbiVersion11);
   });
 }
 
@@ -477,10 +510,17 @@ CO2_EXPORT co2_status_t co2_request_free(co2_request_t request) {
 
 // --- engine -------------------------------------------------------------------------------
 
-CO2_EXPORT co2_status_t co2_engine_config_init(co2_engine_config_t* config) {
+CO2_VERSIONED(co2_engine_config_init, "@CO2_1.2") co2_status_t versioned_engine_config_init_1_2(co2_engine_config_t* config) {
   return guarded([&] {
     require_arg(config != nullptr, "config is NULL");
     *config = default_engine_config();
+  });
+}
+
+CO2_VERSIONED(co2_engine_config_init, "CO2_1") co2_status_t versioned_engine_config_init_1_1(co2_engine_config_t* config) {
+  return guarded([&] {
+    require_arg(config != nullptr, "config is NULL");
+    write_prefix(config, default_engine_config(), kEngineConfig11Size, kAbiVersion11);
   });
 }
 
@@ -498,10 +538,17 @@ CO2_EXPORT co2_status_t co2_segment_init(co2_segment_t* segment) {
   });
 }
 
-CO2_EXPORT co2_status_t co2_engine_stats_init(co2_engine_stats_t* stats) {
+CO2_VERSIONED(co2_engine_stats_init, "@CO2_1.2") co2_status_t versioned_engine_stats_init_1_2(co2_engine_stats_t* stats) {
   return guarded([&] {
     require_arg(stats != nullptr, "stats is NULL");
     *stats = co2_engine_stats_t CO2_ENGINE_STATS_INIT;
+  });
+}
+
+CO2_VERSIONED(co2_engine_stats_init, "CO2_1") co2_status_t versioned_engine_stats_init_1_1(co2_engine_stats_t* stats) {
+  return guarded([&] {
+    require_arg(stats != nullptr, "stats is NULL");
+    write_prefix(stats, co2_engine_stats_t CO2_ENGINE_STATS_INIT, kEngineStats11Size, kAbiVersion11);
   });
 }
 

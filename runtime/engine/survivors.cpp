@@ -38,11 +38,12 @@ std::vector<char> broadcast_blob(Engine::State& s, int root, std::vector<char> b
 
 }  // namespace
 
-void continue_with_survivors(Engine::State& s, const std::string& cause) {
-  const int old_rank = s.comm->rank();
-  const int old_size = s.comm->size();
-  s.backend->drain();
-  s.comm->reform();  // the old collectives are finished, failed, and their transport is gone
+namespace {
+
+// On a freshly re-formed group: one outer state on every rank. Returns the donor's new rank.
+// Throws when the new group fails too (another rank lost meanwhile); the outer state and its
+// counters then still belong together, so the next try starts from a consistent state.
+int restart_from_donor(Engine::State& s) {
   s.pending.reset();
   s.average_ready = false;
   s.prepared = PreparedUpdate{};
@@ -77,6 +78,30 @@ void continue_with_survivors(Engine::State& s, const std::string& cause) {
   s.stats.world_size = s.comm->size();
   s.stats.resolved_outer_momentum = s.beta;
   check_anchor(s);
+  return donor;
+}
+
+}  // namespace
+
+void continue_with_survivors(Engine::State& s, const std::string& cause) {
+  const int old_rank = s.comm->rank();
+  const int old_size = s.comm->size();
+  // A rank lost while the survivors re-form fails the new group as well: re-form again, as long
+  // as the membership allows (it fails with PEER_LOST once too few remain).
+  int donor = 0;
+  for (;;) {
+    s.backend->drain();
+    // The old collectives are finished (failed) and their transport goes. Throws PEER_LOST when
+    // this rank was left out or too few remain: that is final.
+    s.comm->reform();
+    try {
+      donor = restart_from_donor(s);
+      break;
+    } catch (const Error& e) {
+      if (!s.comm->can_reform()) throw;
+      log::warn(std::string("membership: the group failed again while it re-formed: ") + e.what());
+    }
+  }
   log::warn("membership: rank " + std::to_string(old_rank) + " of " + std::to_string(old_size) + " goes on as rank " +
             std::to_string(s.comm->rank()) + " of " + std::to_string(s.comm->size()) + " from step " +
             std::to_string(s.stats.steps) + " (the outer state of rank " + std::to_string(donor) +

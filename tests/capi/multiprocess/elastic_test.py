@@ -104,7 +104,9 @@ def assert_survivors_agree(g, survivors, changes):
     assert {d["size"] for d in done.values()} == {str(len(survivors))}, done
     assert sorted(int(d["rank"]) for d in done.values()) == list(range(len(survivors))), done
     assert {d["steps"] for d in done.values()} == {str(g.steps)}, done
-    assert {d["changes"] for d in done.values()} == {str(changes)}, done
+    allowed = {str(c) for c in (changes if isinstance(changes, (set, tuple)) else {changes})}
+    assert len({d["changes"] for d in done.values()}) == 1, done
+    assert {d["changes"] for d in done.values()} <= allowed, done
     # The anchor, bitwise equal on every survivor.
     assert len({d["hash"] for d in done.values()}) == 1, done
     return done
@@ -135,6 +137,14 @@ def test_two_ranks_lost_one_after_the_other(group_factory):
     g = group_factory(4, min_ranks=2)
     g.start({1: {"ELASTIC_DIE_AT": 30}, 3: {"ELASTIC_DIE_AT": 90}})
     assert_survivors_agree(g, [0, 2], changes=2)
+
+
+def test_two_ranks_lost_at_once(group_factory):
+    # Both are gone by the same boundary: one agreement, or a second one if the other loss
+    # reaches the survivors while they re-form; either way one group of 2 with one model.
+    g = group_factory(4, min_ranks=2)
+    g.start({1: {"ELASTIC_DIE_AT": 30}, 2: {"ELASTIC_DIE_AT": 30}})
+    assert_survivors_agree(g, [0, 3], changes={1, 2})
 
 
 def test_stopped_rank_is_left_out_and_refused_when_it_resumes(group_factory):

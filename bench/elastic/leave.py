@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""How long an elastic group's survivors lose to a rank that dies or stalls (issue 26).
+
+W processes over UCX/TCP on loopback train STATE_MIB of parameters with a fixed step time (the
+sleep stands in for compute); once they run, the driver SIGKILLs (or SIGSTOPs) one rank and
+notes the wall time. Each survivor reports when the engine call that met the loss returned
+CO2_MEMBERSHIP_CHANGED and when its first step after it returned. Printed per case (the max over
+survivors): the time to MEMBERSHIP_CHANGED, to the first step after, the round time before the
+fault, and the target (timeout + one round).
+
+    /usr/bin/python3 bench/elastic/leave.py [--build build] [--world 4] [--state-mib 16]
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Rank:
+    def __init__(self, command, env):
+        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.lines = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.time_ns(), line.split()))
+
+    def steps(self):
+        done = [int(w[3]) for _, w in self.lines if w and w[0] == "t"]
+        return done[-1] if done else 0
+
+
+def run_case(args, fault, victim, timeout_ms):
+    port = free_port()
+    ranks = []
+    for r in range(args.world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   CO2_AUTH_TOKEN="bench", UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="error")
+        ranks.append(Rank([args.worker, str(args.state_mib), str(args.tau), str(args.step_ms),
+                           str(timeout_ms), str(args.steps)], env))
+    try:
+        deadline = time.monotonic() + 120
+        while min(r.steps() for r in ranks) < args.fault_step:
+            if time.monotonic() > deadline or any(r.proc.poll() is not None for r in ranks):
+                raise RuntimeError("the group did not reach the fault step: " +
+                                   " | ".join(r.proc.stderr.read() if r.proc.poll() is not None else "" for r in ranks))
+            time.sleep(0.005)
+        before = [t for t, w in ranks[0].lines if w and w[0] == "t"]
+        step_ns = (before[-1] - before[len(before) // 2]) / max(1, len(before) - 1 - len(before) // 2)
+        fault_at = time.time_ns()
+        ranks[victim].proc.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        survivors = [r for i, r in enumerate(ranks) if i != victim]
+        for r in survivors:
+            r.proc.wait(timeout=timeout_ms / 1000 * 3 + 120)
+            r.reader.join(timeout=10)
+        changed, first_after, resumed, last_before = [], [], [], []
+        for r in survivors:
+            if r.proc.returncode != 0:
+                raise RuntimeError(f"a survivor failed ({r.proc.returncode}): {r.proc.stderr.read()}")
+            words = [w for _, w in r.lines if w and w[0] == "t"]
+            at = next(i for i, w in enumerate(words) if len(w) > 4 and w[4] == "changed")
+            changed.append((int(words[at][1]) - fault_at) / 1e6)
+            first_after.append((int(words[at + 1][1]) - fault_at) / 1e6)
+            resumed.append(int(words[at][3]))
+            last_before.append(max(int(w[3]) for w in words[:at] if int(w[1]) < fault_at))
+        return {"fault": fault, "victim": victim, "timeout_ms": timeout_ms, "changed_ms": max(changed),
+                "first_step_ms": max(first_after), "round_ms": step_ns * args.tau / 1e6,
+                "last_before": min(last_before), "resumed": resumed[0]}
+    finally:
+        for r in ranks:
+            if r.proc.poll() is None:
+                r.proc.send_signal(signal.SIGCONT)
+                r.proc.kill()
+                r.proc.wait()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--state-mib", type=float, default=16)
+    parser.add_argument("--tau", type=int, default=4)
+    parser.add_argument("--step-ms", type=float, default=50)
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--fault-step", type=int, default=30)
+    parser.add_argument("--timeouts", default="2000,5000")
+    args = parser.parse_args()
+    args.worker = os.path.join(args.build, "bench", "leave_rank")
+    cases = [(fault, victim, int(t)) for t in args.timeouts.split(",")
+             for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2))]
+    print(f"# elastic leave, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: W = {args.world} over "
+          f"UCX/TCP loopback, {args.state_mib:g} MiB of fp32 parameters, tau {args.tau}, step "
+          f"{args.step_ms:g} ms; load average {os.getloadavg()[0]:.2f}")
+    print("| fault | rank | timeout | MEMBERSHIP_CHANGED after | first step after | round | timeout + round | "
+          "last step before → resumed at |")
+    print("|---|---|---|---|---|---|---|---|")
+    for fault, victim, timeout_ms in cases:
+        c = run_case(args, fault, victim, timeout_ms)
+        print(f"| {'SIGKILL' if fault == 'kill' else 'SIGSTOP'} | {victim}{' (coordinator)' if victim == 0 else ''} "
+              f"| {timeout_ms} ms | {c['changed_ms']:.0f} ms | {c['first_step_ms']:.0f} ms | {c['round_ms']:.0f} ms "
+              f"| {timeout_ms + c['round_ms']:.0f} ms | {c['last_before']} → {c['resumed']} |", flush=True)
+    print(f"# load average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
