@@ -86,6 +86,9 @@ struct TcpStoreOptions {
   // How long connect_tcp_store keeps retrying (the server may start after the client), and the
   // deadline of each set()/add() answer.
   std::chrono::milliseconds timeout = kDefaultStoreTimeout;
+  // Whether the server may not be listening yet, so that a refused connection is retried until
+  // the timeout. false: for a server known to have been up, which is gone when it refuses.
+  bool server_may_be_late = true;
 };
 
 // Connects to a TcpStoreServer, retrying until options.timeout. Throws transport::RendezvousError

@@ -34,7 +34,9 @@ class TcpStore final : public Store {
       : options_(std::move(options)), where_(net::endpoint_name(options_.host, options_.port)) {}
 
   // Opens the first connection, retrying while nobody listens yet.
-  void connect_first() { give_back(open_connection(net::deadline_after(options_.timeout), true)); }
+  void connect_first() {
+    give_back(open_connection(net::deadline_after(options_.timeout), options_.server_may_be_late));
+  }
 
   void set(const std::string& key, const std::string& value) override {
     check_key(key, "set");

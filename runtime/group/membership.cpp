@@ -33,6 +33,7 @@ std::vector<int> parse_ranks(const std::string& text) {
 
 std::shared_ptr<store::Store> connect_within(store::TcpStoreOptions where, milliseconds timeout) {
   where.timeout = timeout;
+  where.server_may_be_late = false;  // every endpoint was up at formation: refused means gone
   return store::connect_tcp_store(where);
 }
 
@@ -98,7 +99,9 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
   const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
   std::vector<Seen> seen(static_cast<size_t>(size()), Seen::Unknown);
   std::vector<std::shared_ptr<store::Store>> probes(static_cast<size_t>(size()));
-  const Clock::time_point deadline = Clock::now() + timeout_;
+  // A rank that answers meets the failure within its own no-progress timeout (sooner when a
+  // peer's abort reaches it); the time spent probing ranks that do not answer is not counted.
+  Clock::time_point deadline = Clock::now() + timeout_ + probe;
   for (;;) {
     bool waiting = false;
     for (int r = 0; r < size(); ++r) {
@@ -109,6 +112,7 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         continue;
       }
       int64_t generation = -1;
+      const Clock::time_point probe_started = Clock::now();
       try {
         if (!probes[size_t(r)]) probes[size_t(r)] = connect_within(endpoints_[size_t(r)], probe);
         generation = agreed_generation(*probes[size_t(r)]);
@@ -123,6 +127,7 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         continue;
       }
       state = Seen::Gone;
+      deadline += Clock::now() - probe_started;
       log::info("membership: rank " + std::to_string(r) + " does not answer: left out of the group");
     }
     if (!waiting) break;
