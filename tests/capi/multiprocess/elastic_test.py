@@ -139,6 +139,24 @@ def test_two_ranks_lost_one_after_the_other(group_factory):
     assert_survivors_agree(g, [0, 2], changes=2)
 
 
+def test_after_a_loss_the_survivors_train_as_a_fresh_group_of_their_size(group_factory, tmp_path):
+    """The reference: the survivors save the agreed state right after the change; a fresh,
+    non-elastic group of 2 started from those blobs trains to the same step count. Both runs
+    must end with bitwise the same parameters: after a loss nothing of the old group (its W, its
+    dropped round, a rank's own eager state) is left in the engine."""
+    g = group_factory(3, min_ranks=2)
+    g.start({1: {"ELASTIC_DIE_AT": 31}, 0: {"ELASTIC_SAVE": tmp_path / "agreed"},
+             2: {"ELASTIC_SAVE": tmp_path / "agreed"}})
+    elastic = assert_survivors_agree(g, [0, 2], changes=1)
+    fresh = group_factory(2, min_ranks=0)
+    fresh.start({r: {"ELASTIC_LOAD": tmp_path / "agreed"} for r in range(2)})
+    codes, outputs = fresh.wait([0, 1])
+    assert set(codes.values()) == {0}, outputs
+    reference = done_lines(outputs)
+    assert {d["steps"] for d in reference.values()} == {str(STEPS)}, reference
+    assert {d["hash"] for d in reference.values()} == {elastic[0]["hash"]}, (reference, elastic)
+
+
 def test_two_ranks_lost_at_once(group_factory):
     # Both are gone by the same boundary: one agreement, or a second one if the other loss
     # reaches the survivors while they re-form; either way one group of 2 with one model.
@@ -167,6 +185,14 @@ def test_stopped_rank_is_left_out_and_refused_when_it_resumes(group_factory):
     assert "left out" in outputs[0], outputs
     open(hold, "w").close()
     assert_survivors_agree(g, [1, 2], changes=1)
+
+
+def test_stopped_rank_the_others_all_go_on(group_factory):
+    # The coordinator spends up to the probe timeout on the stopped rank's endpoint; the live
+    # ranks still on their way must not be left out meanwhile.
+    g = group_factory(4, min_ranks=2)
+    g.start({2: {"ELASTIC_STOP_AT": 30}})
+    assert_survivors_agree(g, [0, 1, 3], changes=1)
 
 
 def test_too_few_survivors_fail_with_peer_lost(group_factory):

@@ -12,6 +12,9 @@
 // ELASTIC_STOP_AT=k: it stops itself (SIGSTOP) there instead, for the test to continue later.
 // After each membership change it writes READY_DIR/changed.<first rank>; with ELASTIC_HOLD=path it
 // waits for that file to exist before it finalizes (the test holds the group together meanwhile).
+// ELASTIC_SAVE=prefix: right after the first change every survivor saves the engine to
+// prefix.<new rank>; ELASTIC_LOAD=prefix: after commit each rank loads prefix.<rank> and trains
+// on from the loaded step count (a fresh group started from the survivors' agreed state).
 #include <signal.h>
 
 #include <chrono>
@@ -37,6 +40,14 @@ uint64_t fnv1a(const void* data, size_t bytes) {
 long env_long(const char* name, long fallback) {
   const char* text = std::getenv(name);
   return text && *text ? std::atol(text) : fallback;
+}
+
+int write_file(void* user, const void* data, size_t length) {
+  return std::fwrite(data, 1, length, static_cast<std::FILE*>(user)) == length ? 0 : 1;
+}
+
+int read_file(void* user, void* data, size_t length) {
+  return std::fread(data, 1, length, static_cast<std::FILE*>(user)) == length ? 0 : 1;
 }
 
 int fail(co2_status_t status, const char* call) {
@@ -84,6 +95,14 @@ int main(int argc, char** argv) {
   TRY(co2_comm_rank(comm, &rank));
   TRY(co2_comm_size(comm, &size));
   const int first_rank = rank;
+  const char* save_prefix = std::getenv("ELASTIC_SAVE");
+  if (const char* load_prefix = std::getenv("ELASTIC_LOAD")) {
+    std::FILE* in = std::fopen((std::string(load_prefix) + "." + std::to_string(rank)).c_str(), "rb");
+    if (in == nullptr) return fail(CO2_ERR_INVALID_ARGUMENT, "fopen(ELASTIC_LOAD)");
+    const co2_status_t loaded = co2_engine_load(engine, read_file, in);
+    std::fclose(in);
+    TRY(loaded);
+  }
   std::ofstream(ready_dir + "/ready." + std::to_string(rank)) << "ready\n";
   const char* hold = std::getenv("ELASTIC_HOLD");
 
@@ -114,6 +133,13 @@ int main(int argc, char** argv) {
       std::ofstream(ready_dir + "/changed." + std::to_string(first_rank)) << changes << "\n";
       TRY(co2_comm_rank(comm, &rank));
       TRY(co2_comm_size(comm, &size));
+      if (save_prefix && changes == 1) {
+        std::FILE* out = std::fopen((std::string(save_prefix) + "." + std::to_string(rank)).c_str(), "wb");
+        if (out == nullptr) return fail(CO2_ERR_INVALID_ARGUMENT, "fopen(ELASTIC_SAVE)");
+        const co2_status_t saved = co2_engine_save(engine, write_file, out);
+        std::fclose(out);
+        TRY(saved);
+      }
       continue;
     }
     TRY(status);
