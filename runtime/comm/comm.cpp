@@ -571,14 +571,14 @@ std::string Communicator::error_message() const {
   return collective_transport_ ? collective_transport_->error_message() : point_to_point_->error_message();
 }
 
-void Communicator::set_reformer(Reformer reformer) {
+void Communicator::set_membership(std::shared_ptr<MembershipChanges> membership) {
   require(point_to_point_ != nullptr, Status::Unsupported,
           "elastic membership needs a point-to-point transport (UCX); NCCL's ncclCommShrink is not wired in yet");
-  reformer_ = std::move(reformer);
+  membership_ = std::move(membership);
 }
 
 bool Communicator::can_reform() const {
-  if (!reformer_ || aborted_here_) return false;
+  if (!membership_ || aborted_here_) return false;
   switch (error_status()) {
     case Status::PeerLost:
     case Status::PeerTimeout:
@@ -595,8 +595,24 @@ void Communicator::reform() {
           "reform() after a failure that elastic membership survives only (status " +
               std::to_string(int(error_status())) + ": " + error_message() + ")");
   // The new transport is a transport of its own (its own UCX worker): nothing of the old,
-  // failed group reaches it. A reformer that throws leaves the communicator failed as it was.
-  std::unique_ptr<transport::PointToPoint> transport = reformer_(error_message());
+  // failed group reaches it. A membership that throws leaves the communicator failed as it was.
+  replace_transport(membership_->survivors(error_message()));
+}
+
+int64_t Communicator::join_requests() const {
+  if (!membership_ || error_status() != Status::Ok) return 0;
+  return membership_->join_requests();
+}
+
+int64_t Communicator::admitted() const { return membership_ ? membership_->admitted() : 0; }
+
+void Communicator::admit(int64_t join_requests) {
+  require(membership_ != nullptr && error_status() == Status::Ok && join_requests > admitted(), Status::InvalidState,
+          "admit() needs a healthy elastic communicator and a join request not admitted yet");
+  replace_transport(membership_->admit(join_requests));
+}
+
+void Communicator::replace_transport(std::unique_ptr<transport::PointToPoint> transport) {
   auto executor = std::make_unique<PointToPointExecutor>(std::move(transport), options());
   std::unique_ptr<PointToPointExecutor> old;
   {

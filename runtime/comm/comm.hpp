@@ -107,6 +107,25 @@ struct WireCompression {
 class PointToPointExecutor;  // defined in comm.cpp: the progress thread and the active collectives
 class CollectiveTransportExecutor;  // runtime/comm/collective_comm.hpp: collective-kind transports (NCCL)
 
+// What an elastic communicator asks of its membership (implemented by runtime/group/membership,
+// a layer above): the transport of the group after it changed.
+class MembershipChanges {
+ public:
+  virtual ~MembershipChanges() = default;
+  // After a failure: the transport of the ranks still alive. Blocks while the survivors agree
+  // on who they are; throws Error when this rank is left out or too few ranks remain. `cause`:
+  // the failure's message.
+  virtual std::unique_ptr<transport::PointToPoint> survivors(const std::string& cause) = 0;
+  // Join requests made at the group's door so far, as this rank sees them (0 where it does not
+  // look: only the process that serves the door does).
+  virtual int64_t join_requests() = 0;
+  // Of them, the ones admitted: the same on every member.
+  virtual int64_t admitted() const = 0;
+  // Collective over the members, with join_requests > admitted(): the transport of the members
+  // and the processes that made requests up to `join_requests`.
+  virtual std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) = 0;
+};
+
 class Communicator {
  public:
   Communicator(std::unique_ptr<transport::PointToPoint> transport, const CommOptions& options);
@@ -189,27 +208,40 @@ class Communicator {
   int collective_device() const;
 
   // --- elastic membership (docs/architecture.md, "Membership") ---
-  // Forms the transport of the ranks still alive after a failure: blocks while the survivors
-  // agree on who they are, throws Error when this rank is left out or too few ranks remain.
-  // `cause` is the failure's message. Set by the group layer (runtime/group/membership.hpp).
-  using Reformer = std::function<std::unique_ptr<transport::PointToPoint>(const std::string& cause)>;
-  void set_reformer(Reformer reformer);
-  bool elastic() const { return bool(reformer_); }
-  // Whether a failure of this communicator can be survived: a reformer is set and the failure
-  // is a lost or silent peer (or a peer's abort caused by one), not this process's own abort().
+  // Set by the group layer (runtime/group/membership.hpp) on an elastic communicator.
+  void set_membership(std::shared_ptr<MembershipChanges> membership);
+  bool elastic() const { return membership_ != nullptr; }
+  // Whether a failure of this communicator can be survived: it is elastic and the failure is a
+  // lost or silent peer (or a peer's abort caused by one), not this process's own abort().
   bool can_reform() const;
-  // After a failure that can_reform(): continues over the reformer's transport, with the new
+  // After a failure that can_reform(): continues over the survivors' transport, with the new
   // rank and size, fresh sequence numbers and no collective in flight. Caller: the submitting
-  // thread, with every request of this communicator finished. Throws the reformer's Error.
+  // thread, with every request of this communicator finished. Throws the membership's Error.
   void reform();
-  // 0 at formation, +1 at every reform.
+  // Join requests made so far at the group's door, as this rank sees them (only the process
+  // that serves the door looks; 0 elsewhere), and how many of them the members admitted.
+  int64_t join_requests() const;
+  int64_t admitted() const;
+  // Collective over the members, with join_requests > admitted(): continues over a transport
+  // of the members and the processes that asked up to `join_requests` (the members keep their
+  // ranks, the joiners follow in the order they asked). Caller as for reform(), on a healthy
+  // communicator.
+  void admit(int64_t join_requests);
+  // A process that joined a running group: its engine's commit takes the group's state instead
+  // of forming its own (runtime/engine/membership_change.cpp). Cleared by that commit.
+  bool joining() const { return joining_; }
+  void set_joining(bool joining) { joining_ = joining; }
+  // 0 at formation, +1 at every membership change.
   uint64_t generation() const { return generation_.load(); }
 
  private:
   std::unique_ptr<PointToPointExecutor> point_to_point_;
   std::unique_ptr<CollectiveTransportExecutor> collective_transport_;  // instead of point_to_point_ for collective transports
   std::atomic<uint32_t> next_owner_{1};
-  Reformer reformer_;
+  void replace_transport(std::unique_ptr<transport::PointToPoint> transport);
+
+  std::shared_ptr<MembershipChanges> membership_;
+  bool joining_ = false;
   std::atomic<bool> aborted_here_{false};  // abort() was called on this communicator
   std::atomic<uint64_t> generation_{0};
   // Held by reform() while it replaces point_to_point_, and by the calls other threads may make.

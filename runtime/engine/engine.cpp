@@ -706,7 +706,11 @@ void Engine::add_segment(const SegmentDesc& d) {
   s.segments.push_back(Segment{d.name, data, d.count, role, 0, s.flat_dtype});
 }
 
-void Engine::commit() { commit_layout(*state_); }
+void Engine::commit() {
+  State& s = *state_;
+  if (s.comm->joining()) return join_running_group(s);
+  commit_layout(s);
+}
 
 void commit_layout(Engine::State& s) {
   require(!s.committed, Status::InvalidState, "the layout is already committed");
@@ -821,7 +825,9 @@ void reduce_gradients_now(Engine::State& s, void* const* grads, size_t num_grads
          "this optimizer step");
 }
 
-void synchronize_now(Engine::State& s, bool finalizing) {
+}  // namespace
+
+void synchronize_ranks(Engine::State& s, bool finalizing) {
   require_committed(s);
   const RoundsSettled settled(s, finalizing);
   s.advisor.pause();
@@ -854,8 +860,10 @@ void synchronize_now(Engine::State& s, bool finalizing) {
   check_anchor(s);
 }
 
+namespace {
+
 // Runs one training call; when a lost peer failed it and the group is elastic, re-forms the
-// group over the survivors (runtime/engine/survivors.cpp) and reports the change.
+// group over the survivors (runtime/engine/membership_change.cpp) and reports the change.
 template <typename Body>
 auto surviving(Engine::State& s, Body&& body) {
   try {
@@ -881,7 +889,20 @@ auto surviving(Engine::State& s, Body&& body) {
 }  // namespace
 
 bool Engine::step(void* stream) {
-  return surviving(*state_, [&] { return step_now(*state_, stream); });
+  State& s = *state_;
+  return surviving(s, [&] {
+    const bool boundary = step_now(s, stream);
+    if (joiners_agreed(s)) {
+      const int joined = admit_joiners(s);
+      fail(Status::MembershipChanged,
+           "the group admitted " + std::to_string(joined) +
+               " joining process(es): this is rank " + std::to_string(s.comm->rank()) + " of " +
+               std::to_string(s.comm->size()) + " now; the group synchronized (every rank's parameters are the "
+               "anchor) and the engine's step count is " + std::to_string(s.stats.steps) +
+               " on every rank: re-shard the data and go on from there (docs/capi.md, \"Elastic membership\")");
+    }
+    return boundary;
+  });
 }
 
 void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream) {
@@ -892,12 +913,12 @@ void Engine::finalize() {
   const TraceSpan call(state_->trace.get(), "finalize");
   // Applying only the pending average would drop every step since the last boundary (all of
   // them when fewer than tau steps ran): synchronize's last blocking average keeps them.
-  surviving(*state_, [&] { synchronize_now(*state_, /*finalizing=*/true); });
+  surviving(*state_, [&] { synchronize_ranks(*state_, /*finalizing=*/true); });
 }
 
 void Engine::synchronize() {
   const TraceSpan call(state_->trace.get(), "synchronize");
-  surviving(*state_, [&] { synchronize_now(*state_, /*finalizing=*/false); });
+  surviving(*state_, [&] { synchronize_ranks(*state_, /*finalizing=*/false); });
 }
 
 void Engine::consensus(ConsensusKind kind, float* out, size_t count) {

@@ -195,10 +195,18 @@ SegmentStarts wire_segments(const Engine::State& s, size_t origin = 0);
 // Engine::commit's work: the layout agreed and hashed, the backend's state allocated from rank
 // 0's parameters. Collective.
 void commit_layout(Engine::State& s);
-// Elastic membership (runtime/engine/survivors.cpp): re-forms s.comm over the ranks still alive
-// after `cause` failed it, and gives every survivor the outer state of the one that applied the
-// most updates, the round in flight dropped. Throws when this rank cannot go on.
+// Elastic membership (runtime/engine/membership_change.cpp). continue_with_survivors: re-forms
+// s.comm over the ranks still alive after `cause` failed it, and gives every survivor the outer
+// state of the one that applied the most updates, the round in flight dropped; throws when this
+// rank cannot go on. admit_joiners: at a boundary where every member knows of join requests
+// not admitted yet, synchronizes, grows s.comm by the joiners and gives them the group's state.
+// join_running_group: a joiner's commit, the other side of admit_joiners.
 void continue_with_survivors(Engine::State& s, const std::string& cause);
+bool joiners_agreed(const Engine::State& s);
+int admit_joiners(Engine::State& s);  // returns how many joined
+void join_running_group(Engine::State& s);
+// Engine::synchronize's work (finalizing: finalize's): collective.
+void synchronize_ranks(Engine::State& s, bool finalizing);
 // The replicated checkpoint of the outer state as it stands, without the average in flight and
 // without any collective (runtime/engine/checkpoint.cpp); and its load into a committed engine.
 std::vector<char> outer_state_blob(Engine::State& s);

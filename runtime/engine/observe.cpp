@@ -65,6 +65,7 @@ std::string rank_prefix(const Engine::State& s) {
 
 void adopt(Engine::State& s, const Observer::Agreement& a) {
   Observer& o = s.observer;
+  o.agreed_join_requests = std::max(o.agreed_join_requests, a.values[3]);
   if (a.values[2] != 0) {  // some rank has not measured both yet
     o.agreed_step_ns = o.agreed_allreduce_ns = 0;
     o.agreed_tau = 0;
@@ -97,7 +98,9 @@ void submit_agreement(Engine::State& s) {
   a->values[0] = measured ? int64_t(s.advisor.step_ns()) : 0;
   a->values[1] = measured ? -int64_t(s.advisor.allreduce_ns()) : 0;
   a->values[2] = measured ? 0 : 1;
-  a->request = s.comm->allreduce(a->values, 3, DataType::I64, ReduceOp::Max, s.id(Purpose::AdvisorAgreement));
+  // The door's count travels with the advice, so every rank learns it at the same boundary.
+  a->values[3] = s.comm->join_requests();
+  a->request = s.comm->allreduce(a->values, 4, DataType::I64, ReduceOp::Max, s.id(Purpose::AdvisorAgreement));
   s.observer.agreements.push_back(std::move(a));
 }
 

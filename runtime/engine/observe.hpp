@@ -25,13 +25,16 @@ constexpr std::chrono::milliseconds kRoundLogInterval{1000};
 
 struct Observer {
   struct Agreement {
-    int64_t values[3] = {0, 0, 0};  // step ns, -all-reduce ns, 1 if not measured yet (Max)
+    // step ns, -all-reduce ns, 1 if not measured yet, join requests at an elastic group's door
+    // (Max)
+    int64_t values[4] = {0, 0, 0, 0};
     std::shared_ptr<Request> request;
   };
   std::deque<std::unique_ptr<Agreement>> agreements;  // in flight, oldest first
   uint64_t agreed_step_ns = 0;       // the slowest rank's step
   uint64_t agreed_allreduce_ns = 0;  // the shortest all-reduce over ranks
   uint32_t agreed_tau = 0;
+  int64_t agreed_join_requests = 0;  // elastic: join requests every rank knows of (runtime/engine/membership_change.cpp)
 
   Clock::time_point last_boundary{};
   bool boundary_seen = false;

@@ -207,27 +207,25 @@ int elastic_min_ranks_from_environment() {
 
 // Elastic membership (runtime/group/membership.hpp): this rank's endpoint, every rank's address,
 // and how the communicator re-forms over the survivors after a failure.
-void make_elastic(Communicator& comm, store::Store& store, const std::string& prefix, const GroupRequest& request) {
+void make_elastic(Communicator& comm, store::Store& store, const std::string& prefix, const GroupRequest& request,
+                  Door door) {
   require(comm.collective_stream() == nullptr, Status::Unsupported,
           "elastic membership over NCCL (ncclCommShrink) is not implemented yet: use UCX (host tensors), or "
           "elastic_min_ranks = 0");
   require(request.options.elastic_min_ranks <= request.world_size, Status::InvalidArgument,
           "elastic_min_ranks " + std::to_string(request.options.elastic_min_ranks) + " is larger than the group (" +
               std::to_string(request.world_size) + " ranks)");
-  std::shared_ptr<Membership> membership = Membership::publish(
-      store, prefix + "membership/", request.rank, request.world_size, request.options.elastic_min_ranks,
-      request.options.timeout);
-  const CommOptions options = request.options;
-  comm.set_reformer([membership, options](const std::string& cause) -> std::unique_ptr<transport::PointToPoint> {
-    const Membership::Agreed agreed = membership->agree(cause);
-#ifdef CO2_HAVE_UCX
-    return transport::ucx::connect(*agreed.store, agreed.prefix + "ucx/", agreed.rank, agreed.size, options.timeout,
-                                   options.connections_per_peer);
-#else
-    (void)agreed;
-    fail(Status::Unsupported, kBuiltWithoutUcx);
-#endif
-  });
+  comm.set_membership(Membership::publish(store, prefix + "membership/", request.rank, request.world_size,
+                                          request.options, std::move(door)));
+}
+
+// A process that found a running elastic group's door open: joins it (Membership::join).
+std::shared_ptr<Communicator> join_running_group(const store::TcpStoreOptions& door, const CommOptions& options) {
+  auto [membership, transport] = Membership::join(door, options);
+  auto comm = std::make_shared<Communicator>(std::move(transport), options);
+  comm->set_membership(std::move(membership));
+  comm->set_joining(true);
+  return comm;
 }
 
 // A launched process takes the GPU of its local rank, as torch users do with
@@ -376,6 +374,12 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         if (request.rank == 0) server = serve_master_port(launched, where.auth_token);
       }
       std::shared_ptr<store::Store> store = store::connect_tcp_store(where);
+      if (request.options.elastic_min_ranks == 0 && request.unique_id.empty())
+        request.options.elastic_min_ranks = elastic_min_ranks_from_environment();
+      // A launched rank that arrives after its elastic group formed (a restarted one) joins it.
+      if (request.options.elastic_min_ranks > 0 && choice.kind == TransportKind::Ucx && request.unique_id.empty() &&
+          Membership::door_open(*store))
+        return join_running_group(where, request.options);
       claim_rank(*store, request.rank, process_identity());
       const int64_t generation = store->add("co2/generation/" + std::to_string(request.rank), 1);
       const std::string prefix = "co2/group" + std::to_string(generation) + "/";
@@ -384,9 +388,7 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
                       ? connect_over_ucx(*store, prefix, request.rank, request.world_size, request.options)
                       : connect_over_nccl(*store, prefix, request.rank, request.world_size,
                                           nccl_device(request.device_index, launched), request.options);
-      if (request.options.elastic_min_ranks == 0 && request.unique_id.empty())
-        request.options.elastic_min_ranks = elastic_min_ranks_from_environment();
-      if (request.options.elastic_min_ranks > 0) make_elastic(*comm, *store, prefix, request);
+      if (request.options.elastic_min_ranks > 0) make_elastic(*comm, *store, prefix, request, Door{where, server});
       leave_together(*store, prefix, request.rank, request.world_size, server != nullptr, request.options.timeout);
       if (!request.unique_id.empty()) {
         std::lock_guard<std::mutex> lock(servers().mutex);

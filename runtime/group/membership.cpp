@@ -7,6 +7,9 @@
 #include "runtime/base/log.hpp"
 #include "runtime/base/status.hpp"
 #include "runtime/group/addresses.hpp"
+#ifdef CO2_HAVE_UCX
+#include "transports/ucx/transport.hpp"
+#endif
 
 namespace co2 {
 namespace {
@@ -51,28 +54,154 @@ int64_t agreed_generation(store::Store& store) {
   }
 }
 
+// The door's keys, at the store the group formed at.
+constexpr const char* kDoorOpen = "co2/elastic/door/open";
+constexpr const char* kDoorRequests = "co2/elastic/door/requests";  // join requests so far
+std::string join_key(int64_t request) { return "co2/elastic/door/join/" + std::to_string(request); }
+std::string generation_prefix(uint64_t generation) { return "co2/elastic/" + std::to_string(generation) + "/"; }
+
+store::TcpStoreOptions parse_endpoint(const std::string& text) {
+  std::stringstream in(text);
+  store::TcpStoreOptions where;
+  in >> where.host >> where.port >> where.auth_token;
+  return where;
+}
+
+std::string endpoint_text(const store::TcpStoreOptions& where) {
+  return where.host + " " + std::to_string(where.port) + " " + where.auth_token;
+}
+
 }  // namespace
 
+std::string Membership::start_endpoint() {
+  store::TcpStoreOptions own;
+  own.host = advertised_host();
+  own.auth_token = random_hex(16);
+  server_ = store::TcpStoreServer::start("", 0, own.auth_token);
+  own.port = server_->port();
+  return endpoint_text(own);
+}
+
 std::shared_ptr<Membership> Membership::publish(store::Store& store, const std::string& prefix, int rank, int size,
-                                                int min_ranks, milliseconds timeout) {
+                                                const CommOptions& options, Door door) {
   std::shared_ptr<Membership> m(new Membership);
-  const std::string token = random_hex(16);
-  m->server_ = store::TcpStoreServer::start("", 0, token);
   m->rank_ = rank;
-  m->min_ranks_ = min_ranks;
-  m->timeout_ = timeout;
-  store.set(prefix + "endpoint/" + std::to_string(rank),
-            advertised_host() + " " + std::to_string(m->server_->port()) + " " + token);
-  for (int peer = 0; peer < size; ++peer) {
-    std::stringstream in(store.get(prefix + "endpoint/" + std::to_string(peer), timeout));
-    store::TcpStoreOptions where;
-    in >> where.host >> where.port >> where.auth_token;
-    m->endpoints_.push_back(where);
+  m->min_ranks_ = options.elastic_min_ranks;
+  m->timeout_ = options.timeout;
+  m->connections_per_peer_ = options.connections_per_peer;
+  store.set(prefix + "endpoint/" + std::to_string(rank), m->start_endpoint());
+  for (int peer = 0; peer < size; ++peer)
+    m->endpoints_.push_back(parse_endpoint(store.get(prefix + "endpoint/" + std::to_string(peer), options.timeout)));
+  m->door_ = std::move(door);
+  if (m->door_.served_here) {
+    m->door_store_ = connect_within(m->door_.where, m->timeout_);
+    m->door_store_->add(kDoorOpen, 1);
   }
   return m;
 }
 
 Membership::~Membership() = default;
+
+bool Membership::door_open(store::Store& door) { return door.add(kDoorOpen, 0) > 0; }
+
+std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>> Membership::join(
+    const store::TcpStoreOptions& door_where, const CommOptions& options) {
+  std::shared_ptr<Membership> m(new Membership);
+  m->min_ranks_ = options.elastic_min_ranks;
+  m->timeout_ = options.timeout;
+  m->connections_per_peer_ = options.connections_per_peer;
+  m->door_.where = door_where;
+  std::shared_ptr<store::Store> door = store::connect_tcp_store(door_where);
+  const int64_t request = door->add(kDoorRequests, 1) - 1;
+  door->set(join_key(request), m->start_endpoint());
+  log::info("membership: asked to join the running group at " + door_where.host + ":" +
+            std::to_string(door_where.port) + " (request " + std::to_string(request) + ")");
+  std::string admitted;
+  try {
+    admitted = door->get(join_key(request) + "/admitted", options.timeout);
+  } catch (const transport::RendezvousError& e) {
+    fail(Status::Rendezvous, "no running group admitted this process within " + std::to_string(options.timeout.count()) +
+                                 " ms (its members admit joiners at a boundary while they train; the group's rank 0 "
+                                 "keeps the door): " + e.what());
+  }
+  std::stringstream in(admitted);
+  int size = 0;
+  in >> m->generation_ >> m->rank_ >> size >> m->admitted_;
+  const std::string prefix = generation_prefix(m->generation_);
+  std::stringstream list(door->get(prefix + "endpoints", options.timeout));
+  for (std::string item; std::getline(list, item, ';');) m->endpoints_.push_back(parse_endpoint(item));
+  require(int(m->endpoints_.size()) == size, Status::Internal, "membership: the admission lists " +
+                                                                   std::to_string(m->endpoints_.size()) + " members, not " +
+                                                                   std::to_string(size));
+  std::unique_ptr<transport::PointToPoint> transport = m->connect(*door, prefix + "admit/");
+  m->record_generation();
+  log::info("membership: joined as rank " + std::to_string(m->rank_) + " of " + std::to_string(size) +
+            " (generation " + std::to_string(m->generation_) + ")");
+  return {m, std::move(transport)};
+}
+
+std::unique_ptr<transport::PointToPoint> Membership::connect(store::Store& store, const std::string& prefix) const {
+#ifdef CO2_HAVE_UCX
+  return transport::ucx::connect(store, prefix + "ucx/", rank_, size(), timeout_, connections_per_peer_);
+#else
+  (void)store, (void)prefix;
+  fail(Status::Unsupported, "elastic membership needs the UCX transport, and this libco2 was built without it");
+#endif
+}
+
+void Membership::record_generation() {
+  const std::shared_ptr<store::Store> own = connect_within(endpoints_[size_t(rank_)], timeout_);
+  own->add(kAgreedKey, int64_t(generation_) - own->add(kAgreedKey, 0));
+}
+
+std::unique_ptr<transport::PointToPoint> Membership::survivors(const std::string& cause) {
+  const Agreed agreed = agree(cause);
+  return connect(*agreed.store, agreed.prefix);
+}
+
+int64_t Membership::join_requests() {
+  if (!door_store_) return 0;
+  try {
+    return door_store_->add(kDoorRequests, 0);
+  } catch (const std::exception& e) {
+    log::warn(std::string("membership: cannot read the door's join requests: ") + e.what());
+    return 0;
+  }
+}
+
+std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests) {
+  const int joiners = int(join_requests - admitted_);
+  require(joiners > 0, Status::Internal, "membership: admit() without a new join request");
+  ++generation_;
+  const std::string prefix = generation_prefix(generation_);
+  const std::shared_ptr<store::Store> door = door_store_ ? door_store_ : connect_within(door_.where, timeout_);
+  if (rank_ == 0) {
+    // Rank 0 tells each joiner its rank; the members agreed on which requests they admit.
+    const int64_t first = admitted_;
+    std::vector<store::TcpStoreOptions> grown = endpoints_;
+    for (int j = 0; j < joiners; ++j) grown.push_back(parse_endpoint(door->get(join_key(first + j), timeout_)));
+    std::string list;
+    for (const auto& where : grown) list += (list.empty() ? "" : ";") + endpoint_text(where);
+    door->set(prefix + "endpoints", list);
+    for (int j = 0; j < joiners; ++j)
+      door->set(join_key(first + j) + "/admitted", std::to_string(generation_) + " " + std::to_string(size() + j) + " " +
+                                                       std::to_string(grown.size()) + " " + std::to_string(join_requests));
+  }
+  admitted_ = join_requests;
+  std::stringstream list(door->get(prefix + "endpoints", timeout_));
+  std::vector<store::TcpStoreOptions> grown;
+  for (std::string item; std::getline(list, item, ';');) grown.push_back(parse_endpoint(item));
+  require(int(grown.size()) == size() + joiners, Status::Internal,
+          "membership: the admission lists " + std::to_string(grown.size()) + " members, not " +
+              std::to_string(size() + joiners));
+  endpoints_ = std::move(grown);
+  std::unique_ptr<transport::PointToPoint> transport = connect(*door, prefix + "admit/");
+  record_generation();
+  log::info("membership: generation " + std::to_string(generation_) + " admitted " + std::to_string(joiners) +
+            (joiners == 1 ? " process" : " processes") + ": " + std::to_string(size()) + " ranks, this one is rank " +
+            std::to_string(rank_));
+  return transport;
+}
 
 std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) const {
   const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
@@ -193,8 +322,7 @@ Membership::Agreed Membership::agree_once(const std::string& cause) {
     fail(Status::PeerLost, "rank " + std::to_string(rank_) + " was left out of the re-formed group (members " +
                                ranks_text(members) + " of the old ranks): it arrived after the survivors agreed, "
                                "or its membership endpoint did not answer in time; first failure: " + cause);
-  const std::shared_ptr<store::Store> own = connect_within(endpoints_[size_t(rank_)], timeout_);
-  own->add(kAgreedKey, int64_t(generation_) - own->add(kAgreedKey, 0));
+  record_generation();
   Agreed agreed;
   agreed.rank = int(me - members.begin());
   agreed.size = int(members.size());

@@ -12,6 +12,13 @@
 // stopped one does not answer within kMembershipProbeTimeout. The survivors then connect a new
 // transport through the coordinator's endpoint. Every survivor reads the same list, so ranks
 // never train in two groups: a survivor that the list leaves out fails.
+//
+// Joining: the store a launched group formed at (rank 0's, at MASTER_PORT) stays up while the
+// process of rank 0 lives, as the group's *door*. A process that finds it open there asks to join
+// (its endpoint under co2/elastic/door/join/<n>). Rank 0 counts the requests at every boundary;
+// the members agree on the count with the tau advisor's agreement, and at the boundary where it
+// arrives every member admits the same joiners: rank 0 writes the new member list and each
+// joiner's rank at the door, and the members and the joiners connect a new transport there.
 #pragma once
 
 #include <chrono>
@@ -21,20 +28,41 @@
 
 #include "rendezvous/store.hpp"
 #include "rendezvous/tcp_store.hpp"
+#include "runtime/comm/comm.hpp"
 
 namespace co2 {
 
 // How long a rank's membership endpoint may take to answer before the rank counts as gone.
 constexpr std::chrono::milliseconds kMembershipProbeTimeout{2000};
 
-class Membership {
+// Where a launched group's door is: the address of the store it formed at, and, in the process
+// that serves it, the server itself (kept up as long as the membership lives).
+struct Door {
+  store::TcpStoreOptions where;
+  std::shared_ptr<store::TcpStoreServer> served_here;  // null in every other process
+};
+
+class Membership final : public MembershipChanges {
  public:
   // Collective over the ranks forming a group at `store` (keys under `prefix`): starts this
-  // rank's endpoint and learns every rank's. `min_ranks`: the fewest ranks a re-formed group may
-  // have. `timeout`: the longest the survivors wait for each other.
+  // rank's endpoint and learns every rank's; rank 0 opens the door. `options.elastic_min_ranks`:
+  // the fewest ranks a re-formed group may have; `options.timeout`: the longest the ranks wait
+  // for each other.
   static std::shared_ptr<Membership> publish(store::Store& store, const std::string& prefix, int rank, int size,
-                                             int min_ranks, std::chrono::milliseconds timeout);
-  ~Membership();
+                                             const CommOptions& options, Door door);
+  // Whether a running elastic group's door is open at `door` (then a new process joins).
+  static bool door_open(store::Store& door);
+  // A new process: asks to join the group behind `door` and waits (up to options.timeout) until
+  // the members admit it. Returns its membership and its transport to the grown group.
+  static std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>> join(
+      const store::TcpStoreOptions& door, const CommOptions& options);
+  ~Membership() override;
+
+  // MembershipChanges
+  std::unique_ptr<transport::PointToPoint> survivors(const std::string& cause) override;
+  int64_t join_requests() override;
+  int64_t admitted() const override { return admitted_; }
+  std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) override;
 
   struct Agreed {
     int rank = 0;                    // this rank in the new group
@@ -60,12 +88,23 @@ class Membership {
   // The coordinator's part: the old ranks that arrived, once every other one stopped answering.
   std::vector<int> wait_for_survivors(store::Store& store, const std::string& prefix) const;
 
+  // Starts this process's endpoint; its address as the members exchange it.
+  std::string start_endpoint();
+  // Records at this rank's own endpoint that it agreed on the current generation.
+  void record_generation();
+  // The transport of the group agreed at `store` under `prefix`.
+  std::unique_ptr<transport::PointToPoint> connect(store::Store& store, const std::string& prefix) const;
+
   std::unique_ptr<store::TcpStoreServer> server_;
   std::vector<store::TcpStoreOptions> endpoints_;  // every member's, by rank
   int rank_ = 0;
   int min_ranks_ = 1;
   std::chrono::milliseconds timeout_{0};
+  int connections_per_peer_ = 0;
   uint64_t generation_ = 0;
+  int64_t admitted_ = 0;  // join requests admitted so far (the door's count, on every member)
+  Door door_;
+  std::shared_ptr<store::Store> door_store_;  // a client of the door, where it is served here
 };
 
 }  // namespace co2

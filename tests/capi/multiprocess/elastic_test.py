@@ -52,6 +52,27 @@ class Group:
                 [WORKER, self.ready_dir, str(TIMEOUT_MS), str(self.steps), str(self.min_ranks)],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+    def start_joiner(self, key, launch_rank, env):
+        """A new process launched like rank `launch_rank` (what co2run does when it restarts a
+        rank), after the group formed: it finds the group's door open and joins."""
+        full = dict(os.environ)
+        full.update(RANK=str(launch_rank), WORLD_SIZE=str(self.world), LOCAL_RANK=str(launch_rank),
+                    LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
+                    CO2_AUTH_TOKEN="elastic-token", UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="warn")
+        full.update({k: str(v) for k, v in env.items()})
+        self.procs[key] = subprocess.Popen(
+            [WORKER, self.ready_dir, str(TIMEOUT_MS), str(self.steps), str(self.min_ranks)],
+            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait_for_change(self, ranks, limit_s=LIMIT_S):
+        changed = [os.path.join(self.ready_dir, f"changed.{r}") for r in ranks]
+        deadline = time.monotonic() + limit_s
+        while not all(os.path.exists(c) for c in changed):
+            assert time.monotonic() < deadline, "the survivors never re-formed"
+            for r in ranks:
+                assert self.procs[r].poll() is None, self.wait([r])
+            time.sleep(0.02)
+
     def wait(self, ranks, limit_s=LIMIT_S):
         deadline = time.monotonic() + limit_s
         codes, outputs = {}, {}
@@ -157,6 +178,27 @@ def test_after_a_loss_the_survivors_train_as_a_fresh_group_of_their_size(group_f
     assert {d["hash"] for d in reference.values()} == {elastic[0]["hash"]}, (reference, elastic)
 
 
+def test_a_restarted_rank_joins_and_everyone_ends_with_one_model(group_factory):
+    """Rank 1 of 3 dies; the survivors go on as 2; a new process launched as rank 1 finds the
+    door open, is admitted at a boundary and receives the group's state; all three end at the
+    same step with bitwise the same parameters."""
+    g = group_factory(3, min_ranks=2)
+    until = {"ELASTIC_UNTIL_SIZE": 3}
+    g.start({0: until, 1: {"ELASTIC_DIE_AT": 30}, 2: until})
+    g.wait_for_change([0, 2])
+    g.start_joiner("joiner", 1, until)
+    codes, outputs = g.wait([0, 2, "joiner"])
+    assert set(codes.values()) == {0}, (codes, outputs)
+    done = done_lines(outputs)
+    assert {d["size"] for d in done.values()} == {"3"}, done
+    assert sorted(int(d["rank"]) for d in done.values()) == [0, 1, 2], done
+    assert done[0]["rank"] == "0" and done[2]["rank"] == "1" and done["joiner"]["rank"] == "2", done
+    assert len({d["steps"] for d in done.values()}) == 1, done
+    assert int(done[0]["steps"]) >= STEPS, done
+    assert done[0]["changes"] == done[2]["changes"] == "2" and done["joiner"]["changes"] == "0", done
+    assert len({d["hash"] for d in done.values()}) == 1, done
+
+
 def test_two_ranks_lost_at_once(group_factory):
     # Both are gone by the same boundary: one agreement, or a second one if the other loss
     # reaches the survivors while they re-form; either way one group of 2 with one model.
@@ -172,13 +214,7 @@ def test_stopped_rank_is_left_out_and_refused_when_it_resumes(group_factory):
     g = group_factory(3, min_ranks=1, steps=400)
     hold = os.path.join(tempfile.mkdtemp(prefix="co2-elastic-hold-"), "release")
     g.start({0: {"ELASTIC_STOP_AT": 30}, 1: {"ELASTIC_HOLD": hold}, 2: {"ELASTIC_HOLD": hold}})
-    changed = [os.path.join(g.ready_dir, f"changed.{r}") for r in (1, 2)]
-    deadline = time.monotonic() + LIMIT_S
-    while not all(os.path.exists(c) for c in changed):
-        assert time.monotonic() < deadline, "the survivors never re-formed"
-        for r in (1, 2):
-            assert g.procs[r].poll() is None, g.wait([r])
-        time.sleep(0.05)
+    g.wait_for_change([1, 2])
     g.procs[0].send_signal(signal.SIGCONT)
     codes, outputs = g.wait([0])
     assert codes[0] == PEER_LOST, outputs

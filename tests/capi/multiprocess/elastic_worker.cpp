@@ -15,6 +15,8 @@
 // ELASTIC_SAVE=prefix: right after the first change every survivor saves the engine to
 // prefix.<new rank>; ELASTIC_LOAD=prefix: after commit each rank loads prefix.<rank> and trains
 // on from the loaded step count (a fresh group started from the survivors' agreed state).
+// ELASTIC_UNTIL_SIZE=k: train past STEPS until the group has k ranks again (a joiner came; at
+// most 60 s), so that every rank, a joiner too, finalizes at the same step.
 #include <signal.h>
 
 #include <chrono>
@@ -105,6 +107,11 @@ int main(int argc, char** argv) {
   }
   std::ofstream(ready_dir + "/ready." + std::to_string(rank)) << "ready\n";
   const char* hold = std::getenv("ELASTIC_HOLD");
+  const int until_size = int(env_long("ELASTIC_UNTIL_SIZE", 0));
+  const auto started = std::chrono::steady_clock::now();
+  const auto waiting_for_joiners = [&] {
+    return size < until_size && std::chrono::steady_clock::now() - started < std::chrono::seconds(60);
+  };
 
   co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
   int changes = 0;
@@ -112,7 +119,7 @@ int main(int argc, char** argv) {
   for (bool finalized = false; !finalized;) {
     TRY(co2_engine_get_stats(engine, &stats));
     co2_status_t status = CO2_OK;
-    if (stats.steps < steps) {
+    if (stats.steps < steps || waiting_for_joiners()) {
       if (long(stats.steps) == die_at) raise(SIGKILL);
       if (long(stats.steps) == stop_at) raise(SIGSTOP);
       // Each rank pulls towards its own target: the average depends on who is in the group.

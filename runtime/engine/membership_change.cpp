@@ -1,6 +1,7 @@
-// Elastic membership, the engine's part (docs/algorithm.md, "Losing a rank"): after a lost peer
-// failed a call, the survivors re-form the communicator (runtime/group/membership.hpp) and
-// restart the round from one agreed outer state.
+// Elastic membership, the engine's part (docs/algorithm.md, "Losing a rank" and "Joining"): after
+// a lost peer failed a call, the survivors re-form the communicator (runtime/group/membership.hpp)
+// and restart the round from one agreed outer state; when processes ask to join, the members
+// synchronize at an agreed boundary, grow the communicator and hand the joiners the same state.
 //
 // What the survivors agree on: the donor is the rank that applied the most outer updates (the
 // lowest such rank), since a rank may have applied the average of a round whose all-reduce
@@ -35,10 +36,6 @@ std::vector<char> broadcast_blob(Engine::State& s, int root, std::vector<char> b
   std::memcpy(blob.data(), words.data(), blob.size());
   return blob;
 }
-
-}  // namespace
-
-namespace {
 
 // On a freshly re-formed group: one outer state on every rank. Returns the donor's new rank.
 // Throws when the new group fails too (another rank lost meanwhile); the outer state and its
@@ -106,6 +103,35 @@ void continue_with_survivors(Engine::State& s, const std::string& cause) {
             std::to_string(s.comm->rank()) + " of " + std::to_string(s.comm->size()) + " from step " +
             std::to_string(s.stats.steps) + " (the outer state of rank " + std::to_string(donor) +
             " of the new group; the round in flight was dropped) after: " + cause);
+}
+
+bool joiners_agreed(const Engine::State& s) {
+  return s.comm->elastic() && s.observer.agreed_join_requests > s.comm->admitted();
+}
+
+int admit_joiners(Engine::State& s) {
+  const int old_size = s.comm->size();
+  // Every member finishes the round in flight and applies it: the joiners then receive a state
+  // with no average in flight and every member's parameters equal to the anchor.
+  synchronize_ranks(s, /*finalizing=*/false);
+  s.backend->drain();
+  s.comm->admit(s.observer.agreed_join_requests);
+  restart_from_donor(s);
+  const int joined = s.comm->size() - old_size;
+  log::info("membership: rank " + std::to_string(s.comm->rank()) + " goes on in a group of " +
+            std::to_string(s.comm->size()) + " after " + std::to_string(joined) + " process(es) joined, from step " +
+            std::to_string(s.stats.steps));
+  return joined;
+}
+
+void join_running_group(Engine::State& s) {
+  // The members run restart_from_donor at the boundary that admitted this process; here it is
+  // this engine's commit.
+  restart_from_donor(s);
+  s.comm->set_joining(false);
+  log::info("membership: rank " + std::to_string(s.comm->rank()) + " of " + std::to_string(s.comm->size()) +
+            " joined the running group at step " + std::to_string(s.stats.steps) +
+            " with its outer state (parameters = its anchor)");
 }
 
 }  // namespace co2
