@@ -159,7 +159,8 @@ int main_or_status(int argc, char** argv) {
       ranks.push_back(std::move(rank));
     }
   }
-  return run_ranks(options.program, ranks, options.grace_period, options.elastic_min_ranks > 0);
+  return run_ranks(options.program, ranks, options.grace_period,
+                   Elasticity{options.elastic_min_ranks > 0, options.max_restarts});
 }
 
 }  // namespace

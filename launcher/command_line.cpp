@@ -33,6 +33,8 @@ const char kUsage[] =
     "  --elastic K          an elastic group: a rank that fails does not stop the others, which\n"
     "                       go on without it while K ranks remain (CO2_ELASTIC_MIN_RANKS=K for\n"
     "                       the ranks); co2run exits 0 when a rank of its own finished with 0\n"
+    "  --max-restarts R     with --elastic: start a failed rank again, R times in all (default 0);\n"
+    "                       the new process joins the running group\n"
     "  --probe ARGS...      run co2-probe (installed beside co2run) as PROGRAM: it times the outer\n"
     "                       all-reduce per wire format across the ranks and prints the tau and\n"
     "                       format that hide it behind a training step; co2run --probe --help\n"
@@ -80,6 +82,7 @@ enum OptionId {
   kMasterPort,
   kGracePeriod,
   kElastic,
+  kMaxRestarts,
   kProbe,
   kHelp
 };
@@ -98,6 +101,8 @@ const option kLongOptions[] = {
     {"grace-period", required_argument, nullptr, kGracePeriod},
     {"grace_period", required_argument, nullptr, kGracePeriod},
     {"elastic", required_argument, nullptr, kElastic},
+    {"max-restarts", required_argument, nullptr, kMaxRestarts},
+    {"max_restarts", required_argument, nullptr, kMaxRestarts},
     {"probe", no_argument, nullptr, kProbe},
     {"help", no_argument, nullptr, kHelp},
     {nullptr, 0, nullptr, 0}};
@@ -159,6 +164,7 @@ Options parse_command_line(int argc, char** argv) {
       case kMasterPort: options.master_port = int(parse_integer(flag, value, 1, 65535)); break;
       case kGracePeriod: options.grace_period = parse_seconds(flag, value); break;
       case kElastic: options.elastic_min_ranks = int(parse_integer(flag, value, 1, kMaxRanks)); break;
+      case kMaxRestarts: options.max_restarts = int(parse_integer(flag, value, 0, 1 << 20)); break;
       case kMasterAddr:
         if (value.empty()) throw UsageError("--master-addr is empty");
         options.master_addr = value;
@@ -172,6 +178,8 @@ Options parse_command_line(int argc, char** argv) {
   if (options.node_rank >= options.nnodes)
     throw UsageError("--node-rank " + std::to_string(options.node_rank) + " is not below --nnodes " +
                      std::to_string(options.nnodes));
+  if (options.max_restarts > 0 && options.elastic_min_ranks == 0)
+    throw UsageError("--max-restarts needs --elastic (without it a failed rank stops every rank)");
   if (static_cast<long long>(options.nproc_per_node) * options.nnodes > kMaxRanks)
     throw UsageError("more than " + std::to_string(kMaxRanks) + " ranks");
   if (!options.all_nodes_here() && (options.master_addr.empty() || options.master_port == 0))

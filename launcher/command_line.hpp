@@ -22,6 +22,7 @@ struct Options {
   int master_port = 0;      // 0 = not given
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   int elastic_min_ranks = 0;  // --elastic K: 0 = a failed rank stops the others
+  int max_restarts = 0;       // --max-restarts R (with --elastic): failed ranks started again
   bool help = false;
   bool probe = false;                // --probe: PROGRAM is co2-probe, `program` holds its arguments
   std::vector<std::string> program;  // PROGRAM ARGS...

@@ -58,7 +58,7 @@ std::string ranks_phrase(int count) { return std::to_string(count) + (count == 1
 class Supervisor {
  public:
   Supervisor(const std::vector<std::string>& program, const std::vector<RankLaunch>& ranks,
-             std::chrono::milliseconds grace_period, bool elastic)
+             std::chrono::milliseconds grace_period, Elasticity elastic)
       : program_(program), ranks_(ranks), grace_period_(grace_period), elastic_(elastic) {}
 
   int run() {
@@ -89,11 +89,10 @@ class Supervisor {
     // A failure seen before an interrupt is what the user needs to hear about; failures after
     // it are the forwarded signal's doing.
     if (first_failure_ == nullptr && interrupted_by_ != 0) return 128 + interrupted_by_;
-    if (elastic_ && first_failure_ == nullptr && lost_ > 0) {
-      const int finished = int(children_.size()) - lost_;
-      say(ranks_phrase(lost_) + " of " + std::to_string(children_.size()) + " failed; the group went on without " +
-          (lost_ == 1 ? "it" : "them") + " and " + ranks_phrase(finished) + " finished with exit code 0");
-    }
+    if (elastic_.enabled && first_failure_ == nullptr && lost_ > 0)
+      say(std::string(lost_ == 1 ? "1 rank process" : std::to_string(lost_) + " rank processes") + " of " +
+          std::to_string(children_.size()) + " failed (" + std::to_string(restarts_) +
+          " started again); the group went on and " + ranks_phrase(finished_well()) + " finished with exit code 0");
     if (first_failure_ != nullptr) {
       std::string message = "rank " + std::to_string(first_failure_->rank) + " (pid " +
                             std::to_string(first_failure_->pid) + ") " + how_it_ended(first_failure_->status) + "; " +
@@ -262,22 +261,35 @@ class Supervisor {
     }
   }
 
+  int finished_well() const {
+    int count = 0;
+    for (const auto& child : children_) count += !child->running && !failed(child->status);
+    return count;
+  }
+
   void reap() {
+    std::vector<int> restart;  // ranks to start again once the loop over children_ is done
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) return;
+      if (pid <= 0) break;
       for (const auto& child : children_) {
         if (child->pid != pid || !child->running) continue;
         child->running = false;
         child->status = status;
-        if (failed(status) && elastic_ && interrupted_by_ == 0 && !start_failed_) {
+        if (failed(status) && elastic_.enabled && interrupted_by_ == 0 && !start_failed_) {
           if (!first_lost_) first_lost_ = child.get();
           ++lost_;
+          const bool again = restarts_ < elastic_.max_restarts;
+          if (again) {
+            ++restarts_;
+            restart.push_back(child->rank);
+          }
           say("rank " + std::to_string(child->rank) + " (pid " + std::to_string(child->pid) + ") " +
-              how_it_ended(status) + "; --elastic: the other ranks go on without it");
-          // Elastic ranks end together: when none finished well, the first loss is the failure.
-          if (running_count() == 0 && lost_ == int(children_.size())) first_failure_ = first_lost_;
+              how_it_ended(status) + "; --elastic: the other ranks go on without it" +
+              (again ? "; starting it again (restart " + std::to_string(restarts_) + " of " +
+                           std::to_string(elastic_.max_restarts) + "): it joins the running group"
+                     : ""));
           continue;
         }
         if (failed(status) && first_failure_ == nullptr && interrupted_by_ == 0 && !start_failed_) {
@@ -288,13 +300,20 @@ class Supervisor {
         }
       }
     }
+    for (int rank : restart)
+      for (const auto& launch : ranks_)
+        if (launch.rank == rank && !start(launch)) say("cannot start rank " + std::to_string(rank) + " again");
+    // Elastic ranks end together: when none finished well, the first loss is the failure.
+    if (elastic_.enabled && first_lost_ && first_failure_ == nullptr && running_count() == 0 && finished_well() == 0)
+      first_failure_ = first_lost_;
   }
 
   const std::vector<std::string>& program_;
   const std::vector<RankLaunch>& ranks_;
   const std::chrono::milliseconds grace_period_;
-  const bool elastic_;
-  int lost_ = 0;               // elastic: ranks that failed while the others went on
+  const Elasticity elastic_;
+  int lost_ = 0;               // elastic: rank processes that failed while the others went on
+  int restarts_ = 0;
   Child* first_lost_ = nullptr;
   sigset_t original_mask_;
   int signals_ = -1;
@@ -310,7 +329,7 @@ class Supervisor {
 }  // namespace
 
 int run_ranks(const std::vector<std::string>& program, const std::vector<RankLaunch>& ranks,
-              std::chrono::milliseconds grace_period, bool elastic) {
+              std::chrono::milliseconds grace_period, Elasticity elastic) {
   return Supervisor(program, ranks, grace_period, elastic).run();
 }
 

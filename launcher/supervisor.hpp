@@ -21,9 +21,15 @@ struct RankLaunch {
 // its own process group with stdin from /dev/null. Returns co2run's exit status: 0 when every
 // rank exited 0; the failed rank's exit code (or 128 + its signal) when one failed first, after
 // printing which rank failed and how; 128 + the signal when co2run itself was interrupted
-// (before any rank failed). `elastic`: a failed rank does not stop the others (they re-form
-// without it); then 0 when any rank exited 0, else the first failure's code.
+// (before any rank failed). With `elastic.enabled` a failed rank does not stop the others (they
+// re-form without it) and is started again, with the same environment, up to
+// `elastic.max_restarts` times in all (it joins the running group); then 0 when any rank process
+// exited 0, else the first failure's code.
+struct Elasticity {
+  bool enabled = false;
+  int max_restarts = 0;
+};
 int run_ranks(const std::vector<std::string>& program, const std::vector<RankLaunch>& ranks,
-              std::chrono::milliseconds grace_period, bool elastic);
+              std::chrono::milliseconds grace_period, Elasticity elastic);
 
 }  // namespace co2::launcher

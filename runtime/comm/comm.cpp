@@ -609,7 +609,9 @@ int64_t Communicator::admitted() const { return membership_ ? membership_->admit
 void Communicator::admit(int64_t join_requests) {
   require(membership_ != nullptr && error_status() == Status::Ok && join_requests > admitted(), Status::InvalidState,
           "admit() needs a healthy elastic communicator and a join request not admitted yet");
-  replace_transport(membership_->admit(join_requests));
+  // Null: nobody who asked could be admitted; the group stays as it is.
+  if (std::unique_ptr<transport::PointToPoint> grown = membership_->admit(join_requests))
+    replace_transport(std::move(grown));
 }
 
 void Communicator::replace_transport(std::unique_ptr<transport::PointToPoint> transport) {

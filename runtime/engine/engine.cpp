@@ -894,7 +894,8 @@ bool Engine::step(void* stream) {
     const bool boundary = step_now(s, stream);
     if (joiners_agreed(s)) {
       const int joined = admit_joiners(s);
-      fail(Status::MembershipChanged,
+      if (joined > 0)
+        fail(Status::MembershipChanged,
            "the group admitted " + std::to_string(joined) +
                " joining process(es): this is rank " + std::to_string(s.comm->rank()) + " of " +
                std::to_string(s.comm->size()) + " now; the group synchronized (every rank's parameters are the "

@@ -115,9 +115,16 @@ int admit_joiners(Engine::State& s) {
   // with no average in flight and every member's parameters equal to the anchor.
   synchronize_ranks(s, /*finalizing=*/false);
   s.backend->drain();
-  s.comm->admit(s.observer.agreed_join_requests);
-  restart_from_donor(s);
+  try {
+    s.comm->admit(s.observer.agreed_join_requests);
+  } catch (const std::exception& e) {
+    // A joiner that died or never connected: the members go on without it, as after a loss.
+    s.comm->fail_with(Status::PeerLost, std::string("admitting the joining processes failed: ") + e.what());
+    fail(Status::PeerLost, s.comm->error_message());
+  }
   const int joined = s.comm->size() - old_size;
+  if (joined == 0) return 0;  // the processes that asked were gone: the group is as it was
+  restart_from_donor(s);
   log::info("membership: rank " + std::to_string(s.comm->rank()) + " goes on in a group of " +
             std::to_string(s.comm->size()) + " after " + std::to_string(joined) + " process(es) joined, from step " +
             std::to_string(s.stats.steps));

@@ -118,7 +118,9 @@ std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>>
             std::to_string(door_where.port) + " (request " + std::to_string(request) + ")");
   std::string admitted;
   try {
-    admitted = door->get(join_key(request) + "/admitted", options.timeout);
+    // The members admit joiners at a boundary; before that they may still be re-forming after a
+    // loss, which takes up to two timeouts and a probe.
+    admitted = door->get(join_key(request) + "/admitted", 2 * options.timeout + kMembershipProbeTimeout);
   } catch (const transport::RendezvousError& e) {
     fail(Status::Rendezvous, "no running group admitted this process within " + std::to_string(options.timeout.count()) +
                                  " ms (its members admit joiners at a boundary while they train; the group's rank 0 "
@@ -127,6 +129,10 @@ std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>>
   std::stringstream in(admitted);
   int size = 0;
   in >> m->generation_ >> m->rank_ >> size >> m->admitted_;
+  if (m->rank_ < 0)
+    fail(Status::Rendezvous, "the running group did not admit this process: its rank 0 could not reach this "
+                             "process's membership endpoint (a firewall between them, or CO2_MASTER_ADDR names "
+                             "an address the others cannot reach)");
   const std::string prefix = generation_prefix(m->generation_);
   std::stringstream list(door->get(prefix + "endpoints", options.timeout));
   for (std::string item; std::getline(list, item, ';');) m->endpoints_.push_back(parse_endpoint(item));
@@ -170,35 +176,58 @@ int64_t Membership::join_requests() {
 }
 
 std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests) {
-  const int joiners = int(join_requests - admitted_);
-  require(joiners > 0, Status::Internal, "membership: admit() without a new join request");
+  const int64_t first = admitted_;
+  require(join_requests > first, Status::Internal, "membership: admit() without a new join request");
+  // Counted as handled whether or not the admission succeeds: a joiner that died meanwhile is
+  // not asked for again at every boundary.
+  admitted_ = join_requests;
   ++generation_;
   const std::string prefix = generation_prefix(generation_);
   const std::shared_ptr<store::Store> door = door_store_ ? door_store_ : connect_within(door_.where, timeout_);
   if (rank_ == 0) {
-    // Rank 0 tells each joiner its rank; the members agreed on which requests they admit.
-    const int64_t first = admitted_;
+    // Rank 0 decides: every requester whose endpoint answers, in the order they asked.
+    const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
     std::vector<store::TcpStoreOptions> grown = endpoints_;
-    for (int j = 0; j < joiners; ++j) grown.push_back(parse_endpoint(door->get(join_key(first + j), timeout_)));
+    std::vector<int64_t> admitted, refused;
+    for (int64_t request = first; request < join_requests; ++request) {
+      try {
+        const store::TcpStoreOptions where = parse_endpoint(door->get(join_key(request), probe));
+        if (agreed_generation(*connect_within(where, probe)) >= 0) {
+          grown.push_back(where);
+          admitted.push_back(request);
+          continue;
+        }
+      } catch (const std::exception&) {
+      }
+      refused.push_back(request);
+      log::info("membership: join request " + std::to_string(request) + " is not admitted: its process does not answer");
+    }
     std::string list;
     for (const auto& where : grown) list += (list.empty() ? "" : ";") + endpoint_text(where);
     door->set(prefix + "endpoints", list);
-    for (int j = 0; j < joiners; ++j)
-      door->set(join_key(first + j) + "/admitted", std::to_string(generation_) + " " + std::to_string(size() + j) + " " +
-                                                       std::to_string(grown.size()) + " " + std::to_string(join_requests));
+    for (size_t j = 0; j < admitted.size(); ++j)
+      door->set(join_key(admitted[j]) + "/admitted", std::to_string(generation_) + " " +
+                                                        std::to_string(size() + int(j)) + " " +
+                                                        std::to_string(grown.size()) + " " + std::to_string(join_requests));
+    for (int64_t request : refused) door->set(join_key(request) + "/admitted", "0 -1 0 0");
   }
-  admitted_ = join_requests;
   std::stringstream list(door->get(prefix + "endpoints", timeout_));
   std::vector<store::TcpStoreOptions> grown;
   for (std::string item; std::getline(list, item, ';');) grown.push_back(parse_endpoint(item));
-  require(int(grown.size()) == size() + joiners, Status::Internal,
-          "membership: the admission lists " + std::to_string(grown.size()) + " members, not " +
-              std::to_string(size() + joiners));
+  require(grown.size() >= endpoints_.size(), Status::Internal,
+          "membership: the admission lists " + std::to_string(grown.size()) + " members, fewer than the " +
+              std::to_string(endpoints_.size()) + " there are");
+  const int joined = int(grown.size() - endpoints_.size());
+  if (joined == 0) {
+    log::info("membership: generation " + std::to_string(generation_) + " admitted nobody (the processes that asked are gone)");
+    record_generation();
+    return nullptr;
+  }
   endpoints_ = std::move(grown);
   std::unique_ptr<transport::PointToPoint> transport = connect(*door, prefix + "admit/");
   record_generation();
-  log::info("membership: generation " + std::to_string(generation_) + " admitted " + std::to_string(joiners) +
-            (joiners == 1 ? " process" : " processes") + ": " + std::to_string(size()) + " ranks, this one is rank " +
+  log::info("membership: generation " + std::to_string(generation_) + " admitted " + std::to_string(joined) +
+            (joined == 1 ? " process" : " processes") + ": " + std::to_string(size()) + " ranks, this one is rank " +
             std::to_string(rank_));
   return transport;
 }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -42,7 +44,7 @@ TEST(Co2run, HelpExplainsTheOptions) {
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
   for (const char* part : {"usage: co2run", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
                            "--master-port", "--grace-period", "CO2_AUTH_TOKEN", "CO2_MASTER_PORT", "GROUP_RANK",
-                           "simulated nodes", "--probe", "--elastic"})
+                           "simulated nodes", "--probe", "--elastic", "--max-restarts"})
     EXPECT_TRUE(contains(run.out(), part)) << part;
 }
 
@@ -63,6 +65,8 @@ TEST(Co2run, BadCommandLinesAreUsageErrors) {
       {{"--master-addr=", "true"}, "--master-addr is empty"},
       {{"--elastic", "0", "true"}, "out of range"},
       {{"--nproc-per-node", "2", "--elastic", "3", "true"}, "--elastic 3 is more ranks than the job has (2)"},
+      {{"--max-restarts", "2", "true"}, "--max-restarts needs --elastic"},
+      {{"--elastic", "1", "--max-restarts", "-1", "true"}, "out of range"},
   };
   for (const auto& [arguments, message] : cases) {
     Subprocess run(co2run(arguments));
@@ -204,8 +208,29 @@ TEST(Co2run, ElasticKeepsTheOthersRunningWhenARankFails) {
   EXPECT_TRUE(contains(run.out(), "[rank 0] min=2\n") && contains(run.out(), "[rank 2] min=2\n")) << run.describe();
   const std::regex lost(R"(co2run: rank 1 \(pid \d+\) exited with code 7; --elastic: the other ranks go on without it\n)");
   EXPECT_TRUE(std::regex_search(run.err(), lost)) << run.describe();
-  EXPECT_TRUE(contains(run.err(), "1 rank of 3 failed; the group went on without it and 2 ranks finished with exit code 0"))
+  EXPECT_TRUE(contains(run.err(), "1 rank process of 3 failed (0 started again); the group went on and 2 ranks finished with exit code 0"))
       << run.describe();
+}
+
+TEST(Co2run, ElasticStartsAFailedRankAgainUpToTheLimit) {
+  // Rank 1 fails while a file it counts with holds fewer than 3 lines: the first start and two
+  // restarts fail, the third restart is past --max-restarts 2, so rank 1 stays down.
+  const std::string counter = ::testing::TempDir() + "co2run_restarts_" + std::to_string(::getpid());
+  std::remove(counter.c_str());
+  Subprocess run(co2run({"--nproc-per-node", "2", "--elastic", "1", "--max-restarts", "2", "/bin/sh", "-c",
+                         "if [ \"$RANK\" = 1 ]; then echo x >> " + counter +
+                             "; exit 9; fi; sleep 2; echo rank0 done"}));
+  ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+  EXPECT_TRUE(run.exited_with(0)) << run.describe();
+  EXPECT_TRUE(contains(run.err(), "starting it again (restart 1 of 2)")) << run.describe();
+  EXPECT_TRUE(contains(run.err(), "starting it again (restart 2 of 2)")) << run.describe();
+  EXPECT_FALSE(contains(run.err(), "restart 3")) << run.describe();
+  EXPECT_TRUE(contains(run.err(), "3 rank processes of 4 failed (2 started again)")) << run.describe();
+  std::ifstream lines(counter);
+  int starts = 0;
+  for (std::string line; std::getline(lines, line);) ++starts;
+  EXPECT_EQ(starts, 3);
+  std::remove(counter.c_str());
 }
 
 TEST(Co2run, ElasticFailsWhenNoRankFinishes) {

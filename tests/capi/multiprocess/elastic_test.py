@@ -262,3 +262,41 @@ def test_co2run_elastic_keeps_the_survivors(tmp_path):
     fields = [dict(zip(d[1::2], d[2::2])) for d in done]
     assert {f["size"] for f in fields} == {"2"} and {f["changes"] for f in fields} == {"1"}, fields
     assert len({f["hash"] for f in fields}) == 1, fields
+
+
+def test_churn_under_co2run_restarts(tmp_path):
+    """co2run --elastic 2 --max-restarts 4 over 4 ranks; rank 3 dies 40 steps after each start,
+    so it leaves and joins again 4 times and then stays down. The three ranks that never failed
+    see 9 membership changes (5 losses, 4 joins) and end with one model; co2run exits 0."""
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="warn",
+               ELASTIC_DIE_RANK="3", ELASTIC_DIE_AFTER="40")
+    run = subprocess.run([CO2RUN, "--nproc-per-node", "4", "--elastic", "2", "--max-restarts", "4", WORKER,
+                          str(tmp_path), str(TIMEOUT_MS), "2000", "0"],
+                         env=env, capture_output=True, text=True, timeout=LIMIT_S * 2)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "restart 4 of 4" in run.stderr and "restart 5" not in run.stderr, run.stderr
+    done = [dict(zip(w[1::2], w[2::2])) for w in
+            (line.split("] ", 1)[1].split() for line in run.stdout.splitlines() if "] done " in line)]
+    assert len(done) == 3, run.stdout
+    assert {d["size"] for d in done} == {"3"} and {d["steps"] for d in done} == {"2000"}, done
+    assert {d["changes"] for d in done} == {"9"}, done
+    assert len({d["hash"] for d in done}) == 1, done
+
+
+def test_a_joiner_killed_while_it_joins_does_not_stop_the_group(group_factory):
+    """A joiner killed at some point of its join (asking, admitted, connecting): the members go on
+    without it and end with one model."""
+    g = group_factory(3, min_ranks=2, steps=1500)
+    g.start({1: {"ELASTIC_DIE_AT": 30}})
+    g.wait_for_change([0, 2])
+    for delay in (0.0, 0.05, 0.2):
+        g.start_joiner(f"joiner{delay}", 1, {})
+        time.sleep(delay)
+        g.procs[f"joiner{delay}"].kill()
+        g.procs[f"joiner{delay}"].wait()
+    codes, outputs = g.wait([0, 2])
+    assert set(codes.values()) == {0}, outputs
+    done = done_lines(outputs)
+    assert done[0]["size"] == done[2]["size"], done
+    assert {d["steps"] for d in done.values()} == {"1500"}, done
+    assert len({d["hash"] for d in done.values()}) == 1, done

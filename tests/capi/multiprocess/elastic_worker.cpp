@@ -8,7 +8,8 @@
 //   elastic_worker READY_DIR TIMEOUT_MS STEPS MIN_RANKS
 // ELASTIC_DIE_AT=k: this process kills itself (SIGKILL) when the engine reaches step k (with
 // ELASTIC_DIE_RANK=r set: only the process started as rank r, for launchers that share one
-// environment);
+// environment); ELASTIC_DIE_AFTER=k instead: it dies k steps after its commit (a restarted
+// process that joined then dies again k steps later: churn under co2run --max-restarts);
 // ELASTIC_STOP_AT=k: it stops itself (SIGSTOP) there instead, for the test to continue later.
 // After each membership change it writes READY_DIR/changed.<first rank>; with ELASTIC_HOLD=path it
 // waits for that file to exist before it finalizes (the test holds the group together meanwhile).
@@ -17,7 +18,9 @@
 // on from the loaded step count (a fresh group started from the survivors' agreed state).
 // ELASTIC_UNTIL_SIZE=k: train past STEPS until the group has k ranks again (a joiner came; at
 // most 60 s), so that every rank, a joiner too, finalizes at the same step.
+#include <execinfo.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -52,6 +55,15 @@ int read_file(void* user, void* data, size_t length) {
   return std::fread(data, 1, length, static_cast<std::FILE*>(user)) == length ? 0 : 1;
 }
 
+// A crash prints its stack (the test shows the output), then dies of the same signal.
+void print_stack_and_die(int signal) {
+  void* frames[64];
+  const int count = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, count, 2);
+  ::signal(signal, SIG_DFL);
+  raise(signal);
+}
+
 int fail(co2_status_t status, const char* call) {
   std::fprintf(stderr, "%s -> %d (%s): %s\n", call, int(status), co2_status_string(status), co2_last_error_message());
   std::printf("status %d\n", int(status));
@@ -73,6 +85,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string ready_dir = argv[1];
+  ::signal(SIGSEGV, print_stack_and_die);
+  ::signal(SIGABRT, print_stack_and_die);
   const uint64_t steps = uint64_t(std::atol(argv[3]));
   const long die_rank = env_long("ELASTIC_DIE_RANK", -1);
   const long die_at = die_rank < 0 || die_rank == env_long("RANK", -1) ? env_long("ELASTIC_DIE_AT", -1) : -1;
@@ -114,13 +128,17 @@ int main(int argc, char** argv) {
   };
 
   co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
+  TRY(co2_engine_get_stats(engine, &stats));
+  const long die_after = env_long("ELASTIC_DIE_AFTER", -1);
+  const long die_at_step =
+      die_after >= 0 && (die_rank < 0 || die_rank == env_long("RANK", -1)) ? long(stats.steps) + die_after : die_at;
   int changes = 0;
   // finalize may meet a failure too; then the group trains on to STEPS and finalizes again.
   for (bool finalized = false; !finalized;) {
     TRY(co2_engine_get_stats(engine, &stats));
     co2_status_t status = CO2_OK;
     if (stats.steps < steps || waiting_for_joiners()) {
-      if (long(stats.steps) == die_at) raise(SIGKILL);
+      if (long(stats.steps) == die_at_step) raise(SIGKILL);
       if (long(stats.steps) == stop_at) raise(SIGSTOP);
       // Each rank pulls towards its own target: the average depends on who is in the group.
       for (size_t i = 0; i < weights.size(); ++i)
