@@ -82,8 +82,11 @@ with open(sys.argv[1]) as f:
             failed += 1
             # Named again here so that a log's tail says which test failed (.ci/run repeats it).
             print(f"failed test: {entry.get('name', '?')} ({result}, {entry.get('duration', 0):.1f}s)")
-            for output in (entry.get("stdout") or "").splitlines()[-20:]:
-                print(f"failed test:   | {output}")
+            # meson keeps a test's stderr apart from its stdout; a tool that fails often says
+            # why on stderr only (marked '!').
+            for stream, mark in (("stdout", "|"), ("stderr", "!")):
+                for output in (entry.get(stream) or "").splitlines()[-20:]:
+                    print(f"failed test:   {mark} {output}")
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)
 PY

@@ -197,6 +197,11 @@ namespace {
 using S = Engine::State;
 
 void require_committed(const S& s) {
+  // A group that failed to re-form after a membership change left its new layout uncommitted:
+  // that failure, not a missing commit, is what the caller must hear.
+  if (s.formed && !s.committed)
+    fail(s.comm->error_status() != Status::Ok ? s.comm->error_status() : Status::PeerLost,
+         "the group could not re-form after a membership change: " + s.comm->error_message());
   require(s.committed, Status::InvalidState,
           "the layout is not committed yet: register tensors, then call co2_engine_commit");
 }
@@ -708,8 +713,11 @@ void Engine::add_segment(const SegmentDesc& d) {
 
 void Engine::commit() {
   State& s = *state_;
-  if (s.comm->joining()) return join_running_group(s);
-  commit_layout(s);
+  if (s.comm->joining())
+    join_running_group(s);
+  else
+    commit_layout(s);
+  s.formed = true;
 }
 
 void commit_layout(Engine::State& s) {
@@ -869,7 +877,7 @@ auto surviving(Engine::State& s, Body&& body) {
   try {
     return body();
   } catch (const Error& e) {
-    if (!s.committed || !s.comm->can_reform()) throw;
+    if (!s.formed || !s.comm->can_reform()) throw;
     try {
       continue_with_survivors(s, e.what());
     } catch (const Error&) {

@@ -68,6 +68,9 @@ struct Engine::State {
   size_t trained_count = 0;         // PARAMETER elements
   uint64_t layout_hash = 0;
   bool committed = false;
+  // The caller's commit succeeded. `committed` is false for a moment while a re-formed group
+  // commits its new layout; a failure in that moment is still one the group may survive.
+  bool formed = false;
   FloatBuffer owned_flat;
   void* flat = nullptr;
   size_t flat_count = 0;

@@ -21,6 +21,13 @@ mkdir -p "$work/vendor" "$work/empty"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# cargo unpacks the crates it verifies into $CARGO_HOME/registry/src, keyed by the path of the
+# temporary registry only: a machine that ran this test before at the same path (a CI clone) would
+# build the stale sources of an earlier co2-sys of the same version. A home of its own per run.
+# (The toolchain is rustup's, found through RUSTUP_HOME, which this does not move.)
+export CARGO_HOME="$work/cargo-home"
+mkdir -p "$CARGO_HOME"
+
 echo "== cargo package (verified against CO2_LIB_DIR=$CO2_LIB_DIR)"
 rm -f "$CARGO_TARGET_DIR"/package/*.crate   # a stale one must not stand in for a missing one
 (cd "$root/bindings/rust" && cargo package --offline --workspace --allow-dirty)

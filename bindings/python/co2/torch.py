@@ -63,7 +63,7 @@ except ImportError as missing:
                       f"the Python that has it; the co2 package itself works without torch"
                       ) from missing
 
-from . import _buffers, _control, _errors, _join, _portable, _roles, _values, _wiring
+from . import _buffers, _control, _errors, _join, _portable, _roles, _values, _welcome, _wiring
 from . import capi
 from ._control import UnequalStepsError
 from ._grad_sync import DEFAULT_BUCKET_MB, GradientSync, check_bucket_mb
@@ -148,7 +148,14 @@ class Distributed:
             else:
                 self._register()
             self.engine.commit()
-            _roles.broadcast_once(self.comm, self.buffer_roles)
+            # The optimizer state rank 0 sent, while no optimizer is attached here (attach loads it).
+            self._welcome_state: Optional[dict[str, Any]] = None
+            # A commit that joined a running elastic group takes the group's step count; a group
+            # that forms starts at 0. The joiner then receives what the engine does not own.
+            if self.engine.stats()["steps"] > 0:
+                self._welcome_state = _welcome.share(self.comm, self.buffer_roles, None, joined=True)
+            else:
+                _roles.broadcast_once(self.comm, self.buffer_roles)
         except BaseException:
             self.close()
             raise
@@ -297,6 +304,9 @@ class Distributed:
         self._original_load = original_load
         optimizer.load_state_dict = types.MethodType(  # type: ignore[assignment]
             load_state_dict, optimizer)
+        if self._welcome_state is not None:
+            state, self._welcome_state = self._welcome_state, None
+            self._load_optimizer(state)
         return self
 
     def _load_optimizer(self, state: dict[str, Any]) -> None:
@@ -417,12 +427,15 @@ class Distributed:
         return self._engine_step()
 
     def _engine_step(self) -> bool:
+        world_size = self.comm.world_size
         try:
             boundary = self.engine.step(self._stream())
         except _errors.MembershipChangedError:
-            # The engine set the parameters to the survivors' anchor: that is not a change
-            # behind co2's back. The loop re-reads rank / world_size and goes on.
+            # The engine set the parameters to the group's anchor: that is not a change behind
+            # co2's back. The loop re-reads rank / world_size and goes on.
             self._seen_version = _wiring.version(self._params)
+            if self.comm.world_size > world_size:
+                self._welcome_joiners()
             raise
         except _errors.Error as exc:
             raise self._explained(exc, None) from None
@@ -431,6 +444,17 @@ class Distributed:
         if self._join is not None:
             self._join.after_step(boundary)
         return boundary
+
+    def _welcome_joiners(self) -> None:
+        """The members' side of _welcome.share, right after the engine admitted processes. A
+        failure here (a joiner lost meanwhile) is left to the next step, which re-forms the group:
+        the joiner is then gone, and nothing is half-applied on the members."""
+        try:
+            _welcome.share(self.comm, self.buffer_roles, self.optimizer, joined=False)
+        except _errors.Error as exc:
+            warnings.warn(f"co2.torch: sending the joining processes rank 0's optimizer state failed "
+                          f"({exc}); the next step re-forms the group without them", RuntimeWarning,
+                          stacklevel=4)
 
     def _start_round(self) -> None:
         if self._join is not None:

@@ -10,7 +10,8 @@
     multiprocess_worker.py apply_step VALUE OUT_DIR     (VALUE: arrival, or a step k)
     multiprocess_worker.py arrival_finalize OUT_DIR
     multiprocess_worker.py elastic STEPS OUT_DIR     (CO2_ELASTIC_MIN_RANKS from co2run --elastic;
-        the rank ELASTIC_DIE_RANK kills itself at step ELASTIC_DIE_AT)
+        the rank ELASTIC_DIE_RANK kills itself at step ELASTIC_DIE_AT; ELASTIC_UNTIL_SIZE: train on
+        until the group has that size)
 """
 import json
 import os
@@ -223,31 +224,47 @@ def arrival_finalize(out):
     comm.close()
 
 
+def optimizer_buffers(optimizer):
+    """The SGD momentum buffers, flattened, in parameter order."""
+    state = optimizer.state_dict()["state"]
+    return np.concatenate([state[i]["momentum_buffer"].flatten().numpy() for i in sorted(state)])
+
+
 def elastic(steps, out):
     """A co2.torch loop that survives a lost rank: it catches co2.MembershipChangedError, re-reads
-    its rank and world size and trains on to the agreed step count."""
+    its rank and world size and trains on to the agreed step count (and, with ELASTIC_UNTIL_SIZE,
+    until the group has that size again: a restarted rank joined). A process that joined a running
+    group is named "joiner<rank>"; it saves the optimizer state it received, and rank 0 the one it
+    had when the joiner was admitted."""
     comm = co2.Communicator.from_env()
     first_rank = comm.rank
     model = tiny_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     trainer = co2.torch.distribute(model, optimizer, comm=comm, tau=3)
-    die_at = int(os.environ["ELASTIC_DIE_AT"]) if os.environ.get("ELASTIC_DIE_RANK") == str(first_rank) else -1
+    joined = trainer.engine.stats()["steps"] > 0
+    name = f"joiner{comm.rank}" if joined else str(first_rank)
+    if joined:
+        np.save(os.path.join(out, "welcome_received.npy"), optimizer_buffers(optimizer))
+    die_at = int(os.environ["ELASTIC_DIE_AT"]) if os.environ.get("ELASTIC_DIE_RANK") == name else -1
+    until_size = int(os.environ.get("ELASTIC_UNTIL_SIZE", "0"))
     changes = 0
     while True:
         done = trainer.engine.stats()["steps"]
         if done == die_at:
             os.kill(os.getpid(), 9)
         try:
-            if done < int(steps):
+            if done < int(steps) or comm.world_size < until_size:
                 train_steps(model, optimizer, comm.rank, done, done + 1)
                 continue
             trainer.finalize()
             break
         except co2.MembershipChangedError:
             changes += 1
+            if comm.rank == 0 and comm.world_size == until_size:
+                np.save(os.path.join(out, "welcome_sent.npy"), optimizer_buffers(optimizer))
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
-    np.save(os.path.join(out, f"elastic{first_rank}.npy"), flat)
-    with open(os.path.join(out, f"elastic{first_rank}.json"), "w") as f:
+    np.save(os.path.join(out, f"elastic{name}.npy"), flat)
+    with open(os.path.join(out, f"elastic{name}.json"), "w") as f:
         json.dump({"rank": comm.rank, "world_size": comm.world_size, "changes": changes,
                    "steps": trainer.engine.stats()["steps"]}, f)
     trainer.close()

@@ -323,3 +323,31 @@ def test_a_lost_rank_under_co2run_elastic(tmp_path):
     assert results[0] == {"rank": 0, "world_size": 2, "changes": 1, "steps": 30}, results
     assert results[2] == {"rank": 1, "world_size": 2, "changes": 1, "steps": 30}, results
     np.testing.assert_array_equal(np.load(tmp_path / "elastic0.npy"), np.load(tmp_path / "elastic2.npy"))
+
+
+def test_a_restarted_rank_joins_with_rank_0s_optimizer_state(tmp_path):
+    """co2run --elastic 2 --max-restarts 1 with 3 co2.torch processes; rank 1 dies at step 10 and
+    co2run starts it again: it joins the running group of 2 as rank 2. Its optimizer (SGD with
+    momentum) receives rank 0's momentum buffers, bitwise; everyone trains on as 3 to the same
+    step count and ends with the same parameters; co2run exits 0."""
+    co2run = os.environ.get("CO2RUN")
+    if not co2run:
+        pytest.skip("CO2RUN is not set (meson sets it)")
+    env = launch_env()
+    env.update(ELASTIC_DIE_RANK="1", ELASTIC_DIE_AT="10", ELASTIC_UNTIL_SIZE="3", CO2_TIMEOUT_MS="5000")
+    run = subprocess.run([co2run, "--nproc-per-node", "3", "--elastic", "2", "--max-restarts", "1",
+                          sys.executable, WORKER, "elastic", "30", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = {name: json.loads((tmp_path / f"elastic{name}.json").read_text()) for name in ("0", "2", "joiner2")}
+    assert {r["world_size"] for r in results.values()} == {3}, results
+    assert sorted(r["rank"] for r in results.values()) == [0, 1, 2], results
+    assert results["joiner2"]["rank"] == 2, results
+    assert len({r["steps"] for r in results.values()}) == 1 and results["0"]["steps"] >= 30, results
+    assert results["0"]["changes"] == results["2"]["changes"] == 2 and results["joiner2"]["changes"] == 0, results
+    sent, received = np.load(tmp_path / "welcome_sent.npy"), np.load(tmp_path / "welcome_received.npy")
+    assert np.any(sent != 0), "rank 0's momentum buffers were still zero: nothing to compare"
+    np.testing.assert_array_equal(received, sent)
+    final = {name: np.load(tmp_path / f"elastic{name}.npy") for name in results}
+    np.testing.assert_array_equal(final["0"], final["2"])
+    np.testing.assert_array_equal(final["0"], final["joiner2"])

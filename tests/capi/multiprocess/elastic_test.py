@@ -283,16 +283,15 @@ def test_churn_under_co2run_restarts(tmp_path):
     assert len({d["hash"] for d in done}) == 1, done
 
 
-@pytest.mark.xfail(strict=False, reason="known defect (issue 26): a joiner killed while the members send it the "
-                   "group's state sometimes ends a member with PEER_LOST instead of a re-formed group "
-                   "(1 run in 4 under load); the assertions below are the intended behaviour")
 def test_a_joiner_killed_while_it_joins_does_not_stop_the_group(group_factory):
     """A joiner killed at some point of its join (asking, admitted, connecting): the members go on
     without it and end with one model."""
     g = group_factory(3, min_ranks=2, steps=1500)
     g.start({1: {"ELASTIC_DIE_AT": 30}})
     g.wait_for_change([0, 2])
-    for delay in (0.0, 0.05, 0.2):
+    # The delays land the kill in different phases (asking, probed, admitted, receiving the
+    # state, committing); which one each hits depends on the machine's speed, so there are several.
+    for delay in (0.0, 0.05, 0.1, 0.2, 0.4):
         g.start_joiner(f"joiner{delay}", 1, {})
         time.sleep(delay)
         g.procs[f"joiner{delay}"].kill()

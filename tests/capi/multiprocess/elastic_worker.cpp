@@ -96,6 +96,16 @@ int main(int argc, char** argv) {
   config.elastic_min_ranks = std::atoi(argv[4]);
   co2_comm_t comm = nullptr;
   co2_engine_t engine = nullptr;
+  // Destroyed on every return, failures included: a process that exits with its communicator
+  // alive leaves UCX's async thread running while libucs's destructors run (a race under TSan).
+  struct Handles {
+    co2_comm_t& comm;
+    co2_engine_t& engine;
+    ~Handles() {
+      if (engine != nullptr) co2_engine_destroy(engine);
+      if (comm != nullptr) co2_comm_destroy(comm);
+    }
+  } handles{comm, engine};
   TRY(co2_comm_create(&config, &comm));
   co2_engine_config_t engine_config = CO2_ENGINE_CONFIG_INIT;
   engine_config.tau = 3;
@@ -174,7 +184,5 @@ int main(int argc, char** argv) {
               (unsigned long long)stats.steps, changes,
               (unsigned long long)fnv1a(weights.data(), weights.size() * sizeof(float)));
   std::fflush(stdout);
-  co2_engine_destroy(engine);
-  co2_comm_destroy(comm);
   return 0;
 }
