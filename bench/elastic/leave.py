@@ -100,7 +100,7 @@ def main():
     parser.add_argument("--fault-step", type=int, default=30)
     parser.add_argument("--timeouts", default="2000,5000")
     args = parser.parse_args()
-    args.worker = os.path.join(args.build, "bench", "leave_rank")
+    args.worker = os.path.join(args.build, "bench", "elastic_rank")
     cases = [(fault, victim, int(t)) for t in args.timeouts.split(",")
              for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2))]
     print(f"# elastic leave, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: W = {args.world} over "

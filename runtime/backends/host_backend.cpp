@@ -56,16 +56,24 @@ class HostBackend final : public Backend {
 
   void commit() override {
     S& s = s_;
-    s.comm_buffer = FloatBuffer(s.state_count);
-    if (s.has_anchor()) {
+    // A re-formed elastic group commits over the buffers it had; the donor's anchor and momentum
+    // follow the commit (membership_change.cpp), which therefore neither allocates them nor
+    // broadcasts rank 0's parameters.
+    const bool outer_state_follows = s.outer_state_follows && s.has_anchor();
+    s.comm_buffer.reset(s.state_count);
+    if (s.has_anchor() && !outer_state_follows) {
       s.anchor = FloatBuffer(s.state_count);
       if (s.momentum_needed()) s.momentum = FloatBuffer(s.state_count);
     }
     if (s.eager()) {
-      s.eager_offset = FloatBuffer(s.state_count);
-      if (s.momentum_needed()) s.eager_momentum = FloatBuffer(s.state_count);
+      s.eager_offset.reset(s.state_count);
+      if (s.momentum_needed()) s.eager_momentum.reset(s.state_count);
     }
-    if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
+    if (s.error_feedback()) s.residual.reset(s.state_count);
+    if (outer_state_follows) {
+      count_state();
+      return;
+    }
     // Rank 0's values become everyone's parameters and anchor.
     pack_parameters(s, s.comm_buffer.data());
     auto request = s.comm->broadcast(s.comm_buffer.data(), s.state_count, DataType::F32, 0,

@@ -689,33 +689,6 @@ void commit_blob(Engine::State& s, Loaded&& l) {
 
 }  // namespace
 
-std::vector<char> outer_state_blob(Engine::State& s) {
-  std::vector<char> blob;
-  const WriteFn write = [&blob](const void* data, size_t length) {
-    blob.insert(blob.end(), static_cast<const char*>(data), static_cast<const char*>(data) + length);
-    return true;
-  };
-  s.backend->stage_out();
-  struct Release {
-    Backend& backend;
-    ~Release() { backend.release_staged(); }
-  } release{*s.backend};
-  Sink out(&write);
-  serialize(s, /*with_average=*/false, /*prepared=*/false, out);
-  return blob;
-}
-
-void load_outer_state_blob(Engine::State& s, const std::vector<char>& blob) {
-  size_t at = 0;
-  const ReadFn read = [&](void* data, size_t length) {
-    if (length > blob.size() - at) return false;
-    std::memcpy(data, blob.data() + at, length);
-    at += length;
-    return true;
-  };
-  commit_blob(s, read_blob(s, read));
-}
-
 void Engine::load(const ReadFn& read) {
   State& s = *state_;
   require(s.committed, Status::InvalidState, "commit the layout before loading a checkpoint");

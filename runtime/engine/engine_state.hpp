@@ -71,6 +71,9 @@ struct Engine::State {
   // The caller's commit succeeded. `committed` is false for a moment while a re-formed group
   // commits its new layout; a failure in that moment is still one the group may survive.
   bool formed = false;
+  // Set while a re-formed elastic group commits: the donor's outer state follows the commit,
+  // whose broadcast of rank 0's parameters is then left out.
+  bool outer_state_follows = false;
   FloatBuffer owned_flat;
   void* flat = nullptr;
   size_t flat_count = 0;
@@ -210,10 +213,6 @@ int admit_joiners(Engine::State& s);  // returns how many joined
 void join_running_group(Engine::State& s);
 // Engine::synchronize's work (finalizing: finalize's): collective.
 void synchronize_ranks(Engine::State& s, bool finalizing);
-// The replicated checkpoint of the outer state as it stands, without the average in flight and
-// without any collective (runtime/engine/checkpoint.cpp); and its load into a committed engine.
-std::vector<char> outer_state_blob(Engine::State& s);
-void load_outer_state_blob(Engine::State& s, const std::vector<char>& blob);
 
 // Waits for the outer collective in flight (s.pending, then empty), as wait_charged does.
 void wait_pending(Engine::State& s);

@@ -6,35 +6,110 @@
 // What the survivors agree on: the donor is the rank that applied the most outer updates (the
 // lowest such rank), since a rank may have applied the average of a round whose all-reduce
 // finished on it just before another rank saw the failure; everyone takes its anchor, momentum
-// and gap history bit for bit (the replicated checkpoint, broadcast), and its step and round
-// counts. The average in flight is dropped on every rank: the all-reduce that failed cannot be
+// and gap history bit for bit (broadcast in place), and its step and round counts. The average in flight is dropped on every rank: the all-reduce that failed cannot be
 // completed without the lost rank's delta, and one that completed on some ranks only would give
 // different anchors. Each rank's parameters become the anchor, so the round that was under way
 // (its local steps) is dropped too. With the new W the average's divisor, an automatic beta,
 // the eager share and the wire's layout are the commit's, as for a group formed at that size.
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/base/log.hpp"
+#include "runtime/engine/arrival.hpp"
 #include "runtime/engine/engine_state.hpp"
 
 namespace co2 {
 namespace {
 
-// Collective over the new communicator: `blob` of rank `root` on every rank.
-std::vector<char> broadcast_blob(Engine::State& s, int root, std::vector<char> blob) {
-  int64_t size = int64_t(blob.size());
-  auto sized = s.comm->broadcast(&size, 1, DataType::I64, root, s.id(Purpose::Membership));
-  if (sized->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
-  // Whole 32-bit words travel; the blob is cut back to its size after.
-  std::vector<int32_t> words((size_t(size) + 3) / 4, 0);
-  if (s.comm->rank() == root) std::memcpy(words.data(), blob.data(), blob.size());
-  auto sent = s.comm->broadcast(words.data(), words.size(), DataType::I32, root, s.id(Purpose::Membership));
-  if (sent->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
-  blob.resize(size_t(size));
-  std::memcpy(blob.data(), words.data(), blob.size());
-  return blob;
+// Collective over the new communicator: `buffer` of rank `root` on every rank.
+void broadcast_from(Engine::State& s, int root, void* buffer, size_t count, DataType dtype) {
+  auto request = s.comm->broadcast(buffer, count, dtype, root, s.id(Purpose::Membership));
+  if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+}
+
+// The outer state as it stood before the new group's commit replaced the buffers. The donor sends
+// its anchor and momentum from here; on every rank it goes back into the engine when the new
+// group fails before the transfer completed, so that the next try starts from it.
+struct OuterStateBefore {
+  Engine::State& s;
+  FloatBuffer anchor, momentum;
+  std::vector<GapHistory> history;
+  uint32_t round_tau, steps_in_round;
+  bool transferred = false;
+
+  explicit OuterStateBefore(Engine::State& state)
+      : s(state),
+        anchor(std::move(state.anchor)),
+        momentum(std::move(state.momentum)),
+        history(state.history),
+        round_tau(state.round_tau),
+        steps_in_round(state.steps_in_round) {}
+  ~OuterStateBefore() {
+    if (transferred) return;
+    s.anchor = std::move(anchor);
+    s.momentum = std::move(momentum);
+    s.history = std::move(history);
+    s.round_tau = round_tau;
+    s.steps_in_round = steps_in_round;
+  }
+};
+
+// After the new group's commit: the donor's anchor, momentum, gap history and round position on
+// every rank, sent where they live (no checkpoint blob: nothing is serialised or copied twice).
+// Every rank's per-rank state (eager offsets and momentum, the residual) is the commit's zeros:
+// the round it belonged to was dropped, or (a join) averaged in by the synchronize before.
+void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before) {
+  const bool is_donor = s.comm->rank() == donor;
+  // Round position, whether the donor has momentum, and per segment its gap history.
+  std::vector<int64_t> small(3 + 3 * s.segments.size(), 0);
+  if (is_donor) {
+    small[0] = before.round_tau;
+    small[1] = before.steps_in_round;
+    small[2] = before.momentum.empty() ? 0 : 1;
+    for (size_t i = 0; i < s.segments.size(); ++i) {
+      std::memcpy(&small[3 + 3 * i], &before.history[i].last_step_norm, sizeof(int64_t));
+      std::memcpy(&small[4 + 3 * i], &before.history[i].gap_sum, sizeof(int64_t));
+      small[5 + 3 * i] = int64_t(before.history[i].updates);
+    }
+  }
+  broadcast_from(s, donor, small.data(), small.size(), DataType::I64);
+  const bool has_momentum = small[2] != 0;
+  // The donor sends from its own buffers and keeps them. The others receive the anchor into the
+  // comm buffer (the commit kept its pages) and give the comm buffer the old anchor's, so that no
+  // rank but a joiner maps fresh memory; the old buffers stay untouched until all has arrived.
+  FloatBuffer momentum;
+  if (is_donor) {
+    broadcast_from(s, donor, before.anchor.data(), s.state_count, DataType::F32);
+    if (has_momentum) broadcast_from(s, donor, before.momentum.data(), s.state_count, DataType::F32);
+    s.anchor = std::move(before.anchor);
+    momentum = std::move(before.momentum);
+  } else {
+    broadcast_from(s, donor, s.comm_buffer.data(), s.state_count, DataType::F32);
+    if (has_momentum) {
+      momentum = FloatBuffer(s.state_count);
+      broadcast_from(s, donor, momentum.data(), s.state_count, DataType::F32);
+    }
+    s.anchor = std::move(s.comm_buffer);
+    s.comm_buffer = std::move(before.anchor);
+    s.comm_buffer.reset(s.state_count);  // zeroed (a joiner had no anchor: allocated)
+  }
+  before.transferred = true;
+  // The donor's momentum where it had one (beta 0 at the new W keeps it, as a checkpoint does);
+  // zeros where the new W needs one and the donor had none.
+  if (has_momentum) s.momentum = std::move(momentum);
+  else s.momentum = FloatBuffer(s.momentum_needed() ? s.state_count : 0);
+  s.round_tau = uint32_t(small[0]);
+  s.steps_in_round = uint32_t(small[1]);
+  for (size_t i = 0; i < s.segments.size(); ++i) {
+    std::memcpy(&s.history[i].last_step_norm, &small[3 + 3 * i], sizeof(double));
+    std::memcpy(&s.history[i].gap_sum, &small[4 + 3 * i], sizeof(double));
+    s.history[i].updates = uint64_t(small[5 + 3 * i]);
+  }
+  s.prepared.settings = outer_settings_of(s);
+  begin_arrival_round(s);
+  s.backend->stage_in();  // parameters = anchor (the eager offsets are zero)
 }
 
 // On a freshly re-formed group: one outer state on every rank. Returns the donor's new rank.
@@ -53,22 +128,21 @@ int restart_from_donor(Engine::State& s) {
   int donor = 0;
   for (int r = 1; r < s.comm->size(); ++r)
     if (counts[size_t(3 * r)] > counts[size_t(3 * donor)]) donor = r;
-  std::vector<char> blob;
-  if (s.comm->rank() == donor && s.has_anchor()) blob = outer_state_blob(s);
 
-  // A fresh backend over the new group: commit's agreements, sizes and rank 0's parameters.
+  // A fresh backend over the new group: commit's agreements and sizes (and, without an anchor to
+  // take from the donor, rank 0's parameters).
+  OuterStateBefore before(s);
   s.backend = make_host_backend(s);
   s.committed = false;
   s.steps_in_round = 0;
   s.round_tau = s.config.tau;
+  s.outer_state_follows = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{s.outer_state_follows};
   commit_layout(s);
-  if (s.has_anchor()) {
-    load_outer_state_blob(s, broadcast_blob(s, donor, std::move(blob)));
-    // The donor's own per-rank state belongs to the dropped round: every rank starts from the anchor.
-    for (FloatBuffer* own : {&s.eager_offset, &s.residual})
-      if (!own->empty()) std::memset(own->data(), 0, own->size() * sizeof(float));
-    s.backend->set_parameters_to_anchor();
-  }
+  if (s.has_anchor()) take_outer_state(s, donor, before);
   s.stats.outer_updates = uint64_t(counts[size_t(3 * donor)]);
   s.stats.steps = uint64_t(counts[size_t(3 * donor + 1)]);
   s.stats.rounds = uint64_t(counts[size_t(3 * donor + 2)]);

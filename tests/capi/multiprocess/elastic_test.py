@@ -160,17 +160,27 @@ def test_two_ranks_lost_one_after_the_other(group_factory):
     assert_survivors_agree(g, [0, 2], changes=2)
 
 
-def test_after_a_loss_the_survivors_train_as_a_fresh_group_of_their_size(group_factory, tmp_path):
+# Beta 0 (the automatic one at these sizes) has no outer momentum; 0.6 hands the donor's over too.
+BETAS = pytest.mark.parametrize("beta", [None, 0.6], ids=["beta_auto", "beta_0.6"])
+
+
+def beta_env(beta):
+    return {} if beta is None else {"ELASTIC_OUTER_MOMENTUM": beta}
+
+
+@BETAS
+def test_after_a_loss_the_survivors_train_as_a_fresh_group_of_their_size(group_factory, tmp_path, beta):
     """The reference: the survivors save the agreed state right after the change; a fresh,
     non-elastic group of 2 started from those blobs trains to the same step count. Both runs
     must end with bitwise the same parameters: after a loss nothing of the old group (its W, its
     dropped round, a rank's own eager state) is left in the engine."""
     g = group_factory(3, min_ranks=2)
-    g.start({1: {"ELASTIC_DIE_AT": 31}, 0: {"ELASTIC_SAVE": tmp_path / "agreed"},
-             2: {"ELASTIC_SAVE": tmp_path / "agreed"}})
+    g.start({1: {"ELASTIC_DIE_AT": 31, **beta_env(beta)},
+             0: {"ELASTIC_SAVE": tmp_path / "agreed", **beta_env(beta)},
+             2: {"ELASTIC_SAVE": tmp_path / "agreed", **beta_env(beta)}})
     elastic = assert_survivors_agree(g, [0, 2], changes=1)
     fresh = group_factory(2, min_ranks=0)
-    fresh.start({r: {"ELASTIC_LOAD": tmp_path / "agreed"} for r in range(2)})
+    fresh.start({r: {"ELASTIC_LOAD": tmp_path / "agreed", **beta_env(beta)} for r in range(2)})
     codes, outputs = fresh.wait([0, 1])
     assert set(codes.values()) == {0}, outputs
     reference = done_lines(outputs)
@@ -178,13 +188,14 @@ def test_after_a_loss_the_survivors_train_as_a_fresh_group_of_their_size(group_f
     assert {d["hash"] for d in reference.values()} == {elastic[0]["hash"]}, (reference, elastic)
 
 
-def test_a_restarted_rank_joins_and_everyone_ends_with_one_model(group_factory):
+@BETAS
+def test_a_restarted_rank_joins_and_everyone_ends_with_one_model(group_factory, beta):
     """Rank 1 of 3 dies; the survivors go on as 2; a new process launched as rank 1 finds the
     door open, is admitted at a boundary and receives the group's state; all three end at the
     same step with bitwise the same parameters."""
     g = group_factory(3, min_ranks=2)
-    until = {"ELASTIC_UNTIL_SIZE": 3}
-    g.start({0: until, 1: {"ELASTIC_DIE_AT": 30}, 2: until})
+    until = {"ELASTIC_UNTIL_SIZE": 3, **beta_env(beta)}
+    g.start({0: until, 1: {"ELASTIC_DIE_AT": 30, **beta_env(beta)}, 2: until})
     g.wait_for_change([0, 2])
     g.start_joiner("joiner", 1, until)
     codes, outputs = g.wait([0, 2, "joiner"])

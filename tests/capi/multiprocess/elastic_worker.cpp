@@ -18,6 +18,7 @@
 // on from the loaded step count (a fresh group started from the survivors' agreed state).
 // ELASTIC_UNTIL_SIZE=k: train past STEPS until the group has k ranks again (a joiner came; at
 // most 60 s), so that every rank, a joiner too, finalizes at the same step.
+// ELASTIC_OUTER_MOMENTUM=beta: the engine's outer momentum (default: automatic, 0 at these sizes).
 #include <execinfo.h>
 #include <signal.h>
 #include <unistd.h>
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
   TRY(co2_comm_create(&config, &comm));
   co2_engine_config_t engine_config = CO2_ENGINE_CONFIG_INIT;
   engine_config.tau = 3;
+  // The automatic beta is 0 at these sizes: no outer momentum to hand over unless one is set.
+  if (const char* beta = std::getenv("ELASTIC_OUTER_MOMENTUM")) engine_config.outer_momentum = std::atof(beta);
   TRY(co2_engine_create(comm, &engine_config, &engine));
   std::vector<float> weights(4096, 1.0f);
   co2_tensor_t tensor = CO2_TENSOR_INIT;

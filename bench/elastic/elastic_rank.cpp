@@ -1,9 +1,12 @@
-// One rank of bench/elastic/leave.py: an elastic group (elastic_min_ranks 1) trains STATE_MIB of
-// fp32 parameters with a fixed step time; after every engine call it prints one line
+// One rank of bench/elastic/leave.py and join.py: an elastic group (elastic_min_ranks 1) trains
+// STATE_MIB of fp32 parameters with a fixed step time; after every engine call it prints one line
 //   t <CLOCK_REALTIME ns> steps <engine steps> [changed <new rank> <new size>]
-// so the driver can say, against the wall time it killed or stopped a rank, when each survivor
-// got CO2_MEMBERSHIP_CHANGED and when its first step after that returned.
-//   leave_rank STATE_MIB TAU STEP_MS TIMEOUT_MS STEPS
+// so the driver can say, against the wall time it killed or stopped a rank (or started a joiner),
+// when each member got CO2_MEMBERSHIP_CHANGED and when its first step after that returned. Before
+// the steps: "created <ns>" when co2_comm_create returned (a joiner: it was admitted), then
+// "committed <ns> steps <steps> state_bytes <outer state bytes>" when the commit returned (a
+// joiner: it holds the group's state).
+//   elastic_rank STATE_MIB TAU STEP_MS TIMEOUT_MS STEPS
 #include <time.h>
 
 #include <chrono>
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
   co2_comm_t comm = nullptr;
   co2_engine_t engine = nullptr;
   TRY(co2_comm_create(&config, &comm));
+  std::printf("created %lld\n", now_ns());
   co2_engine_config_t engine_config = CO2_ENGINE_CONFIG_INIT;
   engine_config.tau = tau;
   TRY(co2_engine_create(comm, &engine_config, &engine));
@@ -60,10 +64,13 @@ int main(int argc, char** argv) {
   tensor.count = weights.size();
   TRY(co2_engine_register_tensor(engine, &tensor));
   TRY(co2_engine_commit(engine));
+  const long long committed = now_ns();
   int32_t rank = 0, size = 0;
   TRY(co2_comm_rank(comm, &rank));
   co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
-  std::printf("ready\n");
+  TRY(co2_engine_get_stats(engine, &stats));
+  std::printf("committed %lld steps %llu state_bytes %llu\n", committed, (unsigned long long)stats.steps,
+              (unsigned long long)stats.outer_state_bytes);
   std::fflush(stdout);
   for (;;) {
     TRY(co2_engine_get_stats(engine, &stats));
