@@ -13,6 +13,10 @@ per case (the median over the repeats, with the range):
 - the members' stall: how much longer than a plain step the step that admitted it took.
 
     /usr/bin/python3 bench/elastic/join.py [--build build] [--world 2] [--states 64,512]
+
+On links capped at 1 Gbit/s (bench/overlap/netns.sh, one namespace per process, W + 1 of them):
+
+    bash bench/overlap/netns.sh run --ranks 3 --rate 1gbit -- /usr/bin/python3 bench/elastic/join.py
 """
 import argparse
 import os
@@ -23,12 +27,22 @@ import time
 from leave import Rank, free_port
 
 
-def launch(args, rank, port, state_mib):
+def launch(args, rank, port, state_mib, slot=None):
+    """Rank `rank` of the launch; `slot`: the namespace it runs in under netns.sh (the joiner's
+    is the one after the members')."""
+    slot = rank if slot is None else slot
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
-               LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               CO2_AUTH_TOKEN="bench", UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="error")
-    return Rank([args.worker, str(state_mib), str(args.tau), str(args.step_ms), str(args.timeout_ms),
-                 str(10 ** 9)], env)
+               LOCAL_WORLD_SIZE=str(args.world), MASTER_PORT=str(port), CO2_AUTH_TOKEN="bench",
+               UCX_TLS="tcp", CO2_LOG_LEVEL="error")
+    command = [args.worker, str(state_mib), str(args.tau), str(args.step_ms), str(args.timeout_ms), str(10 ** 9)]
+    prefix = os.environ.get("CO2_NETNS_PREFIX")
+    if prefix:  # bench/overlap/netns.sh: one namespace per process, its link capped
+        env.update(MASTER_ADDR=os.environ["CO2_NETNS_ADDR_0"],
+                   UCX_NET_DEVICES=os.environ.get("CO2_NETNS_IFACE_PATTERN", "eth%d") % slot)
+        command = ["ip", "netns", "exec", f"{prefix}r{slot}"] + command
+    else:
+        env.update(MASTER_ADDR="127.0.0.1", UCX_NET_DEVICES="lo")
+    return Rank(command, env)
 
 
 def timestamp(rank, word):
@@ -47,7 +61,7 @@ def run_case(args, state_mib):
                     m.proc.stderr.read() if m.proc.poll() is not None else "" for m in members))
             time.sleep(0.005)
         started = time.time_ns()
-        joiner = launch(args, args.world - 1, port, state_mib)
+        joiner = launch(args, args.world - 1, port, state_mib, slot=args.world)
         while sum(1 for _, w in joiner.lines if w and w[0] == "t") < 3:
             if time.monotonic() > deadline or joiner.proc.poll() is not None:
                 raise RuntimeError(f"the joiner did not train: {joiner.proc.stderr.read() if joiner.proc.poll() is not None else 'timed out'}")
@@ -72,6 +86,16 @@ def run_case(args, state_mib):
                 r.proc.wait()
 
 
+def link_bytes_per_s():
+    """The capped link's rate under netns.sh (tc syntax: 100mbit, 1gbit), else None."""
+    rate = os.environ.get("CO2_NETNS_RATE", "none") if os.environ.get("CO2_NETNS_PREFIX") else "none"
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * scale / 8
+    return None
+
+
 def spread(values, fmt):
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
 
@@ -88,17 +112,22 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     args.worker = os.path.join(args.build, "bench", "elastic_rank")
+    where = (f"links capped at {os.environ['CO2_NETNS_RATE']} (netns)" if os.environ.get("CO2_NETNS_PREFIX")
+            else "loopback")
     print(f"# elastic join, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: W = {args.world} members + 1 "
-          f"joiner over UCX/TCP loopback, tau {args.tau}, step {args.step_ms:g} ms, {args.repeats} repeats "
+          f"joiner over UCX/TCP, {where}, tau {args.tau}, step {args.step_ms:g} ms, {args.repeats} repeats "
           f"(median, range); load average {os.getloadavg()[0]:.2f}")
-    print("| parameters | outer state held | joiner admitted after | state received in | rate | members' stall |")
-    print("|---|---|---|---|---|---|")
+    link = link_bytes_per_s()
+    print("| parameters | outer state held | joiner admitted after | state received in | rate | "
+          + ("of the link | " if link else "") + "members' stall |")
+    print("|---|---|---|---|---|---|" + ("---|" if link else ""))
     for state_mib in (float(s) for s in args.states.split(",")):
         cases = [run_case(args, state_mib) for _ in range(args.repeats)]
         print(f"| {state_mib:g} MiB | {cases[0]['state_bytes'] / 2**20:.0f} MiB "
               f"| {spread([c['admitted_ms'] for c in cases], '{:.0f}')} ms "
               f"| {spread([c['receive_ms'] for c in cases], '{:.0f}')} ms "
               f"| {spread([c['rate_gbs'] for c in cases], '{:.2f}')} GB/s "
+              + (f"| {spread([c['rate_gbs'] * 1e9 / link for c in cases], '{:.2f}')} " if link else "") +
               f"| {spread([c['stall_ms'] for c in cases], '{:.0f}')} ms |", flush=True)
     print(f"# load average at the end {os.getloadavg()[0]:.2f}")
 
