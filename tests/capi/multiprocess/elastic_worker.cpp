@@ -17,7 +17,8 @@
 // prefix.<new rank>; ELASTIC_LOAD=prefix: after commit each rank loads prefix.<rank> and trains
 // on from the loaded step count (a fresh group started from the survivors' agreed state).
 // ELASTIC_UNTIL_SIZE=k: train past STEPS until the group has k ranks again (a joiner came; at
-// most 60 s), so that every rank, a joiner too, finalizes at the same step.
+// most 60 s), so that every rank, a joiner too, finalizes at the same step; ELASTIC_UNTIL_CHANGES=k
+// likewise until this rank saw k membership changes.
 // ELASTIC_OUTER_MOMENTUM=beta: the engine's outer momentum (default: automatic, 0 at these sizes).
 #include <execinfo.h>
 #include <signal.h>
@@ -135,9 +136,12 @@ int main(int argc, char** argv) {
   std::ofstream(ready_dir + "/ready." + std::to_string(rank)) << "ready\n";
   const char* hold = std::getenv("ELASTIC_HOLD");
   const int until_size = int(env_long("ELASTIC_UNTIL_SIZE", 0));
+  const long until_changes = env_long("ELASTIC_UNTIL_CHANGES", 0);
+  int changes = 0;
   const auto started = std::chrono::steady_clock::now();
-  const auto waiting_for_joiners = [&] {
-    return size < until_size && std::chrono::steady_clock::now() - started < std::chrono::seconds(60);
+  const auto waiting_for_changes = [&] {
+    return (size < until_size || changes < until_changes) &&
+           std::chrono::steady_clock::now() - started < std::chrono::seconds(60);
   };
 
   co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
@@ -145,12 +149,11 @@ int main(int argc, char** argv) {
   const long die_after = env_long("ELASTIC_DIE_AFTER", -1);
   const long die_at_step =
       die_after >= 0 && (die_rank < 0 || die_rank == env_long("RANK", -1)) ? long(stats.steps) + die_after : die_at;
-  int changes = 0;
   // finalize may meet a failure too; then the group trains on to STEPS and finalizes again.
   for (bool finalized = false; !finalized;) {
     TRY(co2_engine_get_stats(engine, &stats));
     co2_status_t status = CO2_OK;
-    if (stats.steps < steps || waiting_for_joiners()) {
+    if (stats.steps < steps || waiting_for_changes()) {
       if (long(stats.steps) == die_at_step) raise(SIGKILL);
       if (long(stats.steps) == stop_at) raise(SIGSTOP);
       // Each rank pulls towards its own target: the average depends on who is in the group.
