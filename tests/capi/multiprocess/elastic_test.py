@@ -1,6 +1,7 @@
 """Elastic membership between real processes over UCX/TCP on loopback (issue 26): a rank killed
 mid-round, killed with its all-reduce in flight, the coordinator killed, two ranks lost one after
-the other, a rank stopped past the timeout (and refused when it resumes), too few survivors.
+the other, a rank stopped past the timeout (and refused when it resumes), too few survivors; a
+restarted rank joining, joiners killed while they join, 20 leave/join cycles under co2run.
 Survivors must end with the same parameters (hash), the new size and the full step count; no
 rank may hang (each test has a deadline and kills what is left).
 
@@ -8,12 +9,13 @@ Run by meson: ELASTIC_WORKER=path/to/elastic_worker pytest elastic_test.py
 """
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 
 import pytest
+
+from processes import free_port, group_fixture, launcher_env, wait_all
 
 WORKER = os.environ.get("ELASTIC_WORKER", "")
 CO2RUN = os.environ.get("CO2RUN", "")
@@ -26,12 +28,6 @@ PEER_LOST, PEER_TIMEOUT, INVALID_ARGUMENT = 100, 101, 1
 pytestmark = pytest.mark.skipif(not WORKER, reason="ELASTIC_WORKER is not set")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Group:
     def __init__(self, world, min_ranks, steps=STEPS):
         self.world, self.min_ranks, self.steps = world, min_ranks, steps
@@ -42,27 +38,17 @@ class Group:
     def start(self, per_rank_env=None):
         """per_rank_env: rank -> {VAR: value} for that rank only."""
         for rank in range(self.world):
-            env = dict(os.environ)
-            env.update(RANK=str(rank), WORLD_SIZE=str(self.world), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(self.port), CO2_AUTH_TOKEN="elastic-token",
-                       UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="warn")
-            env.update({k: str(v) for k, v in (per_rank_env or {}).get(rank, {}).items()})
-            self.procs[rank] = subprocess.Popen(
-                [WORKER, self.ready_dir, str(TIMEOUT_MS), str(self.steps), str(self.min_ranks)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.procs[rank] = self._launch(rank, (per_rank_env or {}).get(rank, {}))
 
     def start_joiner(self, key, launch_rank, env):
         """A new process launched like rank `launch_rank` (what co2run does when it restarts a
         rank), after the group formed: it finds the group's door open and joins."""
-        full = dict(os.environ)
-        full.update(RANK=str(launch_rank), WORLD_SIZE=str(self.world), LOCAL_RANK=str(launch_rank),
-                    LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
-                    CO2_AUTH_TOKEN="elastic-token", UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="warn")
-        full.update({k: str(v) for k, v in env.items()})
-        self.procs[key] = subprocess.Popen(
-            [WORKER, self.ready_dir, str(TIMEOUT_MS), str(self.steps), str(self.min_ranks)],
-            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs[key] = self._launch(launch_rank, env)
+
+    def _launch(self, rank, extra):
+        env = launcher_env(rank, self.world, self.port, "elastic-token", CO2_LOG_LEVEL="warn", **extra)
+        return subprocess.Popen([WORKER, self.ready_dir, str(TIMEOUT_MS), str(self.steps), str(self.min_ranks)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def wait_for_change(self, ranks, limit_s=LIMIT_S):
         changed = [os.path.join(self.ready_dir, f"changed.{r}") for r in ranks]
@@ -74,36 +60,12 @@ class Group:
             time.sleep(0.02)
 
     def wait(self, ranks, limit_s=LIMIT_S):
-        deadline = time.monotonic() + limit_s
-        codes, outputs = {}, {}
-        for r in ranks:
-            try:
-                out, err = self.procs[r].communicate(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"rank {r} still running after {limit_s:.0f} s: a hang")
-            codes[r], outputs[r] = self.procs[r].returncode, out + err
-        return codes, outputs
-
-    def cleanup(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-                p.wait()
+        return wait_all(self.procs, ranks, limit_s)
 
 
 @pytest.fixture
 def group_factory():
-    groups = []
-
-    def make(*args, **kwargs):
-        g = Group(*args, **kwargs)
-        groups.append(g)
-        return g
-
-    yield make
-    for g in groups:
-        g.cleanup()
+    yield from group_fixture(Group)
 
 
 def done_lines(outputs):

@@ -7,12 +7,13 @@ Run by meson: FAULT_WORKER=path/to/fault_worker pytest faults_test.py
 """
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 
 import pytest
+
+from processes import free_port, group_fixture, launcher_env, wait_all
 
 WORKER = os.environ.get("FAULT_WORKER", "")
 TIMEOUT_MS = 4000          # the communicators' no-progress timeout in these tests
@@ -22,12 +23,6 @@ DESTROY_LIMIT_MS = 3000    # destroy after a failure must be prompt
 PEER_LOST, PEER_TIMEOUT, ABORTED, RENDEZVOUS = 100, 101, 103, 105
 
 pytestmark = pytest.mark.skipif(not WORKER, reason="FAULT_WORKER is not set")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Group:
@@ -42,12 +37,7 @@ class Group:
         self.procs = {}
 
     def start(self, rank, **overrides):
-        env = dict(os.environ)
-        env.update(RANK=str(rank), WORLD_SIZE=str(self.world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(self.port), CO2_AUTH_TOKEN=self.token,
-                   UCX_TLS="tcp", UCX_NET_DEVICES="lo")
-        env.update({k: str(v) for k, v in overrides.items()})
+        env = launcher_env(rank, self.world, self.port, self.token, **overrides)
         self.procs[rank] = subprocess.Popen(
             [WORKER, self.ready_dir, str(TIMEOUT_MS), str(self.max_steps)], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -66,36 +56,12 @@ class Group:
 
     def wait_exit(self, ranks, limit_s):
         """Exit codes of `ranks`, each within limit_s of now; a rank still running fails the test."""
-        deadline = time.monotonic() + limit_s
-        codes, outputs = {}, {}
-        for r in ranks:
-            try:
-                out, err = self.procs[r].communicate(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"rank {r} still running {limit_s:.1f} s after the fault: a hang")
-            codes[r], outputs[r] = self.procs[r].returncode, out + err
-        return codes, outputs
-
-    def cleanup(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-                p.wait()
+        return wait_all(self.procs, ranks, limit_s, hang="a hang after the fault")
 
 
 @pytest.fixture
 def group_factory():
-    groups = []
-
-    def make(*args, **kwargs):
-        g = Group(*args, **kwargs)
-        groups.append(g)
-        return g
-
-    yield make
-    for g in groups:
-        g.cleanup()
+    yield from group_fixture(Group)
 
 
 def destroy_times(outputs):
