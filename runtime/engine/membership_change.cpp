@@ -6,11 +6,12 @@
 // What the survivors agree on: the donor is the rank that applied the most outer updates (the
 // lowest such rank), since a rank may have applied the average of a round whose all-reduce
 // finished on it just before another rank saw the failure; everyone takes its anchor, momentum
-// and gap history bit for bit (broadcast in place), and its step and round counts. The average in flight is dropped on every rank: the all-reduce that failed cannot be
-// completed without the lost rank's delta, and one that completed on some ranks only would give
-// different anchors. Each rank's parameters become the anchor, so the round that was under way
-// (its local steps) is dropped too. With the new W the average's divisor, an automatic beta,
-// the eager share and the wire's layout are the commit's, as for a group formed at that size.
+// and gap history bit for bit (broadcast in place), and its step and round counts. The average
+// in flight is dropped on every rank: the all-reduce that failed cannot be completed without the
+// lost rank's delta, and one that completed on some ranks only would give different anchors.
+// Each rank's parameters become the anchor, so the round that was under way (its local steps) is
+// dropped too. With the new W the average's divisor, an automatic beta, the eager share and the
+// wire's layout are the commit's, as for a group formed at that size.
 #include <cstring>
 #include <string>
 #include <utility>
@@ -65,6 +66,9 @@ void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before) {
   // Round position, whether the donor has momentum, and per segment its gap history.
   std::vector<int64_t> small(3 + 3 * s.segments.size(), 0);
   if (is_donor) {
+    // A joiner has no outer state yet; it is never the donor (it applied no update).
+    require(before.anchor.size() == s.state_count && before.history.size() == s.segments.size(), Status::Internal,
+            "membership: the donor has no outer state of this layout");
     small[0] = before.round_tau;
     small[1] = before.steps_in_round;
     small[2] = before.momentum.empty() ? 0 : 1;
