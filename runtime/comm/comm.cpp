@@ -90,6 +90,10 @@ constexpr auto kReleaseLimit = std::chrono::seconds(5);
 // Chunks (segments of an all-reduce) in flight per collective: enough to keep every link busy
 // while one chunk is being reduced, few enough to bound the scratch memory.
 constexpr size_t kChunksInFlight = 4;
+// With several connections per peer: chunks in flight per connection, so that a connection has
+// its next chunk queued when one completes instead of idling while the ring hands it another
+// (measured on a per-flow-capped link: docs/transports.md, "Several connections per peer").
+constexpr size_t kChunksInFlightPerConnection = 2;
 
 // The message of a collective that never started because one it follows failed: the first
 // failed link's error, named once however long the chain behind it.
@@ -122,7 +126,8 @@ class PointToPointExecutor {
 
   // Records the first error (later ones are dropped), aborts the transport so that the peers
   // fail promptly too, and lets the progress thread fail everything in flight.
-  void fail(Status status, const std::string& message);
+  // tell_peers: abort the transport, so that the peers' collectives fail too.
+  void fail(Status status, const std::string& message, bool tell_peers = true);
 
   Status error_status() const;
   std::string error_message() const;
@@ -174,7 +179,7 @@ PointToPointExecutor::PointToPointExecutor(std::unique_ptr<transport::PointToPoi
                                    const CommOptions& options)
     : transport_(std::move(transport)),
       options_(options),
-      tuning_{options.chunk_bytes, std::max(kChunksInFlight, size_t(transport_->connections_per_peer()))},
+      tuning_{options.chunk_bytes, std::max(kChunksInFlight, kChunksInFlightPerConnection * size_t(transport_->connections_per_peer()))},
       rank_(transport_->rank()),
       size_(transport_->size()),
       progress_thread_([this] { run(); }) {}
@@ -213,7 +218,7 @@ std::shared_ptr<Request> PointToPointExecutor::submit(collectives::Descriptor de
   return request;
 }
 
-void PointToPointExecutor::fail(Status status, const std::string& message) {
+void PointToPointExecutor::fail(Status status, const std::string& message, bool tell_peers) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_) return;
@@ -221,7 +226,7 @@ void PointToPointExecutor::fail(Status status, const std::string& message) {
     error_message_ = message;
     failed_ = true;
   }
-  transport_->abort(message);
+  if (tell_peers) transport_->abort(message);
   wake_.notify_all();
 }
 
@@ -612,6 +617,17 @@ void Communicator::admit(int64_t join_requests) {
   // Null: nobody who asked could be admitted; the group stays as it is.
   if (std::unique_ptr<transport::PointToPoint> grown = membership_->admit(join_requests))
     replace_transport(std::move(grown));
+}
+
+void Communicator::release(int leaving) {
+  require(membership_ != nullptr && error_status() == Status::Ok && leaving >= 0 && leaving < size(),
+          Status::InvalidState, "release() needs a healthy elastic communicator and a member's rank");
+  const int rank_before = rank();
+  if (std::unique_ptr<transport::PointToPoint> kept = membership_->release(leaving))
+    return replace_transport(std::move(kept));
+  std::lock_guard<std::mutex> lock(executor_mutex_);
+  point_to_point_->fail(Status::Left, "rank " + std::to_string(rank_before) + " left its group (co2_engine_leave)",
+                        /*tell_peers=*/false);
 }
 
 void Communicator::replace_transport(std::unique_ptr<transport::PointToPoint> transport) {

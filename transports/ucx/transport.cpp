@@ -224,6 +224,8 @@ class UcxTransport final : public PointToPoint {
     bool abort_heard = false;
     // Lanes whose endpoint failed (error handler), when the first did, and why.
     bool failed[kMaxLanes] = {};
+    // Bytes of data sends in flight, by lane (choose_lane).
+    size_t bytes_in_flight[kMaxLanes] = {};
     Clock::time_point failed_at{};
     std::string failed_reason;
     std::string lost_reason;
@@ -240,19 +242,20 @@ class UcxTransport final : public PointToPoint {
     int peer = 0;
     uint64_t tag = 0;
     size_t length = 0;
+    int lane = -1;  // a send counted in its peer's bytes_in_flight until it completes
     Outcome outcome = Outcome::Pending;
     std::string detail;
   };
 
   static void on_endpoint_error(void* arg, ucp_ep_h endpoint, ucs_status_t status);
 
-  // The lane of a data message: the control lane, or the bulk lanes in turn by tag (consecutive
-  // tags, such as a collective's chunks, travel on different connections).
-  int lane_of(uint64_t tag) const {
-    if (tag & kControlLaneTag) return kControlLane;
-    const int stripe = int(tag % uint64_t(connections_));
-    return stripe == 0 ? kBulkLane : stripe + 1;
-  }
+  // The lane of a data message to `peer`: the control lane, or the bulk lane with the fewest
+  // bytes in flight (a connection that a per-flow cap or a shared queue slows down drains
+  // slower and gets fewer messages, so every connection stays busy and none holds the rest
+  // back), looked at from the tag's own stripe on so that idle lanes take consecutive tags in
+  // turn. A tag with a send still in flight to that peer keeps its lane: messages of one tag
+  // keep their order. Receives match on the worker, whatever lane a message came by.
+  int choose_lane(const Peer& peer, uint64_t tag) const;
   bool any_lane_failed(const Peer& peer) const {
     return std::any_of(peer.failed, peer.failed + lanes_, [](bool failed) { return failed; });
   }
@@ -671,6 +674,20 @@ bool UcxTransport::progress_until(Done done, Clock::time_point deadline) {
   }
 }
 
+int UcxTransport::choose_lane(const Peer& peer, uint64_t tag) const {
+  if (tag & kControlLaneTag) return kControlLane;
+  const auto bulk_lane = [](int stripe) { return stripe == 0 ? kBulkLane : stripe + 1; };
+  for (const auto& [handle, operation] : operations_)
+    if (operation.lane >= 0 && operation.peer == peer.rank && operation.tag == tag) return operation.lane;
+  const int first = int(tag % uint64_t(connections_));
+  int best = bulk_lane(first);
+  for (int i = 1; i < connections_; ++i) {
+    const int lane = bulk_lane((first + i) % connections_);
+    if (peer.bytes_in_flight[lane] < peer.bytes_in_flight[best]) best = lane;
+  }
+  return best;
+}
+
 Handle UcxTransport::remember(Operation operation) {
   const Handle handle = next_handle_++;
   operations_.emplace(handle, std::move(operation));
@@ -751,8 +768,13 @@ Handle UcxTransport::post_send(int peer, uint64_t tag, const void* data, size_t 
     operation.detail = peer_lost_detail(peer);
   } else {
     ucp_request_param_t param{};
-    void* request = ucp_tag_send_nbx(peers_[size_t(peer)]->endpoints[lane_of(tag)], data, length,
-                                     wire_tag(Kind::Data, rank_, tag), &param);
+    Peer& to = *peers_[size_t(peer)];
+    const int lane = choose_lane(to, tag);
+    void* request = ucp_tag_send_nbx(to.endpoints[lane], data, length, wire_tag(Kind::Data, rank_, tag), &param);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
+      operation.lane = lane;
+      to.bytes_in_flight[lane] += length;
+    }
     if (request == nullptr) {
       complete_send(operation, UCS_OK);
     } else if (UCS_PTR_IS_ERR(request) && unsettled(*peers_[size_t(peer)])) {
@@ -838,6 +860,10 @@ Outcome UcxTransport::test(Handle handle) {
       status = status_now();
     }
     if (status == UCS_INPROGRESS) return Outcome::Pending;
+    if (operation.lane >= 0) {
+      peers_[size_t(operation.peer)]->bytes_in_flight[operation.lane] -= operation.length;
+      operation.lane = -1;
+    }
     // A peer that aborted sent its notice before closing its endpoints: if it arrived, the
     // failure is that abort, not the endpoint error that followed it. On a lane of its own the
     // notice may still be on its way: hold the failure until the peer's lanes settle.
