@@ -34,7 +34,7 @@ static_assert(CO2_OK == int(Status::Ok) && CO2_ERR_INVALID_ARGUMENT == int(Statu
                   CO2_ERR_CHECKPOINT_CORRUPT == int(Status::CheckpointCorrupt) &&
                   CO2_ERR_CHECKPOINT_MISMATCH == int(Status::CheckpointMismatch) &&
                   CO2_ERR_CALLBACK == int(Status::Callback) && CO2_ERR_TIMEOUT == int(Status::Timeout) &&
-                  CO2_MEMBERSHIP_CHANGED == int(Status::MembershipChanged) &&
+                  CO2_MEMBERSHIP_CHANGED == int(Status::MembershipChanged) && CO2_LEFT == int(Status::Left) &&
                   CO2_ERR_PEER_LOST == int(Status::PeerLost) &&
                   CO2_ERR_PEER_TIMEOUT == int(Status::PeerTimeout) &&
                   CO2_ERR_COLLECTIVE_MISMATCH == int(Status::CollectiveMismatch) &&
@@ -293,6 +293,7 @@ const char* status_text(co2_status_t status) {
     case CO2_ERR_CHECKPOINT_MISMATCH: return "checkpoint mismatch: saved from another layout, algorithm or format version; the engine is unchanged";
     case CO2_ERR_CALLBACK: return "a user callback reported failure";
     case CO2_MEMBERSHIP_CHANGED: return "membership changed: the elastic group lost a rank and re-formed; read co2_comm_rank/co2_comm_size and the engine's step count, re-shard the data and go on";
+    case CO2_LEFT: return "left: this rank left its elastic group as it asked (co2_engine_leave); its parameters are the group's anchor; destroy the engine and the communicator";
     case CO2_ERR_TIMEOUT: return "timed out: the wait expired and the operation is still pending; wait again or abort";
     case CO2_ERR_PEER_LOST: return "peer lost: another rank disappeared; destroy the communicator and restart the group";
     case CO2_ERR_PEER_TIMEOUT: return "peer timeout: no progress for the communicator's timeout (a peer stalled or died); destroy the communicator";
@@ -680,6 +681,10 @@ CO2_EXPORT co2_status_t co2_engine_synchronize(co2_engine_t engine) {
 
 CO2_EXPORT co2_status_t co2_engine_finalize(co2_engine_t engine) {
   return guarded([&] { engine_of(engine).finalize(); });
+}
+
+CO2_EXPORT co2_status_t co2_engine_leave(co2_engine_t engine) {
+  return guarded([&] { engine_of(engine).leave(); });
 }
 
 CO2_EXPORT co2_status_t co2_engine_consensus(co2_engine_t engine, co2_consensus_t kind, float* out, size_t count) {

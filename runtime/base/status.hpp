@@ -25,6 +25,7 @@ enum class Status : int {
   Callback = 25,
   Timeout = 40,
   MembershipChanged = 50,
+  Left = 51,
   PeerLost = 100,
   PeerTimeout = 101,
   CollectiveMismatch = 102,

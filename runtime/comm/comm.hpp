@@ -124,6 +124,9 @@ class MembershipChanges {
   // Collective over the members, with join_requests > admitted(): the transport of the members
   // and the processes that made requests up to `join_requests`.
   virtual std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) = 0;
+  // Collective over the members, `leaving` among them: the transport of the members without it;
+  // null on the rank that leaves, which is then no member any more.
+  virtual std::unique_ptr<transport::PointToPoint> release(int leaving) = 0;
 };
 
 class Communicator {
@@ -227,6 +230,10 @@ class Communicator {
   // ranks, the joiners follow in the order they asked). Caller as for reform(), on a healthy
   // communicator.
   void admit(int64_t join_requests);
+  // Collective over the members, on a healthy communicator: continues over a transport without
+  // rank `leaving` (the others keep their order). On that rank every later collective fails
+  // with Status::Left; the others hear nothing of it (no abort reaches them).
+  void release(int leaving);
   // A process that joined a running group: its engine's commit takes the group's state instead
   // of forming its own (runtime/engine/membership_change.cpp). Cleared by that commit.
   bool joining() const { return joining_; }

@@ -202,6 +202,9 @@ void require_committed(const S& s) {
   if (s.formed && !s.committed)
     fail(s.comm->error_status() != Status::Ok ? s.comm->error_status() : Status::PeerLost,
          "the group could not re-form after a membership change: " + s.comm->error_message());
+  require(!s.left, Status::Left,
+          "this rank left its group (co2_engine_leave): its engine takes no more steps; destroy it and its "
+          "communicator");
   require(s.committed, Status::InvalidState,
           "the layout is not committed yet: register tensors, then call co2_engine_commit");
 }
@@ -900,6 +903,7 @@ bool Engine::step(void* stream) {
   State& s = *state_;
   return surviving(s, [&] {
     const bool boundary = step_now(s, stream);
+    if (leave_agreed(s)) release_leaver(s);
     if (joiners_agreed(s)) {
       const int joined = admit_joiners(s);
       if (joined > 0)
@@ -918,7 +922,32 @@ void Engine::reduce_gradients(void* const* grads, size_t num_grads, void* stream
   surviving(*state_, [&] { reduce_gradients_now(*state_, grads, num_grads, stream); });
 }
 
+namespace {
+
+// finalize and synchronize are collective: a rank that waits to be let go would run them alone.
+void require_no_leave_pending(const Engine::State& s, const char* call) {
+  require(!s.leave_requested || s.left, Status::InvalidState,
+          std::string(call) + " while this rank waits to leave the group (co2_engine_leave): keep calling "
+                              "co2_engine_step until it returns CO2_LEFT (the group synchronizes then)");
+}
+
+}  // namespace
+
+void Engine::leave() {
+  State& s = *state_;
+  require_committed(s);
+  require(s.comm->elastic(), Status::Unsupported,
+          "co2_engine_leave needs an elastic group (co2_comm_config_t.elastic_min_ranks >= 1); without one, "
+          "a rank that goes ends the group");
+  require(!s.hierarchical(), Status::Unsupported, "co2_engine_leave: hierarchical groups are not elastic");
+  require(s.comm->size() > 1, Status::InvalidState,
+          "co2_engine_leave: this rank is the group's only one (call co2_engine_finalize instead)");
+  if (!s.leave_requested) log::info("membership: rank " + std::to_string(s.comm->rank()) + " asked to leave the group");
+  s.leave_requested = true;
+}
+
 void Engine::finalize() {
+  require_no_leave_pending(*state_, "co2_engine_finalize");
   const TraceSpan call(state_->trace.get(), "finalize");
   // Applying only the pending average would drop every step since the last boundary (all of
   // them when fewer than tau steps ran): synchronize's last blocking average keeps them.
@@ -926,6 +955,7 @@ void Engine::finalize() {
 }
 
 void Engine::synchronize() {
+  require_no_leave_pending(*state_, "co2_engine_synchronize");
   const TraceSpan call(state_->trace.get(), "synchronize");
   surviving(*state_, [&] { synchronize_ranks(*state_, /*finalizing=*/false); });
 }

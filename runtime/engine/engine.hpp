@@ -146,6 +146,9 @@ class Engine {
   void reduce_gradients(void* const* grads, size_t num_grads, void* stream);
   void synchronize();
   void finalize();
+  // Elastic groups: asks to leave at a boundary the ranks agree on (runtime/engine/membership_change.cpp);
+  // the step there throws Error(Left) on this rank, Error(MembershipChanged) on the others.
+  void leave();
   void consensus(ConsensusKind kind, float* out, size_t count);
   size_t num_elements() const;  // PARAMETER + BUFFER elements, after commit
 

@@ -74,6 +74,9 @@ struct Engine::State {
   // Set while a re-formed elastic group commits: the donor's outer state follows the commit,
   // whose broadcast of rank 0's parameters is then left out.
   bool outer_state_follows = false;
+  // co2_engine_leave: asked (announced in every agreement until the group lets it go), done.
+  bool leave_requested = false;
+  bool left = false;
   FloatBuffer owned_flat;
   void* flat = nullptr;
   size_t flat_count = 0;
@@ -206,10 +209,14 @@ void commit_layout(Engine::State& s);
 // state of the one that applied the most updates, the round in flight dropped; throws when this
 // rank cannot go on. admit_joiners: at a boundary where every member knows of join requests
 // not admitted yet, synchronizes, grows s.comm by the joiners and gives them the group's state.
-// join_running_group: a joiner's commit, the other side of admit_joiners.
+// join_running_group: a joiner's commit, the other side of admit_joiners. release_leaver: at
+// the boundary where every member knows that a rank asked to leave (co2_engine_leave),
+// synchronizes and lets it go: throws Error(Left) on it, Error(MembershipChanged) on the others.
 void continue_with_survivors(Engine::State& s, const std::string& cause);
 bool joiners_agreed(const Engine::State& s);
 int admit_joiners(Engine::State& s);  // returns how many joined
+bool leave_agreed(const Engine::State& s);
+[[noreturn]] void release_leaver(Engine::State& s);
 void join_running_group(Engine::State& s);
 // Engine::synchronize's work (finalizing: finalize's): collective.
 void synchronize_ranks(Engine::State& s, bool finalizing);

@@ -124,6 +124,8 @@ int restart_from_donor(Engine::State& s) {
   s.average_ready = false;
   s.prepared = PreparedUpdate{};
   s.arrival = ArrivalAgreement{};
+  // A leave agreed in the old group's numbering; a rank still waiting to go asks again.
+  s.observer.agreed_leaver = 0;
 
   // The donor: most outer updates applied, then the lowest rank.
   const std::vector<int64_t> counts = gathered_from_every_rank(
@@ -207,6 +209,41 @@ int admit_joiners(Engine::State& s) {
             std::to_string(s.comm->size()) + " after " + std::to_string(joined) + " process(es) joined, from step " +
             std::to_string(s.stats.steps));
   return joined;
+}
+
+bool leave_agreed(const Engine::State& s) { return s.comm->elastic() && s.observer.agreed_leaver > 0; }
+
+void release_leaver(Engine::State& s) {
+  // As for a join: every rank finishes the round in flight and averages in the steps since, so
+  // the leaving rank's work is in the anchor and nobody's steps are dropped.
+  synchronize_ranks(s, /*finalizing=*/false);
+  s.backend->drain();
+  // Read after the synchronize: it adopted every agreement in flight, and the highest rank that
+  // asked is the one let go now.
+  const int leaver = int(s.observer.agreed_leaver - 1);
+  const int old_rank = s.comm->rank();
+  const int old_size = s.comm->size();
+  try {
+    s.comm->release(leaver);
+  } catch (const std::exception& e) {
+    // A member lost meanwhile: the survivors re-form as after any loss (the leaver among them,
+    // still asking to go).
+    s.comm->fail_with(Status::PeerLost, std::string("letting rank ") + std::to_string(leaver) + " go failed: " + e.what());
+    fail(Status::PeerLost, s.comm->error_message());
+  }
+  if (old_rank == leaver) {
+    s.left = true;
+    fail(Status::Left, "rank " + std::to_string(old_rank) + " of " + std::to_string(old_size) +
+                           " left the group as it asked, at step " + std::to_string(s.stats.steps) +
+                           ": its parameters are the group's anchor after its last round; destroy the engine "
+                           "and the communicator");
+  }
+  restart_from_donor(s);
+  fail(Status::MembershipChanged,
+       "rank " + std::to_string(leaver) + " left the group as it asked: this is rank " + std::to_string(s.comm->rank()) +
+           " of " + std::to_string(s.comm->size()) + " now; the group synchronized (every rank's parameters are the "
+           "anchor, no round was dropped) and the engine's step count is " + std::to_string(s.stats.steps) +
+           " on every rank: re-shard the data and go on from there (docs/capi.md, \"Elastic membership\")");
 }
 
 void join_running_group(Engine::State& s) {

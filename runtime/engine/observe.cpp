@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "runtime/engine/engine_state.hpp"
@@ -66,6 +67,7 @@ std::string rank_prefix(const Engine::State& s) {
 void adopt(Engine::State& s, const Observer::Agreement& a) {
   Observer& o = s.observer;
   o.agreed_join_requests = std::max(o.agreed_join_requests, a.values[3]);
+  o.agreed_leaver = std::max(o.agreed_leaver, a.values[4]);
   if (a.values[2] != 0) {  // some rank has not measured both yet
     o.agreed_step_ns = o.agreed_allreduce_ns = 0;
     o.agreed_tau = 0;
@@ -90,8 +92,8 @@ void adopt_oldest(Engine::State& s) {
 
 void submit_agreement(Engine::State& s) {
   auto a = std::make_unique<Observer::Agreement>();
-  // One Max all-reduce carries all three: the slowest step, the shortest all-reduce (negated),
-  // and whether any rank lacks a measurement. The all-reduce seen by the rank that arrives
+  // One Max all-reduce carries them all: the slowest step, the shortest all-reduce (negated),
+  // whether any rank lacks a measurement, and the elastic group's join and leave requests. The all-reduce seen by the rank that arrives
   // last at a boundary is the transfer itself; on the others it includes their wait for that
   // rank, which a longer tau would not hide.
   const bool measured = s.advisor.measured();
@@ -100,7 +102,8 @@ void submit_agreement(Engine::State& s) {
   a->values[2] = measured ? 0 : 1;
   // The door's count travels with the advice, so every rank learns it at the same boundary.
   a->values[3] = s.comm->join_requests();
-  a->request = s.comm->allreduce(a->values, 4, DataType::I64, ReduceOp::Max, s.id(Purpose::AdvisorAgreement));
+  a->values[4] = s.leave_requested ? s.comm->rank() + 1 : 0;
+  a->request = s.comm->allreduce(a->values, std::size(a->values), DataType::I64, ReduceOp::Max, s.id(Purpose::AdvisorAgreement));
   s.observer.agreements.push_back(std::move(a));
 }
 

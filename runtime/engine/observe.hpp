@@ -25,9 +25,9 @@ constexpr std::chrono::milliseconds kRoundLogInterval{1000};
 
 struct Observer {
   struct Agreement {
-    // step ns, -all-reduce ns, 1 if not measured yet, join requests at an elastic group's door
-    // (Max)
-    int64_t values[4] = {0, 0, 0, 0};
+    // step ns, -all-reduce ns, 1 if not measured yet, join requests at an elastic group's door,
+    // 1 + the highest rank that asked to leave (0: none) (Max)
+    int64_t values[5] = {0, 0, 0, 0, 0};
     std::shared_ptr<Request> request;
   };
   std::deque<std::unique_ptr<Agreement>> agreements;  // in flight, oldest first
@@ -35,6 +35,7 @@ struct Observer {
   uint64_t agreed_allreduce_ns = 0;  // the shortest all-reduce over ranks
   uint32_t agreed_tau = 0;
   int64_t agreed_join_requests = 0;  // elastic: join requests every rank knows of (runtime/engine/membership_change.cpp)
+  int64_t agreed_leaver = 0;         // elastic: 1 + the rank the group lets go at this boundary (0: none)
 
   Clock::time_point last_boundary{};
   bool boundary_seen = false;

@@ -232,6 +232,32 @@ std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests
   return transport;
 }
 
+std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
+  require(leaving >= 0 && leaving < size(), Status::Internal, "membership: release() of a rank out of range");
+  ++generation_;
+  if (leaving == rank_) {
+    if (door_store_) {
+      try {
+        door_store_->add(kDoorOpen, -door_store_->add(kDoorOpen, 0));
+      } catch (const std::exception&) {
+      }
+    }
+    server_.reset();
+    log::info("membership: rank " + std::to_string(rank_) + " left the group (generation " +
+              std::to_string(generation_) + ")");
+    return nullptr;
+  }
+  const int coordinator = leaving == 0 ? 1 : 0;
+  const std::shared_ptr<store::Store> store = connect_within(endpoints_[size_t(coordinator)], timeout_);
+  endpoints_.erase(endpoints_.begin() + leaving);
+  if (rank_ > leaving) --rank_;
+  std::unique_ptr<transport::PointToPoint> transport = connect(*store, generation_prefix(generation_) + "leave/");
+  record_generation();
+  log::info("membership: rank " + std::to_string(leaving) + " left; generation " + std::to_string(generation_) +
+            " has " + std::to_string(size()) + " ranks, this one is rank " + std::to_string(rank_));
+  return transport;
+}
+
 std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) const {
   const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
   for (int candidate = 0; candidate < size(); ++candidate) {

@@ -19,6 +19,11 @@
 // the members agree on the count with the tau advisor's agreement, and at the boundary where it
 // arrives every member admits the same joiners: rank 0 writes the new member list and each
 // joiner's rank at the door, and the members and the joiners connect a new transport there.
+//
+// Leaving (co2_engine_leave): the ranks agree on who goes with the same agreement; every member
+// then knows the new list without asking anyone, and the others connect a new transport at the
+// endpoint of the lowest rank that stays. The leaving process closes its endpoint (a later
+// agreement finds it gone at once) and, where it serves the door, the door.
 #pragma once
 
 #include <chrono>
@@ -63,6 +68,7 @@ class Membership final : public MembershipChanges {
   int64_t join_requests() override;
   int64_t admitted() const override { return admitted_; }
   std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) override;
+  std::unique_ptr<transport::PointToPoint> release(int leaving) override;
 
   struct Agreed {
     int rank = 0;                    // this rank in the new group

@@ -228,6 +228,7 @@ TEST(BadInputGlobal, NullHandlesEverywhere) {
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_reduce_gradients(nullptr, grads, 1, nullptr));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_synchronize(nullptr));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_finalize(nullptr));
+  EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_leave(nullptr));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_consensus(nullptr, CO2_CONSENSUS_ANCHOR, f, 4));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_num_elements(nullptr, &n));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_set_param(nullptr, CO2_PARAM_TAU, 3));
@@ -1069,6 +1070,7 @@ TEST_F(BadInput, CallsBeforeCommit) {
   EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_reduce_gradients(e, grads, 1, nullptr));
   EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_synchronize(e));
   EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_finalize(e));
+  EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_leave(e));
   EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_consensus(e, CO2_CONSENSUS_ANCHOR, out, 4));
   EXPECT_STATUS(CO2_ERR_INVALID_STATE, co2_engine_num_elements(e, &n));
   EXPECT_EQ(n, 7u);
@@ -1133,6 +1135,17 @@ TEST_F(BadInput, LayoutCallsAfterCommit) {
   EXPECT_EQ(n, params_.size());
   run_steps(e, 4);
   EXPECT_STATUS(CO2_OK, co2_engine_synchronize(e));
+}
+
+TEST_F(BadInput, LeaveNeedsAnElasticGroupAndLeavesTheEngineAsItWas) {
+  co2_engine_t e = committed_engine();
+  ASSERT_NE(e, nullptr);
+  // The fixture's group is not elastic: a rank that went would end it.
+  EXPECT_STATUS(CO2_ERR_UNSUPPORTED, co2_engine_leave(e));
+  EXPECT_NE(std::string(co2_last_error_message()).find("elastic_min_ranks"), std::string::npos)
+      << co2_last_error_message();
+  run_steps(e, 4);
+  EXPECT_STATUS(CO2_OK, co2_engine_finalize(e));
 }
 
 TEST_F(BadInput, StepAcceptsNullBoundaryOutput) {

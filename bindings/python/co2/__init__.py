@@ -28,7 +28,7 @@ from ._errors import (Error, InvalidArgumentError, InvalidStateError, Unsupporte
                       InvalidConfigError, UnknownEnumError, DuplicateTensorError,
                       OutOfMemoryError, NonFiniteError, LayoutMismatchError,
                       AnchorMismatchError, CheckpointCorruptError, CheckpointMismatchError,
-                      CallbackError, TimeoutError, MembershipChangedError, PeerError,
+                      CallbackError, TimeoutError, MembershipChangedError, LeftError, PeerError,
                       PeerLostError, PeerTimeoutError,
                       CollectiveMismatchError, AbortedError, TransportError, RendezvousError,
                       InternalError)
@@ -44,6 +44,6 @@ __all__ = ["Communicator", "Engine", "Request", "unique_id", "comm_defaults", "e
            "UnsupportedError", "InvalidConfigError", "UnknownEnumError", "DuplicateTensorError",
            "OutOfMemoryError", "NonFiniteError", "LayoutMismatchError", "AnchorMismatchError",
            "CheckpointCorruptError", "CheckpointMismatchError", "CallbackError", "TimeoutError",
-           "MembershipChangedError", "PeerError", "PeerLostError", "PeerTimeoutError",
+           "MembershipChangedError", "LeftError", "PeerError", "PeerLostError", "PeerTimeoutError",
            "CollectiveMismatchError",
            "AbortedError", "TransportError", "RendezvousError", "InternalError"]

@@ -93,6 +93,12 @@ class MembershipChangedError(Error):
     status = capi.CO2_MEMBERSHIP_CHANGED
 
 
+class LeftError(Error):
+    """This rank left its elastic group as it asked (Engine.leave()): its parameters are the
+    group's anchor after its last round; the engine takes no more steps (docs/capi.md, "Leaving")."""
+    status = capi.CO2_LEFT
+
+
 class PeerError(Error, ConnectionError):
     """Statuses 100-199: the communicator is unusable; destroy it and its engines."""
 
@@ -130,7 +136,7 @@ _BY_STATUS: dict[Optional[int], type[Error]] = {cls.status: cls for cls in (
     InvalidArgumentError, InvalidStateError, UnsupportedError, InvalidConfigError,
     UnknownEnumError, DuplicateTensorError, OutOfMemoryError, NonFiniteError,
     LayoutMismatchError, AnchorMismatchError, CheckpointCorruptError, CheckpointMismatchError,
-    CallbackError, TimeoutError, MembershipChangedError, PeerLostError, PeerTimeoutError,
+    CallbackError, TimeoutError, MembershipChangedError, LeftError, PeerLostError, PeerTimeoutError,
     CollectiveMismatchError, AbortedError, TransportError, RendezvousError, InternalError)}
 
 

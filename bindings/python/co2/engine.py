@@ -352,6 +352,13 @@ class Engine(OwnsHandle):
         lost); parameters = anchor."""
         capi.engine_finalize(self.handle)
 
+    def leave(self) -> None:
+        """Elastic groups: asks to leave the group at a boundary the ranks agree on, without
+        ending it. Returns at once; keep stepping: the step at which the group lets this rank go
+        raises co2.LeftError here (parameters = the anchor, every step's work kept) and
+        co2.MembershipChangedError on the others (docs/capi.md, "Leaving")."""
+        capi.engine_leave(self.handle)
+
     @property
     def num_elements(self) -> int:
         """PARAMETER + BUFFER elements (after commit)."""

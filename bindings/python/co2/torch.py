@@ -437,6 +437,12 @@ class Distributed:
             if self.comm.world_size > world_size:
                 self._welcome_joiners()
             raise
+        except _errors.LeftError:
+            # leave() was granted: the parameters are the group's anchor (set by the engine, as
+            # finalize() would), so nothing is unsaved and nothing changed behind co2's back.
+            self._seen_version = _wiring.version(self._params)
+            self._life.steps_unsaved = 0
+            raise
         except _errors.Error as exc:
             raise self._explained(exc, None) from None
         self._seen_version = _wiring.version(self._params)
@@ -525,6 +531,13 @@ class Distributed:
         steps (use join()), with WiringError when an optimizer stepped without co2."""
         self._collective("finalize()", self.engine.finalize)
         self._life.steps_unsaved = 0
+
+    def leave(self) -> None:
+        """Elastic groups: asks to leave without ending the group (a preemption notice). Returns
+        at once; keep training: the step at which the group lets this rank go raises
+        co2.LeftError (the module then holds the group's model, every step's work kept), and
+        co2.MembershipChangedError on the other ranks. See docs/capi.md, "Leaving"."""
+        self.engine.leave()
 
     def join(self) -> _join.Join:
         """Context for uneven inputs: `with trainer.join(): for batch in my_batches: ...`.

@@ -73,6 +73,9 @@ enum {
     CO2_MEMBERSHIP_CHANGED = 50,    /* added in 1.2: an elastic group lost a rank and re-formed;
                                        the call did not complete, the engine goes on at the new
                                        rank/size (co2_comm_rank/size) from the agreed state    */
+    CO2_LEFT = 51,                  /* added in 1.2: this rank left its elastic group as it asked
+                                       (co2_engine_leave); its parameters are the group's anchor
+                                       after its last round; the engine takes no more steps      */
     /* Peer / transport failures: 100-199. The communicator is unusable afterwards: destroy it. */
     CO2_ERR_PEER_LOST = 100,        /* a peer disappeared (process died, endpoint closed)         */
     CO2_ERR_PEER_TIMEOUT = 101,     /* no progress for the communicator's timeout                 */
@@ -547,6 +550,24 @@ co2_status_t co2_engine_synchronize(co2_engine_t engine);
  * pending average and the steps since the last boundary are applied: no step's work is lost),
  * and the run's summary is written (log line, trace). */
 co2_status_t co2_engine_finalize(co2_engine_t engine);
+
+/* Added in 1.2. Asks to leave the elastic group (elastic_min_ranks >= 1) without ending it: a
+ * clean goodbye, for a process that is told to go (a spot instance's notice, a scheduler taking
+ * the node back). Returns at once; keep calling co2_engine_step as before. The ranks agree on
+ * the leave with the tau advisor's agreement (two or three boundaries later); at that boundary
+ * every rank synchronizes, so that the leaving rank's work is in the anchor and no rank's steps
+ * are lost, and then
+ *  - on this rank co2_engine_step returns CO2_LEFT: its parameters are the anchor, the engine
+ *    takes no more steps (stats, save and destroy still work), the communicator fails every
+ *    later collective with CO2_LEFT; destroy both;
+ *  - on the others it returns CO2_MEMBERSHIP_CHANGED with the group one smaller, without
+ *    waiting for any timeout.
+ * Several ranks that ask leave one per agreement, highest rank first. While a leave is pending,
+ * co2_engine_finalize and co2_engine_synchronize fail with CO2_ERR_INVALID_STATE (the others
+ * would not run them). Errors: CO2_ERR_UNSUPPORTED when the group is not elastic (or is
+ * hierarchical), CO2_ERR_INVALID_STATE before commit or when the group has one rank.
+ * docs/capi.md, "Leaving". */
+co2_status_t co2_engine_leave(co2_engine_t engine);
 
 /* Writes the consensus model (fp32, all PARAMETER and BUFFER elements in registration order,
  * `count` = co2_engine_num_elements) into `out` without changing the trajectory.

@@ -10,7 +10,8 @@
     multiprocess_worker.py apply_step VALUE OUT_DIR     (VALUE: arrival, or a step k)
     multiprocess_worker.py arrival_finalize OUT_DIR
     multiprocess_worker.py elastic STEPS OUT_DIR     (CO2_ELASTIC_MIN_RANKS from co2run --elastic;
-        the rank ELASTIC_DIE_RANK kills itself at step ELASTIC_DIE_AT; ELASTIC_UNTIL_SIZE: train on
+        the rank ELASTIC_DIE_RANK kills itself at step ELASTIC_DIE_AT, the rank ELASTIC_LEAVE_RANK
+        calls trainer.leave() at step ELASTIC_LEAVE_AT and stops at co2.LeftError; ELASTIC_UNTIL_SIZE: train on
         until the group has that size)
 """
 import json
@@ -246,12 +247,16 @@ def elastic(steps, out):
     if joined:
         np.save(os.path.join(out, "welcome_received.npy"), optimizer_buffers(optimizer))
     die_at = int(os.environ["ELASTIC_DIE_AT"]) if os.environ.get("ELASTIC_DIE_RANK") == name else -1
+    leave_at = int(os.environ["ELASTIC_LEAVE_AT"]) if os.environ.get("ELASTIC_LEAVE_RANK") == name else -1
     until_size = int(os.environ.get("ELASTIC_UNTIL_SIZE", "0"))
     changes = 0
+    left = False
     while True:
         done = trainer.engine.stats()["steps"]
         if done == die_at:
             os.kill(os.getpid(), 9)
+        if done == leave_at:
+            trainer.leave()
         try:
             if done < int(steps) or comm.world_size < until_size:
                 train_steps(model, optimizer, comm.rank, done, done + 1)
@@ -262,11 +267,17 @@ def elastic(steps, out):
             changes += 1
             if comm.rank == 0 and comm.world_size == until_size:
                 np.save(os.path.join(out, "welcome_sent.npy"), optimizer_buffers(optimizer))
+            if changes == 1:
+                np.save(os.path.join(out, f"changed{name}.npy"),
+                        torch.cat([p.detach().flatten() for p in model.parameters()]).numpy())
+        except co2.LeftError:
+            left = True  # trainer.leave() was granted: the module holds the group's model
+            break
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
     np.save(os.path.join(out, f"elastic{name}.npy"), flat)
     with open(os.path.join(out, f"elastic{name}.json"), "w") as f:
         json.dump({"rank": comm.rank, "world_size": comm.world_size, "changes": changes,
-                   "steps": trainer.engine.stats()["steps"]}, f)
+                   "steps": trainer.engine.stats()["steps"], "left": left}, f)
     trainer.close()
     comm.close()
 

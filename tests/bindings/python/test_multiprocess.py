@@ -325,6 +325,32 @@ def test_a_lost_rank_under_co2run_elastic(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "elastic0.npy"), np.load(tmp_path / "elastic2.npy"))
 
 
+def test_a_rank_that_calls_leave_is_let_go_and_the_others_train_on(tmp_path):
+    """co2run --elastic 2 with 3 co2.torch processes; rank 1 calls trainer.leave() at step 10 and
+    trains on until its step raises co2.LeftError. Its module then holds the model the others
+    hold right after their step raised co2.MembershipChangedError (bitwise); the two train on as 2
+    to the same end; co2run exits 0."""
+    co2run = os.environ.get("CO2RUN")
+    if not co2run:
+        pytest.skip("CO2RUN is not set (meson sets it)")
+    env = launch_env()
+    env.update(ELASTIC_LEAVE_RANK="1", ELASTIC_LEAVE_AT="10", CO2_TIMEOUT_MS="5000")
+    run = subprocess.run([co2run, "--nproc-per-node", "3", "--elastic", "2",
+                          sys.executable, WORKER, "elastic", "30", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = {name: json.loads((tmp_path / f"elastic{name}.json").read_text()) for name in ("0", "1", "2")}
+    assert results["1"]["left"] and results["1"]["world_size"] == 3, results
+    assert 10 < results["1"]["steps"] <= 10 + 4 * 3, results
+    members = ("0", "2")
+    assert [results[m]["world_size"] for m in members] == [2, 2], results
+    assert [results[m]["changes"] for m in members] == [1, 1], results
+    left_with = np.load(tmp_path / "elastic1.npy")
+    for m in members:
+        np.testing.assert_array_equal(np.load(tmp_path / f"changed{m}.npy"), left_with)
+    np.testing.assert_array_equal(np.load(tmp_path / "elastic0.npy"), np.load(tmp_path / "elastic2.npy"))
+
+
 def test_a_restarted_rank_joins_with_rank_0s_optimizer_state(tmp_path):
     """co2run --elastic 2 --max-restarts 1 with 3 co2.torch processes; rank 1 dies at step 10 and
     co2run starts it again: it joins the running group of 2 as rank 2. Its optimizer (SGD with

@@ -79,8 +79,15 @@ def done_lines(outputs):
     return found
 
 
+def state_lines(text, what):
+    """The "<what> rank R size S steps N hash H" lines of a worker's output, as dicts."""
+    return [dict(zip(line.split()[1::2], line.split()[2::2]))
+            for line in text.splitlines() if line.startswith(what + " ")]
+
+
 def assert_survivors_agree(g, survivors, changes):
     codes, outputs = g.wait(survivors)
+    g.outputs = outputs
     assert all(code == 0 for code in codes.values()), (codes, outputs)
     done = done_lines(outputs)
     assert set(done) == set(survivors), outputs
@@ -107,6 +114,41 @@ def test_killed_rank_survivors_go_on(group_factory, die_at):
     g.start({2: {"ELASTIC_DIE_AT": die_at}})
     assert_survivors_agree(g, [0, 1, 3], changes=1)
     assert g.procs[2].wait(timeout=10) == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("leaver", [0, 2], ids=["rank_0", "last_rank"])
+def test_a_rank_that_leaves_is_let_go_with_its_work_kept(group_factory, leaver):
+    """co2_engine_leave: the group agrees, synchronizes (the leaver's work in the anchor, no
+    round dropped) and re-forms without it, with no timeout waited for; the leaver ends with
+    the anchor the others go on from."""
+    g = group_factory(3, min_ranks=2)
+    started = time.monotonic()
+    g.start({leaver: {"ELASTIC_LEAVE_AT": 40}})
+    codes, outputs = g.wait([leaver])
+    assert codes[leaver] == 0, outputs
+    left = state_lines(outputs[leaver], "left")
+    assert len(left) == 1 and left[0]["size"] == "3", outputs[leaver]
+    members = [r for r in range(3) if r != leaver]
+    assert_survivors_agree(g, members, changes=1)
+    changed = {r: state_lines(g.outputs[r], "changed") for r in members}
+    assert all(len(lines) == 1 for lines in changed.values()), g.outputs
+    # Every member stepped on from the step where the leaver went, and held the anchor it left with.
+    assert {lines[0]["steps"] for lines in changed.values()} == {left[0]["steps"]}, (left, changed)
+    assert {lines[0]["hash"] for lines in changed.values()} == {left[0]["hash"]}, (left, changed)
+    # Agreed within three rounds of the request (tau = 3), not after a loss's timeout and probe.
+    assert 40 < int(left[0]["steps"]) <= 40 + 4 * 3, left
+    for r in members:
+        assert "left the group as it asked" in g.outputs[r], g.outputs[r]
+        assert "did not arrive" not in g.outputs[r] and "does not answer" not in g.outputs[r], g.outputs[r]
+    assert time.monotonic() - started < LIMIT_S
+
+
+def test_leave_of_a_rank_that_is_then_killed_is_survived(group_factory):
+    """A rank that asked to leave and dies before the group let it go is a loss like any other."""
+    g = group_factory(3, min_ranks=2)
+    g.start({1: {"ELASTIC_LEAVE_AT": 40, "ELASTIC_DIE_AT": 41}})
+    assert_survivors_agree(g, [0, 2], changes=1)
+    assert g.procs[1].wait(timeout=10) == -signal.SIGKILL
 
 
 def test_killed_coordinator(group_factory):

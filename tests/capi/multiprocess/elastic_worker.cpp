@@ -20,6 +20,12 @@
 // most 60 s), so that every rank, a joiner too, finalizes at the same step; ELASTIC_UNTIL_CHANGES=k
 // likewise until this rank saw k membership changes.
 // ELASTIC_OUTER_MOMENTUM=beta: the engine's outer momentum (default: automatic, 0 at these sizes).
+// ELASTIC_LEAVE_AT=k: at step k this process asks to leave (co2_engine_leave; with
+// ELASTIC_DIE_RANK=r only rank r) and trains on until its step returns CO2_LEFT; then it prints
+//   left rank R size S steps N hash H
+// and exits 0. After each membership change every rank prints
+//   changed rank R size S steps N hash H
+// (H: the parameters then, the agreed anchor).
 #include <execinfo.h>
 #include <signal.h>
 #include <unistd.h>
@@ -55,6 +61,15 @@ int write_file(void* user, const void* data, size_t length) {
 
 int read_file(void* user, void* data, size_t length) {
   return std::fread(data, 1, length, static_cast<std::FILE*>(user)) == length ? 0 : 1;
+}
+
+// "<what> rank R size S steps N hash H", H over the parameters.
+void print_state(const char* what, co2_engine_t engine, int rank, int size, const std::vector<float>& weights) {
+  co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
+  co2_engine_get_stats(engine, &stats);
+  std::printf("%s rank %d size %d steps %llu hash %016llx\n", what, rank, size, (unsigned long long)stats.steps,
+              (unsigned long long)fnv1a(weights.data(), weights.size() * sizeof(float)));
+  std::fflush(stdout);
 }
 
 // A crash prints its stack (the test shows the output), then dies of the same signal.
@@ -93,6 +108,7 @@ int main(int argc, char** argv) {
   const long die_rank = env_long("ELASTIC_DIE_RANK", -1);
   const long die_at = die_rank < 0 || die_rank == env_long("RANK", -1) ? env_long("ELASTIC_DIE_AT", -1) : -1;
   const long stop_at = env_long("ELASTIC_STOP_AT", -1);
+  const long leave_at = die_rank < 0 || die_rank == env_long("RANK", -1) ? env_long("ELASTIC_LEAVE_AT", -1) : -1;
   co2_comm_config_t config = CO2_COMM_CONFIG_INIT;
   config.timeout_ms = uint32_t(std::atoi(argv[2]));
   config.elastic_min_ranks = std::atoi(argv[4]);
@@ -156,6 +172,12 @@ int main(int argc, char** argv) {
     if (stats.steps < steps || waiting_for_changes()) {
       if (long(stats.steps) == die_at_step) raise(SIGKILL);
       if (long(stats.steps) == stop_at) raise(SIGSTOP);
+      if (long(stats.steps) == leave_at) {
+        TRY(co2_engine_leave(engine));
+        // The others would not run it: refused until the group let this rank go.
+        if (co2_engine_finalize(engine) != CO2_ERR_INVALID_STATE)
+          return fail(CO2_ERR_INTERNAL, "finalize with a leave pending was not refused");
+      }
       // Each rank pulls towards its own target: the average depends on who is in the group.
       for (size_t i = 0; i < weights.size(); ++i)
         weights[i] -= 0.05f * (weights[i] - float((rank + 1) * int(i % 7)));
@@ -168,12 +190,18 @@ int main(int argc, char** argv) {
       status = co2_engine_finalize(engine);
       finalized = status == CO2_OK;
     }
+    if (status == CO2_LEFT) {
+      std::fprintf(stderr, "left: %s\n", co2_last_error_message());
+      print_state("left", engine, rank, size, weights);
+      return 0;
+    }
     if (status == CO2_MEMBERSHIP_CHANGED) {
       ++changes;
       std::fprintf(stderr, "membership changed: %s\n", co2_last_error_message());
       std::ofstream(ready_dir + "/changed." + std::to_string(first_rank)) << changes << "\n";
       TRY(co2_comm_rank(comm, &rank));
       TRY(co2_comm_size(comm, &size));
+      print_state("changed", engine, rank, size, weights);
       if (save_prefix && changes == 1) {
         std::FILE* out = std::fopen((std::string(save_prefix) + "." + std::to_string(rank)).c_str(), "wb");
         if (out == nullptr) return fail(CO2_ERR_INVALID_ARGUMENT, "fopen(ELASTIC_SAVE)");

@@ -17,9 +17,9 @@ using Libdl
 
 include("generated.jl")
 
-export CO2Error, Communicator, Engine, Request, split_nodes, membership_changed
+export CO2Error, Communicator, Engine, Request, split_nodes, membership_changed, left_group
 export allreduce!, broadcast!, register_tensor!, alloc_flat!, adopt_flat!, add_segment!,
-       commit!, step!, reduce_gradients!, synchronize!, finalize!, consensus!, consensus,
+       commit!, step!, reduce_gradients!, synchronize!, finalize!, leave!, consensus!, consensus,
        num_elements, set_param!, get_param, stats, save, load!, state_size
 
 # ---------------------------------------------------------------------------------------------
@@ -88,6 +88,14 @@ True for `CO2_MEMBERSHIP_CHANGED`: an elastic group re-formed after losing a ran
 `CO2.rank(comm)` / `size(comm)` and keep training (see [`CO2Error`](@ref)).
 """
 membership_changed(e::CO2Error) = e.status == CO2_MEMBERSHIP_CHANGED
+
+"""
+    left_group(e::CO2Error) -> Bool
+
+True for `CO2_LEFT` (C API 1.2): this rank left its elastic group as it asked ([`leave!`](@ref));
+its parameters are the group's anchor; the engine takes no more steps.
+"""
+left_group(e::CO2Error) = e.status == CO2_LEFT
 
 function Base.showerror(io::IO, e::CO2Error)
     print(io, "CO2Error: ", unsafe_string(co2_status_string(e.status)), " (status ", e.status, ")")
@@ -533,6 +541,15 @@ end
 function synchronize!(e::Engine)
     h = _raw(e)
     check(blocking(() -> co2_engine_synchronize(h)))
+end
+
+"""Elastic groups: asks to leave without ending the group. Returns at once; keep calling `step!`:
+the step at which the group lets this rank go throws a `CO2Error` with status `CO2_LEFT` here
+(see [`left_group`](@ref); parameters = the anchor, every step's work kept) and
+`CO2_MEMBERSHIP_CHANGED` on the others. docs/capi.md, "Leaving"."""
+function leave!(e::Engine)
+    h = _raw(e)
+    check(co2_engine_leave(h))
 end
 
 """Collective end of training: `synchronize!` (the pending average and the partial round's

@@ -46,6 +46,7 @@ const CO2_ERR_CHECKPOINT_MISMATCH = Cint(24)
 const CO2_ERR_CALLBACK = Cint(25)
 const CO2_ERR_TIMEOUT = Cint(40)
 const CO2_MEMBERSHIP_CHANGED = Cint(50)
+const CO2_LEFT = Cint(51)
 const CO2_ERR_PEER_LOST = Cint(100)
 const CO2_ERR_PEER_TIMEOUT = Cint(101)
 const CO2_ERR_COLLECTIVE_MISMATCH = Cint(102)
@@ -381,6 +382,11 @@ function co2_engine_finalize(engine)
     ccall(_co2_engine_finalize_ptr[], co2_status_t, (co2_engine_t,), engine)
 end
 
+const _co2_engine_leave_ptr = Ref{Ptr{Cvoid}}(C_NULL)
+function co2_engine_leave(engine)
+    ccall(_co2_engine_leave_ptr[], co2_status_t, (co2_engine_t,), engine)
+end
+
 const _co2_engine_consensus_ptr = Ref{Ptr{Cvoid}}(C_NULL)
 function co2_engine_consensus(engine, kind, out, count)
     ccall(_co2_engine_consensus_ptr[], co2_status_t, (co2_engine_t, co2_consensus_t, Ptr{Cfloat}, Csize_t), engine, kind, out, count)
@@ -631,6 +637,7 @@ const FUNCTION_NAMES = (
     :co2_engine_reduce_gradients,
     :co2_engine_synchronize,
     :co2_engine_finalize,
+    :co2_engine_leave,
     :co2_engine_consensus,
     :co2_engine_num_elements,
     :co2_engine_set_param,
@@ -678,6 +685,7 @@ function bind_symbols!(handle::Ptr{Cvoid})
     _co2_engine_reduce_gradients_ptr[] = Libdl.dlsym(handle, :co2_engine_reduce_gradients)
     _co2_engine_synchronize_ptr[] = Libdl.dlsym(handle, :co2_engine_synchronize)
     _co2_engine_finalize_ptr[] = Libdl.dlsym(handle, :co2_engine_finalize)
+    _co2_engine_leave_ptr[] = Libdl.dlsym(handle, :co2_engine_leave)
     _co2_engine_consensus_ptr[] = Libdl.dlsym(handle, :co2_engine_consensus)
     _co2_engine_num_elements_ptr[] = Libdl.dlsym(handle, :co2_engine_num_elements)
     _co2_engine_set_param_ptr[] = Libdl.dlsym(handle, :co2_engine_set_param)

@@ -43,6 +43,7 @@ pub const CO2_ERR_CHECKPOINT_MISMATCH: _bindgen_ty_1 = 24;
 pub const CO2_ERR_CALLBACK: _bindgen_ty_1 = 25;
 pub const CO2_ERR_TIMEOUT: _bindgen_ty_1 = 40;
 pub const CO2_MEMBERSHIP_CHANGED: _bindgen_ty_1 = 50;
+pub const CO2_LEFT: _bindgen_ty_1 = 51;
 pub const CO2_ERR_PEER_LOST: _bindgen_ty_1 = 100;
 pub const CO2_ERR_PEER_TIMEOUT: _bindgen_ty_1 = 101;
 pub const CO2_ERR_COLLECTIVE_MISMATCH: _bindgen_ty_1 = 102;
@@ -1513,6 +1514,9 @@ extern "C" {
 }
 extern "C" {
     pub fn co2_engine_finalize(engine: co2_engine_t) -> co2_status_t;
+}
+extern "C" {
+    pub fn co2_engine_leave(engine: co2_engine_t) -> co2_status_t;
 }
 extern "C" {
     pub fn co2_engine_consensus(

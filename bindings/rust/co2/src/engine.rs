@@ -261,6 +261,16 @@ impl<'a> Engine<'a> {
         check(unsafe { sys::co2_engine_finalize(self.as_raw()) })
     }
 
+    /// Elastic groups: asks to leave without ending the group (a preemption notice). Returns at
+    /// once; keep calling `step`: the step at which the group lets this rank go returns
+    /// [`Status::Left`](crate::Status::Left) here (parameters = the anchor, every step's work
+    /// kept) and [`Status::MembershipChanged`](crate::Status::MembershipChanged) on the others.
+    /// `finalize` and `synchronize` are refused meanwhile. docs/capi.md, "Leaving".
+    pub fn leave(&mut self) -> Result<()> {
+        // SAFETY: valid handle.
+        check(unsafe { sys::co2_engine_leave(self.as_raw()) })
+    }
+
     /// Writes the consensus model (every Parameter and Buffer element, registration order) into
     /// `out`, whose length must be `num_elements()`. `Consensus::LocalAverage` is collective.
     pub fn consensus(&mut self, kind: Consensus, out: &mut [f32]) -> Result<()> {

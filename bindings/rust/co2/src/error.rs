@@ -31,6 +31,10 @@ pub enum Status {
     /// re-shard the data if it is sharded by rank, and keep training (call `step` again; a
     /// `finalize` that returned it did not finalize). docs/capi.md, "Elastic membership".
     MembershipChanged,
+    /// Not a failure: this rank left its elastic group as it asked ([`Engine::leave`](crate::Engine::leave)).
+    /// Its parameters are the group's anchor after its last round; the engine takes no more
+    /// steps. Drop the engine and the communicator. docs/capi.md, "Leaving".
+    Left,
     PeerLost,
     PeerTimeout,
     CollectiveMismatch,
@@ -42,7 +46,7 @@ pub enum Status {
     Other(i32),
 }
 
-const CODES: [(Status, u32); 22] = [
+const CODES: [(Status, u32); 23] = [
     (Status::InvalidArgument, sys::CO2_ERR_INVALID_ARGUMENT),
     (Status::InvalidState, sys::CO2_ERR_INVALID_STATE),
     (Status::Unsupported, sys::CO2_ERR_UNSUPPORTED),
@@ -58,6 +62,7 @@ const CODES: [(Status, u32); 22] = [
     (Status::Callback, sys::CO2_ERR_CALLBACK),
     (Status::Timeout, sys::CO2_ERR_TIMEOUT),
     (Status::MembershipChanged, sys::CO2_MEMBERSHIP_CHANGED),
+    (Status::Left, sys::CO2_LEFT),
     (Status::PeerLost, sys::CO2_ERR_PEER_LOST),
     (Status::PeerTimeout, sys::CO2_ERR_PEER_TIMEOUT),
     (Status::CollectiveMismatch, sys::CO2_ERR_COLLECTIVE_MISMATCH),

@@ -61,6 +61,9 @@ fn status_codes_round_trip_and_have_texts() {
     assert_eq!(Status::from_code(50), Status::MembershipChanged);
     assert_eq!(Status::MembershipChanged.code(), 50);
     assert!(!Status::MembershipChanged.is_communicator_failure());
+    assert_eq!(Status::from_code(51), Status::Left);
+    assert_eq!(Status::Left.code(), 51);
+    assert!(!Status::Left.is_communicator_failure());
     assert_ne!(Status::MembershipChanged.description(), Status::Other(77).description());
     assert_eq!(Status::from_code(77), Status::Other(77));
     assert_eq!(Status::Other(77).code(), 77);
