@@ -15,6 +15,7 @@
 
 #include "runtime/base/log.hpp"
 #include "runtime/group/addresses.hpp"
+#include "runtime/group/local_membership.hpp"
 #include "runtime/group/membership.hpp"
 #include "runtime/outer/codec_isa.hpp"
 #include "rendezvous/tcp_store.hpp"
@@ -312,9 +313,9 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
 
   switch (choice.kind) {
     case TransportKind::Local: {
-      require(request.options.elastic_min_ranks == 0, Status::Unsupported,
-              "elastic membership (elastic_min_ranks > 0) needs ranks in separate processes over UCX: the local "
-              "transport's ranks are threads of one process, which live and die together");
+      require(request.options.elastic_min_ranks <= request.world_size, Status::InvalidArgument,
+              "elastic_min_ranks " + std::to_string(request.options.elastic_min_ranks) + " is larger than the group (" +
+                  std::to_string(request.world_size) + " ranks)");
       require(request.world_size <= transport::local::kMaxRanks, Status::InvalidArgument,
               "world_size " + std::to_string(request.world_size) +
                   " is too large for the local transport (its ranks are threads of one process): "
@@ -331,7 +332,11 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         std::lock_guard<std::mutex> lock(servers().mutex);
         servers().by_id.erase(request.unique_id);  // the group met: its id's store is not needed
       }
-      return std::make_shared<Communicator>(std::move(transport), request.options);
+      auto comm = std::make_shared<Communicator>(std::move(transport), request.options);
+      if (request.options.elastic_min_ranks > 0)
+        comm->set_membership(std::make_shared<LocalMembership>(group, request.rank, request.world_size,
+                                                               request.options.timeout, link));
+      return comm;
     }
     case TransportKind::Ucx:
     case TransportKind::Nccl: {

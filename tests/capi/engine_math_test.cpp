@@ -1034,6 +1034,89 @@ TEST(EngineMathProperty, BetaZeroAlphaOneAverages) {
   }
 }
 
+// A rank that leaves an elastic group (co2_engine_leave over the local transport; docs/algorithm.md,
+// "Leaving"): W = 3, rank 1 asks at step 7, every rank learns at one boundary that it goes; there
+// the group synchronizes and the others train on at W = 2 to step 30 and finalize. The fp64
+// reference replays the same membership: 3 ranks up to that step, the rank removed after a
+// synchronize, 2 ranks after it. Eager (the default) and outer momentum 0.5, handed over.
+TEST(EngineMathProperty, ALeaveMatchesTheReferenceOverTheChangingMembership) {
+  const int W = 3, tau = 3, leaver = 1;
+  const uint64_t request_at = 7, total_steps = 30;
+  const double alpha = 0.8, beta = 0.5;
+  const Layout layout = layout_mixed();
+  const Data data = make_data(layout, W, 91);
+  std::vector<uint64_t> changed_at(W, 0);
+  std::vector<std::vector<float>> final_state(W);  // the members after finalize, the leaver when let go
+  std::vector<int32_t> final_size(W, 0);
+  co2test::CommOptions options;
+  options.elastic_min_ranks = 1;
+  run_ranks(W, [&](int rank, co2_comm_t comm) {
+    LocalModel model(layout, data, rank);
+    EngineGuard eg;
+    co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+    cfg.tau = tau;
+    cfg.outer_lr = alpha;
+    cfg.outer_momentum = beta;
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    CO2_ASSERT_OK(model.register_with(eg.engine));
+    CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+    for (uint64_t k = 0; get_stats(eg.engine).steps < total_steps; ++k) {
+      if (rank == leaver && k == request_at) CO2_ASSERT_OK(co2_engine_leave(eg.engine));
+      model.inner_step(k);
+      const co2_status_t s = co2_engine_step(eg.engine, nullptr, nullptr);
+      if (s == CO2_OK) continue;
+      ASSERT_EQ(s, rank == leaver ? CO2_LEFT : CO2_MEMBERSHIP_CHANGED) << co2_last_error_message();
+      changed_at[rank] = get_stats(eg.engine).steps;
+      if (rank == leaver) {
+        final_state[rank] = model.gather_state();
+        CO2_EXPECT_STATUS(CO2_LEFT, co2_engine_step(eg.engine, nullptr, nullptr));
+        return;
+      }
+    }
+    CO2_ASSERT_OK(co2_engine_finalize(eg.engine));
+    final_state[rank] = model.gather_state();
+    CO2_ASSERT_OK(co2_comm_size(comm, &final_size[rank]));
+  }, options);
+  if (HasFailure()) return;
+  const uint64_t change = changed_at[0];
+  for (int r = 0; r < W; ++r) ASSERT_EQ(changed_at[r], change) << "rank " << r << " saw the leave elsewhere";
+  ASSERT_GT(change, request_at);
+  ASSERT_LE(change, request_at + 4 * tau) << "the agreement took more than three rounds";
+  EXPECT_EQ(final_size[0], W - 1);
+  EXPECT_EQ(final_size[2], W - 1);
+
+  co2ref::Config rc;
+  rc.tau = tau;
+  rc.alpha = alpha;
+  rc.beta = beta;
+  rc.eager = true;
+  co2ref::Reference ref(rc, ref_segments(layout), W, concat_state(layout, data.init[0]));
+  std::vector<std::vector<double>> targets;
+  for (int r = 0; r < W; ++r) targets.push_back(concat_state(layout, data.target[r]));
+  std::vector<int> thread_of = {0, 1, 2};  // reference rank -> the thread (its data)
+  std::vector<double> left_with;
+  for (uint64_t k = 0; k < total_steps; ++k) {
+    for (int r = 0; r < ref.world_size(); ++r) ref_inner_step(ref.p(r), targets[size_t(thread_of[size_t(r)])], k);
+    ref.step();
+    if (k + 1 == change) {
+      ref.leave(leaver);
+      thread_of.erase(thread_of.begin() + leaver);
+      left_with = ref.p(0);  // every rank's parameters after the synchronize
+    }
+  }
+  ref.finalize();
+  ASSERT_EQ(ref.world_size(), W - 1);
+  const double tol = 2e-5 * std::max(ref.scale(), 1.0);
+  double leave_moved = 0.0;
+  for (size_t i = 0; i < left_with.size(); ++i) {
+    ASSERT_NEAR(final_state[leaver][i], left_with[i], tol) << "the leaver's parameters, element " << i;
+    ASSERT_NEAR(final_state[0][i], ref.p(0)[i], tol) << "rank 0 after finalize, element " << i;
+    ASSERT_EQ(final_state[0][i], final_state[2][i]) << "the members differ at element " << i;
+    leave_moved = std::max(leave_moved, std::fabs(double(final_state[0][i]) - left_with[i]));
+  }
+  EXPECT_GT(leave_moved, 1e-3) << "the members did not train after the leave";
+}
+
 // Auto β resolves by the number of outer participants: 0 up to 16 ranks (17: 0.2).
 TEST(EngineMathProperty, AutoBetaResolvesByWorldSize) {
   for (int W : {1, 2, 3, 4, 16, 17}) {

@@ -54,6 +54,7 @@ struct CommOptions {
   uint32_t timeout_ms = 60000;  // no-progress timeout: a hung test fails within a minute
   uint64_t chunk_bytes = 0;     // 0: the library default
   int ranks_per_node = 0;       // > 0: rank r names node r / ranks_per_node (node_id); 0: AUTO
+  int elastic_min_ranks = 0;
 };
 
 // A group name that no other call in this process uses: test name + a process-wide counter.
@@ -77,6 +78,7 @@ inline co2_status_t create_comm(const std::string& group, int rank, int world_si
   config.timeout_ms = options.timeout_ms;
   if (options.chunk_bytes != 0) config.chunk_bytes = options.chunk_bytes;
   if (options.ranks_per_node > 0) config.node_id = rank / options.ranks_per_node;
+  config.elastic_min_ranks = options.elastic_min_ranks;
   return co2_comm_create(&config, out);
 }
 

@@ -19,7 +19,7 @@
 //  - non-finite rules: co2 skips a non-finite arriving average (a, m, history unchanged) and
 //    still sets the next pending average and p <- a; a non-finite local delta is counted per
 //    rank; diloco skips a non-finite fresh average (p <- a); localsgd leaves p as it was.
-//  - finalize / synchronize, τ changes at the next boundary.
+//  - finalize / synchronize, τ changes at the next boundary, a rank that leaves.
 //  - eager (co2 only, docs/algorithm.md "The eager policy"): per rank an offset e_i and a
 //    momentum q_i of its own deltas; d_i = (a + e_i) - p_i on PARAMETER segments; after the
 //    boundary's update q_i <- β q_i + d_i, e_i <- -(α/W)(nesterov ? β q_i + d_i : q_i),
@@ -215,6 +215,19 @@ class Reference {
     }
     steps_in_round_ = 0;
     tau_current_ = tau_next_;
+  }
+
+  // Elastic groups, a rank that leaves (docs/algorithm.md "Leaving"): the group synchronizes,
+  // then goes on without it at W - 1 ranks, which keep their order; the anchor, outer momentum
+  // and gap history stay, an automatic β follows the new W.
+  void leave(int rank) {
+    synchronize();
+    p_.erase(p_.begin() + rank);
+    e_.erase(e_.begin() + rank);
+    q_.erase(q_.begin() + rank);
+    nonfinite_local_.erase(nonfinite_local_.begin() + rank);
+    --world_;
+    if (cfg_.beta < 0) beta_ = auto_beta(world_);
   }
 
   // The anchor the next boundary starts from: the pending average applied (when finite).
@@ -480,7 +493,7 @@ class Reference {
 
   const Config cfg_;
   const std::vector<Segment> segs_;
-  const int world_;
+  int world_;
   std::vector<size_t> offsets_;
   size_t n_ = 0;
   double beta_ = 0.0;

@@ -256,8 +256,9 @@ typedef struct co2_comm_config {
  * store), re-form over UCX, take the outer state of the survivor that applied the most updates
  * (the round in flight is dropped), and the engine call that met the failure returns
  * CO2_MEMBERSHIP_CHANGED. Fewer than k survivors: CO2_ERR_PEER_LOST as with 0. Every rank must
- * use the same. UCX and host tensors with replicated outer state only (else
- * CO2_ERR_UNSUPPORTED). docs/capi.md, "Elastic membership". */
+ * use the same. Host tensors with replicated outer state only (else CO2_ERR_UNSUPPORTED at
+ * commit); UCX survives every change, the local transport a rank that leaves (co2_engine_leave)
+ * only, NCCL none (CO2_ERR_UNSUPPORTED). docs/capi.md, "Elastic membership". */
 #define CO2_CONNECTIONS_AUTO 0u
 #define CO2_MAX_CONNECTIONS 16u
 

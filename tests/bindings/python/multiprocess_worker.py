@@ -276,8 +276,11 @@ def elastic(steps, out):
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
     np.save(os.path.join(out, f"elastic{name}.npy"), flat)
     with open(os.path.join(out, f"elastic{name}.json"), "w") as f:
-        json.dump({"rank": comm.rank, "world_size": comm.world_size, "changes": changes,
-                   "steps": trainer.engine.stats()["steps"], "left": left}, f)
+        record = {"rank": comm.rank, "world_size": comm.world_size, "changes": changes,
+                  "steps": trainer.engine.stats()["steps"]}
+        if left:
+            record["left"] = True
+        json.dump(record, f)
     trainer.close()
     comm.close()
 

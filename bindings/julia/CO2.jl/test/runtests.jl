@@ -96,10 +96,10 @@ end
     g = groupname("errors")
     @test status(() -> Communicator(transport=:local, rank=2, world_size=2, group_name=g)) == C.CO2_ERR_INVALID_ARGUMENT
     @test status(() -> Communicator(transport=:local, group_name=g, connections_per_peer=17)) == C.CO2_ERR_INVALID_ARGUMENT
-    # elastic_min_ranks reaches the library: negative is refused; k >= 1 is UCX-only, so the local
-    # transport refuses it (a keyword that never reached the config would create the group).
+    # elastic_min_ranks reaches the library: negative is refused, and so is a minimum above the
+    # group's size (a keyword that never reached the config would create the group).
     @test status(() -> Communicator(transport=:local, group_name=g, elastic_min_ranks=-1)) == C.CO2_ERR_INVALID_ARGUMENT
-    @test status(() -> Communicator(transport=:local, group_name=g, elastic_min_ranks=1)) == C.CO2_ERR_UNSUPPORTED
+    @test status(() -> Communicator(transport=:local, group_name=g, elastic_min_ranks=2)) == C.CO2_ERR_INVALID_ARGUMENT
     close(Communicator(transport=:local, group_name=groupname("elastic0"), elastic_min_ranks=0))
     @test status(() -> Communicator(transport=:local, rank=0, world_size=2, group_name=g, timeout_ms=200)) == C.CO2_ERR_RENDEZVOUS
     comm = Communicator(transport=:local, group_name=g)

@@ -80,11 +80,11 @@ fn communicator_creation_errors() {
     assert_status(bad(local_config(&g, 0, 1).chunk_bytes(4)), Status::InvalidArgument);
     let err = assert_status(bad(local_config(&g, 0, 1).connections_per_peer(Some(17))), Status::InvalidArgument);
     assert!(err.message().contains("connections_per_peer"), "{err}");
-    // elastic_min_ranks reaches the library: negative is refused, and k >= 1 is UCX-only, so the
-    // local transport refuses it (a builder that dropped the value would create the group).
+    // elastic_min_ranks reaches the library: negative is refused, and so is a minimum above the
+    // group's size (a builder that dropped the value would create the group).
     let err = assert_status(bad(local_config(&g, 0, 1).elastic_min_ranks(-1)), Status::InvalidArgument);
     assert!(err.message().contains("elastic_min_ranks"), "{err}");
-    let err = assert_status(bad(local_config(&g, 0, 1).elastic_min_ranks(1)), Status::Unsupported);
+    let err = assert_status(bad(local_config(&g, 0, 1).elastic_min_ranks(2)), Status::InvalidArgument);
     assert!(err.message().contains("elastic_min_ranks"), "{err}");
     assert_status(bad(local_config("", 0, 1)), Status::InvalidArgument); // empty group name
     let err = assert_status(bad(local_config("a\0b", 0, 1)), Status::InvalidArgument);
