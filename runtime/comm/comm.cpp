@@ -124,9 +124,8 @@ class PointToPointExecutor {
                                   std::function<void()> on_result = {},
                                   std::shared_ptr<Request> after = {});
 
-  // Records the first error (later ones are dropped), aborts the transport so that the peers
-  // fail promptly too, and lets the progress thread fail everything in flight.
-  // tell_peers: abort the transport, so that the peers' collectives fail too.
+  // Records the first error (later ones are dropped), lets the progress thread fail everything
+  // in flight and, with tell_peers, aborts the transport so that the peers fail promptly too.
   void fail(Status status, const std::string& message, bool tell_peers = true);
 
   Status error_status() const;
@@ -179,7 +178,8 @@ PointToPointExecutor::PointToPointExecutor(std::unique_ptr<transport::PointToPoi
                                    const CommOptions& options)
     : transport_(std::move(transport)),
       options_(options),
-      tuning_{options.chunk_bytes, std::max(kChunksInFlight, kChunksInFlightPerConnection * size_t(transport_->connections_per_peer()))},
+      tuning_{options.chunk_bytes,
+              std::max(kChunksInFlight, kChunksInFlightPerConnection * size_t(transport_->connections_per_peer()))},
       rank_(transport_->rank()),
       size_(transport_->size()),
       progress_thread_([this] { run(); }) {}

@@ -939,7 +939,6 @@ void Engine::leave() {
   require(s.comm->elastic(), Status::Unsupported,
           "co2_engine_leave needs an elastic group (co2_comm_config_t.elastic_min_ranks >= 1); without one, "
           "a rank that goes ends the group");
-  require(!s.hierarchical(), Status::Unsupported, "co2_engine_leave: hierarchical groups are not elastic");
   require(s.comm->size() > 1, Status::InvalidState,
           "co2_engine_leave: this rank is the group's only one (call co2_engine_finalize instead)");
   if (!s.leave_requested) log::info("membership: rank " + std::to_string(s.comm->rank()) + " asked to leave the group");

@@ -93,9 +93,9 @@ void adopt_oldest(Engine::State& s) {
 void submit_agreement(Engine::State& s) {
   auto a = std::make_unique<Observer::Agreement>();
   // One Max all-reduce carries them all: the slowest step, the shortest all-reduce (negated),
-  // whether any rank lacks a measurement, and the elastic group's join and leave requests. The all-reduce seen by the rank that arrives
-  // last at a boundary is the transfer itself; on the others it includes their wait for that
-  // rank, which a longer tau would not hide.
+  // whether any rank lacks a measurement, and an elastic group's join and leave requests. The
+  // all-reduce seen by the rank that arrives last at a boundary is the transfer itself; on the
+  // others it includes their wait for that rank, which a longer tau would not hide.
   const bool measured = s.advisor.measured();
   a->values[0] = measured ? int64_t(s.advisor.step_ns()) : 0;
   a->values[1] = measured ? -int64_t(s.advisor.allreduce_ns()) : 0;
@@ -103,7 +103,8 @@ void submit_agreement(Engine::State& s) {
   // The door's count travels with the advice, so every rank learns it at the same boundary.
   a->values[3] = s.comm->join_requests();
   a->values[4] = s.leave_requested ? s.comm->rank() + 1 : 0;
-  a->request = s.comm->allreduce(a->values, std::size(a->values), DataType::I64, ReduceOp::Max, s.id(Purpose::AdvisorAgreement));
+  a->request = s.comm->allreduce(a->values, std::size(a->values), DataType::I64, ReduceOp::Max,
+                                 s.id(Purpose::AdvisorAgreement));
   s.observer.agreements.push_back(std::move(a));
 }
 

@@ -206,6 +206,12 @@ int elastic_min_ranks_from_environment() {
   return int(value);
 }
 
+void require_min_ranks_fit(const GroupRequest& request) {
+  require(request.options.elastic_min_ranks <= request.world_size, Status::InvalidArgument,
+          "elastic_min_ranks " + std::to_string(request.options.elastic_min_ranks) + " is larger than the group (" +
+              std::to_string(request.world_size) + " ranks)");
+}
+
 // Elastic membership (runtime/group/membership.hpp): this rank's endpoint, every rank's address,
 // and how the communicator re-forms over the survivors after a failure.
 void make_elastic(Communicator& comm, store::Store& store, const std::string& prefix, const GroupRequest& request,
@@ -213,9 +219,7 @@ void make_elastic(Communicator& comm, store::Store& store, const std::string& pr
   require(comm.collective_stream() == nullptr, Status::Unsupported,
           "elastic membership over NCCL (ncclCommShrink) is not implemented yet: use UCX (host tensors), or "
           "elastic_min_ranks = 0");
-  require(request.options.elastic_min_ranks <= request.world_size, Status::InvalidArgument,
-          "elastic_min_ranks " + std::to_string(request.options.elastic_min_ranks) + " is larger than the group (" +
-              std::to_string(request.world_size) + " ranks)");
+  require_min_ranks_fit(request);
   comm.set_membership(Membership::publish(store, prefix + "membership/", request.rank, request.world_size,
                                           request.options, std::move(door)));
 }
@@ -313,9 +317,7 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
 
   switch (choice.kind) {
     case TransportKind::Local: {
-      require(request.options.elastic_min_ranks <= request.world_size, Status::InvalidArgument,
-              "elastic_min_ranks " + std::to_string(request.options.elastic_min_ranks) + " is larger than the group (" +
-                  std::to_string(request.world_size) + " ranks)");
+      require_min_ranks_fit(request);
       require(request.world_size <= transport::local::kMaxRanks, Status::InvalidArgument,
               "world_size " + std::to_string(request.world_size) +
                   " is too large for the local transport (its ranks are threads of one process): "

@@ -565,8 +565,8 @@ co2_status_t co2_engine_finalize(co2_engine_t engine);
  *    waiting for any timeout.
  * Several ranks that ask leave one per agreement, highest rank first. While a leave is pending,
  * co2_engine_finalize and co2_engine_synchronize fail with CO2_ERR_INVALID_STATE (the others
- * would not run them). Errors: CO2_ERR_UNSUPPORTED when the group is not elastic (or is
- * hierarchical), CO2_ERR_INVALID_STATE before commit or when the group has one rank.
+ * would not run them). Errors: CO2_ERR_UNSUPPORTED when the group is not elastic,
+ * CO2_ERR_INVALID_STATE before commit or when the group has one rank.
  * docs/capi.md, "Leaving". */
 co2_status_t co2_engine_leave(co2_engine_t engine);
 
