@@ -184,7 +184,8 @@ void observe_round(Engine::State& s) {
   o.last_boundary = now;
   o.boundary_seen = true;
   submit_agreement(s);
-  while (o.agreements.size() > kAgreementLag) adopt_oldest(s);
+  const size_t lag = s.comm->elastic() ? kElasticAgreementLag : kAgreementLag;
+  while (o.agreements.size() > lag) adopt_oldest(s);
   log_round(s, now);
   if (s.metrics) publish_metrics(s);
 }

@@ -19,6 +19,11 @@ namespace co2 {
 // synchronize), so that the training thread never waits for it: by then every rank has long
 // passed the boundary that submitted it.
 constexpr size_t kAgreementLag = 2;
+// In an elastic group the agreement also carries join and leave requests, which are answered
+// sooner with one boundary's lag. Waiting there costs the training thread nothing in practice:
+// at boundary t+1 a rank waits for round t's average anyway, which needs every rank to have
+// passed boundary t, where it submitted the agreement on the control lane before its average.
+constexpr size_t kElasticAgreementLag = 1;
 // At CO2_LOG_LEVEL=info the round line is written at most once per this interval (every round
 // at debug), so that short rounds do not flood stderr.
 constexpr std::chrono::milliseconds kRoundLogInterval{1000};

@@ -1081,7 +1081,7 @@ TEST(EngineMathProperty, ALeaveMatchesTheReferenceOverTheChangingMembership) {
   const uint64_t change = changed_at[0];
   for (int r = 0; r < W; ++r) ASSERT_EQ(changed_at[r], change) << "rank " << r << " saw the leave elsewhere";
   ASSERT_GT(change, request_at);
-  ASSERT_LE(change, request_at + 4 * tau) << "the agreement took more than three rounds";
+  ASSERT_LE(change, request_at + 2 * tau) << "not let go at the second boundary after the request";
   EXPECT_EQ(final_size[0], W - 1);
   EXPECT_EQ(final_size[2], W - 1);
 

@@ -555,7 +555,7 @@ co2_status_t co2_engine_finalize(co2_engine_t engine);
 /* Added in 1.2. Asks to leave the elastic group (elastic_min_ranks >= 1) without ending it: a
  * clean goodbye, for a process that is told to go (a spot instance's notice, a scheduler taking
  * the node back). Returns at once; keep calling co2_engine_step as before. The ranks agree on
- * the leave with the tau advisor's agreement (two or three boundaries later); at that boundary
+ * the leave with the tau advisor's agreement (at the second boundary after the request); there
  * every rank synchronizes, so that the leaving rank's work is in the anchor and no rank's steps
  * are lost, and then
  *  - on this rank co2_engine_step returns CO2_LEFT: its parameters are the anchor, the engine
