@@ -143,10 +143,12 @@ def test_a_rank_that_leaves_is_let_go_with_its_work_kept(group_factory, leaver):
     assert time.monotonic() - started < LIMIT_S
 
 
-def test_leave_of_a_rank_that_is_then_killed_is_survived(group_factory):
-    """A rank that asked to leave and dies before the group let it go is a loss like any other."""
+@pytest.mark.parametrize("die_at", [41, 43], ids=["before_its_request_went_out", "after"])
+def test_leave_of_a_rank_that_is_then_killed_is_survived(group_factory, die_at):
+    """A rank that asked to leave (step 40) and dies before the group let it go (step 45) is a loss
+    like any other: before its request reached the others (boundary 42), or after."""
     g = group_factory(3, min_ranks=2)
-    g.start({1: {"ELASTIC_LEAVE_AT": 40, "ELASTIC_DIE_AT": 41}})
+    g.start({1: {"ELASTIC_LEAVE_AT": 40, "ELASTIC_DIE_AT": die_at}})
     assert_survivors_agree(g, [0, 2], changes=1)
     assert g.procs[1].wait(timeout=10) == -signal.SIGKILL
 
