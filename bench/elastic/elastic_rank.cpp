@@ -5,8 +5,10 @@
 // when each member got CO2_MEMBERSHIP_CHANGED and when its first step after that returned. Before
 // the steps: "created <ns>" when co2_comm_create returned (a joiner: it was admitted), then
 // "committed <ns> steps <steps> state_bytes <outer state bytes>" when the commit returned (a
-// joiner: it holds the group's state).
+// joiner: it holds the group's state). SIGUSR1 asks it to leave (co2_engine_leave, as a process
+// told to go would); when its step returns CO2_LEFT it prints "t <ns> steps <steps> left" and exits 0.
 //   elastic_rank STATE_MIB TAU STEP_MS TIMEOUT_MS STEPS
+#include <signal.h>
 #include <time.h>
 
 #include <chrono>
@@ -24,6 +26,10 @@ long long now_ns() {
   clock_gettime(CLOCK_REALTIME, &t);
   return t.tv_sec * 1000000000LL + t.tv_nsec;
 }
+
+volatile sig_atomic_t leave_asked = 0;
+
+void ask_to_leave(int) { leave_asked = 1; }
 
 int fail(co2_status_t status, const char* call) {
   std::fprintf(stderr, "%s -> %d: %s\n", call, int(status), co2_last_error_message());
@@ -72,15 +78,28 @@ int main(int argc, char** argv) {
   std::printf("committed %lld steps %llu state_bytes %llu\n", committed, (unsigned long long)stats.steps,
               (unsigned long long)stats.outer_state_bytes);
   std::fflush(stdout);
+  ::signal(SIGUSR1, ask_to_leave);
+  bool leaving = false;
   for (;;) {
     TRY(co2_engine_get_stats(engine, &stats));
     if (stats.steps >= steps) break;
+    if (leave_asked && !leaving) {
+      TRY(co2_engine_leave(engine));
+      leaving = true;
+    }
     const auto until = std::chrono::steady_clock::now() + step_time;
     weights[size_t(stats.steps) % count] += 1e-3f * float(rank + 1);  // a rank-dependent delta
     std::this_thread::sleep_until(until);
     const co2_status_t status = co2_engine_step(engine, nullptr, nullptr);
     const long long at = now_ns();
     TRY(co2_engine_get_stats(engine, &stats));
+    if (status == CO2_LEFT) {
+      std::printf("t %lld steps %llu left\n", at, (unsigned long long)stats.steps);
+      std::fflush(stdout);
+      co2_engine_destroy(engine);
+      co2_comm_destroy(comm);
+      return 0;
+    }
     if (status == CO2_MEMBERSHIP_CHANGED) {
       TRY(co2_comm_rank(comm, &rank));
       TRY(co2_comm_size(comm, &size));

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""How long an elastic group's survivors lose to a rank that dies or stalls (issue 26).
+"""How long an elastic group's survivors lose to a rank that dies, stalls or leaves (issue 26).
 
 W processes over UCX/TCP on loopback train STATE_MIB of parameters with a fixed step time (the
-sleep stands in for compute); once they run, the driver SIGKILLs (or SIGSTOPs) one rank and
-notes the wall time. Each survivor reports when the engine call that met the loss returned
-CO2_MEMBERSHIP_CHANGED and when its first step after it returned. Printed per case (the max over
-survivors): the time to MEMBERSHIP_CHANGED, to the first step after, the round time before the
-fault, and the target (timeout + one round).
+sleep stands in for compute); once they run, the driver SIGKILLs (or SIGSTOPs) one rank, or sends
+it SIGUSR1 (it calls co2_engine_leave), and notes the wall time. Each survivor reports when the
+engine call that met the change returned CO2_MEMBERSHIP_CHANGED and when its first step after it
+returned. Printed per case (the max over survivors): the time to MEMBERSHIP_CHANGED, to the first
+step after, the stall of the step that returned the change (its time less the step time), the
+round time before the fault, the target (timeout + one round) and the steps lost (the last step
+before the change against the step the group resumed at).
 
     /usr/bin/python3 bench/elastic/leave.py [--build build] [--world 4] [--state-mib 16]
 """
@@ -63,12 +65,12 @@ def run_case(args, fault, victim, timeout_ms):
         before = [t for t, w in ranks[0].lines if w and w[0] == "t"]
         step_ns = (before[-1] - before[len(before) // 2]) / max(1, len(before) - 1 - len(before) // 2)
         fault_at = time.time_ns()
-        ranks[victim].proc.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        ranks[victim].proc.send_signal({"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "leave": signal.SIGUSR1}[fault])
         survivors = [r for i, r in enumerate(ranks) if i != victim]
         for r in survivors:
             r.proc.wait(timeout=timeout_ms / 1000 * 3 + 120)
             r.reader.join(timeout=10)
-        changed, first_after, resumed, last_before = [], [], [], []
+        changed, first_after, resumed, last_before, stall = [], [], [], [], []
         for r in survivors:
             if r.proc.returncode != 0:
                 raise RuntimeError(f"a survivor failed ({r.proc.returncode}): {r.proc.stderr.read()}")
@@ -77,8 +79,12 @@ def run_case(args, fault, victim, timeout_ms):
             changed.append((int(words[at][1]) - fault_at) / 1e6)
             first_after.append((int(words[at + 1][1]) - fault_at) / 1e6)
             resumed.append(int(words[at][3]))
+            stall.append((int(words[at][1]) - int(words[at - 1][1])) / 1e6 - args.step_ms)
             last_before.append(max(int(w[3]) for w in words[:at] if int(w[1]) < fault_at))
+        if fault == "leave" and ranks[victim].proc.wait(timeout=30) != 0:
+            raise RuntimeError(f"the leaving rank failed: {ranks[victim].proc.stderr.read()}")
         return {"fault": fault, "victim": victim, "timeout_ms": timeout_ms, "changed_ms": max(changed),
+                "stall_ms": max(stall),
                 "first_step_ms": max(first_after), "round_ms": step_ns * args.tau / 1e6,
                 "last_before": min(last_before), "resumed": resumed[0]}
     finally:
@@ -102,17 +108,19 @@ def main():
     args = parser.parse_args()
     args.worker = os.path.join(args.build, "bench", "elastic_rank")
     cases = [(fault, victim, int(t)) for t in args.timeouts.split(",")
-             for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2))]
+             for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2), ("leave", 2))]
     print(f"# elastic leave, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: W = {args.world} over "
           f"UCX/TCP loopback, {args.state_mib:g} MiB of fp32 parameters, tau {args.tau}, step "
           f"{args.step_ms:g} ms; load average {os.getloadavg()[0]:.2f}")
-    print("| fault | rank | timeout | MEMBERSHIP_CHANGED after | first step after | round | timeout + round | "
-          "last step before → resumed at |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| fault | rank | timeout | MEMBERSHIP_CHANGED after | first step after | stall of that step | round | "
+          "timeout + round | last step before → resumed at |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for fault, victim, timeout_ms in cases:
         c = run_case(args, fault, victim, timeout_ms)
-        print(f"| {'SIGKILL' if fault == 'kill' else 'SIGSTOP'} | {victim}{' (coordinator)' if victim == 0 else ''} "
-              f"| {timeout_ms} ms | {c['changed_ms']:.0f} ms | {c['first_step_ms']:.0f} ms | {c['round_ms']:.0f} ms "
+        name = {"kill": "SIGKILL", "stop": "SIGSTOP", "leave": "co2_engine_leave"}[fault]
+        print(f"| {name} | {victim}{' (coordinator)' if victim == 0 else ''} "
+              f"| {timeout_ms} ms | {c['changed_ms']:.0f} ms | {c['first_step_ms']:.0f} ms | {c['stall_ms']:.0f} ms "
+              f"| {c['round_ms']:.0f} ms "
               f"| {timeout_ms + c['round_ms']:.0f} ms | {c['last_before']} → {c['resumed']} |", flush=True)
     print(f"# load average at the end {os.getloadavg()[0]:.2f}")
 
