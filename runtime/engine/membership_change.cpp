@@ -20,6 +20,7 @@
 #include "runtime/base/log.hpp"
 #include "runtime/engine/arrival.hpp"
 #include "runtime/engine/engine_state.hpp"
+#include "runtime/engine/observe.hpp"
 
 namespace co2 {
 namespace {
@@ -124,8 +125,7 @@ int restart_from_donor(Engine::State& s) {
   s.average_ready = false;
   s.prepared = PreparedUpdate{};
   s.arrival = ArrivalAgreement{};
-  // A leave agreed in the old group's numbering; a rank still waiting to go asks again.
-  s.observer.agreed_leaver = 0;
+  forget_agreements(s);
 
   // The donor: most outer updates applied, then the lowest rank.
   const std::vector<int64_t> counts = gathered_from_every_rank(

@@ -200,6 +200,11 @@ void settle_agreements(Engine::State& s) noexcept {
   }
 }
 
+void forget_agreements(Engine::State& s) noexcept {
+  s.observer.agreements.clear();
+  s.observer.agreed_leaver = 0;
+}
+
 void finish_observing(Engine::State& s) noexcept {
   for (auto& a : s.observer.agreements) a->request->wait_status();
   s.observer.agreements.clear();

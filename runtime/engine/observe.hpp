@@ -65,6 +65,11 @@ void observe_round(Engine::State& s);
 // Adopts every agreement in flight (collective: finalize, synchronize). Never throws: after a
 // failed collective the advice stays as it was and the caller's next call reports the error.
 void settle_agreements(Engine::State& s) noexcept;
+// After a membership change, on every rank: drops the agreements still in flight in the old
+// group (their executor is gone; a rank that met the failure before a boundary's adoption holds
+// one that another rank already adopted) and the leave it agreed on, so that the new group's
+// agreements pair up from empty. Join and leave requests are asked again at the next boundary.
+void forget_agreements(Engine::State& s) noexcept;
 // At engine destruction: waits for what is in flight (bounded by the communicator's timeout)
 // and writes the trace.
 void finish_observing(Engine::State& s) noexcept;
