@@ -676,6 +676,7 @@ bool UcxTransport::progress_until(Done done, Clock::time_point deadline) {
 
 int UcxTransport::choose_lane(const Peer& peer, uint64_t tag) const {
   if (tag & kControlLaneTag) return kControlLane;
+  if (connections_ == 1) return kBulkLane;  // the default: nothing to choose, no scan per send
   const auto bulk_lane = [](int stripe) { return stripe == 0 ? kBulkLane : stripe + 1; };
   for (const auto& [handle, operation] : operations_)
     if (operation.lane >= 0 && operation.peer == peer.rank && operation.tag == tag) return operation.lane;
