@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -261,6 +262,38 @@ class Supervisor {
     }
   }
 
+  // Whether a failed rank is started again; if not and there is a reason worth saying,
+  // `why_not` ends the sentence that reports the failure.
+  bool restartable(const Child& failed_child, std::string& why_not) const {
+    if (restarts_ >= elastic_.max_restarts) {
+      if (elastic_.max_restarts > 0)
+        why_not = "; not started again: the " + std::to_string(elastic_.max_restarts) +
+                  " restarts of --max-restarts are used up";
+      return false;
+    }
+    // The group's door (where a new process asks to join) is rank 0's store: a new rank 0 would
+    // serve a new store and wait alone for a group that never forms.
+    if (failed_child.rank == 0) {
+      why_not = "; not started again: rank 0 holds the group's door, which closed with it (the others go on, "
+                "and no process can join them any more)";
+      return false;
+    }
+    if (door_closed()) {
+      why_not = "; not started again: rank 0 has exited, and with it the group's door";
+      return false;
+    }
+    return true;
+  }
+
+  // Whether the process of rank 0 (on this node, if rank 0 runs here) has exited.
+  bool door_closed() const {
+    for (const auto& child : children_)
+      if (child->rank == 0 && child->running) return false;
+    for (const auto& launch : ranks_)
+      if (launch.rank == 0) return true;
+    return false;  // rank 0 runs on another node: a restarted rank finds out at the door itself
+  }
+
   int finished_well() const {
     int count = 0;
     for (const auto& child : children_) count += !child->running && !failed(child->status);
@@ -280,7 +313,8 @@ class Supervisor {
         if (failed(status) && elastic_.enabled && interrupted_by_ == 0 && !start_failed_) {
           if (!first_lost_) first_lost_ = child.get();
           ++lost_;
-          const bool again = restarts_ < elastic_.max_restarts;
+          std::string why_not;
+          const bool again = restartable(*child, why_not);
           if (again) {
             ++restarts_;
             restart.push_back(child->rank);
@@ -289,7 +323,7 @@ class Supervisor {
               how_it_ended(status) + "; --elastic: the other ranks go on without it" +
               (again ? "; starting it again (restart " + std::to_string(restarts_) + " of " +
                            std::to_string(elastic_.max_restarts) + "): it joins the running group"
-                     : ""));
+                     : why_not));
           continue;
         }
         if (failed(status) && first_failure_ == nullptr && interrupted_by_ == 0 && !start_failed_) {
@@ -300,9 +334,20 @@ class Supervisor {
         }
       }
     }
-    for (int rank : restart)
-      for (const auto& launch : ranks_)
-        if (launch.rank == rank && !start(launch)) say("cannot start rank " + std::to_string(rank) + " again");
+    for (int rank : restart) {
+      // Rank 0 may have exited in this same pass, after the failure was counted.
+      if (door_closed()) {
+        say("rank " + std::to_string(rank) + " not started again after all: rank 0 has exited, and with it the "
+            "group's door (a new process has no group to join)");
+        continue;
+      }
+      for (const auto& launch : ranks_) {
+        if (launch.rank != rank) continue;
+        RankLaunch again = launch;
+        again.environment.push_back("CO2_RESTART_COUNT=" + std::to_string(++started_again_[rank]));
+        if (!start(again)) say("cannot start rank " + std::to_string(rank) + " again");
+      }
+    }
     // Elastic ranks end together: when none finished well, the first loss is the failure.
     if (elastic_.enabled && first_lost_ && first_failure_ == nullptr && running_count() == 0 && finished_well() == 0)
       first_failure_ = first_lost_;
@@ -314,6 +359,7 @@ class Supervisor {
   const Elasticity elastic_;
   int lost_ = 0;               // elastic: rank processes that failed while the others went on
   int restarts_ = 0;
+  std::map<int, int> started_again_;  // rank -> how often it was started again (CO2_RESTART_COUNT)
   Child* first_lost_ = nullptr;
   sigset_t original_mask_;
   int signals_ = -1;

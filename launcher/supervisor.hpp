@@ -22,9 +22,10 @@ struct RankLaunch {
 // rank exited 0; the failed rank's exit code (or 128 + its signal) when one failed first, after
 // printing which rank failed and how; 128 + the signal when co2run itself was interrupted
 // (before any rank failed). With `elastic.enabled` a failed rank does not stop the others (they
-// re-form without it) and is started again, with the same environment, up to
-// `elastic.max_restarts` times in all (it joins the running group); then 0 when any rank process
-// exited 0, else the first failure's code.
+// re-form without it) and is started again, with the same environment plus CO2_RESTART_COUNT
+// (1 for its first restart), up to `elastic.max_restarts` times in all (it joins the running
+// group); then 0 when any rank process exited 0, else the first failure's code. Rank 0 is never
+// started again, nor any rank after rank 0 has exited: its store is the group's door.
 struct Elasticity {
   bool enabled = false;
   int max_restarts = 0;

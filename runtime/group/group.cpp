@@ -194,17 +194,20 @@ std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::
 #endif
 }
 
-// CO2_ELASTIC_MIN_RANKS (co2run --elastic sets it) for a launched group whose config left
-// elastic_min_ranks at 0; 0 when unset.
-int elastic_min_ranks_from_environment() {
-  const char* text = std::getenv("CO2_ELASTIC_MIN_RANKS");
+// A whole number in [0, 2^20] from the environment; 0 when unset.
+int count_from_environment(const char* name) {
+  const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return 0;
   char* end = nullptr;
   const long value = std::strtol(text, &end, 10);
   require(*end == '\0' && value >= 0 && value <= 1 << 20, Status::InvalidArgument,
-          std::string("CO2_ELASTIC_MIN_RANKS must be a whole number >= 0, not '") + text + "'");
+          std::string(name) + " must be a whole number >= 0, not '" + text + "'");
   return int(value);
 }
+
+// CO2_ELASTIC_MIN_RANKS (co2run --elastic sets it) for a launched group whose config left
+// elastic_min_ranks at 0.
+int elastic_min_ranks_from_environment() { return count_from_environment("CO2_ELASTIC_MIN_RANKS"); }
 
 void require_min_ranks_fit(const GroupRequest& request) {
   require(request.options.elastic_min_ranks <= request.world_size, Status::InvalidArgument,
@@ -380,13 +383,32 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         if (const char* token = std::getenv("CO2_AUTH_TOKEN")) where.auth_token = token;
         if (request.rank == 0) server = serve_master_port(launched, where.auth_token);
       }
-      std::shared_ptr<store::Store> store = store::connect_tcp_store(where);
+      // co2run --elastic starts a failed rank again to join its running group: that group's
+      // store was up, so a refused connection means the group has ended (or lost rank 0, which
+      // keeps the door), not that rank 0 is late.
+      const int restart = request.unique_id.empty() ? count_from_environment("CO2_RESTART_COUNT") : 0;
+      if (restart > 0) where.server_may_be_late = false;
+      std::shared_ptr<store::Store> store;
+      try {
+        store = store::connect_tcp_store(where);
+      } catch (const transport::RendezvousError& e) {
+        if (restart == 0) throw;
+        throw transport::RendezvousError(
+            "rank " + std::to_string(request.rank) + " was started again (CO2_RESTART_COUNT=" + std::to_string(restart) +
+            ") to join its running elastic group, but the group's door is gone: the group has ended, or its rank 0 "
+            "(which keeps the door) is gone (" + e.what() + ")");
+      }
       if (request.options.elastic_min_ranks == 0 && request.unique_id.empty())
         request.options.elastic_min_ranks = elastic_min_ranks_from_environment();
       // A launched rank that arrives after its elastic group formed (a restarted one) joins it.
       if (request.options.elastic_min_ranks > 0 && choice.kind == TransportKind::Ucx && request.unique_id.empty() &&
           Membership::door_open(*store))
         return join_running_group(where, request.options);
+      require(restart == 0, Status::Rendezvous,
+              "rank " + std::to_string(request.rank) + " was started again (CO2_RESTART_COUNT=" + std::to_string(restart) +
+                  ") to join its running elastic group, but the group's door at " + where.host + ":" +
+                  std::to_string(where.port) + " is closed: the group is finishing, its rank 0 left, or it was not "
+                  "elastic (co2run --elastic sets CO2_ELASTIC_MIN_RANKS)");
       claim_rank(*store, request.rank, process_identity());
       const int64_t generation = store->add("co2/generation/" + std::to_string(request.rank), 1);
       const std::string prefix = "co2/group" + std::to_string(generation) + "/";

@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "tests/subprocess.hpp"
 
@@ -218,7 +219,7 @@ TEST(Co2run, ElasticStartsAFailedRankAgainUpToTheLimit) {
   const std::string counter = ::testing::TempDir() + "co2run_restarts_" + std::to_string(::getpid());
   std::remove(counter.c_str());
   Subprocess run(co2run({"--nproc-per-node", "2", "--elastic", "1", "--max-restarts", "2", "/bin/sh", "-c",
-                         "if [ \"$RANK\" = 1 ]; then echo x >> " + counter +
+                         "if [ \"$RANK\" = 1 ]; then echo ${CO2_RESTART_COUNT:-first} >> " + counter +
                              "; exit 9; fi; sleep 2; echo rank0 done"}));
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
@@ -227,10 +228,31 @@ TEST(Co2run, ElasticStartsAFailedRankAgainUpToTheLimit) {
   EXPECT_FALSE(contains(run.err(), "restart 3")) << run.describe();
   EXPECT_TRUE(contains(run.err(), "3 rank processes of 4 failed (2 started again)")) << run.describe();
   std::ifstream lines(counter);
-  int starts = 0;
-  for (std::string line; std::getline(lines, line);) ++starts;
-  EXPECT_EQ(starts, 3);
+  std::vector<std::string> starts;  // CO2_RESTART_COUNT of each start
+  for (std::string line; std::getline(lines, line);) starts.push_back(line);
+  EXPECT_EQ(starts, (std::vector<std::string>{"first", "1", "2"}));
   std::remove(counter.c_str());
+}
+
+TEST(Co2run, ElasticNeverStartsRankZeroAgain) {
+  // Rank 0's store is the group's door: a new rank 0 could only wait alone for a new group.
+  Subprocess run(co2run({"--nproc-per-node", "2", "--elastic", "1", "--max-restarts", "3", "/bin/sh", "-c",
+                         "if [ \"$RANK\" = 0 ]; then exit 5; fi; sleep 1; echo rank1 done"}));
+  ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+  EXPECT_TRUE(run.exited_with(0)) << run.describe();
+  EXPECT_TRUE(contains(run.err(), "not started again: rank 0 holds the group's door")) << run.describe();
+  EXPECT_FALSE(contains(run.err(), "starting it again")) << run.describe();
+}
+
+TEST(Co2run, ElasticStartsNoRankAgainAfterRankZeroExited) {
+  // Rank 0 finishes first; rank 1 fails after it, with restarts left: there is no door to join.
+  Subprocess run(co2run({"--nproc-per-node", "2", "--elastic", "1", "--max-restarts", "3", "/bin/sh", "-c",
+                         "if [ \"$RANK\" = 1 ]; then sleep 1; exit 6; fi; echo rank0 done"}));
+  ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+  EXPECT_TRUE(run.exited_with(0)) << run.describe();
+  EXPECT_TRUE(contains(run.err(), "not started again: rank 0 has exited, and with it the group's door"))
+      << run.describe();
+  EXPECT_FALSE(contains(run.err(), "starting it again")) << run.describe();
 }
 
 TEST(Co2run, ElasticFailsWhenNoRankFinishes) {

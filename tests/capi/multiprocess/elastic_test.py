@@ -23,7 +23,7 @@ TIMEOUT_MS = 3000          # the communicators' no-progress timeout in these tes
 STEPS = 150                # engine steps every survivor reaches (tau = 3 in the worker)
 LIMIT_S = 90.0             # a run that takes longer hangs
 
-PEER_LOST, PEER_TIMEOUT, INVALID_ARGUMENT = 100, 101, 1
+PEER_LOST, PEER_TIMEOUT, RENDEZVOUS, INVALID_ARGUMENT = 100, 101, 105, 1
 
 pytestmark = pytest.mark.skipif(not WORKER, reason="ELASTIC_WORKER is not set")
 
@@ -45,9 +45,9 @@ class Group:
         rank), after the group formed: it finds the group's door open and joins."""
         self.procs[key] = self._launch(launch_rank, env)
 
-    def _launch(self, rank, extra):
+    def _launch(self, rank, extra, timeout_ms=TIMEOUT_MS):
         env = launcher_env(rank, self.world, self.port, "elastic-token", CO2_LOG_LEVEL="warn", **extra)
-        return subprocess.Popen([WORKER, self.ready_dir, str(TIMEOUT_MS), str(self.steps), str(self.min_ranks)],
+        return subprocess.Popen([WORKER, self.ready_dir, str(timeout_ms), str(self.steps), str(self.min_ranks)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def wait_for_change(self, ranks, limit_s=LIMIT_S):
@@ -302,6 +302,31 @@ def test_churn_under_co2run_restarts(tmp_path):
     assert int(done[0]["steps"]) >= 300, done
     assert {d["changes"] for d in done} == {str(changes)}, done
     assert len({d["hash"] for d in done}) == 1, done
+
+
+def test_a_restarted_rank_without_a_group_to_join_fails_at_once(group_factory):
+    """co2run sets CO2_RESTART_COUNT on a rank it starts again. Such a process that finds no
+    store (its group ended, and rank 0's store with it) or a closed door (here: a group still
+    forming) fails with RENDEZVOUS naming the cause, instead of waiting out its timeout (60 s
+    here, longer than LIMIT_S allows) for a store or a group that will not come."""
+    long_ms = 60_000
+    g = group_factory(2, min_ranks=1)
+    g.procs["gone"] = g._launch(1, {"CO2_RESTART_COUNT": 1}, timeout_ms=long_ms)
+    codes, outputs = g.wait(["gone"], limit_s=LIMIT_S / 2)
+    assert codes["gone"] == RENDEZVOUS, outputs
+    assert "was started again (CO2_RESTART_COUNT=1)" in outputs["gone"], outputs
+    assert "the group's door is gone" in outputs["gone"], outputs
+
+    g.procs[0] = g._launch(0, {}, timeout_ms=long_ms)  # serves the store, waits for rank 1
+    deadline = time.monotonic() + LIMIT_S / 2
+    while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{g.port}"], capture_output=True).returncode:
+        assert time.monotonic() < deadline and g.procs[0].poll() is None, "rank 0 never served its store"
+        time.sleep(0.05)
+    g.procs["closed"] = g._launch(1, {"CO2_RESTART_COUNT": 2}, timeout_ms=long_ms)
+    codes, outputs = g.wait(["closed"], limit_s=LIMIT_S / 2)
+    assert codes["closed"] == RENDEZVOUS, outputs
+    assert "was started again (CO2_RESTART_COUNT=2)" in outputs["closed"], outputs
+    assert "door at 127.0.0.1:" in outputs["closed"] and "is closed" in outputs["closed"], outputs
 
 
 def test_a_joiner_killed_while_it_joins_does_not_stop_the_group(group_factory):
