@@ -67,9 +67,10 @@ class Data:
         starts = torch.linspace(0, len(validation) - span - 1, EVAL_SEQUENCES).long()
         self.eval_windows = validation[starts[:, None] + torch.arange(span)].long()
 
-    def batches(self, seed, rank):
-        """This rank's training minibatches: random windows, seeded by (seed, rank)."""
-        generator = torch.Generator().manual_seed(seed * 1000 + rank)
+    def batches(self, seed, rank, stream=0):
+        """This rank's training minibatches: random windows, seeded by (seed, rank). An elastic
+        loop starts a new `stream` after each membership change (its rank may be another's)."""
+        generator = torch.Generator().manual_seed(seed * 1000 + rank + 1_000_003 * stream)
         span = self.size.context + 1
         offsets = torch.arange(span)
         while True:
