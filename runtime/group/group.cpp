@@ -252,8 +252,12 @@ std::shared_ptr<store::Store> threads_store() {
 
 }  // namespace
 
+std::string rank_owner_key(int rank) { return "co2/rank-owner/" + std::to_string(rank); }
+
+bool rank_claimed(store::Store& store, int rank) { return store.add(rank_owner_key(rank), 0) > 0; }
+
 void claim_rank(store::Store& store, int rank, const std::string& process) {
-  const std::string key = "co2/rank-owner/" + std::to_string(rank);
+  const std::string key = rank_owner_key(rank);
   // Only this process's first use of `rank` at this store counts it; later communicators of the
   // same process (a group formed again) do not.
   if (store.add(key + "/" + process, 1) != 1) return;
@@ -404,7 +408,9 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       if (request.options.elastic_min_ranks > 0 && choice.kind == TransportKind::Ucx && request.unique_id.empty() &&
           Membership::door_open(*store))
         return join_running_group(where, request.options);
-      require(restart == 0, Status::Rendezvous,
+      // A restarted rank whose first process died before it reached the store takes its place
+      // in the group still forming; one whose rank was taken finds no door to join.
+      require(restart == 0 || !rank_claimed(*store, request.rank), Status::Rendezvous,
               "rank " + std::to_string(request.rank) + " was started again (CO2_RESTART_COUNT=" + std::to_string(restart) +
                   ") to join its running elastic group, but the group's door at " + where.host + ":" +
                   std::to_string(where.port) + " is closed: the group is finishing, its rank 0 left, or it was not "

@@ -304,29 +304,52 @@ def test_churn_under_co2run_restarts(tmp_path):
     assert len({d["hash"] for d in done}) == 1, done
 
 
+def wait_for_file(path, procs, limit_s=LIMIT_S / 2):
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        assert all(p.poll() is None for p in procs), "a process ended early"
+        time.sleep(0.02)
+
+
 def test_a_restarted_rank_without_a_group_to_join_fails_at_once(group_factory):
     """co2run sets CO2_RESTART_COUNT on a rank it starts again. Such a process that finds no
-    store (its group ended, and rank 0's store with it) or a closed door (here: a group still
-    forming) fails with RENDEZVOUS naming the cause, instead of waiting out its timeout (60 s
-    here, longer than LIMIT_S allows) for a store or a group that will not come."""
+    store (no group at all; a group that formed without elasticity, whose store closed after the
+    formation) fails with RENDEZVOUS naming the cause, instead of waiting out its timeout (60 s
+    here, longer than the test allows) for a store that will not come."""
     long_ms = 60_000
-    g = group_factory(2, min_ranks=1)
+    g = group_factory(2, min_ranks=0, steps=100_000)
     g.procs["gone"] = g._launch(1, {"CO2_RESTART_COUNT": 1}, timeout_ms=long_ms)
     codes, outputs = g.wait(["gone"], limit_s=LIMIT_S / 2)
     assert codes["gone"] == RENDEZVOUS, outputs
     assert "was started again (CO2_RESTART_COUNT=1)" in outputs["gone"], outputs
     assert "the group's door is gone" in outputs["gone"], outputs
 
-    g.procs[0] = g._launch(0, {}, timeout_ms=long_ms)  # serves the store, waits for rank 1
+    g.start()
+    wait_for_file(os.path.join(g.ready_dir, "ready.1"), [g.procs[0], g.procs[1]])
+    g.procs["formed"] = g._launch(1, {"CO2_RESTART_COUNT": 2}, timeout_ms=long_ms)
+    codes, outputs = g.wait(["formed"], limit_s=LIMIT_S / 2)
+    assert codes["formed"] == RENDEZVOUS, outputs
+    assert "was started again (CO2_RESTART_COUNT=2)" in outputs["formed"], outputs
+    assert all(g.procs[r].poll() is None for r in (0, 1)), "the group was disturbed"
+
+
+def test_a_rank_restarted_before_its_group_formed_takes_its_place(group_factory):
+    """A rank whose first process died before it reached the store (co2run starts it again):
+    the new process forms the group with the others as that rank, and both train to the end."""
+    g = group_factory(2, min_ranks=1)
+    g.procs[0] = g._launch(0, {})
     deadline = time.monotonic() + LIMIT_S / 2
     while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{g.port}"], capture_output=True).returncode:
         assert time.monotonic() < deadline and g.procs[0].poll() is None, "rank 0 never served its store"
         time.sleep(0.05)
-    g.procs["closed"] = g._launch(1, {"CO2_RESTART_COUNT": 2}, timeout_ms=long_ms)
-    codes, outputs = g.wait(["closed"], limit_s=LIMIT_S / 2)
-    assert codes["closed"] == RENDEZVOUS, outputs
-    assert "was started again (CO2_RESTART_COUNT=2)" in outputs["closed"], outputs
-    assert "door at 127.0.0.1:" in outputs["closed"] and "is closed" in outputs["closed"], outputs
+    g.procs[1] = g._launch(1, {"CO2_RESTART_COUNT": 1})
+    codes, outputs = g.wait([0, 1])
+    assert set(codes.values()) == {0}, outputs
+    done = done_lines(outputs)
+    assert {d["size"] for d in done.values()} == {"2"}, done
+    assert {d["steps"] for d in done.values()} == {str(STEPS)}, done
+    assert len({d["hash"] for d in done.values()}) == 1, done
 
 
 def test_a_joiner_killed_while_it_joins_does_not_stop_the_group(group_factory):
