@@ -392,15 +392,15 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       // keeps the door), not that rank 0 is late.
       const int restart = request.unique_id.empty() ? count_from_environment("CO2_RESTART_COUNT") : 0;
       if (restart > 0) where.server_may_be_late = false;
+      const std::string restarted = "rank " + std::to_string(request.rank) + " was started again (CO2_RESTART_COUNT=" +
+                                    std::to_string(restart) + ") to join its running elastic group, but the group's door";
       std::shared_ptr<store::Store> store;
       try {
         store = store::connect_tcp_store(where);
       } catch (const transport::RendezvousError& e) {
         if (restart == 0) throw;
-        throw transport::RendezvousError(
-            "rank " + std::to_string(request.rank) + " was started again (CO2_RESTART_COUNT=" + std::to_string(restart) +
-            ") to join its running elastic group, but the group's door is gone: the group has ended, or its rank 0 "
-            "(which keeps the door) is gone (" + e.what() + ")");
+        throw transport::RendezvousError(restarted + " is gone: the group has ended, or its rank 0 (which keeps the "
+                                         "door) is gone (" + e.what() + ")");
       }
       if (request.options.elastic_min_ranks == 0 && request.unique_id.empty())
         request.options.elastic_min_ranks = elastic_min_ranks_from_environment();
@@ -411,9 +411,7 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       // A restarted rank whose first process died before it reached the store takes its place
       // in the group still forming; one whose rank was taken finds no door to join.
       require(restart == 0 || !rank_claimed(*store, request.rank), Status::Rendezvous,
-              "rank " + std::to_string(request.rank) + " was started again (CO2_RESTART_COUNT=" + std::to_string(restart) +
-                  ") to join its running elastic group, but the group's door at " + where.host + ":" +
-                  std::to_string(where.port) + " is closed: the group is finishing, its rank 0 left, or it was not "
+              restarted + " at " + where.host + ":" + std::to_string(where.port) + " is closed: the group is finishing, its rank 0 left, or it was not "
                   "elastic (co2run --elastic sets CO2_ELASTIC_MIN_RANKS)");
       claim_rank(*store, request.rank, process_identity());
       const int64_t generation = store->add("co2/generation/" + std::to_string(request.rank), 1);
