@@ -37,8 +37,7 @@ void record_pass(const Segment& seg, const PassResult& r, const OuterCoefficient
                  UpdateSummary* sum) {
   if (seg.role != Role::Parameter) return;
   record_update(seg, double(k.alpha), r.step_sum_squares, h);
-  sum->clamped += r.clamped;
-  sum->trained_elements += seg.count;
+  summarize_pass(seg.count, r.clamped, sum);
 }
 
 class HostBackend final : public Backend {
@@ -472,7 +471,7 @@ WireCompression outer_wire(Engine::State& s, float* state, size_t begin, size_t 
 bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
                     PreparedUpdate& prepared, bool params_follow) {
   prepared.ready = false;
-  prepared.summary = UpdateSummary{};
+  prepared.summary = empty_summary();
   struct Planned {
     PassFlags flags{false, false, false, false, false};
     OuterCoefficients k;

@@ -673,8 +673,7 @@ class ShardedBackend final : public Backend {
                                              s.comm_buffer.data() + part.begin, part.count, planned_[i].k);
       finite = finite && r.result_finite;
       if (s.segments[part.segment].role != Role::Parameter) continue;
-      summary_.clamped += r.clamped;
-      summary_.trained_elements += part.count;
+      summarize_pass(part.count, r.clamped, &summary_);
       step_partials_[row + part.segment] = r.step_sum_squares;
     }
     step_partials_[row + segment_count()] = double(summary_.clamped);
@@ -716,9 +715,9 @@ class ShardedBackend final : public Backend {
   void plan() {
     S& s = s_;
     const OuterSettings& o = s.prepared.settings;
-    summary_ = UpdateSummary{};
+    summary_ = empty_summary();
     for (size_t i = 0; i < segment_count(); ++i)
-      if (s.segments[i].role == Role::Parameter) summarize_segment(o, lambda_[i], scale_[i], &summary_);
+      if (s.segments[i].role == Role::Parameter) summarize_segment(lambda_[i], scale_[i], &summary_);
     planned_.assign(parts_.size(), Planned{});
     for (size_t i = 0; i < parts_.size(); ++i) {
       const size_t segment = parts_[i].segment;
@@ -829,7 +828,7 @@ class ShardedBackend final : public Backend {
   std::vector<GapHistory> next_history_;  // the gap history after the update in flight
   bool average_finite_ = true;
   std::vector<float> node_buffers_;    // hierarchical: the BUFFER segments averaged in the node
-  UpdateSummary summary_;              // of the last update; read after the chain completed
+  UpdateSummary summary_ = empty_summary();  // of the last update; read after the chain completed
   std::atomic<bool> verdict_finite_{true};
   bool deltas_in_buffer_ = false;
   bool anchor_outside_shard_ = false;  // after the eager pass: only B_J holds deltas

@@ -28,7 +28,7 @@ namespace co2 {
 struct PreparedUpdate {
   OuterSettings settings;           // taken when the deltas were submitted
   std::vector<GapHistory> history;  // the gap history as it is after this update
-  UpdateSummary summary;
+  UpdateSummary summary = empty_summary();
   bool summary_known = true;  // false after a checkpoint restore (the summary is not saved)
   bool ready = false;  // comm_buffer holds the next anchor; momentum is already updated
 };

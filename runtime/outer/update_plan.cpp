@@ -28,14 +28,6 @@ void segment_coefficients(const OuterSettings& o, const Segment& seg, double lam
   flags->value_clip = o.clip == Clip::Value;
 }
 
-void summarize_segment(const OuterSettings& o, double lambda, double norm_scale, UpdateSummary* sum) {
-  sum->penalty_min = std::min(sum->penalty_min, lambda);
-  sum->penalty_max = std::max(sum->penalty_max, lambda);
-  if (o.clip != Clip::Norm) return;
-  sum->scale_min = std::min(sum->scale_min, norm_scale);
-  sum->scaled_segments += norm_scale < 1.0;
-}
-
 void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory& h, const float* m,
                          const float* c, PassFlags* flags, OuterCoefficients* k, UpdateSummary* sum) {
   const bool trained = seg.role == Role::Parameter;
@@ -47,7 +39,7 @@ void update_coefficients(const OuterSettings& o, const Segment& seg, GapHistory&
     scale = norm_clip_scale(momentum_candidate_sum_squares(m, c, seg.count, *k), o.clip_threshold);
     segment_coefficients(o, seg, lambda, scale, m != nullptr, flags, k);
   }
-  summarize_segment(o, lambda, scale, sum);
+  summarize_segment(lambda, scale, sum);
 }
 
 void record_update(const Segment& seg, double alpha, double step_sum_squares, GapHistory& h) {

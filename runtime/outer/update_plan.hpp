@@ -5,12 +5,12 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 
 #include "runtime/outer/boundary_pass.hpp"
 #include "runtime/outer/layout.hpp"
 #include "runtime/outer/coefficients.hpp"
 #include "runtime/outer/options.hpp"
+#include "runtime/outer/update_summary.hpp"
 
 namespace co2 {
 
@@ -27,16 +27,6 @@ struct OuterSettings {
   bool buffer_values = false;  // co2: BUFFER segments carry values (OuterCoefficients::anchor_weight)
 };
 
-// What an outer update reports to the statistics.
-struct UpdateSummary {
-  double penalty_min = std::numeric_limits<double>::infinity();
-  double penalty_max = 0.0;
-  double scale_min = 1.0;
-  uint64_t clamped = 0;
-  uint64_t trained_elements = 0;
-  uint64_t scaled_segments = 0;
-};
-
 // anchor_weight of `seg` under buffer_values (OuterCoefficients::anchor_weight).
 float anchor_weight_of(bool buffer_values, const Segment& seg);
 
@@ -47,8 +37,6 @@ double segment_lambda(const OuterSettings& o, GapHistory& h);
 // lambda = 1, no clip).
 void segment_coefficients(const OuterSettings& o, const Segment& seg, double lambda, double norm_scale,
                           bool momentum, PassFlags* flags, OuterCoefficients* k);
-// The statistics of one PARAMETER segment's lambda and norm-clip scale.
-void summarize_segment(const OuterSettings& o, double lambda, double norm_scale, UpdateSummary* sum);
 // Flags and coefficients of one whole segment's outer update: lambda (advancing h), then with norm
 // clipping the scale from the sum of squares of the momentum candidate beta*m + lambda*c (m may be
 // null); the statistics into sum.

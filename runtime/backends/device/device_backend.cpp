@@ -695,14 +695,7 @@ class DeviceBackend final : public Backend {
     S& s = s_;
     if (r.delta_nonfinite) ++s.stats.nonfinite_local;
     if (!r.applied) return;
-    UpdateSummary summary;
-    summary.penalty_min = r.penalty_min;
-    summary.penalty_max = r.penalty_max;
-    summary.scale_min = r.scale_min;
-    summary.clamped = r.clamped;
-    summary.trained_elements = r.trained_elements;
-    summary.scaled_segments = r.scaled_segments;
-    commit_update(s, s.config.clip, &summary);
+    commit_update(s, s.config.clip, &r.summary);
   }
 
   // Whether the update `config` requests, of a finite average, leaves every new anchor and

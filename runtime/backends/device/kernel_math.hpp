@@ -212,52 +212,33 @@ CO2_HOST_DEVICE inline float probe_thread_results(const Tables& t, const Config&
   return probe;
 }
 
-// Per-thread partials of the fold: penalty range, smallest scale and counts over segments.
-// A plain aggregate (kernels keep an array of them in shared memory): start from empty_fold().
-struct FoldPartial {
-  double penalty_min, penalty_max, scale_min;
-  unsigned long long clamped, trained, scaled;
-};
-CO2_HOST_DEVICE inline FoldPartial empty_fold() { return FoldPartial{1e300, 0.0, 1.0, 0, 0, 0}; }
-
 // Segment s's gap history committed (its coefficients' history after this update, with this
-// update's step norm), and its share of the report.
-CO2_HOST_DEVICE inline void fold_segment(const Tables& t, const Config& c, uint32_t s, FoldPartial* f) {
+// update's step norm), and its share of the report into a thread's partial summary.
+CO2_HOST_DEVICE inline void fold_segment(const Tables& t, const Config& c, uint32_t s, UpdateSummary* f) {
   const SegmentEntry& seg = t.segments[s];
   double sum = 0.0;
+  uint64_t clamped = 0;
   for (uint32_t k = seg.first_chunk; k < end_chunk(t, s); ++k) {
     sum += t.chunk_squares[k];
-    f->clamped += t.chunk_clamped[k];
+    clamped += t.chunk_clamped[k];
   }
   const SegmentCoefficients sc = t.coefficients[s];
   GapState committed = sc.history_after;
   committed.last_step_norm = step_gap(double(c.alpha), sum);
   t.gap[s] = committed;
-  f->penalty_min = fmin(f->penalty_min, sc.lambda);
-  f->penalty_max = fmax(f->penalty_max, sc.lambda);
-  f->scale_min = fmin(f->scale_min, sc.norm_scale);
-  f->scaled += sc.norm_scale < 1.0;
-  f->trained += seg.count;
+  summarize_segment(sc.lambda, sc.norm_scale, f);
+  summarize_pass(seg.count, clamped, f);
 }
 
 // The report from the threads' partials, merged in thread order.
-CO2_HOST_DEVICE inline Report fold_report(const Tables& t, const Config& c, bool update, const FoldPartial* partials,
+CO2_HOST_DEVICE inline Report fold_report(const Tables& t, const Config& c, bool update, const UpdateSummary* partials,
                                           int count) {
   Report r{};
   r.update_requested = c.update_requested;
   r.applied = update;
   r.delta_nonfinite = c.write_delta && *t.delta_nonfinite != 0;
-  r.penalty_min = 1e300;
-  r.penalty_max = 0.0;
-  r.scale_min = 1.0;
-  for (int i = 0; i < count; ++i) {
-    r.penalty_min = fmin(r.penalty_min, partials[i].penalty_min);
-    r.penalty_max = fmax(r.penalty_max, partials[i].penalty_max);
-    r.scale_min = fmin(r.scale_min, partials[i].scale_min);
-    r.clamped += partials[i].clamped;
-    r.trained_elements += partials[i].trained;
-    r.scaled_segments += partials[i].scaled;
-  }
+  r.summary = empty_summary();
+  for (int i = 0; i < count; ++i) merge_summary(partials[i], &r.summary);
   return r;
 }
 

@@ -154,9 +154,9 @@ __global__ void eager_restart_kernel(Tables t) {
 
 // One block: per segment the step norm (gap history) and the report, folded in a fixed order.
 __global__ void fold_kernel(Tables t, Config c) {
-  __shared__ FoldPartial partials[kFoldThreads];
+  __shared__ UpdateSummary partials[kFoldThreads];
   const bool update = update_happens(c, t.average_nonfinite);
-  FoldPartial mine = empty_fold();
+  UpdateSummary mine = empty_summary();
   for (uint32_t s = threadIdx.x; s < t.num_segments; s += kFoldThreads)
     if (update && t.segments[s].is_parameter) fold_segment(t, c, s, &mine);
   partials[threadIdx.x] = mine;

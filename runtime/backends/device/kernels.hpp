@@ -9,6 +9,7 @@
 
 #include "runtime/backends/device/selection.hpp"
 #include "runtime/outer/elements.hpp"
+#include "runtime/outer/update_summary.hpp"
 
 namespace co2::device::kernels {
 
@@ -46,11 +47,7 @@ struct Report {
   uint32_t applied;           // ... and it was finite, so the update happened
   uint32_t delta_nonfinite;   // some a - p was NaN/Inf
   uint32_t reserved;
-  unsigned long long clamped;           // value clip: clamped momentum elements
-  unsigned long long trained_elements;  // PARAMETER elements updated
-  unsigned long long scaled_segments;   // norm clip: segments with scale < 1
-  double penalty_min, penalty_max;      // over PARAMETER segments
-  double scale_min;
+  UpdateSummary summary;      // of the applied update
 };
 
 struct Config {

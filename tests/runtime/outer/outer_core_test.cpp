@@ -208,7 +208,7 @@ TEST(OuterUpdatePlan, SegmentUpdateMatchesFloat64) {
   GapHistory h{2.0, 3.0, 2};
   PassFlags flags{false, false, false, false, false};
   OuterCoefficients k;
-  UpdateSummary sum;
+  UpdateSummary sum = empty_summary();
   update_coefficients(o, seg, h, m.data(), c.data(), &flags, &k, &sum);
   const double lambda = 1.0 / (1.0 + 2.0 / (5.0 / 3.0 + 1e-12));
   EXPECT_EQ(h.updates, 3u);

@@ -133,9 +133,9 @@ int boundary_pass(const Tables& t, const Config& c, void*) {
     }
   }
   host_executor::record("kernel fold");
-  FoldPartial partials[kFoldThreads];
+  UpdateSummary partials[kFoldThreads];
   for (int thread = 0; thread < kFoldThreads; ++thread) {
-    partials[thread] = empty_fold();
+    partials[thread] = empty_summary();
     for (uint32_t s = uint32_t(thread); s < t.num_segments; s += kFoldThreads)
       if (update && t.segments[s].is_parameter) fold_segment(t, c, s, &partials[thread]);
   }
