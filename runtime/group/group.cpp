@@ -227,13 +227,21 @@ void make_elastic(Communicator& comm, store::Store& store, const std::string& pr
                                           request.options, std::move(door)));
 }
 
-// A process that found a running elastic group's door open: joins it (Membership::join).
-std::shared_ptr<Communicator> join_running_group(const store::TcpStoreOptions& door, const CommOptions& options) {
-  auto [membership, transport] = Membership::join(door, options);
+// A communicator admitted to a running elastic group: its engine's commit receives the group's
+// state (runtime/engine/membership_change.cpp).
+std::shared_ptr<Communicator> joining_communicator(std::unique_ptr<transport::PointToPoint> transport,
+                                                   std::shared_ptr<MembershipChanges> membership,
+                                                   const CommOptions& options) {
   auto comm = std::make_shared<Communicator>(std::move(transport), options);
   comm->set_membership(std::move(membership));
   comm->set_joining(true);
   return comm;
+}
+
+// A process that found a running elastic group's door open: joins it (Membership::join).
+std::shared_ptr<Communicator> join_running_group(const store::TcpStoreOptions& door, const CommOptions& options) {
+  auto [membership, transport] = Membership::join(door, options);
+  return joining_communicator(std::move(transport), std::move(membership), options);
 }
 
 // A launched process takes the GPU of its local rank, as torch users do with
@@ -335,6 +343,11 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         link = transport::local::LinkModel::from_environment();
       } catch (const std::invalid_argument& e) {
         fail(Status::InvalidArgument, e.what());  // a malformed CO2_LOCAL_TEST_* variable is the caller's
+      }
+      // A thread that asks for an elastic group that is running joins it.
+      if (request.options.elastic_min_ranks > 0 && LocalMembership::door_open(group)) {
+        auto [membership, transport] = LocalMembership::join(group, request.options, link);
+        return joining_communicator(std::move(transport), std::move(membership), request.options);
       }
       auto transport = transport::local::join(group, request.rank, request.world_size, request.options.timeout, link);
       if (!request.unique_id.empty()) {

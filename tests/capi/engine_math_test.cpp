@@ -1117,6 +1117,102 @@ TEST(EngineMathProperty, ALeaveMatchesTheReferenceOverTheChangingMembership) {
   EXPECT_GT(leave_moved, 1e-3) << "the members did not train after the leave";
 }
 
+// A thread that joins a running elastic group (over the local transport; docs/algorithm.md,
+// "Joining"): W = 2 train; at step 8 they wait until a third thread asked co2_comm_create for the
+// same group, and it is admitted at a later boundary: the members synchronize, the joiner receives the
+// anchor, outer momentum and gap history, and all three train on to step 30 and finalize. The
+// fp64 reference replays it: 2 ranks, a synchronize, 3 ranks. Eager and outer momentum 0.5.
+TEST(EngineMathProperty, AJoinMatchesTheReferenceOverTheChangingMembership) {
+  const int members = 2, W = 3, tau = 3;
+  const uint64_t ask_after = 7, total_steps = 30;
+  const double alpha = 0.8, beta = 0.5;
+  const Layout layout = layout_mixed();
+  const Data data = make_data(layout, W, 93);
+  const std::string group = co2test::unique_group_name();
+  co2test::CommOptions options;
+  options.elastic_min_ranks = 1;
+  std::atomic<bool> members_passed{false}, joiner_asking{false};
+  std::vector<uint64_t> changed_at(W, 0);
+  std::vector<std::vector<float>> final_state(W);
+  std::vector<int32_t> final_rank(W, -1), final_size(W, 0);
+  co2test::run_threads(W, [&](int thread) {
+    const bool joiner = thread == members;
+    if (joiner) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!members_passed.load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ASSERT_TRUE(members_passed.load()) << "the members never reached step " << ask_after;
+      joiner_asking = true;
+    }
+    co2_comm_t comm = nullptr;
+    // The joiner's rank and size are its wish; the group assigns them.
+    ASSERT_EQ(co2test::create_comm(group, joiner ? 0 : thread, joiner ? 1 : members, &comm, options), CO2_OK)
+        << co2_last_error_message();
+    {
+      LocalModel model(layout, data, thread);
+      EngineGuard eg;
+      co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
+      cfg.tau = tau;
+      cfg.outer_lr = alpha;
+      cfg.outer_momentum = beta;
+      CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+      CO2_ASSERT_OK(model.register_with(eg.engine));
+      CO2_ASSERT_OK(co2_engine_commit(eg.engine));
+      if (joiner) changed_at[thread] = get_stats(eg.engine).steps;
+      for (uint64_t k = get_stats(eg.engine).steps; get_stats(eg.engine).steps < total_steps; ++k) {
+        model.inner_step(k);
+        const co2_status_t s = co2_engine_step(eg.engine, nullptr, nullptr);
+        if (!joiner && get_stats(eg.engine).steps == ask_after + 1) {
+          // The members wait until the joiner has asked, so that they admit it while they train.
+          members_passed = true;
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+          while (!joiner_asking.load() && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its request is at the door
+        }
+        if (s == CO2_OK) continue;
+        ASSERT_EQ(s, CO2_MEMBERSHIP_CHANGED) << co2_last_error_message();
+        ASSERT_FALSE(joiner) << "the joiner saw a membership change";
+        changed_at[thread] = get_stats(eg.engine).steps;
+      }
+      CO2_ASSERT_OK(co2_engine_finalize(eg.engine));
+      final_state[thread] = model.gather_state();
+    }
+    CO2_ASSERT_OK(co2_comm_rank(comm, &final_rank[thread]));
+    CO2_ASSERT_OK(co2_comm_size(comm, &final_size[thread]));
+    co2_comm_destroy(comm);
+  });
+  if (HasFailure()) return;
+  const uint64_t change = changed_at[0];
+  for (int r = 0; r < W; ++r) ASSERT_EQ(changed_at[r], change) << "thread " << r << " saw the join elsewhere";
+  ASSERT_GT(change, ask_after);
+  for (int r = 0; r < W; ++r) {
+    EXPECT_EQ(final_rank[r], r);
+    EXPECT_EQ(final_size[r], W);
+  }
+
+  co2ref::Config rc;
+  rc.tau = tau;
+  rc.alpha = alpha;
+  rc.beta = beta;
+  rc.eager = true;
+  co2ref::Reference ref(rc, ref_segments(layout), members, concat_state(layout, data.init[0]));
+  std::vector<std::vector<double>> targets;
+  for (int r = 0; r < W; ++r) targets.push_back(concat_state(layout, data.target[r]));
+  for (uint64_t k = 0; k < total_steps; ++k) {
+    for (int r = 0; r < ref.world_size(); ++r) ref_inner_step(ref.p(r), targets[size_t(r)], k);
+    ref.step();
+    if (k + 1 == change) ref.join();
+  }
+  ref.finalize();
+  ASSERT_EQ(ref.world_size(), W);
+  const double tol = 2e-5 * std::max(ref.scale(), 1.0);
+  for (size_t i = 0; i < final_state[0].size(); ++i) {
+    ASSERT_NEAR(final_state[0][i], ref.p(0)[i], tol) << "rank 0 after finalize, element " << i;
+    for (int r = 1; r < W; ++r) ASSERT_EQ(final_state[0][i], final_state[r][i]) << "rank " << r << " differs at element " << i;
+  }
+}
+
 // Auto β resolves by the number of outer participants: 0 up to 16 ranks (17: 0.2).
 TEST(EngineMathProperty, AutoBetaResolvesByWorldSize) {
   for (int W : {1, 2, 3, 4, 16, 17}) {

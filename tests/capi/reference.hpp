@@ -230,6 +230,19 @@ class Reference {
     if (cfg_.beta < 0) beta_ = auto_beta(world_);
   }
 
+  // Elastic groups, a rank that joins (docs/algorithm.md "Joining"): the group synchronizes, then
+  // goes on at W + 1 ranks, the joiner last, starting from the anchor; the anchor, outer momentum
+  // and gap history stay, an automatic β follows the new W.
+  void join() {
+    synchronize();
+    p_.push_back(a_);
+    e_.push_back(std::vector<double>(n_, 0.0));
+    q_.push_back(std::vector<double>(n_, 0.0));
+    nonfinite_local_.push_back(0);
+    ++world_;
+    if (cfg_.beta < 0) beta_ = auto_beta(world_);
+  }
+
   // The anchor the next boundary starts from: the pending average applied (when finite).
   std::vector<double> next_anchor() const {
     Reference next = *this;
