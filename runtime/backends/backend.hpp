@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/base/buffer.hpp"
 #include "runtime/base/status.hpp"
+#include "runtime/outer/update_summary.hpp"
 
 namespace co2 {
 
@@ -88,7 +90,7 @@ class Backend {
   // An update applied by boundary_pass, apply_update or apply_blocking_update: its gap history
   // and statistics are in Engine::State::prepared, and the engine adopts them right after the
   // call. A backend that learns them only later (the device, from its boundary reports) says
-  // so here and commits them when it folds its reports.
+  // so here and hands them over in finished_boundaries (the gap history stays on the device).
   virtual bool reports_updates_later() const { return false; }
 
   virtual void set_parameters_to_anchor() = 0;
@@ -107,8 +109,15 @@ class Backend {
   // Calls without a stream argument (commit, synchronize, finalize, consensus, save) first wait,
   // bounded, for the caller's work that came before them.
   virtual void wait_for_caller(const char* what) = 0;
-  // Statistics of boundaries the device finished (wait: all of them).
-  virtual void fold_reports(bool wait) = 0;
+  // What a backend that reports updates later learned of the boundaries it finished since the
+  // last call (wait: of all of them), oldest first; the engine counts them. Also folds the
+  // timings of collectives that completed meanwhile.
+  struct FinishedBoundary {
+    bool deltas_nonfinite = false;  // this rank's a - p was not finite
+    bool applied = false;           // the update happened: `summary` is its figures
+    UpdateSummary summary = empty_summary();
+  };
+  virtual std::vector<FinishedBoundary> finished_boundaries(bool wait) = 0;
   // Waits (bounded) for everything in flight; before the state is freed.
   virtual void drain() noexcept = 0;
 

@@ -329,10 +329,20 @@ void check_anchor_when_due(Engine::State& s) {
   if (anchor_check_due(s)) check_anchor(s);
 }
 
+namespace {
+// What a backend that reports later learned of its finished boundaries becomes the statistics.
+void count_finished_boundaries(Engine::State& s, bool wait) {
+  for (const Backend::FinishedBoundary& b : s.backend->finished_boundaries(wait)) {
+    if (b.deltas_nonfinite) ++s.stats.nonfinite_local;  // the engine counted the nonfinite averages
+    if (b.applied) commit_update(s, s.config.clip, &b.summary);
+  }
+}
+}  // namespace
+
 // The update a backend just applied: its gap history and statistics become the engine's (a
-// backend that reports them later commits them from its reports).
+// backend that reports them later hands over those of the boundaries it finished).
 void adopt_applied_update(Engine::State& s) {
-  if (s.backend->reports_updates_later()) return;
+  if (s.backend->reports_updates_later()) return count_finished_boundaries(s, /*wait=*/false);
   s.history = s.prepared.history;
   commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
   s.prepared.ready = false;
@@ -809,7 +819,7 @@ bool step_now(Engine::State& s, void* stream) {
   const TraceSpan boundary(s.trace.get(), "boundary", "round", s.stats.rounds);
   check_comm(s);
   s.backend->set_caller_stream(stream);
-  s.backend->fold_reports(/*wait=*/false);
+  count_finished_boundaries(s, /*wait=*/false);
   const bool applied = boundary_of_algorithm(s);
   observe_round(s);  // on every rank, applied or not: the agreements stay paired
   begin_arrival_round(s);  // from the timings the ranks agreed on up to this boundary
@@ -866,7 +876,7 @@ void synchronize_ranks(Engine::State& s, bool finalizing) {
       applied = sync_boundary(s);
       break;
   }
-  s.backend->fold_reports(/*wait=*/true);
+  count_finished_boundaries(s, /*wait=*/true);
   if (!applied) throw_nonfinite();
   check_anchor(s);
 }
@@ -1039,7 +1049,7 @@ double Engine::get_param(Param key) const {
 }
 
 EngineStats Engine::stats() const {
-  if (state_->committed) state_->backend->fold_reports(/*wait=*/false);
+  if (state_->committed) count_finished_boundaries(*state_, /*wait=*/false);
   return observed_stats(*state_);
 }
 

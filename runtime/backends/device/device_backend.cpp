@@ -180,7 +180,7 @@ class DeviceBackend final : public Backend {
       check(kernels::coefficients(t_, config, caller()), "coefficients kernels");
     check(kernels::boundary_pass(t_, config, caller()), "boundary pass kernel");
     report(caller());
-    fold_reports(true);  // a blocking round: its statistics are known when the step returns
+    fold_ring(true);  // a blocking round: its statistics are known when the step returns
   }
 
   // Blocking average of the parameters (buffers_only: of the BUFFER segments) across ranks.
@@ -295,8 +295,8 @@ class DeviceBackend final : public Backend {
     wait_for_stream(caller_stream_, what);
   }
 
-  void fold_reports(bool wait) override {
-    if (comm_.empty()) return;  // not committed (a failed commit)
+  std::vector<FinishedBoundary> finished_boundaries(bool wait) override {
+    if (comm_.empty()) return {};  // not committed (a failed commit)
     S& s = s_;
     fold_ring(wait);
     while (!in_flight_.empty()) {
@@ -323,6 +323,7 @@ class DeviceBackend final : public Backend {
       observe_collective(s, *in_flight_.front(), now, now);  // the host did not wait for it
       in_flight_.pop_front();
     }
+    return std::exchange(finished_, {});
   }
 
   void drain() noexcept override {
@@ -689,13 +690,10 @@ class DeviceBackend final : public Backend {
     report_ready_[last_report_slot_]->record(caller);
   }
 
-  // The engine counted the rounds whose average was not finite; a report adds what only the
-  // device knew: whether this rank's deltas were finite, and the figures of an applied update.
+  // What only the device knew of a boundary: whether this rank's deltas were finite, and the
+  // figures of an applied update; the engine takes them with finished_boundaries.
   void fold(const kernels::Report& r) {
-    S& s = s_;
-    if (r.delta_nonfinite) ++s.stats.nonfinite_local;
-    if (!r.applied) return;
-    commit_update(s, s.config.clip, &r.summary);
+    finished_.push_back(FinishedBoundary{r.delta_nonfinite != 0, r.applied != 0, r.summary});
   }
 
   // Whether the update `config` requests, of a finite average, leaves every new anchor and
@@ -840,6 +838,7 @@ class DeviceBackend final : public Backend {
   ReportRing ring_{kReportSlots};
   size_t last_report_slot_ = 0;
   std::deque<std::shared_ptr<Request>> in_flight_;  // collective path: all-reduces not yet accounted
+  std::vector<FinishedBoundary> finished_;  // folded reports the engine has not taken yet
 };
 
 }  // namespace

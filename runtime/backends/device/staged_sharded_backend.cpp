@@ -142,7 +142,7 @@ class StagedShardedBackend final : public Backend {
     make_current();
     wait_for_stream(static_cast<cudaStream_t>(caller_stream_), s_.comm->options().timeout, what);
   }
-  void fold_reports(bool wait) override { sharded_->fold_reports(wait); }
+  std::vector<FinishedBoundary> finished_boundaries(bool wait) override { return sharded_->finished_boundaries(wait); }
   void drain() noexcept override {
     sharded_->drain();
     try {
