@@ -52,6 +52,10 @@ class Backend {
   virtual void commit() = 0;
   // beta became > 0 (or Nesterov) after commit: momentum starts from zero.
   virtual void momentum_needed() = 0;
+  // The communicator was re-formed (elastic membership; after stage_out and drain): what belonged
+  // to the old group (its reports, collectives) is dropped, the caller's memory (the flat
+  // storage) is kept. commit() follows at the new size, then stage_in of the agreed outer state.
+  virtual void begin_new_group() = 0;
 
   // --- co2: the one-round-stale update, in the order engine.cpp calls them ---
   // Waits for the average in flight. A failed collective throws here, before anything of its

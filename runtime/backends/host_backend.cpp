@@ -84,6 +84,8 @@ class HostBackend final : public Backend {
     count_state();
   }
 
+  void begin_new_group() override {}  // the state is Engine::State's: the commit renews it
+
   void momentum_needed() override {
     S& s = s_;
     if (s.has_anchor() && s.momentum.empty()) s.momentum = FloatBuffer(s.state_count);

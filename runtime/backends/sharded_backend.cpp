@@ -99,6 +99,10 @@ class ShardedBackend final : public Backend {
     count_state();
   }
 
+  void begin_new_group() override {
+    fail(Status::Internal, "sharded outer state is not elastic (refused at commit)");
+  }
+
   void momentum_needed() override {
     if (momentum_.empty()) momentum_ = FloatBuffer(mine_.count());
     allocate_eager_state();

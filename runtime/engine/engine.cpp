@@ -329,15 +329,12 @@ void check_anchor_when_due(Engine::State& s) {
   if (anchor_check_due(s)) check_anchor(s);
 }
 
-namespace {
-// What a backend that reports later learned of its finished boundaries becomes the statistics.
 void count_finished_boundaries(Engine::State& s, bool wait) {
   for (const Backend::FinishedBoundary& b : s.backend->finished_boundaries(wait)) {
     if (b.deltas_nonfinite) ++s.stats.nonfinite_local;  // the engine counted the nonfinite averages
     if (b.applied) commit_update(s, s.config.clip, &b.summary);
   }
 }
-}  // namespace
 
 // The update a backend just applied: its gap history and statistics become the engine's (a
 // backend that reports them later hands over those of the boundaries it finished).
@@ -788,9 +785,10 @@ void commit_layout(Engine::State& s) {
           "state on CUDA tensors (shard_outer_state or hierarchy = CO2_HIERARCHY_NODES, staged through pinned host "
           "memory): use CO2_APPLY_AT_BOUNDARY, replicated outer state (shard_outer_state = 0 and "
           "CO2_HIERARCHY_FLAT), or host tensors (docs/algorithm.md, \"Applying the average on arrival\")");
-  require(!s.comm->elastic() || (!s.sharded() && !s.on_device()), Status::Unsupported,
-          "elastic membership (elastic_min_ranks > 0) is implemented for replicated outer state on host tensors "
-          "only: use shard_outer_state = 0, CO2_HIERARCHY_FLAT and host tensors, or elastic_min_ranks = 0");
+  require(!s.comm->elastic() || !s.sharded(), Status::Unsupported,
+          "elastic membership (elastic_min_ranks > 0) is implemented for replicated outer state only: a lost "
+          "rank's shard of the outer state would be lost with it; use shard_outer_state = 0 and "
+          "CO2_HIERARCHY_FLAT, or elastic_min_ranks = 0");
   s.backend->commit();
   s.committed = true;
 }

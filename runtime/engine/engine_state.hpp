@@ -74,6 +74,9 @@ struct Engine::State {
   // Set while a re-formed elastic group commits: the donor's outer state follows the commit,
   // whose broadcast of rank 0's parameters is then left out.
   bool outer_state_follows = false;
+  // Set while a membership change holds this rank's outer state in the host buffers below, staged
+  // out of a device backend once (a retry after a failed re-formation finds it there).
+  bool outer_state_staged = false;
   // co2_engine_leave: asked (announced in every agreement until the group lets it go), done.
   bool leave_requested = false;
   bool left = false;
@@ -162,6 +165,9 @@ void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_chec
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
 // The update a backend just applied: its gap history and statistics become the engine's.
 void adopt_applied_update(Engine::State& s);
+// What a backend that reports later (the device) learned of the boundaries it finished since
+// (wait: of all of them) becomes the statistics.
+void count_finished_boundaries(Engine::State& s, bool wait);
 // f(p) with p the segment's parameters as a typed pointer (float*, Bf16* or Fp16*): the host
 // passes are templates over the parameter type (runtime/outer/param_types.hpp).
 template <typename F>

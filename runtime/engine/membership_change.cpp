@@ -91,6 +91,7 @@ void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before) {
     s.anchor = std::move(before.anchor);
     momentum = std::move(before.momentum);
   } else {
+    if (s.comm_buffer.size() != s.state_count) s.comm_buffer = FloatBuffer(s.state_count);  // a device backend's
     broadcast_from(s, donor, s.comm_buffer.data(), s.state_count, DataType::F32);
     if (has_momentum) {
       momentum = FloatBuffer(s.state_count);
@@ -117,10 +118,21 @@ void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before) {
   s.backend->stage_in();  // parameters = anchor (the eager offsets are zero)
 }
 
+// This rank's outer state in the host buffers the hand-over reads (a device backend copies it
+// there once), and the statistics of every boundary it finished, by which the donor is chosen.
+// A joiner has none yet.
+void stage_outer_state_out(Engine::State& s) {
+  if (s.outer_state_staged || !s.committed) return;
+  s.backend->stage_out();
+  count_finished_boundaries(s, /*wait=*/true);
+  s.outer_state_staged = true;
+}
+
 // On a freshly re-formed group: one outer state on every rank. Returns the donor's new rank.
 // Throws when the new group fails too (another rank lost meanwhile); the outer state and its
 // counters then still belong together, so the next try starts from a consistent state.
 int restart_from_donor(Engine::State& s) {
+  stage_outer_state_out(s);
   s.pending.reset();
   s.average_ready = false;
   s.prepared = PreparedUpdate{};
@@ -135,10 +147,13 @@ int restart_from_donor(Engine::State& s) {
   for (int r = 1; r < s.comm->size(); ++r)
     if (counts[size_t(3 * r)] > counts[size_t(3 * donor)]) donor = r;
 
-  // A fresh backend over the new group: commit's agreements and sizes (and, without an anchor to
-  // take from the donor, rank 0's parameters).
+  // The backend committed again over the new group: commit's agreements and sizes (and, without
+  // an anchor to take from the donor, rank 0's parameters). Every rank's own state (the eager
+  // offsets and their momentum) starts from the commit's zeros.
   OuterStateBefore before(s);
-  s.backend = make_host_backend(s);
+  s.eager_offset = FloatBuffer();
+  s.eager_momentum = FloatBuffer();
+  s.backend->begin_new_group();
   s.committed = false;
   s.steps_in_round = 0;
   s.round_tau = s.config.tau;
@@ -149,6 +164,8 @@ int restart_from_donor(Engine::State& s) {
   } reset{s.outer_state_follows};
   commit_layout(s);
   if (s.has_anchor()) take_outer_state(s, donor, before);
+  s.backend->release_staged();  // a device backend's host copies
+  s.outer_state_staged = false;
   s.stats.outer_updates = uint64_t(counts[size_t(3 * donor)]);
   s.stats.steps = uint64_t(counts[size_t(3 * donor + 1)]);
   s.stats.rounds = uint64_t(counts[size_t(3 * donor + 2)]);

@@ -133,7 +133,7 @@ class Communicator(OwnsHandle):
     elastic_min_ranks: 0 (the default): a lost rank fails the group (co2.PeerLostError).
         k >= 1: the survivors of a lost rank re-form while k ranks remain, and the call that
         met the loss raises co2.MembershipChangedError; rank and world_size then give the new
-        group (UCX, host tensors, replicated outer state; docs/capi.md, "Elastic membership").
+        group (UCX or threads, replicated outer state; docs/capi.md, "Elastic membership").
     """
 
     @property

@@ -89,8 +89,13 @@ class DeviceBackend final : public Backend {
     refresh_tables();
     count_state();
 
-    // Rank 0's values become everyone's parameters and anchor, once the framework's
-    // initialisation is finished (commit has no stream argument: see wait_for_caller).
+    // A re-formed elastic group's outer state follows the commit (membership_change.cpp, then
+    // stage_in); otherwise rank 0's values become everyone's parameters and anchor, once the
+    // framework's initialisation is finished (commit has no stream argument: see wait_for_caller).
+    if (s.outer_state_follows && s.has_anchor()) {
+      check(cudaMemset(comm_.as(), 0, bytes), "clear comm buffer");
+      return;
+    }
     wait_for_caller("commit");
     cudaStream_t st = own_stream_->get();
     pack(comm_.as<float>(), st, false);
@@ -101,6 +106,16 @@ class DeviceBackend final : public Backend {
       check(cudaMemcpyAsync(anchor_.as(), comm_.as(), bytes, cudaMemcpyDeviceToDevice, st), "copy anchor");
     check(cudaMemsetAsync(comm_.as(), 0, bytes, st), "clear comm buffer");
     check(cudaStreamSynchronize(st), "cudaStreamSynchronize (commit)");
+  }
+
+  // The old group's reports were taken by the engine (stage_out folded them); its collectives
+  // were drained.
+  void begin_new_group() override {
+    ring_ = ReportRing{kReportSlots};
+    in_flight_.clear();
+    finished_.clear();
+    coefficients_probed_ = false;
+    staged_average_nonfinite_ = false;
   }
 
   void momentum_needed() override {

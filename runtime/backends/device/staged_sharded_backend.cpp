@@ -51,6 +51,7 @@ class StagedShardedBackend final : public Backend {
     with_mirror(Reads::Yes, Writes::Yes, [&] { sharded_->commit(); });
   }
 
+  void begin_new_group() override { sharded_->begin_new_group(); }
   void momentum_needed() override { sharded_->momentum_needed(); }
 
   Arrival collect_average() override { return sharded_->collect_average(); }

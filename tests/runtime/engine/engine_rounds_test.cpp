@@ -33,6 +33,7 @@ class QuietBackend : public Backend {
   void* allocate_flat(size_t) override { return nullptr; }
   void commit() override {}
   void momentum_needed() override {}
+  void begin_new_group() override {}
   Arrival collect_average() override { return {}; }
   DeltasFinite boundary_pass(const BoundaryPass&) override { return DeltasFinite::Yes; }
   void submit_average() override {}
