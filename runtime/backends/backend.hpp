@@ -52,10 +52,20 @@ class Backend {
   virtual void commit() = 0;
   // beta became > 0 (or Nesterov) after commit: momentum starts from zero.
   virtual void momentum_needed() = 0;
-  // The communicator was re-formed (elastic membership; after stage_out and drain): what belonged
-  // to the old group (its reports, collectives) is dropped, the caller's memory (the flat
-  // storage) is kept. commit() follows at the new size, then stage_in of the agreed outer state.
+  // --- elastic membership (runtime/engine/membership_change.cpp) ---
+  // The communicator was re-formed (after stage_out and drain): what belonged to the old group
+  // (its reports, collectives) is dropped, the caller's memory (the flat storage) is kept, and a
+  // sharded backend keeps its shards for assemble_outer_state. commit() follows at the new size,
+  // then stage_in of the agreed outer state.
   virtual void begin_new_group() = 0;
+  // A backend whose outer state is cut across the ranks: the whole outer state of the group
+  // before the change into Engine::State's host buffers (anchor, momentum) on every rank of
+  // s.comm, each shard from its holder: holders[j] is the rank in s.comm of the group-before's
+  // rank j, or -1 when it was lost (then its shard of the anchor becomes the average of every
+  // rank's parameters there, and its momentum zero). Rank 0 of s.comm, which held a shard,
+  // decides the holders; a joiner passes none. Collective over s.comm. Before begin_new_group
+  // it reads the current shards, after it the ones kept. The replicated backends hold it whole.
+  virtual void assemble_outer_state(const std::vector<int>& /*holders*/) {}
 
   // --- co2: the one-round-stale update, in the order engine.cpp calls them ---
   // Waits for the average in flight. A failed collective throws here, before anything of its

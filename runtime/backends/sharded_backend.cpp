@@ -60,7 +60,8 @@ class ShardedBackend final : public Backend {
     const int w = s.comm->size();
     shards_ = s.hierarchical() ? s.intra.get() : s.comm.get();
     shard_owner_ = s.hierarchical() ? s.intra_owner : s.owner;
-    mine_ = shard_range(s.state_count, shards_->size(), shards_->rank());
+    shard_count_ = shards_->size();
+    mine_ = shard_range(s.state_count, shard_count_, shards_->rank());
     collectives::Tuning tuning;
     tuning.chunk_bytes = s.comm->options().chunk_bytes;
     s.outer_wire_bytes =
@@ -88,7 +89,9 @@ class ShardedBackend final : public Backend {
     norm_partials_.assign(size_t(shards_->size()) * s.segments.size(), 0.0);
     step_partials_.assign(size_t(shards_->size()) * (s.segments.size() + 2), 0.0);
     if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
-    // Rank 0's values become everyone's parameters and anchor.
+    // A re-formed elastic group's outer state follows (stage_in); otherwise rank 0's values
+    // become everyone's parameters and anchor.
+    if (s.outer_state_follows && s.has_anchor()) return count_state();
     float* b = s.comm_buffer.data();
     pack_parameters(s, b);
     auto request = s.comm->broadcast(b, s.state_count, DataType::F32, 0, s.id(Purpose::InitialBroadcast));
@@ -99,8 +102,64 @@ class ShardedBackend final : public Backend {
     count_state();
   }
 
+  // The shards of the group before are kept for assemble_outer_state (a retry after a failed
+  // re-formation keeps the first ones, or finds the state assembled already).
   void begin_new_group() override {
-    fail(Status::Internal, "sharded outer state is not elastic (refused at commit)");
+    if (kept_.shards == 0 && s_.committed && !s_.outer_state_staged) {
+      kept_.shards = shard_count_;
+      kept_.anchor = std::move(cur_);
+      kept_.momentum = std::move(momentum_);
+    }
+    cur_ = FloatBuffer();
+    momentum_ = FloatBuffer();
+    parts_.clear();
+    deltas_in_buffer_ = anchor_outside_shard_ = false;
+  }
+
+  void assemble_outer_state(const std::vector<int>& holders) override {
+    S& s = s_;
+    const size_t n = s.state_count;
+    const bool kept = kept_.shards > 0;
+    const int before = kept ? kept_.shards : (s.committed ? shard_count_ : 0);
+    const FloatBuffer& anchor = kept ? kept_.anchor : cur_;
+    const FloatBuffer& momentum = kept ? kept_.momentum : momentum_;
+    // Rank 0 decides: the size before, whether a momentum is kept, who holds each shard.
+    std::vector<int64_t> plan(2, 0);
+    if (s.comm->rank() == 0) {
+      require(before > 0 && holders.size() == size_t(before), Status::Internal,
+              "membership: rank 0 of the new group holds no shard of the group before");
+      plan = {before, momentum.empty() ? 0 : 1};
+      plan.insert(plan.end(), holders.begin(), holders.end());
+    }
+    broadcast_blocking(plan.data(), 2, DataType::I64);
+    plan.resize(size_t(2 + plan[0]));
+    broadcast_blocking(plan.data() + 2, size_t(plan[0]), DataType::I64);
+    s.anchor = FloatBuffer(n);
+    s.momentum = FloatBuffer(plan[1] ? n : 0);
+    FloatBuffer parameters;  // packed, where a shard was lost
+    for (int j = 0; j < int(plan[0]); ++j) {
+      const ShardRange range = shard_range(n, int(plan[0]), j);
+      if (range.count() == 0) continue;
+      const int holder = int(plan[size_t(2 + j)]);
+      float* a = s.anchor.data() + range.begin;
+      if (holder < 0) {
+        if (parameters.empty()) {
+          parameters = FloatBuffer(n);
+          pack_parameters(s, parameters.data());
+        }
+        std::copy(parameters.data() + range.begin, parameters.data() + range.end, a);
+        auto request = s.comm->allreduce(a, range.count(), DataType::F32, ReduceOp::Avg, s.id(Purpose::Membership));
+        if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
+        continue;  // its momentum: zeros
+      }
+      if (holder == s.comm->rank()) {
+        std::copy(anchor.data(), anchor.data() + range.count(), a);
+        if (plan[1]) std::copy(momentum.data(), momentum.data() + range.count(), s.momentum.data() + range.begin);
+      }
+      broadcast_blocking(a, range.count(), DataType::F32, holder);
+      if (plan[1]) broadcast_blocking(s.momentum.data() + range.begin, range.count(), DataType::F32, holder);
+    }
+    kept_ = Kept{};
   }
 
   void momentum_needed() override {
@@ -393,6 +452,8 @@ class ShardedBackend final : public Backend {
   }
 
   void release_staged() override {
+    s_.anchor = FloatBuffer();  // a membership change's assembled state (the shards hold it now)
+    s_.momentum = FloatBuffer();
     if (poisoned_) s_.comm_buffer.data()[0] = saved_first_;
     poisoned_ = false;
     saved_anchor_ = std::vector<float>();
@@ -423,8 +484,28 @@ class ShardedBackend final : public Backend {
     return nullptr;
   }
 
-  // A sharded engine loads every checkpoint through load_shard (its shards only).
-  void stage_in() override {}
+  // A sharded engine loads every checkpoint through load_shard (its shards only). After a
+  // membership change the assembled whole state (assemble_outer_state) is cut for this rank:
+  // the anchor and momentum shards, B and the parameters the anchor, the eager state zero.
+  void stage_in() override {
+    S& s = s_;
+    if (s.anchor.size() != s.state_count) return;
+    const float* a = s.anchor.data();
+    copy_shard(cur_.data(), a + mine_.begin);
+    if (momentum_.empty() && s.momentum.size() == s.state_count) momentum_ = FloatBuffer(mine_.count());
+    if (!momentum_.empty()) {
+      if (s.momentum.size() == s.state_count)
+        copy_shard(momentum_.data(), s.momentum.data() + mine_.begin);
+      else
+        std::fill(momentum_.data(), momentum_.data() + momentum_.size(), 0.0f);
+    }
+    std::copy(a, a + s.state_count, s.comm_buffer.data());
+    clear_eager_state();
+    if (!round_start_.empty()) std::copy(a, a + s.state_count, round_start_.data());
+    unpack_parameters(s, a, false);
+    deltas_in_buffer_ = anchor_outside_shard_ = false;
+    count_state();
+  }
 
   // --- checkpoints: the per-rank format (every rank its own shard) ---
   bool shard_view(ShardView* view) const override {
@@ -484,6 +565,11 @@ class ShardedBackend final : public Backend {
   }
 
  private:
+  void broadcast_blocking(void* data, size_t count, DataType dtype, int root = 0) {
+    auto request = s_.comm->broadcast(data, count, dtype, root, s_.id(Purpose::Membership));
+    if (request->wait_status() != Status::Ok) fail(s_.comm->error_status(), s_.comm->error_message());
+  }
+
   void gather_shards(float* b) {
     auto request = shards_->allgather_shards(b, s_.state_count, DataType::F32, {shard_owner_, Purpose::Consensus});
     if (request->wait_status() != Status::Ok) fail(shards_->error_status(), shards_->error_message());
@@ -819,6 +905,7 @@ class ShardedBackend final : public Backend {
   std::unique_ptr<Backend> host_;  // what sharding leaves as it is: gradients, parameter averages
   Communicator* shards_ = nullptr;  // whose ranks hold the shards: all, or the node's
   uint32_t shard_owner_ = 0;
+  int shard_count_ = 0;  // the shards the state was cut into at commit (the communicator's size may change)
   ShardRange mine_;
   std::vector<ShardPart> parts_;
   FloatBuffer cur_, step_, momentum_;  // this rank's shards
@@ -840,6 +927,12 @@ class ShardedBackend final : public Backend {
   // The eager policy (hierarchical): this rank's shards of the node's offset and its momentum,
   // and the full round start a' + e the node gathers at a boundary.
   FloatBuffer eager_offset_, eager_momentum_, round_start_;
+  // The shards of the group before a membership change, until assemble_outer_state read them.
+  struct Kept {
+    int shards = 0;
+    FloatBuffer anchor, momentum;
+  };
+  Kept kept_;
   bool poisoned_ = false;
   float saved_first_ = 0.0f;
   std::vector<float> saved_anchor_, saved_other_;  // a save's current segment (saved_part)

@@ -611,6 +611,10 @@ int64_t Communicator::join_requests() const {
 
 int64_t Communicator::admitted() const { return membership_ ? membership_->admitted() : 0; }
 
+std::vector<int> Communicator::previous_ranks() const {
+  return membership_ ? membership_->previous_ranks() : std::vector<int>{};
+}
+
 void Communicator::admit(int64_t join_requests) {
   require(membership_ != nullptr && error_status() == Status::Ok && join_requests > admitted(), Status::InvalidState,
           "admit() needs a healthy elastic communicator and a join request not admitted yet");

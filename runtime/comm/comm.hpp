@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/base/status.hpp"
 #include "runtime/base/types.hpp"
@@ -116,6 +117,8 @@ class MembershipChanges {
   // on who they are; throws Error when this rank is left out or too few ranks remain. `cause`:
   // the failure's message.
   virtual std::unique_ptr<transport::PointToPoint> survivors(const std::string& cause) = 0;
+  // After survivors(): for every rank of the new group, its rank in the group before.
+  virtual std::vector<int> previous_ranks() const = 0;
   // Join requests made at the group's door so far, as this rank sees them (0 where it does not
   // look: only the process that serves the door does).
   virtual int64_t join_requests() = 0;
@@ -225,6 +228,8 @@ class Communicator {
   // that serves the door looks; 0 elsewhere), and how many of them the members admitted.
   int64_t join_requests() const;
   int64_t admitted() const;
+  // After reform(): for every rank of the re-formed group, its rank in the group before.
+  std::vector<int> previous_ranks() const;
   // Collective over the members, with join_requests > admitted(): continues over a transport
   // of the members and the processes that asked up to `join_requests` (the members keep their
   // ranks, the joiners follow in the order they asked). Caller as for reform(), on a healthy

@@ -12,7 +12,9 @@
 // Each rank's parameters become the anchor, so the round that was under way (its local steps) is
 // dropped too. With the new W the average's divisor, an automatic beta, the eager share and the
 // wire's layout are the commit's, as for a group formed at that size.
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +26,13 @@
 
 namespace co2 {
 namespace {
+
+// 0, 1, ..., size - 1: where every rank of a group is when the group keeps its order.
+std::vector<int> same_ranks(int size) {
+  std::vector<int> ranks(static_cast<size_t>(size));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
+}
 
 // Collective over the new communicator: `buffer` of rank `root` on every rank.
 void broadcast_from(Engine::State& s, int root, void* buffer, size_t count, DataType dtype) {
@@ -62,7 +71,9 @@ struct OuterStateBefore {
 // every rank, sent where they live (no checkpoint blob: nothing is serialised or copied twice).
 // Every rank's per-rank state (eager offsets and momentum, the residual) is the commit's zeros:
 // the round it belonged to was dropped, or (a join) averaged in by the synchronize before.
-void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before) {
+// `assembled`: every rank holds the same whole state already (sharded: assemble_outer_state), so
+// only the donor's counters and history travel.
+void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before, bool assembled) {
   const bool is_donor = s.comm->rank() == donor;
   // Round position, whether the donor has momentum, and per segment its gap history.
   std::vector<int64_t> small(3 + 3 * s.segments.size(), 0);
@@ -85,7 +96,10 @@ void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before) {
   // comm buffer (the commit kept its pages) and give the comm buffer the old anchor's, so that no
   // rank but a joiner maps fresh memory; the old buffers stay untouched until all has arrived.
   FloatBuffer momentum;
-  if (is_donor) {
+  if (assembled) {
+    s.anchor = std::move(before.anchor);
+    momentum = std::move(before.momentum);
+  } else if (is_donor) {
     broadcast_from(s, donor, before.anchor.data(), s.state_count, DataType::F32);
     if (has_momentum) broadcast_from(s, donor, before.momentum.data(), s.state_count, DataType::F32);
     s.anchor = std::move(before.anchor);
@@ -120,9 +134,9 @@ void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before) {
 
 // This rank's outer state in the host buffers the hand-over reads (a device backend copies it
 // there once), and the statistics of every boundary it finished, by which the donor is chosen.
-// A joiner has none yet.
+// A joiner has none yet; sharded outer state is assembled from every rank's shard instead.
 void stage_outer_state_out(Engine::State& s) {
-  if (s.outer_state_staged || !s.committed) return;
+  if (s.outer_state_staged || !s.committed || s.sharded()) return;
   s.backend->stage_out();
   count_finished_boundaries(s, /*wait=*/true);
   s.outer_state_staged = true;
@@ -131,7 +145,9 @@ void stage_outer_state_out(Engine::State& s) {
 // On a freshly re-formed group: one outer state on every rank. Returns the donor's new rank.
 // Throws when the new group fails too (another rank lost meanwhile); the outer state and its
 // counters then still belong together, so the next try starts from a consistent state.
-int restart_from_donor(Engine::State& s) {
+// holders: sharded outer state, for every rank of the group before, its rank now (-1: lost); see
+// Backend::assemble_outer_state.
+int restart_from_donor(Engine::State& s, const std::vector<int>& holders = {}) {
   stage_outer_state_out(s);
   s.pending.reset();
   s.average_ready = false;
@@ -163,7 +179,14 @@ int restart_from_donor(Engine::State& s) {
     ~Reset() { flag = false; }
   } reset{s.outer_state_follows};
   commit_layout(s);
-  if (s.has_anchor()) take_outer_state(s, donor, before);
+  const bool assembled = s.sharded() && s.has_anchor();
+  if (assembled && !s.outer_state_staged) {
+    s.backend->assemble_outer_state(holders);
+    s.outer_state_staged = true;
+    before.anchor = std::move(s.anchor);
+    before.momentum = std::move(s.momentum);
+  }
+  if (s.has_anchor()) take_outer_state(s, donor, before, assembled);
   s.backend->release_staged();  // a device backend's host copies
   s.outer_state_staged = false;
   s.stats.outer_updates = uint64_t(counts[size_t(3 * donor)]);
@@ -183,13 +206,20 @@ void continue_with_survivors(Engine::State& s, const std::string& cause) {
   // A rank lost while the survivors re-form fails the new group as well: re-form again, as long
   // as the membership allows (it fails with PEER_LOST once too few remain).
   int donor = 0;
+  // Sharded outer state: where each rank of the group before is now (-1: lost), across retries.
+  std::vector<int> holders = same_ranks(old_size);
   for (;;) {
     s.backend->drain();
     // The old collectives are finished (failed) and their transport goes. Throws PEER_LOST when
     // this rank was left out or too few remain: that is final.
     s.comm->reform();
+    const std::vector<int> previous = s.comm->previous_ranks();
+    for (int& now : holders) {
+      const auto found = std::find(previous.begin(), previous.end(), now);
+      now = now < 0 || found == previous.end() ? -1 : int(found - previous.begin());
+    }
     try {
-      donor = restart_from_donor(s);
+      donor = restart_from_donor(s, holders);
       break;
     } catch (const Error& e) {
       if (!s.comm->can_reform()) throw;
@@ -221,7 +251,7 @@ int admit_joiners(Engine::State& s) {
   }
   const int joined = s.comm->size() - old_size;
   if (joined == 0) return 0;  // the processes that asked were gone: the group is as it was
-  restart_from_donor(s);
+  restart_from_donor(s, same_ranks(old_size));  // the members keep their ranks; joiners come after
   log::info("membership: rank " + std::to_string(s.comm->rank()) + " goes on in a group of " +
             std::to_string(s.comm->size()) + " after " + std::to_string(joined) + " process(es) joined, from step " +
             std::to_string(s.stats.steps));
@@ -240,6 +270,11 @@ void release_leaver(Engine::State& s) {
   const int leaver = int(s.observer.agreed_leaver - 1);
   const int old_rank = s.comm->rank();
   const int old_size = s.comm->size();
+  if (s.sharded() && s.has_anchor()) {
+    // The leaver's shard goes with it: every rank takes the whole state first, over the old group.
+    s.backend->assemble_outer_state(same_ranks(old_size));
+    s.outer_state_staged = true;
+  }
   try {
     s.comm->release(leaver);
   } catch (const std::exception& e) {

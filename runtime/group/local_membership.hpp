@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/comm/comm.hpp"
 #include "transports/local/transport.hpp"
@@ -40,6 +41,7 @@ class LocalMembership final : public MembershipChanges {
       const std::string& group, const CommOptions& options, transport::local::LinkModel link);
 
   std::unique_ptr<transport::PointToPoint> survivors(const std::string& cause) override;
+  std::vector<int> previous_ranks() const override { return {}; }  // no loss is survived
   int64_t join_requests() override;
   int64_t admitted() const override { return admitted_; }
   std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) override;

@@ -162,6 +162,7 @@ void Membership::record_generation() {
 
 std::unique_ptr<transport::PointToPoint> Membership::survivors(const std::string& cause) {
   const Agreed agreed = agree(cause);
+  previous_ = agreed.previous;
   return connect(*agreed.store, agreed.prefix);
 }
 

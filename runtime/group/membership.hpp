@@ -65,6 +65,7 @@ class Membership final : public MembershipChanges {
 
   // MembershipChanges
   std::unique_ptr<transport::PointToPoint> survivors(const std::string& cause) override;
+  std::vector<int> previous_ranks() const override { return previous_; }
   int64_t join_requests() override;
   int64_t admitted() const override { return admitted_; }
   std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) override;
@@ -109,6 +110,7 @@ class Membership final : public MembershipChanges {
   int connections_per_peer_ = 0;
   uint64_t generation_ = 0;
   int64_t admitted_ = 0;  // join requests admitted so far (the door's count, on every member)
+  std::vector<int> previous_;  // after survivors(): each member's rank in the group before
   Door door_;
   std::shared_ptr<store::Store> door_store_;  // a client of the door, where it is served here
 };

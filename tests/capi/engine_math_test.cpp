@@ -1034,12 +1034,8 @@ TEST(EngineMathProperty, BetaZeroAlphaOneAverages) {
   }
 }
 
-// A rank that leaves an elastic group (co2_engine_leave over the local transport; docs/algorithm.md,
-// "Leaving"): W = 3, rank 1 asks at step 7, every rank learns at one boundary that it goes; there
-// the group synchronizes and the others train on at W = 2 to step 30 and finalize. The fp64
-// reference replays the same membership: 3 ranks up to that step, the rank removed after a
-// synchronize, 2 ranks after it. Eager (the default) and outer momentum 0.5, handed over.
-TEST(EngineMathProperty, ALeaveMatchesTheReferenceOverTheChangingMembership) {
+void leave_matches_the_reference(bool sharded) {
+  SCOPED_TRACE(sharded ? "sharded outer state" : "replicated outer state");
   const int W = 3, tau = 3, leaver = 1;
   const uint64_t request_at = 7, total_steps = 30;
   const double alpha = 0.8, beta = 0.5;
@@ -1057,6 +1053,7 @@ TEST(EngineMathProperty, ALeaveMatchesTheReferenceOverTheChangingMembership) {
     cfg.tau = tau;
     cfg.outer_lr = alpha;
     cfg.outer_momentum = beta;
+    cfg.shard_outer_state = sharded;
     CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
     CO2_ASSERT_OK(model.register_with(eg.engine));
     CO2_ASSERT_OK(co2_engine_commit(eg.engine));
@@ -1077,7 +1074,7 @@ TEST(EngineMathProperty, ALeaveMatchesTheReferenceOverTheChangingMembership) {
     final_state[rank] = model.gather_state();
     CO2_ASSERT_OK(co2_comm_size(comm, &final_size[rank]));
   }, options);
-  if (HasFailure()) return;
+  if (::testing::Test::HasFailure()) return;
   const uint64_t change = changed_at[0];
   for (int r = 0; r < W; ++r) ASSERT_EQ(changed_at[r], change) << "rank " << r << " saw the leave elsewhere";
   ASSERT_GT(change, request_at);
@@ -1117,12 +1114,24 @@ TEST(EngineMathProperty, ALeaveMatchesTheReferenceOverTheChangingMembership) {
   EXPECT_GT(leave_moved, 1e-3) << "the members did not train after the leave";
 }
 
+// A rank that leaves an elastic group (co2_engine_leave over the local transport; docs/algorithm.md,
+// "Leaving"): W = 3, rank 1 asks at step 7, every rank learns at one boundary that it goes; there
+// the group synchronizes and the others train on at W = 2 to step 30 and finalize. The fp64
+// reference replays the same membership: 3 ranks up to that step, the rank removed after a
+// synchronize, 2 ranks after it. Eager (the default) and outer momentum 0.5, handed over; the
+// outer state replicated, and sharded (the leaver's shard gathered before it goes).
+TEST(EngineMathProperty, ALeaveMatchesTheReferenceOverTheChangingMembership) {
+  for (bool sharded : {false, true}) leave_matches_the_reference(sharded);
+}
+
 // A thread that joins a running elastic group (over the local transport; docs/algorithm.md,
 // "Joining"): W = 2 train; at step 8 they wait until a third thread asked co2_comm_create for the
 // same group, and it is admitted at a later boundary: the members synchronize, the joiner receives the
 // anchor, outer momentum and gap history, and all three train on to step 30 and finalize. The
-// fp64 reference replays it: 2 ranks, a synchronize, 3 ranks. Eager and outer momentum 0.5.
-TEST(EngineMathProperty, AJoinMatchesTheReferenceOverTheChangingMembership) {
+// fp64 reference replays it: 2 ranks, a synchronize, 3 ranks. Eager and outer momentum 0.5;
+// replicated and sharded outer state (the members' shards re-cut for 3 ranks).
+void join_matches_the_reference(bool sharded) {
+  SCOPED_TRACE(sharded ? "sharded outer state" : "replicated outer state");
   const int members = 2, W = 3, tau = 3;
   const uint64_t ask_after = 7, total_steps = 30;
   const double alpha = 0.8, beta = 0.5;
@@ -1155,6 +1164,7 @@ TEST(EngineMathProperty, AJoinMatchesTheReferenceOverTheChangingMembership) {
       cfg.tau = tau;
       cfg.outer_lr = alpha;
       cfg.outer_momentum = beta;
+      cfg.shard_outer_state = sharded;
       CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
       CO2_ASSERT_OK(model.register_with(eg.engine));
       CO2_ASSERT_OK(co2_engine_commit(eg.engine));
@@ -1182,7 +1192,7 @@ TEST(EngineMathProperty, AJoinMatchesTheReferenceOverTheChangingMembership) {
     CO2_ASSERT_OK(co2_comm_size(comm, &final_size[thread]));
     co2_comm_destroy(comm);
   });
-  if (HasFailure()) return;
+  if (::testing::Test::HasFailure()) return;
   const uint64_t change = changed_at[0];
   for (int r = 0; r < W; ++r) ASSERT_EQ(changed_at[r], change) << "thread " << r << " saw the join elsewhere";
   ASSERT_GT(change, ask_after);
@@ -1211,6 +1221,10 @@ TEST(EngineMathProperty, AJoinMatchesTheReferenceOverTheChangingMembership) {
     ASSERT_NEAR(final_state[0][i], ref.p(0)[i], tol) << "rank 0 after finalize, element " << i;
     for (int r = 1; r < W; ++r) ASSERT_EQ(final_state[0][i], final_state[r][i]) << "rank " << r << " differs at element " << i;
   }
+}
+
+TEST(EngineMathProperty, AJoinMatchesTheReferenceOverTheChangingMembership) {
+  for (bool sharded : {false, true}) join_matches_the_reference(sharded);
 }
 
 // Auto β resolves by the number of outer participants: 0 up to 16 ranks (17: 0.2).

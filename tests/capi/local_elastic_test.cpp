@@ -27,17 +27,18 @@ bool wait_for(const std::atomic<bool>& flag, std::chrono::seconds limit = std::c
   return flag.load();
 }
 
-co2_engine_config_t engine_config() {
+co2_engine_config_t engine_config(bool sharded = false) {
   co2_engine_config_t cfg = CO2_ENGINE_CONFIG_INIT;
   cfg.tau = 3;
   cfg.outer_momentum = 0.5;
+  cfg.shard_outer_state = sharded;
   return cfg;
 }
 
 // Two members train; five times a thread joins, trains a few steps and leaves again with
 // co2_engine_leave. Every change reaches every member at the same step, the joiners and the
 // members see the sizes they should, and the members end with one model.
-TEST(LocalElastic, ThreadsJoinAndLeaveFiveTimesInOneRun) {
+void join_and_leave_five_times(bool sharded) {
   const int members = 2, cycles = 5;
   const uint64_t cycle_steps = 40, total_steps = cycle_steps * (cycles + 1);
   const Layout layout = layout_mixed();
@@ -65,7 +66,7 @@ TEST(LocalElastic, ThreadsJoinAndLeaveFiveTimesInOneRun) {
       {
         LocalModel model(layout, data, thread);
         EngineGuard eg;
-        co2_engine_config_t cfg = engine_config();
+        co2_engine_config_t cfg = engine_config(sharded);
         CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
         CO2_ASSERT_OK(model.register_with(eg.engine));
         CO2_ASSERT_OK(co2_engine_commit(eg.engine));
@@ -87,7 +88,7 @@ TEST(LocalElastic, ThreadsJoinAndLeaveFiveTimesInOneRun) {
     {
       LocalModel model(layout, data, thread);
       EngineGuard eg;
-      co2_engine_config_t cfg = engine_config();
+      co2_engine_config_t cfg = engine_config(sharded);
       CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
       CO2_ASSERT_OK(model.register_with(eg.engine));
       CO2_ASSERT_OK(co2_engine_commit(eg.engine));
@@ -117,7 +118,7 @@ TEST(LocalElastic, ThreadsJoinAndLeaveFiveTimesInOneRun) {
     }
     co2_comm_destroy(comm);
   });
-  if (HasFailure()) return;
+  if (::testing::Test::HasFailure()) return;
   ASSERT_EQ(changes[0].size(), size_t(2 * cycles)) << "a join and a leave per cycle";
   EXPECT_EQ(changes[0], changes[1]) << "the members saw the changes at different steps";
   for (int c = 0; c < cycles; ++c) {
@@ -128,6 +129,11 @@ TEST(LocalElastic, ThreadsJoinAndLeaveFiveTimesInOneRun) {
   for (size_t i = 0; i < final_state[0].size(); ++i)
     ASSERT_EQ(final_state[0][i], final_state[1][i]) << "the members differ at element " << i;
 }
+
+TEST(LocalElastic, ThreadsJoinAndLeaveFiveTimesInOneRun) { join_and_leave_five_times(false); }
+
+// The same with the outer state sharded: each change gathers the shards and cuts them anew.
+TEST(LocalElastic, ThreadsJoinAndLeaveFiveTimesWithShardedOuterState) { join_and_leave_five_times(true); }
 
 // A thread that asks to join a group which then finishes without admitting it fails at once
 // (the group's end closes the door), not after its timeout.

@@ -216,6 +216,28 @@ def test_a_restarted_rank_joins_and_everyone_ends_with_one_model(group_factory, 
     assert len({d["hash"] for d in done.values()}) == 1, done
 
 
+@pytest.mark.parametrize("die_at", [40, 42], ids=["mid_round", "chain_in_flight"])
+def test_sharded_outer_state_survives_a_loss_and_a_join(group_factory, die_at):
+    """Outer state sharded over 3 ranks (momentum 0.6): rank 1 dies mid-round or while the
+    sharded chain of the previous round's average runs; the survivors gather their shards (the
+    lost one's anchor from their parameters, its momentum zero) and cut them for 2; a process
+    launched as rank 1 then joins and the shards are cut for 3 again. Every rank ends with one
+    model."""
+    g = group_factory(3, min_ranks=2)
+    env = {"ELASTIC_SHARD": 1, "ELASTIC_OUTER_MOMENTUM": 0.6}
+    until = {"ELASTIC_UNTIL_SIZE": 3, **env}
+    g.start({0: until, 1: {"ELASTIC_DIE_AT": die_at, **env}, 2: until})
+    g.wait_for_change([0, 2])
+    g.start_joiner("joiner", 1, until)
+    codes, outputs = g.wait([0, 2, "joiner"])
+    assert set(codes.values()) == {0}, (codes, outputs)
+    done = done_lines(outputs)
+    assert {d["size"] for d in done.values()} == {"3"}, done
+    assert len({d["steps"] for d in done.values()}) == 1, done
+    assert done[0]["changes"] == done[2]["changes"] == "2", done
+    assert len({d["hash"] for d in done.values()}) == 1, done
+
+
 def test_two_ranks_lost_at_once(group_factory):
     # Both are gone by the same boundary: one agreement, or a second one if the other loss
     # reaches the survivors while they re-form; either way one group of 2 with one model.

@@ -20,6 +20,7 @@
 // most 60 s), so that every rank, a joiner too, finalizes at the same step; ELASTIC_UNTIL_CHANGES=k
 // likewise until this rank saw k membership changes.
 // ELASTIC_OUTER_MOMENTUM=beta: the engine's outer momentum (default: automatic, 0 at these sizes).
+// ELASTIC_SHARD=1: the outer state sharded over the ranks (shard_outer_state).
 // ELASTIC_LEAVE_AT=k: at step k this process asks to leave (co2_engine_leave; with
 // ELASTIC_DIE_RANK=r only rank r) and trains on until its step returns CO2_LEFT; then it prints
 //   left rank R size S steps N hash H
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
   engine_config.tau = 3;
   // The automatic beta is 0 at these sizes: no outer momentum to hand over unless one is set.
   if (const char* beta = std::getenv("ELASTIC_OUTER_MOMENTUM")) engine_config.outer_momentum = std::atof(beta);
+  engine_config.shard_outer_state = env_long("ELASTIC_SHARD", 0) != 0;
   TRY(co2_engine_create(comm, &engine_config, &engine));
   std::vector<float> weights(4096, 1.0f);
   co2_tensor_t tensor = CO2_TENSOR_INIT;
