@@ -785,12 +785,10 @@ void commit_layout(Engine::State& s) {
           "state on CUDA tensors (shard_outer_state or hierarchy = CO2_HIERARCHY_NODES, staged through pinned host "
           "memory): use CO2_APPLY_AT_BOUNDARY, replicated outer state (shard_outer_state = 0 and "
           "CO2_HIERARCHY_FLAT), or host tensors (docs/algorithm.md, \"Applying the average on arrival\")");
-  require(!s.comm->elastic() || !s.sharded() || (s.config.hierarchy != Hierarchy::Nodes && !s.on_device()),
-          Status::Unsupported,
-          "elastic membership (elastic_min_ranks > 0) is implemented for replicated outer state, and for outer "
-          "state sharded over all ranks on host tensors: not for hierarchical co2 (CO2_HIERARCHY_NODES) nor for "
-          "sharded outer state on CUDA tensors; use CO2_HIERARCHY_FLAT, shard_outer_state = 0 on CUDA tensors, or "
-          "elastic_min_ranks = 0");
+  require(!s.comm->elastic() || s.config.hierarchy != Hierarchy::Nodes, Status::Unsupported,
+          "elastic membership (elastic_min_ranks > 0) is implemented for replicated outer state and for outer "
+          "state sharded over all ranks, not for hierarchical co2 (CO2_HIERARCHY_NODES): use CO2_HIERARCHY_FLAT "
+          "(with shard_outer_state = 1 to keep the memory saving), or elastic_min_ranks = 0");
   s.backend->commit();
   s.committed = true;
 }

@@ -228,3 +228,29 @@ TEST(LocalElastic, AJoinerThatGaveUpLeavesTheGroupAsItWas) {
 }
 
 }  // namespace
+
+namespace {
+
+// Hierarchical co2 is not elastic: refused at commit, naming the way out, on every rank alike.
+TEST(LocalElastic, HierarchicalCo2IsRefusedInAnElasticGroupNamingIt) {
+  CommOptions options;
+  options.elastic_min_ranks = 1;
+  options.ranks_per_node = 1;
+  run_ranks(2, [&](int, co2_comm_t comm) {
+    co2_engine_config_t cfg = engine_config();
+    cfg.hierarchy = CO2_HIERARCHY_NODES;
+    EngineGuard eg;
+    CO2_ASSERT_OK(co2_engine_create(comm, &cfg, &eg.engine));
+    std::vector<float> weights(64, 1.0f);
+    co2_tensor_t tensor = CO2_TENSOR_INIT;
+    tensor.name = "w";
+    tensor.data = weights.data();
+    tensor.count = weights.size();
+    CO2_ASSERT_OK(co2_engine_register_tensor(eg.engine, &tensor));
+    EXPECT_EQ(co2_engine_commit(eg.engine), CO2_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(co2_last_error_message()).find("CO2_HIERARCHY_FLAT"), std::string::npos)
+        << co2_last_error_message();
+  }, options);
+}
+
+}  // namespace

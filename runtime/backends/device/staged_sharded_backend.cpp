@@ -156,7 +156,14 @@ class StagedShardedBackend final : public Backend {
   // --- checkpoints: the sharded backend's, which hold no parameters except load_shard's ---
   bool has_momentum() const override { return sharded_->has_momentum(); }
   void stage_out() override { sharded_->stage_out(); }
-  void stage_in() override { sharded_->stage_in(); }
+  // Both ways: after a membership change it sets the parameters to the assembled anchor.
+  void stage_in() override {
+    with_mirror(Reads::Yes, Writes::Yes, [&] { sharded_->stage_in(); });
+  }
+  // A lost shard's anchor is read from the parameters.
+  void assemble_outer_state(const std::vector<int>& holders) override {
+    with_mirror(Reads::Yes, Writes::No, [&] { sharded_->assemble_outer_state(holders); });
+  }
   void release_staged() override { sharded_->release_staged(); }
   const float* saved_part(SavedPart part, size_t segment) override { return sharded_->saved_part(part, segment); }
   bool shard_view(ShardView* view) const override { return sharded_->shard_view(view); }

@@ -929,6 +929,26 @@ TEST(DeviceFeatures, ElasticLeaveAndJoinEqualHost) {
   }
 }
 
+// The same with the outer state sharded (staged through pinned host memory on CUDA tensors):
+// each change assembles the shards and cuts them for the new size.
+TEST(DeviceFeatures, ElasticLeaveAndJoinWithShardedStateEqualHost) {
+  for (const Policy& p : {kPolicies[0], kPolicies[1]})  // co2: the sharded algorithm
+    for (co2_engine_config_t c : configs_of(p)) {
+      c.shard_outer_state = 1;
+      const std::string what = name_of(p, c, 3) + " sharded, with a leave and a join";
+      MembershipRun device, host;
+      for (int attempt = 0; attempt < 3 && (attempt == 0 || device.changes != host.changes); ++attempt) {
+        device = run_membership(true, c);
+        host = run_membership(false, c);
+        if (HasFailure()) return;
+      }
+      ASSERT_EQ(device.changes.size(), 2u) << what << ": a leave and a join";
+      EXPECT_EQ(device.changes, host.changes) << what;
+      EXPECT_EQ(device.final_size, 3) << what;
+      expect_equal(device.result, host.result, true, what);
+    }
+}
+
 #ifndef CO2_FEATURES_ON_GPU
 namespace executor = co2::device::host_executor;
 
