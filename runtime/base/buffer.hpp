@@ -1,6 +1,8 @@
 // Engine-owned fp32 host memory, 64-byte aligned and zero-initialised.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <cstddef>
 #include <atomic>
 #include <cstdlib>
@@ -15,15 +17,31 @@ class FloatBuffer {
   FloatBuffer() = default;
   explicit FloatBuffer(size_t count) : count_(count) {
     if (count == 0) return;
-    const size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
-    data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
-    if (!data_) throw std::bad_alloc();
-    std::memset(data_, 0, bytes);
+    const size_t bytes = bytes_of(count);
+    if (bytes >= kMappedBytes) {
+      // Straight from the kernel: the pages are zero already and map on first touch, so a
+      // buffer written before it is read (a receive, the next pass) never pays for zeroing;
+      // transparent huge pages where the kernel allows them (a fault per 2 MiB, not per 4 KiB).
+      void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mapped == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+      madvise(mapped, bytes, MADV_HUGEPAGE);  // advice: refused where THP is off, which is fine
+#endif
+      data_ = static_cast<float*>(mapped);
+    } else {
+      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!data_) throw std::bad_alloc();
+      std::memset(data_, 0, bytes);
+    }
     account(count_);
   }
   ~FloatBuffer() {
-    if (data_) account(-count_);
-    std::free(data_);
+    if (!data_) return;
+    account(-count_);
+    if (bytes_of(count_) >= kMappedBytes)
+      munmap(data_, bytes_of(count_));
+    else
+      std::free(data_);
   }
   FloatBuffer(FloatBuffer&& other) noexcept { swap(other); }
   FloatBuffer& operator=(FloatBuffer&& other) noexcept {
@@ -41,7 +59,7 @@ class FloatBuffer {
       *this = FloatBuffer(count);
       return;
     }
-    if (data_) std::memset(data_, 0, (count * sizeof(float) + 63) / 64 * 64);
+    if (data_) std::memset(data_, 0, bytes_of(count));
   }
 
   float* data() { return data_; }
@@ -56,6 +74,9 @@ class FloatBuffer {
   static void reset_peak() { peak().store(in_use().load()); }
 
  private:
+  static constexpr size_t kMappedBytes = size_t(1) << 20;  // from here on: mmap, not the heap
+  static size_t bytes_of(size_t count) { return (count * sizeof(float) + 63) / 64 * 64; }
+
   static std::atomic<size_t>& in_use() {
     static std::atomic<size_t> floats{0};
     return floats;

@@ -12,6 +12,12 @@
 // Each rank's parameters become the anchor, so the round that was under way (its local steps) is
 // dropped too. With the new W the average's divisor, an automatic beta, the eager share and the
 // wire's layout are the commit's, as for a group formed at that size.
+//
+// Where the state lives does not change the steps: a device backend stages its outer state out to
+// the host buffers first (Backend::stage_out) and in after; outer state sharded over the ranks is
+// first assembled whole on every rank from each shard's holder (Backend::assemble_outer_state, a
+// lost shard rebuilt from the ranks' parameters), so that all ranks then hold the same state and
+// only the donor's counters travel.
 #include <algorithm>
 #include <cstring>
 #include <numeric>

@@ -1,6 +1,7 @@
 #include "runtime/group/local_membership.hpp"
 
 #include <condition_variable>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -54,6 +55,8 @@ std::shared_ptr<LocalDoor> open_door_of(const std::string& group) {
 // The door of a group forming now: its first member opens it, the others share it.
 std::shared_ptr<LocalDoor> door_of_forming_group(const std::string& group) {
   std::lock_guard<std::mutex> lock(doors().mutex);
+  for (auto it = doors().by_group.begin(); it != doors().by_group.end();)  // doors of groups long gone
+    it = it->second.expired() && it->first != group ? doors().by_group.erase(it) : std::next(it);
   std::weak_ptr<LocalDoor>& entry = doors().by_group[group];
   std::shared_ptr<LocalDoor> door = entry.lock();
   if (door) {
