@@ -262,11 +262,14 @@ def test_stopped_rank_is_left_out_and_refused_when_it_resumes(group_factory):
     assert_survivors_agree(g, [1, 2], changes=1)
 
 
-def test_stopped_rank_the_others_all_go_on(group_factory):
+@pytest.mark.parametrize("shard", [0, 1], ids=["replicated", "sharded"])
+def test_stopped_rank_the_others_all_go_on(group_factory, shard):
     # The coordinator spends up to the probe timeout on the stopped rank's endpoint; the live
-    # ranks still on their way must not be left out meanwhile.
+    # ranks still on their way must not be left out meanwhile. Sharded: the stopped rank's shard
+    # is rebuilt from the others.
     g = group_factory(4, min_ranks=2)
-    g.start({2: {"ELASTIC_STOP_AT": 30}})
+    env = {"ELASTIC_SHARD": shard}
+    g.start({0: env, 1: env, 2: {"ELASTIC_STOP_AT": 30, **env}, 3: env})
     assert_survivors_agree(g, [0, 1, 3], changes=1)
 
 
