@@ -41,8 +41,6 @@ EXCEPTIONS = {
     ("runtime/backends/device/device_backend.cpp", "runtime/engine/engine_state.hpp"),
     ("runtime/backends/device/no_device.cpp", "runtime/engine/engine_state.hpp"),
     ("runtime/backends/device/staged_sharded_backend.cpp", "runtime/engine/engine_state.hpp"),
-    ("runtime/backends/host_backend.cpp", "runtime/engine/observe.hpp"),
-    ("runtime/backends/device/device_backend.cpp", "runtime/engine/observe.hpp"),
 }
 
 SOURCE_SUFFIXES = (".h", ".hpp", ".c", ".cpp", ".cu", ".cuh")

@@ -16,6 +16,7 @@
 
 #include "runtime/base/buffer.hpp"
 #include "runtime/base/status.hpp"
+#include "runtime/comm/comm.hpp"
 #include "runtime/outer/update_summary.hpp"
 
 namespace co2 {
@@ -104,7 +105,7 @@ class Backend {
   // An update applied by boundary_pass, apply_update or apply_blocking_update: its gap history
   // and statistics are in Engine::State::prepared, and the engine adopts them right after the
   // call. A backend that learns them only later (the device, from its boundary reports) says
-  // so here and hands them over in finished_boundaries (the gap history stays on the device).
+  // so here and hands them over in finished() (the gap history stays on the device).
   virtual bool reports_updates_later() const { return false; }
 
   virtual void set_parameters_to_anchor() = 0;
@@ -123,15 +124,19 @@ class Backend {
   // Calls without a stream argument (commit, synchronize, finalize, consensus, save) first wait,
   // bounded, for the caller's work that came before them.
   virtual void wait_for_caller(const char* what) = 0;
-  // What a backend that reports updates later learned of the boundaries it finished since the
-  // last call (wait: of all of them), oldest first; the engine counts them. Also folds the
-  // timings of collectives that completed meanwhile.
+  // What a backend that reports later (the device) finished since the last call (wait: all it
+  // has in flight), oldest first: its boundaries' reports, and the outer collectives nobody
+  // waited for (their requests). The engine counts and observes them.
   struct FinishedBoundary {
     bool deltas_nonfinite = false;  // this rank's a - p was not finite
     bool applied = false;           // the update happened: `summary` is its figures
     UpdateSummary summary = empty_summary();
   };
-  virtual std::vector<FinishedBoundary> finished_boundaries(bool wait) = 0;
+  struct Finished {
+    std::vector<FinishedBoundary> boundaries;
+    std::vector<std::shared_ptr<Request>> collectives;  // completed without a wait of the host
+  };
+  virtual Finished finished(bool wait) = 0;
   // Waits (bounded) for everything in flight; before the state is freed.
   virtual void drain() noexcept = 0;
 

@@ -12,7 +12,6 @@
 #include "runtime/base/checksum.hpp"
 #include "runtime/collectives/collectives.hpp"
 #include "runtime/engine/engine_state.hpp"
-#include "runtime/engine/observe.hpp"
 
 namespace co2 {
 
@@ -317,7 +316,7 @@ class HostBackend final : public Backend {
 
   void set_caller_stream(void*) override {}
   void wait_for_caller(const char*) override {}
-  std::vector<FinishedBoundary> finished_boundaries(bool) override { return {}; }
+  Finished finished(bool) override { return {}; }
   void drain() noexcept override {
     if (s_.pending) s_.pending->wait_status();
   }

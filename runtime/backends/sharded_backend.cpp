@@ -430,7 +430,7 @@ class ShardedBackend final : public Backend {
 
   void set_caller_stream(void*) override {}
   void wait_for_caller(const char*) override {}
-  std::vector<FinishedBoundary> finished_boundaries(bool) override { return {}; }
+  Finished finished(bool) override { return {}; }
   void drain() noexcept override {
     if (s_.pending) s_.pending->wait_status();
   }

@@ -329,17 +329,23 @@ void check_anchor_when_due(Engine::State& s) {
   if (anchor_check_due(s)) check_anchor(s);
 }
 
-void count_finished_boundaries(Engine::State& s, bool wait) {
-  for (const Backend::FinishedBoundary& b : s.backend->finished_boundaries(wait)) {
+void count_finished_work(Engine::State& s, bool wait) {
+  const Backend::Finished done = s.backend->finished(wait);
+  for (const Backend::FinishedBoundary& b : done.boundaries) {
     if (b.deltas_nonfinite) ++s.stats.nonfinite_local;  // the engine counted the nonfinite averages
     if (b.applied) commit_update(s, s.config.clip, &b.summary);
+  }
+  for (const std::shared_ptr<Request>& request : done.collectives) {
+    s.stats.collective_ns += elapsed_ns(request->submitted_at(), request->completed_at());
+    const Clock::time_point now = Clock::now();
+    observe_collective(s, *request, now, now);  // the host did not wait for it
   }
 }
 
 // The update a backend just applied: its gap history and statistics become the engine's (a
 // backend that reports them later hands over those of the boundaries it finished).
 void adopt_applied_update(Engine::State& s) {
-  if (s.backend->reports_updates_later()) return count_finished_boundaries(s, /*wait=*/false);
+  if (s.backend->reports_updates_later()) return count_finished_work(s, /*wait=*/false);
   s.history = s.prepared.history;
   commit_update(s, s.prepared.settings.clip, s.prepared.summary_known ? &s.prepared.summary : nullptr);
   s.prepared.ready = false;
@@ -817,7 +823,7 @@ bool step_now(Engine::State& s, void* stream) {
   const TraceSpan boundary(s.trace.get(), "boundary", "round", s.stats.rounds);
   check_comm(s);
   s.backend->set_caller_stream(stream);
-  count_finished_boundaries(s, /*wait=*/false);
+  count_finished_work(s, /*wait=*/false);
   const bool applied = boundary_of_algorithm(s);
   observe_round(s);  // on every rank, applied or not: the agreements stay paired
   begin_arrival_round(s);  // from the timings the ranks agreed on up to this boundary
@@ -874,7 +880,7 @@ void synchronize_ranks(Engine::State& s, bool finalizing) {
       applied = sync_boundary(s);
       break;
   }
-  count_finished_boundaries(s, /*wait=*/true);
+  count_finished_work(s, /*wait=*/true);
   if (!applied) throw_nonfinite();
   check_anchor(s);
 }
@@ -1047,7 +1053,7 @@ double Engine::get_param(Param key) const {
 }
 
 EngineStats Engine::stats() const {
-  if (state_->committed) count_finished_boundaries(*state_, /*wait=*/false);
+  if (state_->committed) count_finished_work(*state_, /*wait=*/false);
   return observed_stats(*state_);
 }
 

@@ -165,9 +165,9 @@ void check_anchor_when_due(Engine::State& s);  // check_anchor every anchor_chec
 void collect_pending_average(Engine::State& s);  // waits; the average stays ready to apply
 // The update a backend just applied: its gap history and statistics become the engine's.
 void adopt_applied_update(Engine::State& s);
-// What a backend that reports later (the device) learned of the boundaries it finished since
-// (wait: of all of them) becomes the statistics.
-void count_finished_boundaries(Engine::State& s, bool wait);
+// What a backend that reports later (the device) finished since (wait: all of it), its boundaries
+// and its collectives, becomes the statistics.
+void count_finished_work(Engine::State& s, bool wait);
 // f(p) with p the segment's parameters as a typed pointer (float*, Bf16* or Fp16*): the host
 // passes are templates over the parameter type (runtime/outer/param_types.hpp).
 template <typename F>

@@ -144,7 +144,7 @@ void take_outer_state(Engine::State& s, int donor, OuterStateBefore& before, boo
 void stage_outer_state_out(Engine::State& s) {
   if (s.outer_state_staged || !s.committed || s.sharded()) return;
   s.backend->stage_out();
-  count_finished_boundaries(s, /*wait=*/true);
+  count_finished_work(s, /*wait=*/true);
   s.outer_state_staged = true;
 }
 

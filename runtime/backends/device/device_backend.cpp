@@ -18,7 +18,6 @@
 #include "runtime/backends/device/selection.hpp"
 #include "runtime/engine/engine_state.hpp"
 #include "runtime/base/log.hpp"
-#include "runtime/engine/observe.hpp"
 #include "runtime/outer/update_plan.hpp"
 
 namespace co2 {
@@ -310,10 +309,10 @@ class DeviceBackend final : public Backend {
     wait_for_stream(caller_stream_, what);
   }
 
-  std::vector<FinishedBoundary> finished_boundaries(bool wait) override {
+  Finished finished(bool wait) override {
     if (comm_.empty()) return {};  // not committed (a failed commit)
-    S& s = s_;
     fold_ring(wait);
+    Finished out;
     while (!in_flight_.empty()) {
       // A failed all-reduce has failed the communicator: its error surfaces at the next call.
       if (wait) {
@@ -331,14 +330,11 @@ class DeviceBackend final : public Backend {
         }
         if (!done) break;
       }
-      s.stats.collective_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                            in_flight_.front()->completed_at() - in_flight_.front()->submitted_at())
-                                            .count());
-      const Clock::time_point now = Clock::now();
-      observe_collective(s, *in_flight_.front(), now, now);  // the host did not wait for it
+      out.collectives.push_back(std::move(in_flight_.front()));
       in_flight_.pop_front();
     }
-    return std::exchange(finished_, {});
+    out.boundaries = std::exchange(finished_, {});
+    return out;
   }
 
   void drain() noexcept override {
@@ -706,7 +702,7 @@ class DeviceBackend final : public Backend {
   }
 
   // What only the device knew of a boundary: whether this rank's deltas were finite, and the
-  // figures of an applied update; the engine takes them with finished_boundaries.
+  // figures of an applied update; the engine takes them with finished().
   void fold(const kernels::Report& r) {
     finished_.push_back(FinishedBoundary{r.delta_nonfinite != 0, r.applied != 0, r.summary});
   }

@@ -143,7 +143,7 @@ class StagedShardedBackend final : public Backend {
     make_current();
     wait_for_stream(static_cast<cudaStream_t>(caller_stream_), s_.comm->options().timeout, what);
   }
-  std::vector<FinishedBoundary> finished_boundaries(bool wait) override { return sharded_->finished_boundaries(wait); }
+  Finished finished(bool wait) override { return sharded_->finished(wait); }
   void drain() noexcept override {
     sharded_->drain();
     try {

@@ -49,7 +49,7 @@ class QuietBackend : public Backend {
   void consensus_into(float*, size_t, bool, bool) override {}
   void set_caller_stream(void*) override {}
   void wait_for_caller(const char*) override {}
-  std::vector<FinishedBoundary> finished_boundaries(bool) override { return {}; }
+  Finished finished(bool) override { return {}; }
   void drain() noexcept override {}
   bool has_momentum() const override { return false; }
   void stage_out() override {}
