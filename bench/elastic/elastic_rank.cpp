@@ -45,8 +45,8 @@ int fail(co2_status_t status, const char* call) {
   } while (0)
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s STATE_MIB TAU STEP_MS TIMEOUT_MS STEPS\n", argv[0]);
+  if (argc != 6 && argc != 7) {
+    std::fprintf(stderr, "usage: %s STATE_MIB TAU STEP_MS TIMEOUT_MS STEPS [SHARD]\n", argv[0]);
     return 2;
   }
   const size_t count = size_t(std::atof(argv[1]) * (1 << 20) / sizeof(float));
@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   std::printf("created %lld\n", now_ns());
   co2_engine_config_t engine_config = CO2_ENGINE_CONFIG_INIT;
   engine_config.tau = tau;
+  engine_config.shard_outer_state = argc == 7 && std::atoi(argv[6]) != 0;
   TRY(co2_engine_create(comm, &engine_config, &engine));
   std::vector<float> weights(count, 1.0f);
   co2_tensor_t tensor = CO2_TENSOR_INIT;

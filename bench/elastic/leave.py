@@ -10,7 +10,7 @@ step after, the stall of the step that returned the change (its time less the st
 round time before the fault, the target (timeout + one round) and the steps lost (the last step
 before the change against the step the group resumed at).
 
-    /usr/bin/python3 bench/elastic/leave.py [--build build] [--world 4] [--state-mib 16]
+    /usr/bin/python3 bench/elastic/leave.py [--build build] [--world 4] [--state-mib 16] [--shard]
 """
 import argparse
 import os
@@ -54,7 +54,7 @@ def run_case(args, fault, victim, timeout_ms):
                    LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    CO2_AUTH_TOKEN="bench", UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="error")
         ranks.append(Rank([args.worker, str(args.state_mib), str(args.tau), str(args.step_ms),
-                           str(timeout_ms), str(args.steps)], env))
+                           str(timeout_ms), str(args.steps), str(int(args.shard))], env))
     try:
         deadline = time.monotonic() + 120
         while min(r.steps() for r in ranks) < args.fault_step:
@@ -105,12 +105,14 @@ def main():
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--fault-step", type=int, default=30)
     parser.add_argument("--timeouts", default="2000,5000")
+    parser.add_argument("--shard", action="store_true", help="outer state sharded over the ranks")
     args = parser.parse_args()
     args.worker = os.path.join(args.build, "bench", "elastic_rank")
     cases = [(fault, victim, int(t)) for t in args.timeouts.split(",")
              for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2), ("leave", 2))]
     print(f"# elastic leave, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: W = {args.world} over "
-          f"UCX/TCP loopback, {args.state_mib:g} MiB of fp32 parameters, tau {args.tau}, step "
+          f"UCX/TCP loopback, {args.state_mib:g} MiB of fp32 parameters"
+          f"{', outer state sharded' if args.shard else ''}, tau {args.tau}, step "
           f"{args.step_ms:g} ms; load average {os.getloadavg()[0]:.2f}")
     print("| fault | rank | timeout | MEMBERSHIP_CHANGED after | first step after | stall of that step | round | "
           "timeout + round | last step before → resumed at |")
