@@ -906,19 +906,26 @@ MembershipRun run_membership(bool device, const co2_engine_config_t& config) {
   return out;
 }
 
+// The same membership on CUDA and on host tensors. Where the join lands depends on when the
+// joiner's request reaches the door, which the test only makes likely; a pair that saw different
+// memberships is run again.
+std::pair<MembershipRun, MembershipRun> run_membership_on_both(const co2_engine_config_t& c) {
+  MembershipRun device, host;
+  for (int attempt = 0; attempt < 3 && (attempt == 0 || device.changes != host.changes); ++attempt) {
+    device = run_membership(true, c);
+    host = run_membership(false, c);
+    if (::testing::Test::HasFailure()) break;
+  }
+  return {std::move(device), std::move(host)};
+}
+
 TEST(DeviceFeatures, ElasticLeaveAndJoinEqualHost) {
   for (const Policy& p : kPolicies) {
     if (p.algorithm == CO2_ALGO_SYNC) continue;  // its loop reduces gradients
     for (const co2_engine_config_t& c : configs_of(p)) {
       const std::string what = name_of(p, c, 3) + " with a leave and a join";
-      // Where the join lands depends on when the joiner's request reaches the door, which the
-      // test only makes likely; a pair that saw different memberships is run again.
-      MembershipRun device, host;
-      for (int attempt = 0; attempt < 3 && (attempt == 0 || device.changes != host.changes); ++attempt) {
-        device = run_membership(true, c);
-        host = run_membership(false, c);
-        if (HasFailure()) return;
-      }
+      const auto [device, host] = run_membership_on_both(c);
+      if (HasFailure()) return;
       ASSERT_EQ(device.changes.size(), 2u) << what << ": a leave and a join";
       EXPECT_EQ(device.changes, host.changes) << what;
       EXPECT_EQ(device.leaver_status, CO2_LEFT) << what;
@@ -936,12 +943,8 @@ TEST(DeviceFeatures, ElasticLeaveAndJoinWithShardedStateEqualHost) {
     for (co2_engine_config_t c : configs_of(p)) {
       c.shard_outer_state = 1;
       const std::string what = name_of(p, c, 3) + " sharded, with a leave and a join";
-      MembershipRun device, host;
-      for (int attempt = 0; attempt < 3 && (attempt == 0 || device.changes != host.changes); ++attempt) {
-        device = run_membership(true, c);
-        host = run_membership(false, c);
-        if (HasFailure()) return;
-      }
+      const auto [device, host] = run_membership_on_both(c);
+      if (HasFailure()) return;
       ASSERT_EQ(device.changes.size(), 2u) << what << ": a leave and a join";
       EXPECT_EQ(device.changes, host.changes) << what;
       EXPECT_EQ(device.final_size, 3) << what;
