@@ -18,6 +18,8 @@ import pytest
 from processes import free_port, group_fixture, launcher_env, wait_all
 
 WORKER = os.environ.get("ELASTIC_WORKER", "")
+# The same worker on "CUDA" tensors of the host executor (the device backend, without a GPU).
+WORKER_ON_HOST_EXECUTOR = os.environ.get("ELASTIC_WORKER_ON_HOST_EXECUTOR", "")
 CO2RUN = os.environ.get("CO2RUN", "")
 TIMEOUT_MS = 3000          # the communicators' no-progress timeout in these tests
 STEPS = 150                # engine steps every survivor reaches (tau = 3 in the worker)
@@ -29,8 +31,9 @@ pytestmark = pytest.mark.skipif(not WORKER, reason="ELASTIC_WORKER is not set")
 
 
 class Group:
-    def __init__(self, world, min_ranks, steps=STEPS):
+    def __init__(self, world, min_ranks, steps=STEPS, worker=None):
         self.world, self.min_ranks, self.steps = world, min_ranks, steps
+        self.worker = worker or WORKER
         self.port = free_port()
         self.ready_dir = tempfile.mkdtemp(prefix="co2-elastic-")
         self.procs = {}
@@ -47,7 +50,7 @@ class Group:
 
     def _launch(self, rank, extra, timeout_ms=TIMEOUT_MS):
         env = launcher_env(rank, self.world, self.port, "elastic-token", CO2_LOG_LEVEL="warn", **extra)
-        return subprocess.Popen([WORKER, self.ready_dir, str(timeout_ms), str(self.steps), str(self.min_ranks)],
+        return subprocess.Popen([self.worker, self.ready_dir, str(timeout_ms), str(self.steps), str(self.min_ranks)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def wait_for_change(self, ranks, limit_s=LIMIT_S):
@@ -234,6 +237,26 @@ def test_sharded_outer_state_survives_a_loss_and_a_join(group_factory, die_at):
     done = done_lines(outputs)
     assert {d["size"] for d in done.values()} == {"3"}, done
     assert len({d["steps"] for d in done.values()}) == 1, done
+    assert done[0]["changes"] == done[2]["changes"] == "2", done
+    assert len({d["hash"] for d in done.values()}) == 1, done
+
+
+@pytest.mark.skipif(not WORKER_ON_HOST_EXECUTOR, reason="ELASTIC_WORKER_ON_HOST_EXECUTOR is not set")
+@pytest.mark.parametrize("shard", [0, 1], ids=["replicated", "sharded"])
+def test_cuda_tensors_survive_a_loss_and_a_join(group_factory, shard):
+    """The device backend (on the host executor, so without a GPU) between real processes: rank
+    1 dies while the round runs, the survivors stage their outer state out, re-form and stage the
+    agreed one in; a joiner then comes. Every rank ends with one model."""
+    g = group_factory(3, min_ranks=2, worker=WORKER_ON_HOST_EXECUTOR)
+    env = {"ELASTIC_SHARD": shard, "ELASTIC_OUTER_MOMENTUM": 0.6}
+    until = {"ELASTIC_UNTIL_SIZE": 3, **env}
+    g.start({0: until, 1: {"ELASTIC_DIE_AT": 40, **env}, 2: until})
+    g.wait_for_change([0, 2])
+    g.start_joiner("joiner", 1, until)
+    codes, outputs = g.wait([0, 2, "joiner"])
+    assert set(codes.values()) == {0}, (codes, outputs)
+    done = done_lines(outputs)
+    assert {d["size"] for d in done.values()} == {"3"}, done
     assert done[0]["changes"] == done[2]["changes"] == "2", done
     assert len({d["hash"] for d in done.values()}) == 1, done
 

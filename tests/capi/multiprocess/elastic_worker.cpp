@@ -41,6 +41,12 @@
 #include <vector>
 
 #include "co2/co2.h"
+#ifdef ELASTIC_ON_HOST_EXECUTOR
+// Built as elastic_worker_on_host_executor: linked with co2_on_host_executor, whose CUDA runtime
+// (runtime/backends/device/host_executor/) keeps "device" memory on the host, so that the device
+// backend's elastic paths run between real processes without a GPU.
+#include <cuda_runtime.h>
+#endif
 
 namespace {
 
@@ -65,6 +71,37 @@ int read_file(void* user, void* data, size_t length) {
 }
 
 // "<what> rank R size S steps N hash H", H over the parameters.
+// The tensor the engine trains: `weights` itself, or (ELASTIC_ON_HOST_EXECUTOR) a CUDA copy of it
+// that the worker downloads before it reads the weights and uploads after it changed them.
+struct Tensor {
+  std::vector<float>& host;
+  void* device = nullptr;
+  void* data() {
+#ifdef ELASTIC_ON_HOST_EXECUTOR
+    if (!device && cudaMalloc(&device, host.size() * sizeof(float)) != cudaSuccess) std::abort();
+    upload();
+    return device;
+#else
+    return host.data();
+#endif
+  }
+  void download() {
+#ifdef ELASTIC_ON_HOST_EXECUTOR
+    if (cudaMemcpy(host.data(), device, host.size() * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
+#endif
+  }
+  void upload() {
+#ifdef ELASTIC_ON_HOST_EXECUTOR
+    if (cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) std::abort();
+#endif
+  }
+#ifdef ELASTIC_ON_HOST_EXECUTOR
+  static constexpr co2_device_kind_t kind = CO2_DEVICE_CUDA;
+#else
+  static constexpr co2_device_kind_t kind = CO2_DEVICE_HOST;
+#endif
+};
+
 void print_state(const char* what, co2_engine_t engine, int rank, int size, const std::vector<float>& weights) {
   co2_engine_stats_t stats = CO2_ENGINE_STATS_INIT;
   co2_engine_get_stats(engine, &stats);
@@ -133,10 +170,12 @@ int main(int argc, char** argv) {
   engine_config.shard_outer_state = env_long("ELASTIC_SHARD", 0) != 0;
   TRY(co2_engine_create(comm, &engine_config, &engine));
   std::vector<float> weights(4096, 1.0f);
+  Tensor trained{weights};
   co2_tensor_t tensor = CO2_TENSOR_INIT;
   tensor.name = "weights";
-  tensor.data = weights.data();
+  tensor.data = trained.data();
   tensor.count = weights.size();
+  tensor.device = Tensor::kind;
   TRY(co2_engine_register_tensor(engine, &tensor));
   TRY(co2_engine_commit(engine));
   int32_t rank = 0, size = 0;
@@ -181,8 +220,10 @@ int main(int argc, char** argv) {
           return fail(CO2_ERR_INTERNAL, "finalize with a leave pending was not refused");
       }
       // Each rank pulls towards its own target: the average depends on who is in the group.
+      trained.download();
       for (size_t i = 0; i < weights.size(); ++i)
         weights[i] -= 0.05f * (weights[i] - float((rank + 1) * int(i % 7)));
+      trained.upload();
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       status = co2_engine_step(engine, nullptr, nullptr);
     } else {
@@ -192,6 +233,7 @@ int main(int argc, char** argv) {
       status = co2_engine_finalize(engine);
       finalized = status == CO2_OK;
     }
+    trained.download();  // what the step or finalize made of the parameters
     if (status == CO2_LEFT) {
       std::fprintf(stderr, "left: %s\n", co2_last_error_message());
       print_state("left", engine, rank, size, weights);
