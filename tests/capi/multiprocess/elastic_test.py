@@ -219,15 +219,9 @@ def test_a_restarted_rank_joins_and_everyone_ends_with_one_model(group_factory, 
     assert len({d["hash"] for d in done.values()}) == 1, done
 
 
-@pytest.mark.parametrize("die_at", [40, 42], ids=["mid_round", "chain_in_flight"])
-def test_sharded_outer_state_survives_a_loss_and_a_join(group_factory, die_at):
-    """Outer state sharded over 3 ranks (momentum 0.6): rank 1 dies mid-round or while the
-    sharded chain of the previous round's average runs; the survivors gather their shards (the
-    lost one's anchor from their parameters, its momentum zero) and cut them for 2; a process
-    launched as rank 1 then joins and the shards are cut for 3 again. Every rank ends with one
-    model."""
-    g = group_factory(3, min_ranks=2)
-    env = {"ELASTIC_SHARD": 1, "ELASTIC_OUTER_MOMENTUM": 0.6}
+def lose_rank_1_then_join(g, env, die_at):
+    """Rank 1 of 3 dies at step die_at; once the survivors re-formed, a process launched as rank 1
+    joins. Every rank ends at one step, in a group of 3, with one model."""
     until = {"ELASTIC_UNTIL_SIZE": 3, **env}
     g.start({0: until, 1: {"ELASTIC_DIE_AT": die_at, **env}, 2: until})
     g.wait_for_change([0, 2])
@@ -241,24 +235,23 @@ def test_sharded_outer_state_survives_a_loss_and_a_join(group_factory, die_at):
     assert len({d["hash"] for d in done.values()}) == 1, done
 
 
+@pytest.mark.parametrize("die_at", [40, 42], ids=["mid_round", "chain_in_flight"])
+def test_sharded_outer_state_survives_a_loss_and_a_join(group_factory, die_at):
+    """Outer state sharded over 3 ranks (momentum 0.6): rank 1 dies mid-round or while the
+    sharded chain of the previous round's average runs; the survivors gather their shards (the
+    lost one's anchor from their parameters, its momentum zero) and cut them for 2; the joiner's
+    admission cuts them for 3 again."""
+    lose_rank_1_then_join(group_factory(3, min_ranks=2), {"ELASTIC_SHARD": 1, "ELASTIC_OUTER_MOMENTUM": 0.6}, die_at)
+
+
 @pytest.mark.skipif(not WORKER_ON_HOST_EXECUTOR, reason="ELASTIC_WORKER_ON_HOST_EXECUTOR is not set")
 @pytest.mark.parametrize("shard", [0, 1], ids=["replicated", "sharded"])
 def test_cuda_tensors_survive_a_loss_and_a_join(group_factory, shard):
     """The device backend (on the host executor, so without a GPU) between real processes: rank
     1 dies while the round runs, the survivors stage their outer state out, re-form and stage the
-    agreed one in; a joiner then comes. Every rank ends with one model."""
+    agreed one in; then the joiner."""
     g = group_factory(3, min_ranks=2, worker=WORKER_ON_HOST_EXECUTOR)
-    env = {"ELASTIC_SHARD": shard, "ELASTIC_OUTER_MOMENTUM": 0.6}
-    until = {"ELASTIC_UNTIL_SIZE": 3, **env}
-    g.start({0: until, 1: {"ELASTIC_DIE_AT": 40, **env}, 2: until})
-    g.wait_for_change([0, 2])
-    g.start_joiner("joiner", 1, until)
-    codes, outputs = g.wait([0, 2, "joiner"])
-    assert set(codes.values()) == {0}, (codes, outputs)
-    done = done_lines(outputs)
-    assert {d["size"] for d in done.values()} == {"3"}, done
-    assert done[0]["changes"] == done[2]["changes"] == "2", done
-    assert len({d["hash"] for d in done.values()}) == 1, done
+    lose_rank_1_then_join(g, {"ELASTIC_SHARD": shard, "ELASTIC_OUTER_MOMENTUM": 0.6}, 40)
 
 
 def test_two_ranks_lost_at_once(group_factory):
