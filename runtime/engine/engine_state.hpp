@@ -18,7 +18,7 @@
 #include "runtime/outer/update_plan.hpp"
 #include "runtime/outer/param_types.hpp"
 #include "runtime/engine/tau_advisor.hpp"
-#include "runtime/engine/trace.hpp"
+#include "runtime/base/trace.hpp"
 
 namespace co2 {
 

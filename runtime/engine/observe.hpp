@@ -1,6 +1,6 @@
 // What an engine tells about its rounds besides their results (docs/observability.md): the
 // overlap statistics of the collectives it waited for, the tau advisor's inputs agreed across
-// ranks, the per-round log line (CO2_LOG_LEVEL) and the timeline (CO2_TRACE, runtime/engine/trace.hpp).
+// ranks, the per-round log line (CO2_LOG_LEVEL) and the timeline (CO2_TRACE, runtime/base/trace.hpp).
 // engine.cpp and the device path only call in here.
 #pragma once
 

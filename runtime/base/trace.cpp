@@ -1,4 +1,4 @@
-#include "runtime/engine/trace.hpp"
+#include "runtime/base/trace.hpp"
 
 #include <cerrno>
 #include <cstdio>
