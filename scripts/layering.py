@@ -33,15 +33,7 @@ UNCHECKED = ("tests/", "bench/", "examples/", "bindings/", "scripts/", "build")
 
 # Known upward includes, each waiting for its fix; an entry that no longer occurs is reported
 # so that it is deleted here.
-EXCEPTIONS = {
-    # issue 24, part 2: backends still receive the engine's whole state (their factories are
-    # declared in engine_state.hpp).
-    ("runtime/backends/host_backend.cpp", "runtime/engine/engine_state.hpp"),
-    ("runtime/backends/sharded_backend.cpp", "runtime/engine/engine_state.hpp"),
-    ("runtime/backends/device/device_backend.cpp", "runtime/engine/engine_state.hpp"),
-    ("runtime/backends/device/no_device.cpp", "runtime/engine/engine_state.hpp"),
-    ("runtime/backends/device/staged_sharded_backend.cpp", "runtime/engine/engine_state.hpp"),
-}
+EXCEPTIONS = set()
 
 SOURCE_SUFFIXES = (".h", ".hpp", ".c", ".cpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

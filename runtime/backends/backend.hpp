@@ -17,6 +17,7 @@
 #include "runtime/base/buffer.hpp"
 #include "runtime/base/status.hpp"
 #include "runtime/comm/comm.hpp"
+#include "runtime/outer/layout.hpp"
 #include "runtime/outer/update_summary.hpp"
 
 namespace co2 {
@@ -47,8 +48,8 @@ class Backend {
   // --- layout ---
   // Throws InvalidArgument unless [data, +bytes) is memory this backend can train.
   virtual void check_memory(const void* data, size_t bytes, const std::string& what) = 0;
-  // Runtime-owned flat storage of `count` elements of the engine's flat dtype, zeroed.
-  virtual void* allocate_flat(size_t count) = 0;
+  // Runtime-owned flat storage of `count` elements of `dtype`, zeroed, owned by the backend.
+  virtual void* allocate_flat(size_t count, ParamDType dtype) = 0;
   // The outer state for the committed layout, and rank 0's values on every rank (blocking).
   virtual void commit() = 0;
   // beta became > 0 (or Nesterov) after commit: momentum starts from zero.
@@ -60,7 +61,7 @@ class Backend {
   // then stage_in of the agreed outer state.
   virtual void begin_new_group() = 0;
   // A backend whose outer state is cut across the ranks: the whole outer state of the group
-  // before the change into Engine::State's host buffers (anchor, momentum) on every rank of
+  // before the change into BackendState's host buffers (anchor, momentum) on every rank of
   // s.comm, each shard from its holder: holders[j] is the rank in s.comm of the group-before's
   // rank j, or -1 when it was lost (then its shard of the anchor becomes the average of every
   // rank's parameters there, and its momentum zero). Rank 0 of s.comm, which held a shard,
@@ -103,7 +104,7 @@ class Backend {
   virtual bool average_gradients(void* const* grads, size_t num_grads) = 0;
 
   // An update applied by boundary_pass, apply_update or apply_blocking_update: its gap history
-  // and statistics are in Engine::State::prepared, and the engine adopts them right after the
+  // and statistics are in BackendState::prepared, and the engine adopts them right after the
   // call. A backend that learns them only later (the device, from its boundary reports) says
   // so here and hands them over in finished() (the gap history stays on the device).
   virtual bool reports_updates_later() const { return false; }
@@ -142,7 +143,7 @@ class Backend {
 
   // --- checkpoints (runtime/engine/checkpoint.cpp reads and writes the host buffers of the state) ---
   virtual bool has_momentum() const = 0;  // the momentum buffer exists (what a checkpoint stores)
-  // The outer state into the host buffers of Engine::State (anchor, momentum, comm_buffer when
+  // The outer state into the host buffers of BackendState (anchor, momentum, comm_buffer when
   // an average is ready, history); the host backend keeps them there and does nothing.
   virtual void stage_out() = 0;
   // The host buffers, just loaded, become the backend's state; the device backend then frees
@@ -151,7 +152,7 @@ class Backend {
   // After a save: host copies of device state are dropped.
   virtual void release_staged() = 0;
   // What a save writes of one segment's `part`, count floats, or nullptr for the host buffer of
-  // Engine::State that stage_out filled. The sharded backend assembles it here from the ranks'
+  // BackendState that stage_out filled. The sharded backend assembles it here from the ranks'
   // shards one segment at a time, so that a save never holds a full-size copy (collective:
   // every rank asks for the same parts in the same order).
   enum class SavedPart { Anchor, Momentum, EagerOffset, EagerMomentum };

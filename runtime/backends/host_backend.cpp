@@ -1,4 +1,4 @@
-// The host backend: the engine's outer state in host memory (Engine::State's FloatBuffers), the
+// The host backend: the engine's outer state in host memory (BackendState's FloatBuffers), the
 // boundary as the fused passes of runtime/outer/boundary_pass.hpp, averages through the
 // communicator's ring. co2's update is prepared on the progress thread as soon as its average
 // arrives, so that the boundary only swaps it in (docs/algorithm.md, "The split boundary pass").
@@ -11,13 +11,13 @@
 #include "runtime/outer/boundary_pass.hpp"
 #include "runtime/base/checksum.hpp"
 #include "runtime/collectives/collectives.hpp"
-#include "runtime/engine/engine_state.hpp"
+#include "runtime/backends/backend_state.hpp"
 
 namespace co2 {
 
 namespace {
 
-using S = Engine::State;
+using S = BackendState;
 
 // The coefficients of a pass that only writes deltas (no update).
 OuterCoefficients delta_coefficients(const S& s, const Segment& seg) {
@@ -27,6 +27,14 @@ OuterCoefficients delta_coefficients(const S& s, const Segment& seg) {
 }
 
 DeltasFinite deltas(bool finite) { return finite ? DeltasFinite::Yes : DeltasFinite::No; }
+
+// The first half of the split boundary pass (co2 and diloco on the host): the update of the
+// average in `comm` (momentum in place, the next anchor into `comm`, and into the parameters
+// when params_follow) with prepared.settings and prepared.history; sets prepared.ready. False
+// when the result is not finite: nothing is prepared, the anchor and momentum are unchanged
+// (the parameters may not be).
+bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
+                    PreparedUpdate& prepared, bool params_follow = false);
 
 }  // namespace
 
@@ -45,11 +53,11 @@ class HostBackend final : public Backend {
 
   void check_memory(const void*, size_t, const std::string&) override {}
 
-  void* allocate_flat(size_t count) override {
+  void* allocate_flat(size_t count, ParamDType dtype) override {
     // 16-bit elements: half as many fp32 words, rounded up.
-    const size_t words = (count * element_bytes(s_.flat_dtype) + sizeof(float) - 1) / sizeof(float);
-    s_.owned_flat = FloatBuffer(words);
-    return s_.owned_flat.data();
+    const size_t words = (count * element_bytes(dtype) + sizeof(float) - 1) / sizeof(float);
+    flat_ = FloatBuffer(words);
+    return flat_.data();
   }
 
   void commit() override {
@@ -83,7 +91,7 @@ class HostBackend final : public Backend {
     count_state();
   }
 
-  void begin_new_group() override {}  // the state is Engine::State's: the commit renews it
+  void begin_new_group() override {}  // the state is BackendState's: the commit renews it
 
   void momentum_needed() override {
     S& s = s_;
@@ -200,7 +208,7 @@ class HostBackend final : public Backend {
       finite->store(all_finite(data, count) && prepare_update(*segments, anchor, m, data, *prepared));
       if (trace) trace->span(Trace::Lane::BulkLane, "prepare pass", start, Clock::now());
     }, s.id(Purpose::OuterAverage), wire);
-    s.stats.bytes_reduced += count * sizeof(float);
+    s.counters.bytes_reduced += count * sizeof(float);
   }
 
   void apply_update() override { apply_prepared(/*write_delta=*/false); }
@@ -349,7 +357,7 @@ class HostBackend final : public Backend {
     const S& s = s_;
     const size_t floats = s.anchor.size() + s.momentum.size() + s.comm_buffer.size() + s.eager_offset.size() +
                           s.eager_momentum.size() + s.residual.size();
-    s_.stats.outer_state_bytes = floats * sizeof(float);
+    s_.counters.outer_state_bytes = floats * sizeof(float);
   }
 
 
@@ -364,8 +372,8 @@ class HostBackend final : public Backend {
     auto request = comm.allreduce_then(
         data, count, DataType::F32, ReduceOp::Avg,
         [finite, data, count] { finite->store(all_finite(data, count)); }, id, wire);
-    s.stats.bytes_reduced += count * sizeof(float);
-    wait_charged(s, request);
+    s.counters.bytes_reduced += count * sizeof(float);
+    s.wait_collective(request);
     return finite->load();
   }
 
@@ -394,81 +402,16 @@ class HostBackend final : public Backend {
   }
 
   S& s_;
+  FloatBuffer flat_;  // allocate_flat's
 };
 
 }  // namespace
-
-void pack_parameters(const Engine::State& s, float* out) {
-  for (const Segment& seg : s.segments)
-    if (seg.role != Role::Excluded)
-      with_params(seg, [&](auto* p) { widen_into(p, out + seg.state_offset, seg.count); });
-}
-
-void unpack_parameters(Engine::State& s, const float* in, bool buffers_only) {
-  for (Segment& seg : s.segments) {
-    if (seg.role == Role::Excluded || (buffers_only && seg.role != Role::Buffer)) continue;
-    with_params(seg, [&](auto* p) { narrow_into(in + seg.state_offset, p, seg.count); });
-  }
-}
-
-uint64_t parameters_checksum(const Engine::State& s, bool trained_only) {
-  // Widening is exact and one-to-one, so the fp32 words identify the parameters of any dtype.
-  WordHasher hasher;
-  float chunk[1024];
-  for (const Segment& seg : s.segments) {
-    if (seg.role == Role::Excluded || (trained_only && seg.role != Role::Parameter)) continue;
-    if (seg.dtype == ParamDType::F32) {
-      hasher.update(static_cast<const float*>(seg.data), seg.count);
-      continue;
-    }
-    for (size_t i = 0; i < seg.count; i += 1024) {
-      const size_t n = std::min<size_t>(1024, seg.count - i);
-      with_params(seg, [&](auto* p) { widen_into(p + i, chunk, n); });
-      hasher.update(chunk, n);
-    }
-  }
-  return hasher.digest();
-}
-
-SegmentStarts wire_segments(const Engine::State& s, size_t origin) {
-  return SegmentStarts{s.segment_starts.data(), s.segment_starts.size(), origin};
-}
-
-namespace {
-// Only a segment whose averages accumulate in the anchor makes up in the next round what this
-// one's encodings dropped. co2's BUFFER values replace the anchor's (anchor weight 0): a
-// residual added to them would shift every later value and never cancel.
-bool fed_back(const Engine::State& s, const Segment& seg) {
-  return seg.role != Role::Excluded && anchor_weight_of(s.buffer_values(), seg) == 1.0f;
-}
-}  // namespace
-
-// A non-finite residual (the round after a NaN or Inf delta) is not fed back: it would make
-// every later average non-finite too.
-WireCompression outer_wire(Engine::State& s, float* state, size_t begin, size_t count) {
-  count = std::min(count, s.state_count - begin);
-  WireCompression wire;
-  wire.format = s.config.wire_format;
-  wire.segments = wire_segments(s, begin);
-  if (s.error_feedback()) {
-    const float* dropped = s.residual.data();
-    for (const Segment& seg : s.segments) {
-      if (!fed_back(s, seg)) continue;
-      const size_t first = std::max(seg.state_offset, begin);
-      const size_t last = std::min(seg.state_offset + seg.count, begin + count);
-      for (size_t i = first; i < last; ++i) state[i] += fed_back(dropped[i]);
-    }
-    wire.residual = s.residual.data() + begin;
-  }
-  s.stats.wire_bytes_last_round = s.outer_wire_bytes;
-  s.stats.wire_bytes_total += s.outer_wire_bytes;
-  return wire;
-}
 
 // The first half of the split pass: from the average in `comm`, the new momentum (in place) and
 // the next anchor (into `comm`); `anchor` is only read. Runs on the progress thread for co2.
 // Returns false, leaving the anchor and momentum as they were, when the result would not be
 // finite (an overflow from finite inputs); `comm` no longer holds the average then.
+namespace {
 bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* momentum, float* comm,
                     PreparedUpdate& prepared, bool params_follow) {
   prepared.ready = false;
@@ -507,7 +450,8 @@ bool prepare_update(const std::vector<Segment>& segments, float* anchor, float* 
   prepared.ready = finite;
   return finite;
 }
+}  // namespace
 
-std::unique_ptr<Backend> make_host_backend(Engine::State& s) { return std::make_unique<HostBackend>(s); }
+std::unique_ptr<Backend> make_host_backend(BackendState& s) { return std::make_unique<HostBackend>(s); }
 
 }  // namespace co2

@@ -1,6 +1,6 @@
 // Sharded outer state (co2 on host tensors; docs/algorithm.md, "Sharded outer state"): rank r
 // keeps only its shard J = shard_range(N, W, r) of the anchor, of the momentum and of the last
-// outer step; one full-size buffer B (Engine::State::comm_buffer) carries everything else.
+// outer step; one full-size buffer B (BackendState::comm_buffer) carries everything else.
 //
 // Between boundaries B holds the anchor every rank's parameters take at the next boundary (the
 // current one, or the next one once its all-gather arrived). At a boundary:
@@ -32,14 +32,14 @@
 #include "runtime/outer/boundary_pass.hpp"
 #include "runtime/base/checksum.hpp"
 #include "runtime/collectives/collectives.hpp"
-#include "runtime/engine/engine_state.hpp"
+#include "runtime/backends/backend_state.hpp"
 #include "runtime/base/log.hpp"
 
 namespace co2 {
 
 namespace {
 
-using S = Engine::State;
+using S = BackendState;
 
 // The part of one segment inside this rank's shard.
 struct ShardPart {
@@ -53,7 +53,7 @@ class ShardedBackend final : public Backend {
   explicit ShardedBackend(S& s) : s_(s), host_(make_host_backend(s)) {}
 
   void check_memory(const void*, size_t, const std::string&) override {}
-  void* allocate_flat(size_t count) override { return host_->allocate_flat(count); }
+  void* allocate_flat(size_t count, ParamDType dtype) override { return host_->allocate_flat(count, dtype); }
 
   void commit() override {
     S& s = s_;
@@ -320,7 +320,7 @@ class ShardedBackend final : public Backend {
     std::fill(step_.data(), step_.data() + step_.size(), 0.0f);  // B_J holds d itself
     auto request = shards_->allgather_shards(start, s.state_count, DataType::F32,
                                              {shard_owner_, Purpose::ParameterAverage});
-    wait_charged(s, request);
+    s.wait_collective(request);
     if (!all_finite(start, s.state_count)) {
       // A NaN in this node's deltas travels across the nodes and every rank skips that average;
       // meanwhile the node restarts from the anchor a' instead of carrying it in its offsets.
@@ -638,7 +638,7 @@ class ShardedBackend final : public Backend {
     }
     s.pending = submit_after_reduce(reduced);
     // The payload this rank contributes to the reduction: all of B, or across nodes its shard.
-    s.stats.bytes_reduced += (s.hierarchical() ? mine_.count() : s.state_count) * sizeof(float);
+    s.counters.bytes_reduced += (s.hierarchical() ? mine_.count() : s.state_count) * sizeof(float);
     deltas_in_buffer_ = false;
     anchor_outside_shard_ = false;
   }
@@ -825,7 +825,7 @@ class ShardedBackend final : public Backend {
     std::fill(step_.data(), step_.data() + step_.size(), 0.0f);
     after_reduce();
     auto request = submit_after_reduce(nullptr);
-    wait_charged(s, request);
+    s.wait_collective(request);
     return verdict_finite_.load();
   }
 
@@ -855,7 +855,7 @@ class ShardedBackend final : public Backend {
       }
     auto request = s.intra->allreduce(node_buffers_.data(), buffers, DataType::F32, ReduceOp::Avg,
                                       {s.intra_owner, Purpose::ParameterAverage});
-    wait_charged(s, request);
+    s.wait_collective(request);
     offset = 0;
     for (Segment& seg : s.segments)
       if (seg.role == Role::Buffer) {
@@ -893,7 +893,7 @@ class ShardedBackend final : public Backend {
     const S& s = s_;
     const size_t floats = s.comm_buffer.size() + cur_.size() + step_.size() + momentum_.size() + verdicts_.size() +
                           s.residual.size() + eager_offset_.size() + eager_momentum_.size() + round_start_.size();
-    s_.stats.outer_state_bytes = floats * sizeof(float);
+    s_.counters.outer_state_bytes = floats * sizeof(float);
   }
 
   struct Planned {
@@ -941,6 +941,6 @@ class ShardedBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_sharded_backend(Engine::State& s) { return std::make_unique<ShardedBackend>(s); }
+std::unique_ptr<Backend> make_sharded_backend(BackendState& s) { return std::make_unique<ShardedBackend>(s); }
 
 }  // namespace co2

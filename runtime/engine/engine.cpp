@@ -233,19 +233,6 @@ void check_comm(S& s) {
 
 }  // namespace
 
-OuterSettings outer_settings_of(const Engine::State& s) {
-  OuterSettings o;
-  o.outer_lr = s.config.outer_lr;
-  o.beta = s.beta;
-  o.nesterov = s.config.nesterov;
-  o.clip = s.config.clip;
-  o.clip_threshold = s.config.clip_threshold;
-  o.penalty = s.config.penalty;
-  o.penalty_constant = s.config.penalty_constant;
-  o.buffer_values = s.buffer_values();
-  return o;
-}
-
 // An applied update counts; its figures (when known) become the last_* statistics.
 void commit_update(Engine::State& s, Clip clip, const UpdateSummary* sum) {
   ++s.stats.outer_updates;
@@ -283,11 +270,7 @@ void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
   observe_collective(s, *request, start, end);
 }
 
-void wait_pending(Engine::State& s) {
-  auto request = std::move(s.pending);
-  s.pending.reset();
-  wait_charged(s, request);
-}
+void Engine::State::wait_collective(const std::shared_ptr<Request>& request) { wait_charged(*this, request); }
 
 // All ranks compare a 64-bit value; every rank learns of a difference.
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose) {
@@ -668,7 +651,7 @@ void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
   PlacementRollback rollback(s);
   note_placement(s, storage);
   s.flat_dtype = ParamDType(storage.dtype);
-  s.flat = s.backend->allocate_flat(count);  // may throw: the rollback then unpins the placement
+  s.flat = s.backend->allocate_flat(count, s.flat_dtype);  // may throw: the rollback then unpins the placement
   rollback.dismiss();
   s.flat_count = count;
   return s.flat;

@@ -215,6 +215,10 @@ void finish_observing(Engine::State& s) noexcept {
 }
 
 void fill_observed_stats(const Engine::State& s, EngineStats& out) {
+  out.bytes_reduced = s.counters.bytes_reduced;
+  out.wire_bytes_last_round = s.counters.wire_bytes_last_round;
+  out.wire_bytes_total = s.counters.wire_bytes_total;
+  out.outer_state_bytes = s.counters.outer_state_bytes;
   out.rank_step_time_ns = s.advisor.step_ns();
   out.rank_allreduce_time_ns = s.advisor.allreduce_ns();
   out.step_time_ns = s.observer.agreed_step_ns;

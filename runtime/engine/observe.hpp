@@ -78,7 +78,8 @@ EngineStats observed_stats(const Engine::State& s);
 // observed_stats to the metrics endpoint (call only with s.metrics): at engine creation, every
 // boundary and the end of finalize / synchronize.
 void publish_metrics(const Engine::State& s);
-// The derived fields of `out` (hidden fractions, the agreed advice, this rank's own inputs).
+// The derived fields of `out` (hidden fractions, the agreed advice, this rank's own inputs) and
+// the backend's counters.
 void fill_observed_stats(const Engine::State& s, EngineStats& out);
 
 // The finalize / synchronize end: agreements settled and, for finalize, the summary line (info)

@@ -16,7 +16,7 @@
 #include "runtime/backends/device/cuda_api.hpp"
 #include "runtime/backends/device/kernels.hpp"
 #include "runtime/backends/device/selection.hpp"
-#include "runtime/engine/engine_state.hpp"
+#include "runtime/backends/backend_state.hpp"
 #include "runtime/base/log.hpp"
 #include "runtime/outer/update_plan.hpp"
 
@@ -27,7 +27,7 @@ bool device_backend_built() { return true; }
 namespace device {
 namespace {
 
-using S = Engine::State;
+using S = BackendState;
 
 // Boundaries whose reports may still be on the device before the host waits for the oldest.
 constexpr size_t kReportSlots = 4;
@@ -45,9 +45,9 @@ class DeviceBackend final : public Backend {
     check_device_memory(data, bytes, device_, what);
   }
 
-  void* allocate_flat(size_t count) override {
+  void* allocate_flat(size_t count, ParamDType dtype) override {
     make_current();
-    flat_ = DeviceMemory(count * sizeof(float), device_, s_.allocator, own_stream_->get());
+    flat_ = DeviceMemory(count * element_bytes(dtype), device_, s_.allocator, own_stream_->get());
     return flat_.as();
   }
 
@@ -355,7 +355,7 @@ class DeviceBackend final : public Backend {
     }
   }
 
-  // --- checkpoints: the device state through Engine::State's host buffers ---
+  // --- checkpoints: the device state through BackendState's host buffers ---
   bool has_momentum() const override { return !momentum_.empty(); }
 
   void stage_out() override {
@@ -497,7 +497,7 @@ class DeviceBackend final : public Backend {
 
   // Device memory of the outer state (anchor, momentum, comm buffer).
   void count_state() {
-    s_.stats.outer_state_bytes =
+    s_.counters.outer_state_bytes =
         comm_.bytes() + anchor_.bytes() + momentum_.bytes() + eager_offset_.bytes() + eager_momentum_.bytes();
   }
 
@@ -637,9 +637,9 @@ class DeviceBackend final : public Backend {
     cudaStream_t caller = this->caller();
     ordered_.record(caller);
     ordered_.make_wait(comm_stream_);
-    s.stats.bytes_reduced += count * sizeof(float);
+    s.counters.bytes_reduced += count * sizeof(float);
     auto average = [&](float* buffer, size_t n) {
-      wait_charged(s, s.comm->allreduce(buffer, n, DataType::F32, ReduceOp::Avg, s.id(purpose)));
+      s.wait_collective(s.comm->allreduce(buffer, n, DataType::F32, ReduceOp::Avg, s.id(purpose)));
     };
     if (averaging_ == Averaging::Collective) {
       average(data, count);
@@ -650,7 +650,7 @@ class DeviceBackend final : public Backend {
             "stage out");
       check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize (stage out)");
       const WireCompression wire = outer_wire(s, staging_.as<float>());
-      wait_charged(s, s.comm->allreduce_then(staging_.as(), count, DataType::F32, ReduceOp::Avg, [] {},
+      s.wait_collective(s.comm->allreduce_then(staging_.as(), count, DataType::F32, ReduceOp::Avg, [] {},
                                              s.id(purpose), wire));
       check(cudaMemcpyAsync(data, staging_.as(), count * sizeof(float), cudaMemcpyHostToDevice, comm_stream_),
             "stage in");
@@ -793,7 +793,7 @@ class DeviceBackend final : public Backend {
         case OpKind::DeviceAllReduce:
           if (s.pending) in_flight_.push_back(std::move(s.pending));
           s.pending = s.comm->allreduce(comm_.as(), count, DataType::F32, ReduceOp::Avg, s.id(Purpose::OuterAverage));
-          s.stats.bytes_reduced += bytes;
+          s.counters.bytes_reduced += bytes;
           break;
         case OpKind::SubmitHostAverage: {
           // The progress thread scans the arrived average, off the training thread, so that
@@ -806,7 +806,7 @@ class DeviceBackend final : public Backend {
               staging_.as(), count, DataType::F32, ReduceOp::Avg,
               [average, count, nonfinite] { nonfinite->store(!all_finite(average, count)); },
               s.id(Purpose::OuterAverage), wire);
-          s.stats.bytes_reduced += bytes;
+          s.counters.bytes_reduced += bytes;
           break;
         }
       }
@@ -855,11 +855,11 @@ class DeviceBackend final : public Backend {
 }  // namespace
 
 // staged_sharded_backend.cpp: sharded outer state and hierarchical co2 over point-to-point transports.
-std::unique_ptr<Backend> make_staged_sharded_backend(Engine::State& s, int device_index);
+std::unique_ptr<Backend> make_staged_sharded_backend(BackendState& s, int device_index);
 
 }  // namespace device
 
-std::unique_ptr<Backend> make_device_backend(Engine::State& s, int device_index) {
+std::unique_ptr<Backend> make_device_backend(BackendState& s, int device_index) {
   if (s.sharded()) return device::make_staged_sharded_backend(s, device_index);
   return std::make_unique<device::DeviceBackend>(s, device_index);
 }

@@ -1,6 +1,6 @@
 // Host-only builds: CUDA tensors are refused with a status that says why.
 #include "runtime/backends/backend.hpp"
-#include "runtime/engine/engine_state.hpp"
+#include "runtime/backends/backend_state.hpp"
 #include "runtime/backends/device/raw_memory.hpp"
 #include "runtime/base/status.hpp"
 
@@ -8,7 +8,7 @@ namespace co2 {
 
 bool device_backend_built() { return false; }
 
-std::unique_ptr<Backend> make_device_backend(Engine::State&, int /*device_index*/) {
+std::unique_ptr<Backend> make_device_backend(BackendState&, int /*device_index*/) {
   fail(Status::Unsupported,
        kBuiltWithoutCuda);
 }

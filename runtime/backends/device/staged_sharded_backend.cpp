@@ -11,13 +11,13 @@
 
 #include "runtime/backends/backend.hpp"
 #include "runtime/backends/device/cuda_api.hpp"
-#include "runtime/engine/engine_state.hpp"
+#include "runtime/backends/backend_state.hpp"
 #include "runtime/base/log.hpp"
 
 namespace co2::device {
 namespace {
 
-using S = Engine::State;
+using S = BackendState;
 
 class StagedShardedBackend final : public Backend {
  public:
@@ -30,9 +30,9 @@ class StagedShardedBackend final : public Backend {
     check_device_memory(data, bytes, device_, what);
   }
 
-  void* allocate_flat(size_t count) override {
+  void* allocate_flat(size_t count, ParamDType dtype) override {
     make_current();
-    flat_ = DeviceMemory(count * sizeof(float), device_, s_.allocator, stream_->get());
+    flat_ = DeviceMemory(count * element_bytes(dtype), device_, s_.allocator, stream_->get());
     return flat_.as();
   }
 
@@ -238,7 +238,7 @@ class StagedShardedBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_staged_sharded_backend(Engine::State& s, int device_index) {
+std::unique_ptr<Backend> make_staged_sharded_backend(BackendState& s, int device_index) {
   return std::make_unique<StagedShardedBackend>(s, device_index);
 }
 

@@ -30,7 +30,7 @@ enum class Outcome { Finite, NonFinite, CollectiveFails };
 class QuietBackend : public Backend {
  public:
   void check_memory(const void*, size_t, const std::string&) override {}
-  void* allocate_flat(size_t) override { return nullptr; }
+  void* allocate_flat(size_t, ParamDType) override { return nullptr; }
   void commit() override {}
   void momentum_needed() override {}
   void begin_new_group() override {}
