@@ -85,9 +85,7 @@ class Backend {
   // co2 with apply_step (docs/algorithm.md, "Applying the average on arrival"), between
   // boundaries: the collected average's update becomes the anchor, and each parameter keeps this
   // round's progress on top of it, p <- R(next - (R(a + e) - p)), with the eager offset e <- 0.
-  // A backend that implements it says so; the engine refuses apply_step at commit elsewhere.
-  virtual bool applies_on_arrival() const { return false; }
-  virtual void apply_on_arrival() { fail(Status::Internal, "apply_on_arrival on a backend without it"); }
+  virtual void apply_on_arrival() = 0;
 
   // --- diloco (and co2's warm-up): blocking ---
   // c <- the deltas; c <- their average; the update prepared. False when the average or its

@@ -213,7 +213,6 @@ class HostBackend final : public Backend {
 
   void apply_update() override { apply_prepared(/*write_delta=*/false); }
 
-  bool applies_on_arrival() const override { return true; }
 
   // The prepared next anchor (in the comm buffer) becomes the anchor; the parameters keep their
   // progress on top of it and the eager offsets are spent (the anchor now holds the average).

@@ -339,7 +339,6 @@ class ShardedBackend final : public Backend {
   // apply_step, between boundaries, once the chain completed: B holds the next anchor everywhere.
   // The parameters keep their progress from the round start on top of it, which becomes the round
   // start (the eager offsets are spent); the next pass then takes no step back (cur_J = B_J).
-  bool applies_on_arrival() const override { return true; }
   void apply_on_arrival() override {
     S& s = s_;
     const TraceSpan trace(s.trace.get(), "sharded arrival pass");

@@ -769,11 +769,6 @@ void commit_layout(Engine::State& s) {
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
   s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
                                                          s.config.wire_format, tuning, wire_segments(s));
-  require(!applies_on_arrival(s) || s.backend->applies_on_arrival(), Status::Unsupported,
-          "apply_step (applying co2's average before the next boundary) is not implemented for sharded outer "
-          "state on CUDA tensors (shard_outer_state or hierarchy = CO2_HIERARCHY_NODES, staged through pinned host "
-          "memory): use CO2_APPLY_AT_BOUNDARY, replicated outer state (shard_outer_state = 0 and "
-          "CO2_HIERARCHY_FLAT), or host tensors (docs/algorithm.md, \"Applying the average on arrival\")");
   require(!s.comm->elastic() || s.config.hierarchy != Hierarchy::Nodes, Status::Unsupported,
           "elastic membership (elastic_min_ranks > 0) is implemented for replicated outer state and for outer "
           "state sharded over all ranks, not for hierarchical co2 (CO2_HIERARCHY_NODES): use CO2_HIERARCHY_FLAT "

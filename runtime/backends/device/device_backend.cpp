@@ -162,7 +162,6 @@ class DeviceBackend final : public Backend {
   void apply_update() override { pass(/*update=*/true, /*write_delta=*/false); }
 
   // The fused pass with the update and without deltas, the parameters keeping their progress.
-  bool applies_on_arrival() const override { return true; }
   void apply_on_arrival() override {
     make_current();
     pass_config_ = config_of(s_.prepared.settings, /*update=*/true, /*write_delta=*/false);

@@ -65,6 +65,11 @@ class StagedShardedBackend final : public Backend {
     with_mirror(Reads::No, Writes::Yes, [&] { sharded_->apply_update(); });
   }
   void clear_eager_state() override { sharded_->clear_eager_state(); }
+  // Between boundaries (apply_step): the step's parameters come to the mirror, keep their progress
+  // on top of the next anchor there, and go back before the caller's next step.
+  void apply_on_arrival() override {
+    with_mirror(Reads::Yes, Writes::Yes, [&] { sharded_->apply_on_arrival(); });
+  }
 
   bool average_deltas_blocking() override {
     bool finite = false;

@@ -39,6 +39,7 @@ class QuietBackend : public Backend {
   void submit_average() override {}
   void apply_update() override {}
   void clear_eager_state() override {}
+  void apply_on_arrival() override {}
   bool average_deltas_blocking() override { return true; }
   void apply_blocking_update() override {}
   bool average_parameters(bool) override { return true; }

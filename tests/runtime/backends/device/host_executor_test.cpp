@@ -548,6 +548,28 @@ TEST(DeviceFeatures, ShardedOuterStateEqualsHostSharded) {
     }
 }
 
+// Applying the average on arrival (apply_step, delayed and eager, W = 2 and 3): the mid-round pass
+// runs over the mirror as the boundary's do; hierarchical co2 too (2 nodes x 2 ranks).
+TEST(DeviceFeatures, ShardedApplyOnArrivalEqualsHostSharded) {
+  Nodes nodes;
+  nodes.ranks_per_node = 2;
+  for (co2_engine_config_t c : co2_configs()) {
+    c.apply_step = 1 + int(c.tau > 2);
+    for (int world : {2, 3}) {
+      const std::string what = name_of(c, world) + " sharded, apply_step " + std::to_string(c.apply_step);
+      const Result device = run(true, world, sharded(c), 14), host = run(false, world, sharded(c), 14);
+      expect_equal(device, host, true, what);
+      EXPECT_EQ(device.stats.arrival_updates, host.stats.arrival_updates) << what;
+      EXPECT_GT(device.stats.arrival_updates, 0u) << what;
+    }
+    const std::string what = name_of(c, 4) + " hierarchical 2 x 2, apply_step " + std::to_string(c.apply_step);
+    const Result device = run(true, 4, hierarchical(c), 14, {}, {}, nodes);
+    const Result host = run(false, 4, hierarchical(c), 14, {}, {}, nodes);
+    expect_equal(device, host, true, what);
+    EXPECT_GT(device.stats.arrival_updates, 0u) << what;
+  }
+}
+
 // The warm-up's blocking chain, 16-bit parameters, and a compressed wire with error feedback.
 TEST(DeviceFeatures, ShardedWarmupSixteenBitAndWireFormatsEqualHostSharded) {
   for (const co2_engine_config_t& base : co2_configs()) {
@@ -741,31 +763,6 @@ class IdleCollective final : public co2::transport::Collective {
  private:
   int stream_ = 0;
 };
-
-// Sharded outer state on CUDA tensors stages its chain through pinned host memory around each
-// pass; a mid-round pass is not written there: apply_step is refused at commit, naming it.
-TEST(DeviceFeatures, ApplyOnArrivalWithShardedStateOnCudaTensorsIsRefusedNamingIt) {
-  co2test::run_ranks(2, [&](int, co2_comm_t comm) {
-    cudaSetDevice(0);
-    co2_engine_config_t config = CO2_ENGINE_CONFIG_INIT;
-    config.shard_outer_state = 1;
-    config.apply_step = 2;
-    co2_engine_t engine = nullptr;
-    CO2_ASSERT_OK(co2_engine_create(comm, &config, &engine));
-    void* d = nullptr;
-    ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
-    co2_tensor_t tensor = CO2_TENSOR_INIT;
-    tensor.name = "w";
-    tensor.data = d;
-    tensor.count = 64;
-    tensor.device = CO2_DEVICE_CUDA;
-    CO2_EXPECT_OK(co2_engine_register_tensor(engine, &tensor));
-    EXPECT_EQ(co2_engine_commit(engine), CO2_ERR_UNSUPPORTED);
-    EXPECT_NE(std::string(co2_last_error_message()).find("apply_step"), std::string::npos) << co2_last_error_message();
-    co2_engine_destroy(engine);
-    cudaFree(d);
-  });
-}
 
 TEST(DeviceFeatures, ShardingOverACollectiveTransportIsRefusedNamingIt) {
   for (bool nodes : {false, true}) {
