@@ -69,9 +69,6 @@ class DeviceBackend final : public Backend {
     // Error feedback's residual stays in host memory, next to the staged deltas it corrects.
     if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     build_tables(s);
-    require(!sixteen_bit_params_ || s.has_anchor(), Status::Unsupported,
-            "bf16/fp16 CUDA parameters are implemented for co2 and diloco (the outer update keeps an fp32 "
-            "anchor): localsgd and sync on CUDA tensors need fp32 parameters");
     buffer_values_ = s.buffer_values();
     const size_t bytes = s.state_count * sizeof(float);
     comm_ = alloc(bytes);
