@@ -62,6 +62,12 @@ std::optional<Descriptor> decode(const DescriptorWire& wire) {
   return descriptor;
 }
 
+std::string chain_stopped_message(const std::string& collective, const std::string& cause) {
+  static const std::string kStopped = " was not started: the collective it follows failed: ";
+  const size_t nested = cause.find(kStopped);
+  return collective + kStopped + (nested == std::string::npos ? cause : cause.substr(nested + kStopped.size()));
+}
+
 std::string mismatch_message(int rank, const Descriptor& ours, const std::string& who,
                              const std::optional<Descriptor>& theirs) {
   return kMismatchPrefix + std::string("rank ") + std::to_string(rank) + " issued " +

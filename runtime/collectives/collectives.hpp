@@ -76,6 +76,10 @@ constexpr size_t kDescriptorBytes = 48;
 using DescriptorWire = std::array<std::byte, kDescriptorBytes>;
 DescriptorWire encode(const Descriptor& descriptor);
 std::optional<Descriptor> decode(const DescriptorWire& wire);
+// What a collective gated on an earlier request (a chain's all-gather after its reduce-scatter)
+// says when that request failed: `collective` was not started, and the first failure's cause
+// (not the chain of "not started" in between).
+std::string chain_stopped_message(const std::string& collective, const std::string& cause);
 // The message that names both sides of a mismatch; `ours` was issued on rank `rank`.
 std::string mismatch_message(int rank, const Descriptor& ours, const std::string& who,
                              const std::optional<Descriptor>& theirs);

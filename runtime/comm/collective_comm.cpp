@@ -28,7 +28,7 @@ CollectiveTransportExecutor::~CollectiveTransportExecutor() {
   cv_.notify_all();
   poller_.join();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!active_.empty()) {
+  if (!active_.empty() || !deferred_.empty()) {
     transport_->abort("communicator destroyed with collectives in flight");
     if (error_ == Status::Ok) {
       error_ = Status::Aborted;
@@ -40,41 +40,84 @@ CollectiveTransportExecutor::~CollectiveTransportExecutor() {
 
 std::shared_ptr<Request> CollectiveTransportExecutor::submit(collectives::Descriptor descriptor,
                                                    const Post& post,
-                                                   std::function<void()> on_result) {
+                                                   std::function<void()> on_result,
+                                                   std::shared_ptr<Request> after) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (error_ != Status::Ok) co2::fail(error_, error_message_);
   }
-  Active entry;
+  // Held from the sequence numbers to the post: the transport's order is the submission order.
+  std::lock_guard<std::mutex> order(transport_mutex_);
+  const CollectiveId id{descriptor.owner, descriptor.purpose};
+  descriptor.sequence = next_sequence_++;
+  descriptor.purpose_sequence = purpose_sequences_.peek(id);
+  purpose_sequences_.consume(id);
+  Deferred submitted{descriptor, post, std::move(on_result),
+                     std::make_shared<Request>(descriptor.sequence, Clock::now(), descriptor.purpose,
+                                               descriptor.count * dtype_size(descriptor.dtype),
+                                               descriptor.control_lane()),
+                     std::move(after)};
+  auto request = submitted.request;
   {
-    std::lock_guard<std::mutex> lock(transport_mutex_);
-    const CollectiveId id{descriptor.owner, descriptor.purpose};
-    descriptor.sequence = next_sequence_++;
-    descriptor.purpose_sequence = purpose_sequences_.peek(id);
-    purpose_sequences_.consume(id);
-    entry.descriptor = descriptor;
-    entry.check_send = std::make_shared<collectives::DescriptorWire>(collectives::encode(descriptor));
-    entry.check_recv = std::make_shared<std::vector<collectives::DescriptorWire>>(size_t(size_));
-    static_assert(collectives::kDescriptorBytes % sizeof(int64_t) == 0, "whole I64 elements");
-    entry.check = transport_->post_allgather(entry.check_send->data(), entry.check_recv->data(),
-                                             collectives::kDescriptorBytes / sizeof(int64_t),
-                                             DataType::I64);
-    entry.handle = post(*transport_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_ != Status::Ok) {
+      request->complete(error_, error_message_);
+      return request;
+    }
+    if (!deferred_.empty() || (submitted.after && !submitted.after->finished())) {
+      deferred_.push_back(std::move(submitted));
+      cv_.notify_all();
+      return request;
+    }
   }
-  entry.on_result = std::move(on_result);
+  post_locked(std::move(submitted));
+  return request;
+}
+
+void CollectiveTransportExecutor::post_locked(Deferred submitted) {
+  Active entry;
+  entry.descriptor = submitted.descriptor;
+  entry.check_send = std::make_shared<collectives::DescriptorWire>(collectives::encode(submitted.descriptor));
+  entry.check_recv = std::make_shared<std::vector<collectives::DescriptorWire>>(size_t(size_));
+  static_assert(collectives::kDescriptorBytes % sizeof(int64_t) == 0, "whole I64 elements");
+  entry.check = transport_->post_allgather(entry.check_send->data(), entry.check_recv->data(),
+                                           collectives::kDescriptorBytes / sizeof(int64_t), DataType::I64);
+  entry.handle = submitted.post(*transport_);
+  entry.on_result = std::move(submitted.on_result);
+  entry.request = std::move(submitted.request);
+  entry.posted = Clock::now();  // the no-progress timeout runs from here: waiting to be posted is not a stall
   std::lock_guard<std::mutex> lock(mutex_);
-  entry.request = std::make_shared<Request>(descriptor.sequence, Clock::now(), descriptor.purpose,
-                                            descriptor.count * dtype_size(descriptor.dtype),
-                                            descriptor.control_lane());
-  entry.posted = entry.request->submitted_at();
-  auto request = entry.request;
   if (error_ != Status::Ok) {  // failed while posting: the handles are dead with the transport
-    request->complete(error_, error_message_);
-    return request;
+    entry.request->complete(error_, error_message_);
+    return;
   }
   active_.push_back(std::move(entry));
   cv_.notify_all();
-  return request;
+}
+
+void CollectiveTransportExecutor::post_ready_deferred() {
+  std::lock_guard<std::mutex> order(transport_mutex_);
+  for (;;) {
+    Deferred next;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (deferred_.empty() || error_ != Status::Ok) return;
+      Deferred& front = deferred_.front();
+      if (front.after && !front.after->finished()) return;
+      next = std::move(front);
+      deferred_.pop_front();
+    }
+    if (next.after && next.after->wait_status() != Status::Ok) {
+      // A chain stops at its first failed link; failing the communicator ends the peers' side of
+      // it at once instead of after their timeout.
+      const std::string message =
+          collectives::chain_stopped_message(next.descriptor.to_string(), next.after->message());
+      next.request->complete(next.after->wait_status(), message);
+      fail(next.after->wait_status(), message);
+      return;
+    }
+    post_locked(std::move(next));
+  }
 }
 
 transport::Outcome CollectiveTransportExecutor::test_check(Active& front) {
@@ -114,6 +157,8 @@ void CollectiveTransportExecutor::fail(Status status, const std::string& message
 void CollectiveTransportExecutor::fail_all_locked() {
   for (Active& a : active_) a.request->complete(error_, error_message_);
   active_.clear();
+  for (Deferred& d : deferred_) d.request->complete(error_, error_message_);
+  deferred_.clear();
 }
 
 Status CollectiveTransportExecutor::error_status() const {
@@ -130,7 +175,19 @@ void CollectiveTransportExecutor::poll_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     if (active_.empty()) {
-      cv_.wait(lock, [&] { return stop_ || !active_.empty(); });
+      if (deferred_.empty()) {
+        cv_.wait(lock, [&] { return stop_ || !active_.empty() || !deferred_.empty(); });
+        continue;
+      }
+      // Gated on a request that completes elsewhere (or just did): post what is ready, else poll.
+      lock.unlock();
+      post_ready_deferred();
+      lock.lock();
+      if (active_.empty() && !stop_) {
+        lock.unlock();
+        std::this_thread::sleep_for(kPollInterval);
+        lock.lock();
+      }
       continue;
     }
     // Completion is in posting order on the one stream, so only the oldest needs testing.
@@ -178,6 +235,11 @@ void CollectiveTransportExecutor::poll_loop() {
     if (!active_.empty() && active_.front().request == front.request) {
       active_.erase(active_.begin());
       front.request->complete(Status::Ok, "");
+    }
+    if (!deferred_.empty()) {  // the collective just completed may be what they wait for
+      lock.unlock();
+      post_ready_deferred();
+      lock.lock();
     }
   }
 }

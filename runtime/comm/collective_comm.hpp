@@ -16,6 +16,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -47,8 +48,13 @@ class CollectiveTransportExecutor {
   // Posts through `post` (under the transport lock) and tracks the handle. `on_result` runs on
   // the poller thread once the collective completed, before the request does.
   // `descriptor` is the collective's identity and shape; its sequence numbers are assigned here.
+  // `after` (may be empty): an earlier request that must complete first (a chain whose
+  // reduce-scatter's on_result rewrites the shard its all-gather sends). The transport runs
+  // collectives in the order they are posted, and every rank must post them in one order, so a
+  // gated collective holds back every later one: they are posted by the poller, in submission
+  // order, once it completed. If it failed, the communicator fails quoting its error.
   std::shared_ptr<Request> submit(collectives::Descriptor descriptor, const Post& post,
-                                  std::function<void()> on_result = {});
+                                  std::function<void()> on_result = {}, std::shared_ptr<Request> after = {});
 
   // First error wins; the transport is aborted and everything in flight fails with `status`.
   void fail(Status status, const std::string& message);
@@ -68,6 +74,18 @@ class CollectiveTransportExecutor {
     std::function<void()> on_result;
     Clock::time_point posted;
   };
+  // Submitted, not posted yet: waits for `after`, or behind an earlier one that does.
+  struct Deferred {
+    collectives::Descriptor descriptor;
+    Post post;
+    std::function<void()> on_result;
+    std::shared_ptr<Request> request;
+    std::shared_ptr<Request> after;
+  };
+  // Posts the collective and its descriptor check; caller holds transport_mutex_.
+  void post_locked(Deferred submitted);
+  // Posts the deferred collectives whose `after` completed, oldest first (poller thread).
+  void post_ready_deferred();
   void poll_loop();
   // Outcome of the front entry's descriptor check: Done once all descriptors matched.
   transport::Outcome test_check(Active& front);
@@ -81,6 +99,7 @@ class CollectiveTransportExecutor {
   mutable std::mutex mutex_;    // active_, error, stop
   std::condition_variable cv_;
   std::vector<Active> active_;
+  std::deque<Deferred> deferred_;
   uint64_t next_sequence_ = 0;  // and purpose_sequences_: guarded by transport_mutex_
   PurposeSequences purpose_sequences_;
   Status error_ = Status::Ok;

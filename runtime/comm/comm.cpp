@@ -95,14 +95,6 @@ constexpr size_t kChunksInFlight = 4;
 // (measured on a per-flow-capped link: docs/transports.md, "Several connections per peer").
 constexpr size_t kChunksInFlightPerConnection = 2;
 
-// The message of a collective that never started because one it follows failed: the first
-// failed link's error, named once however long the chain behind it.
-std::string chain_stopped_message(const std::string& collective, const std::string& cause) {
-  static const std::string kStopped = " was not started: the collective it follows failed: ";
-  const size_t nested = cause.find(kStopped);
-  return collective + kStopped + (nested == std::string::npos ? cause : cause.substr(nested + kStopped.size()));
-}
-
 }  // namespace
 
 class PointToPointExecutor {
@@ -285,7 +277,7 @@ bool PointToPointExecutor::advance_all(std::vector<Active>& active) {
       // the peers' side of it at once instead of after their timeout.
       const Status before = it->submitted.after->wait_status();
       if (before != Status::Ok) {
-        fail(before, chain_stopped_message(it->submitted.collective->descriptor().to_string() + " on " + where(),
+        fail(before, collectives::chain_stopped_message(it->submitted.collective->descriptor().to_string() + " on " + where(),
                                            it->submitted.after->message()));
         return progressed;  // the next turn of the loop fails everything
       }
@@ -535,14 +527,10 @@ std::shared_ptr<Request> Communicator::allgather_shards(void* buffer, size_t cou
   require_buffer(buffer, count, "allgather_shards buffer");
   const collectives::Descriptor descriptor =
       descriptor_of(id, collectives::Kind::AllGatherShards, dtype, count);
-  if (collective_transport_) {
-    // A collective transport enqueues at submission, before an earlier on_result could run.
-    require(!after, Status::Unsupported,
-            "allgather_shards after an earlier request needs a point-to-point transport (UCX, local)");
+  if (collective_transport_)
     return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allgather_shards(buffer, count, dtype);
-    }, std::move(on_result));
-  }
+    }, std::move(on_result), std::move(after));
   return point_to_point_->submit(descriptor, [buffer](transport::PointToPoint& transport,
                                               const collectives::Descriptor& agreed,
                                               const collectives::Tuning& tuning) {

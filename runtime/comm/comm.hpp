@@ -176,13 +176,14 @@ class Communicator {
   // reduce_scatter of the same buffer, the result is allreduce's bit for bit. Travels in fp32
   // (the all-gather is not compressed). Over NCCL the layout is the same but the result is
   // NCCL's, not bit-equal to its allreduce.
-  // `after` (may be empty; point-to-point transports only): the all-gather starts only once that
-  // earlier request of this communicator completed here, so that a chain submitted at once —
-  // reduce_scatter whose on_result rewrites this rank's shard, then allgather_shards — gathers
-  // the rewritten shards. Waiting for it counts as progress (no timeout of its own). If that
-  // request failed, this collective never starts: the communicator fails with its status and a
-  // message that quotes its error, here and (through the transport's abort) at the peers, so a
-  // failed link fails the rest of its chain on every rank.
+  // `after` (may be empty): the all-gather starts only once that earlier request of this
+  // communicator completed here, so that a chain submitted at once — reduce_scatter whose
+  // on_result rewrites this rank's shard, then allgather_shards — gathers the rewritten shards.
+  // Waiting for it counts as progress (no timeout of its own). If that request failed, this
+  // collective never starts: the communicator fails with its status and a message that quotes
+  // its error, here and (through the transport's abort) at the peers, so a failed link fails the
+  // rest of its chain on every rank. Over a collective transport (NCCL), which runs collectives
+  // in the order they were posted, the collectives submitted after a gated one wait with it.
   std::shared_ptr<Request> allgather_shards(void* buffer, size_t count, DataType dtype,
                                             CollectiveId id = {},
                                             std::function<void()> on_result = {},

@@ -123,18 +123,6 @@ bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes
   return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
-// Sharded outer state and hierarchical co2 on CUDA tensors run the host's sharded chain over a
-// pinned mirror of the parameters (runtime/backends/device/staged_sharded_backend.cpp), which
-// needs a point-to-point communicator: over NCCL they are refused here, at the first tensor.
-void check_sharding_placement(const Engine::State& s, const StorageDesc& storage) {
-  require(storage.device != int(DeviceKind::Cuda) || !s.sharded() || s.comm->collective_stream() == nullptr,
-          Status::Unsupported,
-          "sharded outer state (and hierarchical CO2, which shards it over a node's ranks) on CUDA tensors is "
-          "implemented over point-to-point transports (UCX, local), which stage it through pinned host memory; "
-          "over NCCL it is not implemented yet (the device-resident shards that NCCL's reduce-scatter and "
-          "all-gather would carry are not written): create the communicator with CO2_TRANSPORT_UCX, or use "
-          "shard_outer_state = 0 and hierarchy = CO2_HIERARCHY_FLAT over NCCL");
-}
 
 }  // namespace
 
@@ -621,7 +609,6 @@ void Engine::register_tensor(const TensorDesc& t) {
   require(t.data != nullptr, Status::InvalidArgument, "tensor '" + t.name + "' has a NULL data pointer");
   require(t.count >= 1, Status::InvalidArgument, "tensor '" + t.name + "' has count 0");
   require(t.count <= (size_t(1) << 40), Status::InvalidArgument, "tensor '" + t.name + "' is implausibly large");
-  check_sharding_placement(s, t.storage);
   validate_storage(t.storage);
   const Role role = parse_role(t.role);
   const ParamDType dtype = ParamDType(t.storage.dtype);
@@ -646,7 +633,6 @@ void* Engine::alloc_flat(size_t count, const StorageDesc& storage) {
   require(!s.committed, Status::InvalidState, "the layout is committed");
   require(!s.flat, Status::InvalidState, "this engine already has flat storage (one per engine)");
   require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
-  check_sharding_placement(s, storage);
   validate_storage(storage);
   PlacementRollback rollback(s);
   note_placement(s, storage);
@@ -663,7 +649,6 @@ void Engine::adopt_flat(void* data, size_t count, const StorageDesc& storage) {
   require(!s.flat, Status::InvalidState, "this engine already has flat storage (one per engine)");
   require(data != nullptr, Status::InvalidArgument, "flat storage pointer is NULL");
   require(count >= 1 && count <= (size_t(1) << 40), Status::InvalidArgument, "flat storage count must be >= 1");
-  check_sharding_placement(s, storage);
   validate_storage(storage);
   const ParamDType dtype = ParamDType(storage.dtype);
   const size_t bytes = count * element_bytes(dtype);

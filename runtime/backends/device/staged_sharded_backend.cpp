@@ -5,7 +5,8 @@
 // that chain passes through host memory anyway: the chain runs where its bytes are, and the outer
 // state takes no device memory; the device's part is to bring the parameters to the
 // mirror before a call that reads them and back after one that writes them. Over NCCL (a
-// collective transport) the engine refuses sharding on CUDA tensors at registration.
+// collective transport, host buffers staged by the transport) the chain runs unchanged: its
+// all-gather is held back until the reduce-scatter's shard update ran.
 // docs/architecture.md, "Sharded and hierarchical co2 on CUDA tensors".
 #include <vector>
 

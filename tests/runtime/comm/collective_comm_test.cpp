@@ -228,5 +228,49 @@ TEST(CollectiveComm, ReduceScatterAgainstAPeersAllReduceIsACollectiveMismatch) {
   EXPECT_NE(message.find("allreduce(avg, f32, count 4)"), std::string::npos) << message;
 }
 
+// A chain's all-gather waits for its reduce-scatter (whose on_result rewrites the shard), and a
+// collective submitted after it waits too: the transport runs collectives in posting order, which
+// must be the same on every rank.
+TEST(CollectiveComm, AGatedCollectiveAndEveryLaterOneArePostedOnlyOnceItsRequestCompleted) {
+  Fixture f;
+  float x[4] = {1, 2, 3, 4};
+  float y[2] = {5, 6};
+  std::atomic<int> posts_at_result{-1};
+  auto scatter = f.comm->reduce_scatter(x, 4, DataType::F32, ReduceOp::Avg, {}, {}, [&] {
+    posts_at_result = f.shared->posts.load();
+    x[0] = 42.0f;  // the shard rewritten before the all-gather sends it
+  });
+  auto gather = f.comm->allgather_shards(x, 4, DataType::F32, {}, {}, scatter);
+  auto later = f.comm->allreduce(y, 2, DataType::F32, ReduceOp::Avg);
+  EXPECT_EQ(later->wait_status(), Status::Ok) << later->message();
+  EXPECT_EQ(gather->wait_status(), Status::Ok) << gather->message();
+  EXPECT_EQ(scatter->wait_status(), Status::Ok);
+  EXPECT_EQ(posts_at_result.load(), 2) << "only the reduce-scatter and its descriptor check were posted before it completed";
+  EXPECT_EQ(f.shared->posts.load(), 6);
+  EXPECT_LT(scatter->sequence(), gather->sequence());
+  EXPECT_LT(gather->sequence(), later->sequence());
+}
+
+// The request a collective follows failed (here on another communicator): the collective never
+// starts, and its communicator fails with a message that quotes the first failure.
+TEST(CollectiveComm, AGatedCollectiveWhoseRequestFailedFailsTheCommunicatorQuotingIt) {
+  Fixture lost, f;
+  lost.shared->behaviour = Behaviour::Hang;
+  float a[4] = {1, 2, 3, 4}, x[4] = {1, 2, 3, 4}, y[2] = {5, 6};
+  auto failing = lost.comm->allreduce(a, 4, DataType::F32, ReduceOp::Avg);
+  auto gather = f.comm->allgather_shards(x, 4, DataType::F32, {}, {}, failing);
+  auto later = f.comm->allreduce(y, 2, DataType::F32, ReduceOp::Avg);
+  EXPECT_EQ(f.shared->posts.load(), 0) << "posted before the request it follows finished";
+  lost.shared->behaviour = Behaviour::LosePeer;
+  EXPECT_EQ(gather->wait_status(), Status::PeerLost);
+  EXPECT_NE(gather->message().find("was not started: the collective it follows failed: fake peer 1 went away"),
+            std::string::npos)
+      << gather->message();
+  EXPECT_EQ(later->wait_status(), Status::PeerLost);
+  EXPECT_EQ(f.comm->error_status(), Status::PeerLost);
+  EXPECT_EQ(f.shared->posts.load(), 0);
+  EXPECT_EQ(f.shared->aborts.load(), 1) << "the peers learn of it through the transport's abort";
+}
+
 }  // namespace
 }  // namespace co2
