@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/base/status.hpp"
 #include "runtime/base/types.hpp"
@@ -181,6 +182,30 @@ uint64_t allreduce_wire_bytes(int rank, int ranks, uint64_t count, WireFormat fo
 uint64_t reduce_scatter_wire_bytes(int rank, int ranks, uint64_t count, WireFormat format,
                                    const Tuning& tuning, const SegmentStarts& segments = {});
 uint64_t allgather_shards_wire_bytes(int rank, int ranks, uint64_t count, const Tuning& tuning);
+
+// The compressed all-reduce over a collective-kind transport (gathered_allreduce.cpp): each rank's
+// values encoded once, shard by shard (shard_range of W), into a block of words_per_rank int64
+// words; the blocks all-gathered; each shard decoded from every block in rank order. The result
+// is the same on every rank (not the ring's bits), and `residual` takes this rank's drops, so
+// that, as with the ring, sum_r input_r - sum_r residual_r = W * result (Avg) up to rounding.
+struct GatheredWire {
+  GatheredWire(WireFormat format, size_t count, int ranks, const SegmentStarts& segments);
+  // block <- this rank's encoding of values[0, count); residual (may be null) <- its drops.
+  void encode(const float* values, float* residual, std::byte* block) const;
+  // values' shard `shard` <- the sum (average) of every rank's encoding of it; `blocks`: the
+  // all-gathered blocks, in rank order.
+  void decode(const std::byte* blocks, int shard, bool average, float* values) const;
+
+  WireFormat format;
+  size_t count;
+  int ranks;
+  SegmentStarts segments;
+  std::vector<size_t> shard_offsets;  // bytes into a block
+  size_t words_per_rank = 0;
+};
+// Bytes a rank sends in one (a ring all-gather of the blocks).
+uint64_t gathered_allreduce_wire_bytes(int ranks, uint64_t count, WireFormat format, const SegmentStarts& segments = {});
+
 std::unique_ptr<Collective> make_broadcast(transport::PointToPoint& transport,
                                            const Descriptor& descriptor, void* buffer,
                                            const Tuning& tuning);

@@ -432,10 +432,8 @@ collectives::Descriptor reduction_descriptor(CollectiveId id, collectives::Kind 
   collectives::Descriptor descriptor = descriptor_of(id, kind, dtype, count);
   descriptor.op = op;
   descriptor.wire = wire_format_of(int(format));
-  require(!collective_kind || format == WireFormat::F32, Status::Unsupported,
-          std::string("a ") + wire_format_name(format) +
-              " wire format needs a point-to-point transport (ucx, local); collective-kind "
-              "transports (nccl) reduce in fp32 only");
+  require(!collective_kind || format == WireFormat::F32 || dtype == DataType::F32, Status::InvalidArgument,
+          std::string("a ") + wire_format_name(format) + " wire format compresses f32 values");
   return descriptor;
 }
 }  // namespace
@@ -447,6 +445,8 @@ std::shared_ptr<Request> Communicator::allreduce_then(void* buffer, size_t count
   const collectives::Descriptor descriptor =
       reduction_descriptor(id, collectives::Kind::AllReduce, buffer, count, dtype, op, wire.format,
                            collective_transport_ != nullptr);
+  if (collective_transport_ && wire.format != WireFormat::F32)
+    return submit_gathered(descriptor, static_cast<float*>(buffer), wire, /*whole=*/true, std::move(on_result));
   if (collective_transport_)
     return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_allreduce(buffer, buffer, count, dtype, op);
@@ -506,6 +506,8 @@ std::shared_ptr<Request> Communicator::reduce_scatter(void* buffer, size_t count
   const collectives::Descriptor descriptor =
       reduction_descriptor(id, collectives::Kind::ReduceScatter, buffer, count, dtype, op,
                            wire.format, collective_transport_ != nullptr);
+  if (collective_transport_ && wire.format != WireFormat::F32)
+    return submit_gathered(descriptor, static_cast<float*>(buffer), wire, /*whole=*/false, std::move(on_result));
   if (collective_transport_)
     return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
       return t.post_reduce_scatter(buffer, count, dtype, op);
@@ -536,6 +538,32 @@ std::shared_ptr<Request> Communicator::allgather_shards(void* buffer, size_t cou
                                               const collectives::Tuning& tuning) {
     return collectives::make_allgather_shards(transport, agreed, buffer, tuning);
   }, std::move(on_result), std::move(after));
+}
+
+// The encoding runs here, on the submitting thread, so `buffer` must be host memory; one rank
+// sends nothing and its result is its input, as over the ring.
+std::shared_ptr<Request> Communicator::submit_gathered(const collectives::Descriptor& descriptor, float* buffer,
+                                                       const WireCompression& wire, bool whole,
+                                                       std::function<void()> on_result) {
+  const int ranks = size(), me = rank();
+  auto gathered = std::make_shared<const collectives::GatheredWire>(wire.format, descriptor.count, ranks, wire.segments);
+  auto blocks = std::make_shared<std::vector<int64_t>>(gathered->words_per_rank * size_t(ranks), 0);
+  int64_t* mine = blocks->data() + gathered->words_per_rank * size_t(me);
+  if (ranks > 1)
+    gathered->encode(buffer, wire.residual, reinterpret_cast<std::byte*>(mine));
+  else if (wire.residual)
+    std::fill(wire.residual, wire.residual + descriptor.count, 0.0f);
+  const bool average = descriptor.op == ReduceOp::Avg;
+  return collective_transport_->submit(descriptor, [=](transport::Collective& t) {
+    return t.post_allgather(mine, blocks->data(), gathered->words_per_rank, DataType::I64);
+  }, [=, then = std::move(on_result)] {
+    if (ranks > 1) {
+      const auto* all = reinterpret_cast<const std::byte*>(blocks->data());
+      for (int shard = whole ? 0 : me; shard < (whole ? ranks : me + 1); ++shard)
+        gathered->decode(all, shard, average, buffer);
+    }
+    if (then) then();
+  });
 }
 
 uint32_t Communicator::register_owner() { return next_owner_.fetch_add(1); }

@@ -105,6 +105,9 @@ struct WireCompression {
   SegmentStarts segments;
 };
 
+namespace collectives {
+struct Descriptor;  // runtime/collectives/collectives.hpp
+}
 class PointToPointExecutor;  // defined in comm.cpp: the progress thread and the active collectives
 class CollectiveTransportExecutor;  // runtime/comm/collective_comm.hpp: collective-kind transports (NCCL)
 
@@ -252,6 +255,10 @@ class Communicator {
   std::unique_ptr<CollectiveTransportExecutor> collective_transport_;  // instead of point_to_point_ for collective transports
   std::atomic<uint32_t> next_owner_{1};
   void replace_transport(std::unique_ptr<transport::PointToPoint> transport);
+  // A compressed all-reduce (whole) or reduce-scatter over the collective transport: this rank's
+  // encoding of `buffer` as it is now, all-gathered, decoded once completed (collectives::GatheredWire).
+  std::shared_ptr<Request> submit_gathered(const collectives::Descriptor& descriptor, float* buffer,
+                                           const WireCompression& wire, bool whole, std::function<void()> on_result);
 
   std::shared_ptr<MembershipChanges> membership_;
   bool joining_ = false;

@@ -709,7 +709,7 @@ void commit_layout(Engine::State& s) {
   check_comm(s);
   std::string why;
   device::choose_averaging(s.on_device() ? device::Placement::Device : device::Placement::Host,
-                           s.comm->collective_stream() != nullptr, &why);
+                           s.comm->collective_stream() != nullptr, s.config.wire_format != WireFormat::F32, &why);
   require(why.empty(), Status::InvalidArgument, why);
   ByteHasher layout;
   size_t offset = 0;
@@ -749,11 +749,16 @@ void commit_layout(Engine::State& s) {
 
   s.history.assign(s.segments.size(), GapHistory{});
   if (s.config.hierarchy == Hierarchy::Nodes) form_nodes(s);
-  // As a ring all-reduce sends it (a collective-kind transport's own algorithm may differ).
+  // As a ring all-reduce sends it (a collective-kind transport's own fp32 algorithm may differ;
+  // its compressed one all-gathers every rank's encoding).
   collectives::Tuning tuning;
   tuning.chunk_bytes = s.comm->options().chunk_bytes;
-  s.outer_wire_bytes = collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
-                                                         s.config.wire_format, tuning, wire_segments(s));
+  const bool gathered = s.comm->collective_stream() != nullptr && s.config.wire_format != WireFormat::F32;
+  s.outer_wire_bytes =
+      gathered ? collectives::gathered_allreduce_wire_bytes(s.comm->size(), s.state_count, s.config.wire_format,
+                                                            wire_segments(s))
+               : collectives::allreduce_wire_bytes(s.comm->rank(), s.comm->size(), s.state_count,
+                                                   s.config.wire_format, tuning, wire_segments(s));
   require(!s.comm->elastic() || s.config.hierarchy != Hierarchy::Nodes, Status::Unsupported,
           "elastic membership (elastic_min_ranks > 0) is implemented for replicated outer state and for outer "
           "state sharded over all ranks, not for hierarchical co2 (CO2_HIERARCHY_NODES): use CO2_HIERARCHY_FLAT "

@@ -60,12 +60,9 @@ class DeviceBackend final : public Backend {
                 "the tensors' device, or move the model there (torch.cuda.set_device(LOCAL_RANK) before building it)");
     make_current();
     std::string why;
-    averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr, &why);
+    averaging_ = choose_averaging(Placement::Device, s.comm->collective_stream() != nullptr,
+                                  s.config.wire_format != WireFormat::F32, &why);
     comm_stream_ = averaging_ == Averaging::Collective ? as_stream(s.comm->collective_stream()) : own_stream_->get();
-    require(s.config.wire_format == WireFormat::F32 || averaging_ == Averaging::StagedHost, Status::Unsupported,
-            std::string("wire_format ") + wire_format_name(s.config.wire_format) +
-                " compresses on the host: CUDA tensors over a collective transport (NCCL) need CO2_WIRE_FP32, or "
-                "a point-to-point transport (UCX), over which the device stages the outer average through host memory");
     // Error feedback's residual stays in host memory, next to the staged deltas it corrects.
     if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
     build_tables(s);

@@ -5,14 +5,14 @@
 
 namespace co2::device {
 
-Averaging choose_averaging(Placement placement, bool collective_transport, std::string* why) {
+Averaging choose_averaging(Placement placement, bool collective_transport, bool compressed_wire, std::string* why) {
   if (placement == Placement::Host) {
     if (collective_transport && why)
       *why = "the NCCL transport needs CUDA tensors: register device memory (CO2_DEVICE_CUDA) or "
              "use CO2_TRANSPORT_LOCAL / CO2_TRANSPORT_UCX for host tensors";
     return Averaging::HostRing;
   }
-  return collective_transport ? Averaging::Collective : Averaging::StagedHost;
+  return collective_transport && !compressed_wire ? Averaging::Collective : Averaging::StagedHost;
 }
 
 BoundaryPhases co2_boundary_phases(Averaging averaging, bool have_average) {

@@ -19,14 +19,16 @@ enum class Placement { Host, Device };
 enum class Averaging {
   HostRing,     // host tensors: the communicator's ring over point-to-point (no device work)
   Collective,   // device tensors over a collective transport (NCCL): in place, stream-ordered
-  StagedHost,   // device tensors over point-to-point (UCX, local): copied to pinned host
-                // memory, averaged by the communicator, copied back
+  StagedHost,   // device tensors over point-to-point (UCX, local), or with a compressed wire:
+                // copied to pinned host memory, averaged by the communicator, copied back
 };
 
-// device_tensors: the engine's tensors are CUDA memory; collective_transport: the communicator
-// runs a collective-kind transport (NCCL). NCCL with host tensors is refused (InvalidArgument
-// message in *why): NCCL would stage every host byte through the device for nothing.
-Averaging choose_averaging(Placement placement, bool collective_transport, std::string* why);
+// placement: where the engine's tensors are; collective_transport: the communicator runs a
+// collective-kind transport (NCCL); compressed_wire: the outer average travels in a wire format
+// other than fp32, whose encoding runs on the host (so over NCCL too the deltas are staged).
+// NCCL with host tensors is refused (InvalidArgument message in *why): NCCL would stage every
+// host byte through the device for nothing.
+Averaging choose_averaging(Placement placement, bool collective_transport, bool compressed_wire, std::string* why);
 
 // A raw collective (co2_allreduce, co2_broadcast) on `cuda_buffer` memory over a communicator
 // whose transport is (not) collective-kind: "" when it can run, otherwise why not. Point-to-point

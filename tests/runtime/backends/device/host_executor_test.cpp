@@ -790,35 +790,65 @@ std::vector<std::vector<std::vector<float>>> train_over_collective_group(int wor
   return finals;
 }
 
-TEST(DeviceFeatures, ShardedOuterStateOverACollectiveTransportMatchesHost) {
-  for (const co2_engine_config_t& c : co2_configs())
-    for (int world : {2, 3}) {
-      co2::EngineConfig config;
-      config.tau = c.tau;
-      config.outer_lr = c.outer_lr;
-      config.outer_momentum = c.outer_momentum;
-      config.nesterov = c.nesterov != 0;
-      config.penalty = co2::Penalty(c.penalty);
-      config.penalty_constant = c.penalty_constant;
-      config.clip = co2::Clip(c.clip);
-      config.clip_threshold = c.clip_threshold;
-      config.anchor_check_interval = c.anchor_check_interval;
-      config.eager = co2::Eager(c.eager);
-      config.shard_outer_state = true;
-      const std::string what = name_of(c, world) + " sharded over a collective transport";
-      const auto device = train_over_collective_group(world, config, 14);
-      ASSERT_EQ(device.size(), size_t(world));
-      for (int rank = 1; rank < world; ++rank)
-        EXPECT_EQ(device[size_t(rank)], device[0]) << what << ": rank " << rank << " against rank 0";
-      const Result host = run(false, world, sharded(c), 14);
-      ASSERT_EQ(device[0].size(), host.params.size()) << what;
-      double largest = 0.0;
-      for (size_t t = 0; t < host.params.size(); ++t)
-        for (size_t i = 0; i < host.params[t].size(); ++i)
-          largest = std::max(largest, double(std::fabs(device[0][t][i] - host.params[t][i])));
-      EXPECT_LT(largest, 1e-4) << what << ": against the host sharded engine over point-to-point";
-      EXPECT_GT(std::fabs(device[0][0][5] - (0.01f * 5.0f - 0.3f)), 1e-3f) << what << ": nothing trained";
-    }
+co2::EngineConfig engine_config_of(const co2_engine_config_t& c) {
+  co2::EngineConfig config;
+  config.tau = c.tau;
+  config.outer_lr = c.outer_lr;
+  config.outer_momentum = c.outer_momentum;
+  config.nesterov = c.nesterov != 0;
+  config.penalty = co2::Penalty(c.penalty);
+  config.penalty_constant = c.penalty_constant;
+  config.clip = co2::Clip(c.clip);
+  config.clip_threshold = c.clip_threshold;
+  config.anchor_check_interval = c.anchor_check_interval;
+  config.eager = co2::Eager(c.eager);
+  config.shard_outer_state = c.shard_outer_state != 0;
+  config.wire_format = co2::WireFormat(c.wire_format);
+  config.error_feedback = c.error_feedback != 0;
+  return config;
+}
+
+// Sharded, and compressed (int8 with error feedback; replicated and sharded), at W = 2 and 3.
+// Uncompressed, the host engine over point-to-point is the reference (the reductions sum in
+// another order). Compressed, each rank's encoding is all-gathered, so the result is not the
+// ring's bits: its distance from the fp32 run must be of the ring's order (at most twice it).
+TEST(DeviceFeatures, ShardedAndCompressedOverACollectiveTransportMatchHost) {
+  for (const co2_engine_config_t& base : co2_configs())
+    for (int variant = 0; variant < 3; ++variant)
+      for (int world : {2, 3}) {
+        co2_engine_config_t c = base;
+        c.shard_outer_state = variant != 1;
+        if (variant > 0) {
+          c.wire_format = CO2_WIRE_INT8;
+          c.error_feedback = 1;
+        }
+        const std::string what = name_of(c, world) + (c.shard_outer_state ? " sharded" : "") +
+                                 (variant > 0 ? " int8" : "") + " over a collective transport";
+        const auto device = train_over_collective_group(world, engine_config_of(c), 14);
+        ASSERT_EQ(device.size(), size_t(world));
+        for (int rank = 1; rank < world; ++rank)
+          EXPECT_EQ(device[size_t(rank)], device[0]) << what << ": rank " << rank << " against rank 0";
+        co2_engine_config_t fp32 = c;
+        fp32.wire_format = CO2_WIRE_FP32;
+        const Result reference = run(false, world, fp32, 14);
+        ASSERT_EQ(device[0].size(), reference.params.size()) << what;
+        auto distance = [&](const std::vector<std::vector<float>>& params) {
+          double largest = 0.0;
+          for (size_t t = 0; t < params.size(); ++t)
+            for (size_t i = 0; i < params[t].size(); ++i)
+              largest = std::max(largest, double(std::fabs(params[t][i] - reference.params[t][i])));
+          return largest;
+        };
+        const double ours = distance(device[0]);
+        if (variant == 0) {
+          EXPECT_LT(ours, 1e-4) << what << ": against the host engine over point-to-point";
+        } else {
+          const double ring = distance(run(false, world, c, 14).params);
+          EXPECT_GT(ours, 0.0) << what << ": the wire compressed nothing";
+          EXPECT_LE(ours, 2.0 * ring) << what << ": from fp32 " << ours << ", the ring's int8 " << ring;
+        }
+        EXPECT_GT(std::fabs(device[0][0][5] - (0.01f * 5.0f - 0.3f)), 1e-3f) << what << ": nothing trained";
+      }
 }
 #endif
 

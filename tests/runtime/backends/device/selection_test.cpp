@@ -9,14 +9,16 @@ namespace {
 
 TEST(Selection, AveragingFollowsPlacementAndTransport) {
   std::string why;
-  EXPECT_EQ(choose_averaging(Placement::Host, false, &why), Averaging::HostRing);
+  EXPECT_EQ(choose_averaging(Placement::Host, false, false, &why), Averaging::HostRing);
   EXPECT_TRUE(why.empty());
-  EXPECT_EQ(choose_averaging(Placement::Device, true, &why), Averaging::Collective);
+  EXPECT_EQ(choose_averaging(Placement::Device, true, false, &why), Averaging::Collective);
   // GPU over UCX (or local): staged through pinned host memory, chosen without being asked.
-  EXPECT_EQ(choose_averaging(Placement::Device, false, &why), Averaging::StagedHost);
+  EXPECT_EQ(choose_averaging(Placement::Device, false, false, &why), Averaging::StagedHost);
+  // A compressed wire is encoded on the host: staged over NCCL too.
+  EXPECT_EQ(choose_averaging(Placement::Device, true, true, &why), Averaging::StagedHost);
   EXPECT_TRUE(why.empty());
   // NCCL with host tensors is refused with a reason.
-  choose_averaging(Placement::Host, true, &why);
+  choose_averaging(Placement::Host, true, false, &why);
   EXPECT_NE(why.find("NCCL"), std::string::npos);
 }
 
