@@ -734,7 +734,6 @@ TEST(DeviceFeatures, HierarchicalRanksOfANodeThatTrainDifferentModelsFailLoudly)
 // reductions sum in another order), and not what the ranks started with. Rank 0's tensors.
 std::vector<std::vector<std::vector<float>>> train_over_collective_group(int world, const co2::EngineConfig& config,
                                                                          int steps) {
-  const bool device = true;
   co2test::CollectiveGroupFake group(world);
   std::vector<std::vector<std::vector<float>>> finals(static_cast<size_t>(world));
   co2test::run_threads(world, [&](int rank) {
@@ -753,16 +752,13 @@ std::vector<std::vector<std::vector<float>>> train_over_collective_group(int wor
         tensor.name = kShapes[t].name;
         tensor.count = kShapes[t].count;
         tensor.role = kShapes[t].role;
-        tensor.data = host[t].data();
-        if (device) {
-          ASSERT_EQ(cudaMalloc(&tensor.data, tensor.count * sizeof(float)), cudaSuccess);
-          dev.push_back(tensor.data);
-          tensor.storage.device = int(co2::DeviceKind::Cuda);
-        }
+        ASSERT_EQ(cudaMalloc(&tensor.data, tensor.count * sizeof(float)), cudaSuccess);
+        dev.push_back(tensor.data);
+        tensor.storage.device = int(co2::DeviceKind::Cuda);
         engine.register_tensor(tensor);
       }
       auto copy = [&](cudaMemcpyKind kind) {
-        for (size_t t = 0; device && t < host.size(); ++t) {
+        for (size_t t = 0; t < host.size(); ++t) {
           const bool in = kind == cudaMemcpyHostToDevice;
           ASSERT_EQ(cudaMemcpy(in ? dev[t] : static_cast<void*>(host[t].data()),
                                in ? static_cast<const void*>(host[t].data()) : dev[t], host[t].size() * sizeof(float),
@@ -783,7 +779,7 @@ std::vector<std::vector<std::vector<float>>> train_over_collective_group(int wor
       copy(cudaMemcpyDeviceToHost);
       finals[size_t(rank)] = host;
     } catch (const co2::Error& e) {
-      ADD_FAILURE() << (device ? "device" : "host") << " rank " << rank << ": " << e.what();
+      ADD_FAILURE() << "rank " << rank << ": " << e.what();
     }
     for (void* d : dev) cudaFree(d);
   });
