@@ -98,7 +98,8 @@ struct CommOptions {
 // How an f32 all-reduce travels (runtime/collectives/collectives.hpp, make_allreduce): `format` other than
 // F32 compresses every message; `residual` (optional, `count` floats, valid until the request
 // finished) receives what this rank's encodings dropped; `segments` (valid until the request
-// finished) where int8 groups must start. Point-to-point transports only.
+// finished) where int8 groups must start. Over a collective-kind transport the buffer must be host
+// memory: each rank's encoding, made at submission, is all-gathered (collectives::GatheredWire).
 struct WireCompression {
   WireFormat format = WireFormat::F32;
   float* residual = nullptr;
