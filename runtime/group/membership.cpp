@@ -1,6 +1,9 @@
 #include "runtime/group/membership.hpp"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -71,7 +74,94 @@ std::string endpoint_text(const store::TcpStoreOptions& where) {
   return where.host + " " + std::to_string(where.port) + " " + where.auth_token;
 }
 
+// Where a survivor reports, under the agreement's prefix, how long its ring successor (`rank`,
+// in the old group) had left its heartbeat unanswered when the survivor arrived: milliseconds.
+std::string silence_key(const std::string& prefix, int rank) { return prefix + "silence/" + std::to_string(rank); }
+
+bool same_endpoint(const store::TcpStoreOptions& a, const store::TcpStoreOptions& b) {
+  return a.host == b.host && a.port == b.port && a.auth_token == b.auth_token;
+}
+
+milliseconds since(Clock::time_point then) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - then);
+}
+
 }  // namespace
+
+// The heartbeat (membership.hpp): a thread that asks one endpoint, the ring successor's, whether
+// it is there, and keeps since when its questions have gone unanswered. Its questions never wait
+// past kHeartbeatDeadline, so stopping it waits no longer than that.
+class SuccessorWatch {
+ public:
+  SuccessorWatch() : thread_([this] { run(); }) {}
+
+  ~SuccessorWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  // Watches `successor` from now on (nothing: watches nobody), forgetting what it saw of the one before.
+  void watch(std::optional<store::TcpStoreOptions> successor) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      successor_ = std::move(successor);
+      ++version_;
+      unanswered_since_.reset();
+    }
+    changed_.notify_all();
+  }
+
+  // How long a question to `successor` has gone unanswered (zero while it answers, and for an
+  // endpoint this watcher does not watch).
+  milliseconds silence_of(const store::TcpStoreOptions& successor) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!successor_ || !same_endpoint(*successor_, successor) || !unanswered_since_) return milliseconds(0);
+    return since(*unanswered_since_);
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    uint64_t watching = version_ - 1;
+    std::shared_ptr<store::Store> client;  // kept: a question on a live connection costs one round trip
+    while (!stopping_) {
+      if (watching != version_) {
+        watching = version_;
+        client.reset();
+      }
+      if (!successor_) {
+        changed_.wait(lock, [&] { return stopping_ || watching != version_; });
+        continue;
+      }
+      const store::TcpStoreOptions where = *successor_;
+      const Clock::time_point asked = Clock::now();
+      if (!unanswered_since_) unanswered_since_ = asked;
+      lock.unlock();
+      bool answered = false;
+      try {
+        if (!client) client = connect_within(where, kHeartbeatDeadline);
+        answered = agreed_generation(*client) >= 0;
+      } catch (const std::exception&) {
+      }
+      lock.lock();
+      if (watching != version_) continue;  // re-pointed meanwhile: the answer was the old successor's
+      if (answered) unanswered_since_.reset();
+      changed_.wait_until(lock, asked + kHeartbeatInterval, [&] { return stopping_ || watching != version_; });
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  std::optional<store::TcpStoreOptions> successor_;
+  uint64_t version_ = 0;  // counts the watch() calls
+  std::optional<Clock::time_point> unanswered_since_;
+  std::thread thread_;  // last: starts once the rest is initialized
+};
 
 std::string Membership::start_endpoint() {
   store::TcpStoreOptions own;
@@ -79,7 +169,17 @@ std::string Membership::start_endpoint() {
   own.auth_token = random_hex(16);
   server_ = store::TcpStoreServer::start("", 0, own.auth_token);
   own.port = server_->port();
+  watch_ = std::make_unique<SuccessorWatch>();
   return endpoint_text(own);
+}
+
+void Membership::watch_successor() {
+  if (!watch_) return;
+  if (size() < 2) {
+    watch_->watch(std::nullopt);
+    return;
+  }
+  watch_->watch(endpoints_[size_t((rank_ + 1) % size())]);
 }
 
 std::shared_ptr<Membership> Membership::publish(store::Store& store, const std::string& prefix, int rank, int size,
@@ -92,6 +192,7 @@ std::shared_ptr<Membership> Membership::publish(store::Store& store, const std::
   store.set(prefix + "endpoint/" + std::to_string(rank), m->start_endpoint());
   for (int peer = 0; peer < size; ++peer)
     m->endpoints_.push_back(parse_endpoint(store.get(prefix + "endpoint/" + std::to_string(peer), options.timeout)));
+  m->watch_successor();
   m->door_ = std::move(door);
   if (m->door_.served_here) {
     m->door_store_ = connect_within(m->door_.where, m->timeout_);
@@ -141,6 +242,7 @@ std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>>
                                                                    std::to_string(size));
   std::unique_ptr<transport::PointToPoint> transport = m->connect(*door, prefix + "admit/");
   m->record_generation();
+  m->watch_successor();
   log::info("membership: joined as rank " + std::to_string(m->rank_) + " of " + std::to_string(size) +
             " (generation " + std::to_string(m->generation_) + ")");
   return {m, std::move(transport)};
@@ -227,6 +329,7 @@ std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests
   endpoints_ = std::move(grown);
   std::unique_ptr<transport::PointToPoint> transport = connect(*door, prefix + "admit/");
   record_generation();
+  watch_successor();
   log::info("membership: generation " + std::to_string(generation_) + " admitted " + std::to_string(joined) +
             (joined == 1 ? " process" : " processes") + ": " + std::to_string(size()) + " ranks, this one is rank " +
             std::to_string(rank_));
@@ -243,6 +346,7 @@ std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
       } catch (const std::exception&) {
       }
     }
+    if (watch_) watch_->watch(std::nullopt);
     server_.reset();
     log::info("membership: rank " + std::to_string(rank_) + " left the group (generation " +
               std::to_string(generation_) + ")");
@@ -254,6 +358,7 @@ std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
   if (rank_ > leaving) --rank_;
   std::unique_ptr<transport::PointToPoint> transport = connect(*store, generation_prefix(generation_) + "leave/");
   record_generation();
+  watch_successor();
   log::info("membership: rank " + std::to_string(leaving) + " left; generation " + std::to_string(generation_) +
             " has " + std::to_string(size()) + " ranks, this one is rank " + std::to_string(rank_));
   return transport;
@@ -267,8 +372,19 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
       *coordinator = candidate;
       return connect_within(endpoints_[size_t(candidate)], timeout_);
     }
+    // This rank's own successor: the heartbeat already saw part of the probe's silence.
+    milliseconds deadline = probe;
+    if (watch_ && candidate == (rank_ + 1) % size()) {
+      const milliseconds silence = watch_->silence_of(endpoints_[size_t(candidate)]);
+      if (silence >= probe) {
+        log::info("membership: rank " + std::to_string(candidate) + " has not answered this rank's heartbeat for " +
+                  std::to_string(silence.count()) + " ms: not asked to coordinate");
+        continue;
+      }
+      deadline -= silence;
+    }
     try {
-      std::shared_ptr<store::Store> found = connect_within(endpoints_[size_t(candidate)], probe);
+      std::shared_ptr<store::Store> found = connect_within(endpoints_[size_t(candidate)], deadline);
       if (agreed_generation(*found) < 0) continue;
       *coordinator = candidate;
       return connect_within(endpoints_[size_t(candidate)], timeout_);
@@ -282,8 +398,11 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
 std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::string& prefix) const {
   enum class Seen { Unknown, Arrived, Gone };
   const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
+  const milliseconds slice = std::min(kProbeSlice, probe);
   std::vector<Seen> seen(static_cast<size_t>(size()), Seen::Unknown);
   std::vector<std::shared_ptr<store::Store>> probes(static_cast<size_t>(size()));
+  // Per missing rank, since when this coordinator's questions to its endpoint go unanswered.
+  std::vector<std::optional<Clock::time_point>> unanswered_since(static_cast<size_t>(size()));
   // A rank that answers meets the failure within its own no-progress timeout (sooner when a
   // peer's abort reaches it); the time spent probing ranks that do not answer is not counted.
   Clock::time_point deadline = Clock::now() + timeout_ + probe;
@@ -296,10 +415,18 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         state = Seen::Arrived;
         continue;
       }
+      // What its predecessor's heartbeat saw before the failure counts toward the probe.
+      const milliseconds reported(store.add(silence_key(prefix, r), 0));
+      if (reported >= probe) {
+        state = Seen::Gone;
+        log::info("membership: rank " + std::to_string(r) + " had not answered its predecessor's heartbeat for " +
+                  std::to_string(reported.count()) + " ms: left out of the group without a probe");
+        continue;
+      }
       int64_t generation = -1;
-      const Clock::time_point probe_started = Clock::now();
+      const Clock::time_point asked = Clock::now();
       try {
-        if (!probes[size_t(r)]) probes[size_t(r)] = connect_within(endpoints_[size_t(r)], probe);
+        if (!probes[size_t(r)]) probes[size_t(r)] = connect_within(endpoints_[size_t(r)], slice);
         generation = agreed_generation(*probes[size_t(r)]);
       } catch (const std::exception&) {
       }
@@ -308,12 +435,26 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
                                    std::to_string(r) + " already agreed on generation " + std::to_string(generation) +
                                    " without it (this rank stopped answering while the others re-formed)");
       if (generation >= 0) {
+        unanswered_since[size_t(r)].reset();
         waiting = true;  // alive, not here yet: its training thread has not seen the failure
         continue;
       }
+      const Clock::time_point answered_not = Clock::now();
+      deadline += answered_not - asked;
+      // A question that failed well before its deadline was refused: the process is gone.
+      const bool refused = answered_not - asked < slice / 2;
+      if (!unanswered_since[size_t(r)]) unanswered_since[size_t(r)] = asked;
+      const milliseconds silence = since(*unanswered_since[size_t(r)]) + reported;
+      if (!refused && silence < probe) {
+        waiting = true;  // silent so far: asked again on the next pass
+        continue;
+      }
       state = Seen::Gone;
-      deadline += Clock::now() - probe_started;
-      log::info("membership: rank " + std::to_string(r) + " does not answer: left out of the group");
+      log::info("membership: rank " + std::to_string(r) + " does not answer" +
+                (refused ? std::string(" (refused)")
+                         : " for " + std::to_string(silence.count()) + " ms (" + std::to_string(reported.count()) +
+                               " ms of it seen by its predecessor's heartbeat)") +
+                ": left out of the group");
     }
     if (!waiting) break;
     if (Clock::now() >= deadline) {
@@ -358,6 +499,12 @@ Membership::Agreed Membership::agree_once(const std::string& cause) {
       "co2/elastic/" + std::to_string(generation_) + "/" + std::to_string(coordinator) + "/";
   log::info("membership: rank " + std::to_string(rank_) + " of " + std::to_string(size()) + " lost a peer (" + cause +
             "); rank " + std::to_string(coordinator) + " coordinates generation " + std::to_string(generation_));
+  // The report goes first: the coordinator reads it once this rank has arrived.
+  if (watch_ && size() > 1) {
+    const int successor = (rank_ + 1) % size();
+    const milliseconds silence = watch_->silence_of(endpoints_[size_t(successor)]);
+    if (silence.count() > 0) store->add(silence_key(prefix, successor), silence.count());
+  }
   store->add(prefix + "arrived/" + std::to_string(rank_), 1);
   if (coordinator == rank_) {
     const std::vector<int> survivors = wait_for_survivors(*store, prefix);
@@ -389,6 +536,7 @@ Membership::Agreed Membership::agree_once(const std::string& cause) {
   for (int r : members) kept.push_back(endpoints_[size_t(r)]);
   endpoints_ = std::move(kept);
   rank_ = agreed.rank;
+  watch_successor();
   log::info("membership: generation " + std::to_string(generation_) + " has " + std::to_string(agreed.size) +
             " ranks (old ranks " + ranks_text(members) + "); this one is rank " + std::to_string(agreed.rank));
   return agreed;

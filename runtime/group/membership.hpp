@@ -13,6 +13,19 @@
 // transport through the coordinator's endpoint. Every survivor reads the same list, so ranks
 // never train in two groups: a survivor that the list leaves out fails.
 //
+// Heartbeat: a stopped rank's kernel still accepts connections, so only the probe's deadline
+// tells it from a live one, and the survivors meet the failure only at their no-progress timeout:
+// probing then would cost the timeout plus the probe. So while the group trains, each rank's
+// watcher thread asks its ring successor's endpoint (rank + 1 mod size, re-pointed at every change
+// of membership) a question every kHeartbeatInterval and keeps how long a question of its has gone
+// unanswered. A survivor reports that silence of its successor when it arrives at the coordinator,
+// and the coordinator counts it toward the probe's deadline: a rank its predecessor saw silent for
+// kMembershipProbeTimeout is gone without a probe, one seen silent for less is probed only for the
+// rest. The rule stays "no answer for kMembershipProbeTimeout", only measured from the stop rather
+// than from the failure; a live endpoint answers within milliseconds, so the heartbeat never makes
+// a live rank gone. One watched peer per rank: the cost does not grow with the group. Two stopped
+// neighbours: the second is not watched by anyone alive, and its probe waits as before.
+//
 // Joining: the store a launched group formed at (rank 0's, at MASTER_PORT) stays up while the
 // process of rank 0 lives, as the group's *door*. A process that finds it open there asks to join
 // (its endpoint under co2/elastic/door/join/<n>). Rank 0 counts the requests at every boundary;
@@ -39,6 +52,19 @@ namespace co2 {
 
 // How long a rank's membership endpoint may take to answer before the rank counts as gone.
 constexpr std::chrono::milliseconds kMembershipProbeTimeout{2000};
+// How often a rank's watcher asks its ring successor's endpoint whether it is there: the silence
+// it reports after a failure is short of the truth by at most this much.
+constexpr std::chrono::milliseconds kHeartbeatInterval{250};
+// How long one heartbeat question waits for its answer (and so the longest the watcher thread
+// keeps the Membership's destructor waiting). A question not answered by then stays unanswered:
+// the silence grows until an answer comes.
+constexpr std::chrono::milliseconds kHeartbeatDeadline{250};
+// How long one of the coordinator's questions to a missing rank's endpoint waits before it asks
+// again (the rank is gone once its questions have gone unanswered for kMembershipProbeTimeout, the
+// predecessor's reported silence included); short, so that a report arriving meanwhile counts.
+constexpr std::chrono::milliseconds kProbeSlice{250};
+
+class SuccessorWatch;
 
 // Where a launched group's door is: the address of the store it formed at, and, in the process
 // that serves it, the server itself (kept up as long as the membership lives).
@@ -95,8 +121,11 @@ class Membership final : public MembershipChanges {
   // The coordinator's part: the old ranks that arrived, once every other one stopped answering.
   std::vector<int> wait_for_survivors(store::Store& store, const std::string& prefix) const;
 
-  // Starts this process's endpoint; its address as the members exchange it.
+  // Starts this process's endpoint and its watcher; the endpoint's address as the members
+  // exchange it.
   std::string start_endpoint();
+  // Points the watcher at this rank's ring successor in the current membership.
+  void watch_successor();
   // Records at this rank's own endpoint that it agreed on the current generation.
   void record_generation();
   // The transport of the group agreed at `store` under `prefix`.
@@ -113,6 +142,7 @@ class Membership final : public MembershipChanges {
   std::vector<int> previous_;  // after survivors(): each member's rank in the group before
   Door door_;
   std::shared_ptr<store::Store> door_store_;  // a client of the door, where it is served here
+  std::unique_ptr<SuccessorWatch> watch_;  // last: its thread stops before the rest goes
 };
 
 }  // namespace co2
