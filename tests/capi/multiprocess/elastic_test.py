@@ -8,6 +8,7 @@ rank may hang (each test has a deadline and kills what is left).
 Run by meson: ELASTIC_WORKER=path/to/elastic_worker pytest elastic_test.py
 """
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -49,7 +50,7 @@ class Group:
         self.procs[key] = self._launch(launch_rank, env)
 
     def _launch(self, rank, extra, timeout_ms=TIMEOUT_MS):
-        env = launcher_env(rank, self.world, self.port, "elastic-token", CO2_LOG_LEVEL="warn", **extra)
+        env = launcher_env(rank, self.world, self.port, "elastic-token", **{"CO2_LOG_LEVEL": "warn", **extra})
         return subprocess.Popen([self.worker, self.ready_dir, str(timeout_ms), str(self.steps), str(self.min_ranks)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -287,6 +288,23 @@ def test_stopped_rank_the_others_all_go_on(group_factory, shard):
     env = {"ELASTIC_SHARD": shard}
     g.start({0: env, 1: env, 2: {"ELASTIC_STOP_AT": 30, **env}, 3: env})
     assert_survivors_agree(g, [0, 1, 3], changes=1)
+
+
+def test_a_stopped_rank_is_known_silent_from_the_heartbeat(group_factory):
+    # Rank 1 asks its ring successor, rank 2, a heartbeat question every 250 ms; rank 2 stops, and
+    # at the survivors' no-progress timeout (3 s) rank 1 reports well over the probe's 2 s of
+    # silence. The coordinator must count that toward the probe rather than wait 2 s more (issue
+    # 26: a survivor's first step after a rank's death within the timeout plus one round). Asserted
+    # on the coordinator's log, not on wall time: either it skips the probe or it probes only for
+    # what the heartbeat had not seen yet.
+    g = group_factory(4, min_ranks=2)
+    g.start({0: {"CO2_LOG_LEVEL": "info"}, 2: {"ELASTIC_STOP_AT": 30}})
+    assert_survivors_agree(g, [0, 1, 3], changes=1)
+    seen = re.search(r"rank 2 had not answered its predecessor's heartbeat for (\d+) ms: left out of the group "
+                     r"without a probe|rank 2 does not answer for \d+ ms \((\d+) ms of it seen by its predecessor's "
+                     r"heartbeat\)", g.outputs[0])
+    assert seen, g.outputs[0]
+    assert int(seen.group(1) or seen.group(2)) >= 1000, seen.group(0)
 
 
 def test_too_few_survivors_fail_with_peer_lost(group_factory):
