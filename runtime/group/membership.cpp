@@ -89,8 +89,8 @@ milliseconds since(Clock::time_point then) {
 }  // namespace
 
 // The heartbeat (membership.hpp): a thread that asks one endpoint, the ring successor's, whether
-// it is there, and keeps since when its questions have gone unanswered. Its questions never wait
-// past kHeartbeatDeadline, so stopping it waits no longer than that.
+// it is there, and keeps since when its questions have gone unanswered. Its connection and its
+// question each wait at most kHeartbeatDeadline, so stopping it waits no longer than twice that.
 class SuccessorWatch {
  public:
   SuccessorWatch() : thread_([this] { run(); }) {}
@@ -240,9 +240,9 @@ std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>>
   require(int(m->endpoints_.size()) == size, Status::Internal, "membership: the admission lists " +
                                                                    std::to_string(m->endpoints_.size()) + " members, not " +
                                                                    std::to_string(size));
+  m->watch_successor();
   std::unique_ptr<transport::PointToPoint> transport = m->connect(*door, prefix + "admit/");
   m->record_generation();
-  m->watch_successor();
   log::info("membership: joined as rank " + std::to_string(m->rank_) + " of " + std::to_string(size) +
             " (generation " + std::to_string(m->generation_) + ")");
   return {m, std::move(transport)};
@@ -327,9 +327,9 @@ std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests
     return nullptr;
   }
   endpoints_ = std::move(grown);
+  watch_successor();
   std::unique_ptr<transport::PointToPoint> transport = connect(*door, prefix + "admit/");
   record_generation();
-  watch_successor();
   log::info("membership: generation " + std::to_string(generation_) + " admitted " + std::to_string(joined) +
             (joined == 1 ? " process" : " processes") + ": " + std::to_string(size()) + " ranks, this one is rank " +
             std::to_string(rank_));
@@ -356,9 +356,9 @@ std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
   const std::shared_ptr<store::Store> store = connect_within(endpoints_[size_t(coordinator)], timeout_);
   endpoints_.erase(endpoints_.begin() + leaving);
   if (rank_ > leaving) --rank_;
+  watch_successor();
   std::unique_ptr<transport::PointToPoint> transport = connect(*store, generation_prefix(generation_) + "leave/");
   record_generation();
-  watch_successor();
   log::info("membership: rank " + std::to_string(leaving) + " left; generation " + std::to_string(generation_) +
             " has " + std::to_string(size()) + " ranks, this one is rank " + std::to_string(rank_));
   return transport;

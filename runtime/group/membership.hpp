@@ -55,9 +55,9 @@ constexpr std::chrono::milliseconds kMembershipProbeTimeout{2000};
 // How often a rank's watcher asks its ring successor's endpoint whether it is there: the silence
 // it reports after a failure is short of the truth by at most this much.
 constexpr std::chrono::milliseconds kHeartbeatInterval{250};
-// How long one heartbeat question waits for its answer (and so the longest the watcher thread
-// keeps the Membership's destructor waiting). A question not answered by then stays unanswered:
-// the silence grows until an answer comes.
+// How long one heartbeat question (and the connection it may need first) waits for its answer;
+// it bounds how long the watcher thread keeps the Membership's destructor waiting. A question not
+// answered by then stays unanswered: the silence grows until an answer comes.
 constexpr std::chrono::milliseconds kHeartbeatDeadline{250};
 // How long one of the coordinator's questions to a missing rank's endpoint waits before it asks
 // again (the rank is gone once its questions have gone unanswered for kMembershipProbeTimeout, the
