@@ -86,14 +86,36 @@ milliseconds since(Clock::time_point then) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - then);
 }
 
+// Where a watcher keeps, at its own endpoint, how long the endpoint at `watched` had left its
+// heartbeat unanswered when it last looked (milliseconds): for ranks that look for a coordinator
+// and do not watch that endpoint themselves.
+std::string heartbeat_key(const store::TcpStoreOptions& watched) {
+  return "co2/elastic/heartbeat/" + watched.host + ":" + std::to_string(watched.port);
+}
+
+enum class Answer { Yes, Refused, Silent };
+
+// One question to the endpoint at `where`, waiting at most `deadline`. A failure well before the
+// deadline is a refusal (the process is gone); one at the deadline is silence (it may be stopped).
+Answer ask(const store::TcpStoreOptions& where, milliseconds deadline) {
+  const Clock::time_point asked = Clock::now();
+  try {
+    if (agreed_generation(*connect_within(where, std::max(deadline, milliseconds(1)))) >= 0) return Answer::Yes;
+  } catch (const std::exception&) {
+  }
+  return Clock::now() - asked < deadline / 2 ? Answer::Refused : Answer::Silent;
+}
+
 }  // namespace
 
 // The heartbeat (membership.hpp): a thread that asks one endpoint, the ring successor's, whether
-// it is there, and keeps since when its questions have gone unanswered. Its connection and its
-// question each wait at most kHeartbeatDeadline, so stopping it waits no longer than twice that.
+// it is there, and keeps since when its questions have gone unanswered (also at its own endpoint,
+// heartbeat_key). Each of its store calls waits at most kHeartbeatDeadline, so stopping it waits
+// no longer than a few of those.
 class SuccessorWatch {
  public:
-  SuccessorWatch() : thread_([this] { run(); }) {}
+  // `own`: this process's endpoint, where it keeps what it saw (heartbeat_key).
+  explicit SuccessorWatch(store::TcpStoreOptions own) : own_(std::move(own)), thread_([this] { run(); }) {}
 
   ~SuccessorWatch() {
     {
@@ -128,10 +150,13 @@ class SuccessorWatch {
     std::unique_lock<std::mutex> lock(mutex_);
     uint64_t watching = version_ - 1;
     std::shared_ptr<store::Store> client;  // kept: a question on a live connection costs one round trip
+    std::shared_ptr<store::Store> own;
+    int64_t published = 0;  // the silence kept at heartbeat_key() of the one watched
     while (!stopping_) {
       if (watching != version_) {
         watching = version_;
         client.reset();
+        published = 0;
       }
       if (!successor_) {
         changed_.wait(lock, [&] { return stopping_ || watching != version_; });
@@ -150,10 +175,24 @@ class SuccessorWatch {
       lock.lock();
       if (watching != version_) continue;  // re-pointed meanwhile: the answer was the old successor's
       if (answered) unanswered_since_.reset();
+      const int64_t silence = answered || !unanswered_since_ ? 0 : since(*unanswered_since_).count();
+      if (silence != published) {
+        lock.unlock();
+        try {
+          if (!own) own = connect_within(own_, kHeartbeatDeadline);
+          own->add(heartbeat_key(where), silence - own->add(heartbeat_key(where), 0));
+          published = silence;
+        } catch (const std::exception&) {
+          own.reset();
+        }
+        lock.lock();
+        if (watching != version_) continue;
+      }
       changed_.wait_until(lock, asked + kHeartbeatInterval, [&] { return stopping_ || watching != version_; });
     }
   }
 
+  const store::TcpStoreOptions own_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   bool stopping_ = false;
@@ -169,7 +208,7 @@ std::string Membership::start_endpoint() {
   own.auth_token = random_hex(16);
   server_ = store::TcpStoreServer::start("", 0, own.auth_token);
   own.port = server_->port();
-  watch_ = std::make_unique<SuccessorWatch>();
+  watch_ = std::make_unique<SuccessorWatch>(own);
   return endpoint_text(own);
 }
 
@@ -372,37 +411,46 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
       *coordinator = candidate;
       return connect_within(endpoints_[size_t(candidate)], timeout_);
     }
-    // This rank's own successor: the heartbeat already saw part of the probe's silence.
-    milliseconds deadline = probe;
-    if (watch_ && candidate == (rank_ + 1) % size()) {
-      const milliseconds silence = watch_->silence_of(endpoints_[size_t(candidate)]);
-      if (silence >= probe) {
-        log::info("membership: rank " + std::to_string(candidate) + " has not answered this rank's heartbeat for " +
-                  std::to_string(silence.count()) + " ms: not asked to coordinate");
-        continue;
-      }
-      deadline -= silence;
+    const store::TcpStoreOptions& where = endpoints_[size_t(candidate)];
+    // The silence its ring predecessor's heartbeat saw counts toward the probe: this rank's own
+    // watcher's, or, for rank 0, the one that its predecessor (the last rank, not asked yet)
+    // keeps at its endpoint, asked once rank 0 does not answer a short question. A candidate
+    // past 0 has a predecessor that did not answer either: nobody alive saw more.
+    const int predecessor = (candidate + size() - 1) % size();
+    milliseconds seen(0);
+    Answer answer = Answer::Silent;
+    if (predecessor == rank_) {
+      if (watch_) seen = watch_->silence_of(where);
+    } else if (candidate == 0) {
+      answer = ask(where, std::min(kProbeSlice, probe));
+      if (answer == Answer::Silent) seen = kept_silence(predecessor, where);
     }
-    try {
-      std::shared_ptr<store::Store> found = connect_within(endpoints_[size_t(candidate)], deadline);
-      if (agreed_generation(*found) < 0) continue;
+    if (answer == Answer::Silent && seen < probe) answer = ask(where, probe - seen);
+    if (answer == Answer::Yes) {
       *coordinator = candidate;
-      return connect_within(endpoints_[size_t(candidate)], timeout_);
-    } catch (const std::exception&) {
-      continue;  // gone (refused) or stopped (no answer): the next rank coordinates
+      return connect_within(where, timeout_);
     }
+    // Gone (refused) or stopped (no answer): the next rank coordinates.
+    if (answer == Answer::Silent && seen.count() > 0)
+      log::info("membership: rank " + std::to_string(candidate) + " did not answer (its predecessor's heartbeat saw it "
+                "silent for " + std::to_string(seen.count()) + " ms): not asked to coordinate");
   }
   fail(Status::Internal, "membership: no endpoint answered, not even this rank's own");
+}
+
+milliseconds Membership::kept_silence(int watcher, const store::TcpStoreOptions& watched) const {
+  try {
+    return milliseconds(
+        connect_within(endpoints_[size_t(watcher)], std::min(kProbeSlice, timeout_))->add(heartbeat_key(watched), 0));
+  } catch (const std::exception&) {
+    return milliseconds(0);
+  }
 }
 
 std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::string& prefix) const {
   enum class Seen { Unknown, Arrived, Gone };
   const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
-  const milliseconds slice = std::min(kProbeSlice, probe);
   std::vector<Seen> seen(static_cast<size_t>(size()), Seen::Unknown);
-  std::vector<std::shared_ptr<store::Store>> probes(static_cast<size_t>(size()));
-  // Per missing rank, since when this coordinator's questions to its endpoint go unanswered.
-  std::vector<std::optional<Clock::time_point>> unanswered_since(static_cast<size_t>(size()));
   // A rank that answers meets the failure within its own no-progress timeout (sooner when a
   // peer's abort reaches it); the time spent probing ranks that do not answer is not counted.
   Clock::time_point deadline = Clock::now() + timeout_ + probe;
@@ -415,7 +463,11 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         state = Seen::Arrived;
         continue;
       }
-      // What its predecessor's heartbeat saw before the failure counts toward the probe.
+      // Its ring predecessor reports, when it arrives, how long its heartbeat saw this rank
+      // silent: that counts toward the probe. Until the predecessor arrives (or is gone), a short
+      // question only tells whether the rank answers or refuses.
+      const int predecessor = (r + size() - 1) % size();
+      const bool report_final = seen[size_t(predecessor)] != Seen::Unknown;
       const milliseconds reported(store.add(silence_key(prefix, r), 0));
       if (reported >= probe) {
         state = Seen::Gone;
@@ -423,37 +475,35 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
                   std::to_string(reported.count()) + " ms: left out of the group without a probe");
         continue;
       }
-      int64_t generation = -1;
       const Clock::time_point asked = Clock::now();
-      try {
-        if (!probes[size_t(r)]) probes[size_t(r)] = connect_within(endpoints_[size_t(r)], slice);
-        generation = agreed_generation(*probes[size_t(r)]);
-      } catch (const std::exception&) {
+      int64_t generation = -1;
+      Answer answer = Answer::Refused;
+      {
+        const milliseconds within = report_final ? probe - reported : std::min(kProbeSlice, probe);
+        try {
+          generation = agreed_generation(*connect_within(endpoints_[size_t(r)], within));
+        } catch (const std::exception&) {
+        }
+        answer = generation >= 0 ? Answer::Yes : Clock::now() - asked < within / 2 ? Answer::Refused : Answer::Silent;
       }
       if (generation >= int64_t(generation_))
         fail(Status::PeerLost, "rank " + std::to_string(rank_) + " was left out of the group: rank " +
                                    std::to_string(r) + " already agreed on generation " + std::to_string(generation) +
                                    " without it (this rank stopped answering while the others re-formed)");
-      if (generation >= 0) {
-        unanswered_since[size_t(r)].reset();
+      if (answer == Answer::Yes) {
         waiting = true;  // alive, not here yet: its training thread has not seen the failure
         continue;
       }
-      const Clock::time_point answered_not = Clock::now();
-      deadline += answered_not - asked;
-      // A question that failed well before its deadline was refused: the process is gone.
-      const bool refused = answered_not - asked < slice / 2;
-      if (!unanswered_since[size_t(r)]) unanswered_since[size_t(r)] = asked;
-      const milliseconds silence = since(*unanswered_since[size_t(r)]) + reported;
-      if (!refused && silence < probe) {
-        waiting = true;  // silent so far: asked again on the next pass
+      deadline += Clock::now() - asked;
+      if (answer == Answer::Silent && !report_final) {
+        waiting = true;  // asked for all of the probe once its predecessor's report is in
         continue;
       }
       state = Seen::Gone;
       log::info("membership: rank " + std::to_string(r) + " does not answer" +
-                (refused ? std::string(" (refused)")
-                         : " for " + std::to_string(silence.count()) + " ms (" + std::to_string(reported.count()) +
-                               " ms of it seen by its predecessor's heartbeat)") +
+                (reported.count() > 0 ? " (its predecessor's heartbeat saw it silent for " +
+                                            std::to_string(reported.count()) + " ms before)"
+                                      : std::string()) +
                 ": left out of the group");
     }
     if (!waiting) break;

@@ -59,9 +59,9 @@ constexpr std::chrono::milliseconds kHeartbeatInterval{250};
 // it bounds how long the watcher thread keeps the Membership's destructor waiting. A question not
 // answered by then stays unanswered: the silence grows until an answer comes.
 constexpr std::chrono::milliseconds kHeartbeatDeadline{250};
-// How long one of the coordinator's questions to a missing rank's endpoint waits before it asks
-// again (the rank is gone once its questions have gone unanswered for kMembershipProbeTimeout, the
-// predecessor's reported silence included); short, so that a report arriving meanwhile counts.
+// How long a short question to a missing rank's endpoint waits, asked while the silence its ring
+// predecessor saw is not known yet: it tells a refusal (gone) or an answer (alive) from silence,
+// and counts nothing toward the probe (which then asks once for what the heartbeat did not see).
 constexpr std::chrono::milliseconds kProbeSlice{250};
 
 class SuccessorWatch;
@@ -120,6 +120,9 @@ class Membership final : public MembershipChanges {
   std::shared_ptr<store::Store> coordinator_store(int* coordinator) const;
   // The coordinator's part: the old ranks that arrived, once every other one stopped answering.
   std::vector<int> wait_for_survivors(store::Store& store, const std::string& prefix) const;
+  // How long rank `watcher`'s heartbeat last saw the endpoint at `watched` silent, as it keeps it
+  // at its endpoint (zero when it does not answer within kProbeSlice).
+  std::chrono::milliseconds kept_silence(int watcher, const store::TcpStoreOptions& watched) const;
 
   // Starts this process's endpoint and its watcher; the endpoint's address as the members
   // exchange it.
