@@ -18,13 +18,16 @@
 // probing then would cost the timeout plus the probe. So while the group trains, each rank's
 // watcher thread asks its ring successor's endpoint (rank + 1 mod size, re-pointed at every change
 // of membership) a question every kHeartbeatInterval and keeps how long a question of its has gone
-// unanswered. A survivor reports that silence of its successor when it arrives at the coordinator,
-// and the coordinator counts it toward the probe's deadline: a rank its predecessor saw silent for
-// kMembershipProbeTimeout is gone without a probe, one seen silent for less is probed only for the
-// rest. The rule stays "no answer for kMembershipProbeTimeout", only measured from the stop rather
-// than from the failure; a live endpoint answers within milliseconds, so the heartbeat never makes
-// a live rank gone. One watched peer per rank: the cost does not grow with the group. Two stopped
-// neighbours: the second is not watched by anyone alive, and its probe waits as before.
+// unanswered, in memory and at its own endpoint. A survivor reports that silence of its successor
+// when it arrives at the coordinator, and the coordinator counts it toward the probe's deadline:
+// a rank its predecessor saw silent for kMembershipProbeTimeout is gone without a probe, one seen
+// silent for less is asked once for the rest (until the report is in, a short question only tells
+// an answer or a refusal from silence). Looking for the coordinator, a survivor counts the same
+// silence: its own watcher's for its successor, and for rank 0 the one rank 0's predecessor keeps
+// at its endpoint. The rule stays "no answer for kMembershipProbeTimeout", only timed from the
+// stop rather than from the failure; a live endpoint answers within milliseconds, so the heartbeat
+// does not make a live rank gone. One watched peer per rank: the cost does not grow with the
+// group. Two stopped neighbours: the second is watched by nobody alive and is probed as before.
 //
 // Joining: the store a launched group formed at (rank 0's, at MASTER_PORT) stays up while the
 // process of rank 0 lives, as the group's *door*. A process that finds it open there asks to join
