@@ -549,11 +549,13 @@ Membership::Agreed Membership::agree_once(const std::string& cause) {
       "co2/elastic/" + std::to_string(generation_) + "/" + std::to_string(coordinator) + "/";
   log::info("membership: rank " + std::to_string(rank_) + " of " + std::to_string(size()) + " lost a peer (" + cause +
             "); rank " + std::to_string(coordinator) + " coordinates generation " + std::to_string(generation_));
-  // The report goes first: the coordinator reads it once this rank has arrived.
+  // The report goes first: the coordinator reads it once this rank has arrived. Written as a
+  // value, not added: an agreement tried again at the same coordinator reports again.
   if (watch_ && size() > 1) {
     const int successor = (rank_ + 1) % size();
-    const milliseconds silence = watch_->silence_of(endpoints_[size_t(successor)]);
-    if (silence.count() > 0) store->add(silence_key(prefix, successor), silence.count());
+    const int64_t silence = watch_->silence_of(endpoints_[size_t(successor)]).count();
+    const std::string key = silence_key(prefix, successor);
+    if (silence > 0) store->add(key, silence - store->add(key, 0));
   }
   store->add(prefix + "arrived/" + std::to_string(rank_), 1);
   if (coordinator == rank_) {
