@@ -313,6 +313,14 @@ def test_a_stopped_rank_is_known_silent_from_the_heartbeat(group_factory):
     assert int(seen.group(1) or seen.group(2)) >= 1000, seen.group(0)
 
 
+def test_two_stopped_neighbours_are_left_out(group_factory):
+    # Ranks 1 and 2 stop together: rank 2's heartbeat watcher (rank 1) is stopped too, so nobody
+    # alive saw rank 2 silent and the coordinator probes it as it did before the heartbeat.
+    g = group_factory(4, min_ranks=2)
+    g.start({1: {"ELASTIC_STOP_AT": 30}, 2: {"ELASTIC_STOP_AT": 30}})
+    assert_survivors_agree(g, [0, 3], changes={1, 2})
+
+
 def test_too_few_survivors_fail_with_peer_lost(group_factory):
     g = group_factory(3, min_ranks=3)
     g.start({1: {"ELASTIC_DIE_AT": 30}})
