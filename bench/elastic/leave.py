@@ -109,7 +109,7 @@ def main():
     args = parser.parse_args()
     args.worker = os.path.join(args.build, "bench", "elastic_rank")
     cases = [(fault, victim, int(t)) for t in args.timeouts.split(",")
-             for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2), ("leave", 2))]
+             for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2), ("stop", 0), ("leave", 2))]
     print(f"# elastic leave, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: W = {args.world} over "
           f"UCX/TCP loopback, {args.state_mib:g} MiB of fp32 parameters"
           f"{', outer state sharded' if args.shard else ''}, tau {args.tau}, step "

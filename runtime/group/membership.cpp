@@ -1,6 +1,9 @@
 #include "runtime/group/membership.hpp"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -71,7 +74,133 @@ std::string endpoint_text(const store::TcpStoreOptions& where) {
   return where.host + " " + std::to_string(where.port) + " " + where.auth_token;
 }
 
+// Where a survivor reports, under the agreement's prefix, how long its ring successor (`rank`,
+// in the old group) had left its heartbeat unanswered when the survivor arrived: milliseconds.
+std::string silence_key(const std::string& prefix, int rank) { return prefix + "silence/" + std::to_string(rank); }
+
+bool same_endpoint(const store::TcpStoreOptions& a, const store::TcpStoreOptions& b) {
+  return a.host == b.host && a.port == b.port && a.auth_token == b.auth_token;
+}
+
+milliseconds since(Clock::time_point then) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - then);
+}
+
+// Where a watcher keeps, at its own endpoint, how long the endpoint at `watched` had left its
+// heartbeat unanswered when it last looked (milliseconds): for ranks that look for a coordinator
+// and do not watch that endpoint themselves.
+std::string heartbeat_key(const store::TcpStoreOptions& watched) {
+  return "co2/elastic/heartbeat/" + watched.host + ":" + std::to_string(watched.port);
+}
+
+enum class Answer { Yes, Refused, Silent };
+
+// One question to the endpoint at `where`, waiting at most `deadline`. A failure well before the
+// deadline is a refusal (the process is gone); one at the deadline is silence (it may be stopped).
+Answer ask(const store::TcpStoreOptions& where, milliseconds deadline) {
+  const Clock::time_point asked = Clock::now();
+  try {
+    if (agreed_generation(*connect_within(where, std::max(deadline, milliseconds(1)))) >= 0) return Answer::Yes;
+  } catch (const std::exception&) {
+  }
+  return Clock::now() - asked < deadline / 2 ? Answer::Refused : Answer::Silent;
+}
+
 }  // namespace
+
+// The heartbeat (membership.hpp): a thread that asks one endpoint, the ring successor's, whether
+// it is there, and keeps since when its questions have gone unanswered (also at its own endpoint,
+// heartbeat_key). Each of its store calls waits at most kHeartbeatDeadline, so stopping it waits
+// no longer than a few of those.
+class SuccessorWatch {
+ public:
+  // `own`: this process's endpoint, where it keeps what it saw (heartbeat_key).
+  explicit SuccessorWatch(store::TcpStoreOptions own) : own_(std::move(own)), thread_([this] { run(); }) {}
+
+  ~SuccessorWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  // Watches `successor` from now on (nothing: watches nobody), forgetting what it saw of the one before.
+  void watch(std::optional<store::TcpStoreOptions> successor) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      successor_ = std::move(successor);
+      ++version_;
+      unanswered_since_.reset();
+    }
+    changed_.notify_all();
+  }
+
+  // How long a question to `successor` has gone unanswered (zero while it answers, and for an
+  // endpoint this watcher does not watch).
+  milliseconds silence_of(const store::TcpStoreOptions& successor) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!successor_ || !same_endpoint(*successor_, successor) || !unanswered_since_) return milliseconds(0);
+    return since(*unanswered_since_);
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    uint64_t watching = version_ - 1;
+    std::shared_ptr<store::Store> client;  // kept: a question on a live connection costs one round trip
+    std::shared_ptr<store::Store> own;
+    int64_t published = 0;  // the silence kept at heartbeat_key() of the one watched
+    while (!stopping_) {
+      if (watching != version_) {
+        watching = version_;
+        client.reset();
+        published = 0;
+      }
+      if (!successor_) {
+        changed_.wait(lock, [&] { return stopping_ || watching != version_; });
+        continue;
+      }
+      const store::TcpStoreOptions where = *successor_;
+      const Clock::time_point asked = Clock::now();
+      if (!unanswered_since_) unanswered_since_ = asked;
+      lock.unlock();
+      bool answered = false;
+      try {
+        if (!client) client = connect_within(where, kHeartbeatDeadline);
+        answered = agreed_generation(*client) >= 0;
+      } catch (const std::exception&) {
+      }
+      lock.lock();
+      if (watching != version_) continue;  // re-pointed meanwhile: the answer was the old successor's
+      if (answered) unanswered_since_.reset();
+      const int64_t silence = answered || !unanswered_since_ ? 0 : since(*unanswered_since_).count();
+      if (silence != published) {
+        lock.unlock();
+        try {
+          if (!own) own = connect_within(own_, kHeartbeatDeadline);
+          own->add(heartbeat_key(where), silence - own->add(heartbeat_key(where), 0));
+          published = silence;
+        } catch (const std::exception&) {
+          own.reset();
+        }
+        lock.lock();
+        if (watching != version_) continue;
+      }
+      changed_.wait_until(lock, asked + kHeartbeatInterval, [&] { return stopping_ || watching != version_; });
+    }
+  }
+
+  const store::TcpStoreOptions own_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  std::optional<store::TcpStoreOptions> successor_;
+  uint64_t version_ = 0;  // counts the watch() calls
+  std::optional<Clock::time_point> unanswered_since_;
+  std::thread thread_;  // last: starts once the rest is initialized
+};
 
 std::string Membership::start_endpoint() {
   store::TcpStoreOptions own;
@@ -79,7 +208,17 @@ std::string Membership::start_endpoint() {
   own.auth_token = random_hex(16);
   server_ = store::TcpStoreServer::start("", 0, own.auth_token);
   own.port = server_->port();
+  watch_ = std::make_unique<SuccessorWatch>(own);
   return endpoint_text(own);
+}
+
+void Membership::watch_successor() {
+  if (!watch_) return;
+  if (size() < 2) {
+    watch_->watch(std::nullopt);
+    return;
+  }
+  watch_->watch(endpoints_[size_t((rank_ + 1) % size())]);
 }
 
 std::shared_ptr<Membership> Membership::publish(store::Store& store, const std::string& prefix, int rank, int size,
@@ -92,6 +231,7 @@ std::shared_ptr<Membership> Membership::publish(store::Store& store, const std::
   store.set(prefix + "endpoint/" + std::to_string(rank), m->start_endpoint());
   for (int peer = 0; peer < size; ++peer)
     m->endpoints_.push_back(parse_endpoint(store.get(prefix + "endpoint/" + std::to_string(peer), options.timeout)));
+  m->watch_successor();
   m->door_ = std::move(door);
   if (m->door_.served_here) {
     m->door_store_ = connect_within(m->door_.where, m->timeout_);
@@ -139,6 +279,7 @@ std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>>
   require(int(m->endpoints_.size()) == size, Status::Internal, "membership: the admission lists " +
                                                                    std::to_string(m->endpoints_.size()) + " members, not " +
                                                                    std::to_string(size));
+  m->watch_successor();
   std::unique_ptr<transport::PointToPoint> transport = m->connect(*door, prefix + "admit/");
   m->record_generation();
   log::info("membership: joined as rank " + std::to_string(m->rank_) + " of " + std::to_string(size) +
@@ -225,6 +366,7 @@ std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests
     return nullptr;
   }
   endpoints_ = std::move(grown);
+  watch_successor();
   std::unique_ptr<transport::PointToPoint> transport = connect(*door, prefix + "admit/");
   record_generation();
   log::info("membership: generation " + std::to_string(generation_) + " admitted " + std::to_string(joined) +
@@ -243,6 +385,7 @@ std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
       } catch (const std::exception&) {
       }
     }
+    if (watch_) watch_->watch(std::nullopt);
     server_.reset();
     log::info("membership: rank " + std::to_string(rank_) + " left the group (generation " +
               std::to_string(generation_) + ")");
@@ -252,6 +395,7 @@ std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
   const std::shared_ptr<store::Store> store = connect_within(endpoints_[size_t(coordinator)], timeout_);
   endpoints_.erase(endpoints_.begin() + leaving);
   if (rank_ > leaving) --rank_;
+  watch_successor();
   std::unique_ptr<transport::PointToPoint> transport = connect(*store, generation_prefix(generation_) + "leave/");
   record_generation();
   log::info("membership: rank " + std::to_string(leaving) + " left; generation " + std::to_string(generation_) +
@@ -267,23 +411,46 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
       *coordinator = candidate;
       return connect_within(endpoints_[size_t(candidate)], timeout_);
     }
-    try {
-      std::shared_ptr<store::Store> found = connect_within(endpoints_[size_t(candidate)], probe);
-      if (agreed_generation(*found) < 0) continue;
-      *coordinator = candidate;
-      return connect_within(endpoints_[size_t(candidate)], timeout_);
-    } catch (const std::exception&) {
-      continue;  // gone (refused) or stopped (no answer): the next rank coordinates
+    const store::TcpStoreOptions& where = endpoints_[size_t(candidate)];
+    // The silence its ring predecessor's heartbeat saw counts toward the probe: this rank's own
+    // watcher's, or, for rank 0, the one that its predecessor (the last rank, not asked yet)
+    // keeps at its endpoint, asked once rank 0 does not answer a short question. A candidate
+    // past 0 has a predecessor that did not answer either: nobody alive saw more.
+    const int predecessor = (candidate + size() - 1) % size();
+    milliseconds seen(0);
+    Answer answer = Answer::Silent;
+    if (predecessor == rank_) {
+      if (watch_) seen = watch_->silence_of(where);
+    } else if (candidate == 0) {
+      answer = ask(where, std::min(kProbeSlice, probe));
+      if (answer == Answer::Silent) seen = kept_silence(predecessor, where);
     }
+    if (answer == Answer::Silent && seen < probe) answer = ask(where, probe - seen);
+    if (answer == Answer::Yes) {
+      *coordinator = candidate;
+      return connect_within(where, timeout_);
+    }
+    // Gone (refused) or stopped (no answer): the next rank coordinates.
+    if (answer == Answer::Silent && seen.count() > 0)
+      log::info("membership: rank " + std::to_string(candidate) + " did not answer (its predecessor's heartbeat saw it "
+                "silent for " + std::to_string(seen.count()) + " ms): not asked to coordinate");
   }
   fail(Status::Internal, "membership: no endpoint answered, not even this rank's own");
+}
+
+milliseconds Membership::kept_silence(int watcher, const store::TcpStoreOptions& watched) const {
+  try {
+    return milliseconds(
+        connect_within(endpoints_[size_t(watcher)], std::min(kProbeSlice, timeout_))->add(heartbeat_key(watched), 0));
+  } catch (const std::exception&) {
+    return milliseconds(0);
+  }
 }
 
 std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::string& prefix) const {
   enum class Seen { Unknown, Arrived, Gone };
   const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
   std::vector<Seen> seen(static_cast<size_t>(size()), Seen::Unknown);
-  std::vector<std::shared_ptr<store::Store>> probes(static_cast<size_t>(size()));
   // A rank that answers meets the failure within its own no-progress timeout (sooner when a
   // peer's abort reaches it); the time spent probing ranks that do not answer is not counted.
   Clock::time_point deadline = Clock::now() + timeout_ + probe;
@@ -296,24 +463,48 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         state = Seen::Arrived;
         continue;
       }
+      // Its ring predecessor reports, when it arrives, how long its heartbeat saw this rank
+      // silent: that counts toward the probe. Until the predecessor arrives (or is gone), a short
+      // question only tells whether the rank answers or refuses.
+      const int predecessor = (r + size() - 1) % size();
+      const bool report_final = seen[size_t(predecessor)] != Seen::Unknown;
+      const milliseconds reported(store.add(silence_key(prefix, r), 0));
+      if (reported >= probe) {
+        state = Seen::Gone;
+        log::info("membership: rank " + std::to_string(r) + " had not answered its predecessor's heartbeat for " +
+                  std::to_string(reported.count()) + " ms: left out of the group without a probe");
+        continue;
+      }
+      const Clock::time_point asked = Clock::now();
       int64_t generation = -1;
-      const Clock::time_point probe_started = Clock::now();
-      try {
-        if (!probes[size_t(r)]) probes[size_t(r)] = connect_within(endpoints_[size_t(r)], probe);
-        generation = agreed_generation(*probes[size_t(r)]);
-      } catch (const std::exception&) {
+      Answer answer = Answer::Refused;
+      {
+        const milliseconds within = report_final ? probe - reported : std::min(kProbeSlice, probe);
+        try {
+          generation = agreed_generation(*connect_within(endpoints_[size_t(r)], within));
+        } catch (const std::exception&) {
+        }
+        answer = generation >= 0 ? Answer::Yes : Clock::now() - asked < within / 2 ? Answer::Refused : Answer::Silent;
       }
       if (generation >= int64_t(generation_))
         fail(Status::PeerLost, "rank " + std::to_string(rank_) + " was left out of the group: rank " +
                                    std::to_string(r) + " already agreed on generation " + std::to_string(generation) +
                                    " without it (this rank stopped answering while the others re-formed)");
-      if (generation >= 0) {
+      if (answer == Answer::Yes) {
         waiting = true;  // alive, not here yet: its training thread has not seen the failure
         continue;
       }
+      deadline += Clock::now() - asked;
+      if (answer == Answer::Silent && !report_final) {
+        waiting = true;  // asked for all of the probe once its predecessor's report is in
+        continue;
+      }
       state = Seen::Gone;
-      deadline += Clock::now() - probe_started;
-      log::info("membership: rank " + std::to_string(r) + " does not answer: left out of the group");
+      log::info("membership: rank " + std::to_string(r) + " does not answer" +
+                (reported.count() > 0 ? " (its predecessor's heartbeat saw it silent for " +
+                                            std::to_string(reported.count()) + " ms before)"
+                                      : std::string()) +
+                ": left out of the group");
     }
     if (!waiting) break;
     if (Clock::now() >= deadline) {
@@ -358,6 +549,14 @@ Membership::Agreed Membership::agree_once(const std::string& cause) {
       "co2/elastic/" + std::to_string(generation_) + "/" + std::to_string(coordinator) + "/";
   log::info("membership: rank " + std::to_string(rank_) + " of " + std::to_string(size()) + " lost a peer (" + cause +
             "); rank " + std::to_string(coordinator) + " coordinates generation " + std::to_string(generation_));
+  // The report goes first: the coordinator reads it once this rank has arrived. Written as a
+  // value, not added: an agreement tried again at the same coordinator reports again.
+  if (watch_ && size() > 1) {
+    const int successor = (rank_ + 1) % size();
+    const int64_t silence = watch_->silence_of(endpoints_[size_t(successor)]).count();
+    const std::string key = silence_key(prefix, successor);
+    if (silence > 0) store->add(key, silence - store->add(key, 0));
+  }
   store->add(prefix + "arrived/" + std::to_string(rank_), 1);
   if (coordinator == rank_) {
     const std::vector<int> survivors = wait_for_survivors(*store, prefix);
@@ -389,6 +588,7 @@ Membership::Agreed Membership::agree_once(const std::string& cause) {
   for (int r : members) kept.push_back(endpoints_[size_t(r)]);
   endpoints_ = std::move(kept);
   rank_ = agreed.rank;
+  watch_successor();
   log::info("membership: generation " + std::to_string(generation_) + " has " + std::to_string(agreed.size) +
             " ranks (old ranks " + ranks_text(members) + "); this one is rank " + std::to_string(agreed.rank));
   return agreed;

@@ -13,6 +13,22 @@
 // transport through the coordinator's endpoint. Every survivor reads the same list, so ranks
 // never train in two groups: a survivor that the list leaves out fails.
 //
+// Heartbeat: a stopped rank's kernel still accepts connections, so only the probe's deadline
+// tells it from a live one, and the survivors meet the failure only at their no-progress timeout:
+// probing then would cost the timeout plus the probe. So while the group trains, each rank's
+// watcher thread asks its ring successor's endpoint (rank + 1 mod size, re-pointed at every change
+// of membership) a question every kHeartbeatInterval and keeps how long a question of its has gone
+// unanswered, in memory and at its own endpoint. A survivor reports that silence of its successor
+// when it arrives at the coordinator, and the coordinator counts it toward the probe's deadline:
+// a rank its predecessor saw silent for kMembershipProbeTimeout is gone without a probe, one seen
+// silent for less is asked once for the rest (until the report is in, a short question only tells
+// an answer or a refusal from silence). Looking for the coordinator, a survivor counts the same
+// silence: its own watcher's for its successor, and for rank 0 the one rank 0's predecessor keeps
+// at its endpoint. The rule stays "no answer for kMembershipProbeTimeout", only timed from the
+// stop rather than from the failure; a live endpoint answers within milliseconds, so the heartbeat
+// does not make a live rank gone. One watched peer per rank: the cost does not grow with the
+// group. Two stopped neighbours: the second is watched by nobody alive and is probed as before.
+//
 // Joining: the store a launched group formed at (rank 0's, at MASTER_PORT) stays up while the
 // process of rank 0 lives, as the group's *door*. A process that finds it open there asks to join
 // (its endpoint under co2/elastic/door/join/<n>). Rank 0 counts the requests at every boundary;
@@ -39,6 +55,19 @@ namespace co2 {
 
 // How long a rank's membership endpoint may take to answer before the rank counts as gone.
 constexpr std::chrono::milliseconds kMembershipProbeTimeout{2000};
+// How often a rank's watcher asks its ring successor's endpoint whether it is there: the silence
+// it reports after a failure is short of the truth by at most this much.
+constexpr std::chrono::milliseconds kHeartbeatInterval{250};
+// How long one heartbeat question (and the connection it may need first) waits for its answer;
+// it bounds how long the watcher thread keeps the Membership's destructor waiting. A question not
+// answered by then stays unanswered: the silence grows until an answer comes.
+constexpr std::chrono::milliseconds kHeartbeatDeadline{250};
+// How long a short question to a missing rank's endpoint waits, asked while the silence its ring
+// predecessor saw is not known yet: it tells a refusal (gone) or an answer (alive) from silence,
+// and counts nothing toward the probe (which then asks once for what the heartbeat did not see).
+constexpr std::chrono::milliseconds kProbeSlice{250};
+
+class SuccessorWatch;
 
 // Where a launched group's door is: the address of the store it formed at, and, in the process
 // that serves it, the server itself (kept up as long as the membership lives).
@@ -94,9 +123,15 @@ class Membership final : public MembershipChanges {
   std::shared_ptr<store::Store> coordinator_store(int* coordinator) const;
   // The coordinator's part: the old ranks that arrived, once every other one stopped answering.
   std::vector<int> wait_for_survivors(store::Store& store, const std::string& prefix) const;
+  // How long rank `watcher`'s heartbeat last saw the endpoint at `watched` silent, as it keeps it
+  // at its endpoint (zero when it does not answer within kProbeSlice).
+  std::chrono::milliseconds kept_silence(int watcher, const store::TcpStoreOptions& watched) const;
 
-  // Starts this process's endpoint; its address as the members exchange it.
+  // Starts this process's endpoint and its watcher; the endpoint's address as the members
+  // exchange it.
   std::string start_endpoint();
+  // Points the watcher at this rank's ring successor in the current membership.
+  void watch_successor();
   // Records at this rank's own endpoint that it agreed on the current generation.
   void record_generation();
   // The transport of the group agreed at `store` under `prefix`.
@@ -113,6 +148,7 @@ class Membership final : public MembershipChanges {
   std::vector<int> previous_;  // after survivors(): each member's rank in the group before
   Door door_;
   std::shared_ptr<store::Store> door_store_;  // a client of the door, where it is served here
+  std::unique_ptr<SuccessorWatch> watch_;  // last: its thread stops before the rest goes
 };
 
 }  // namespace co2

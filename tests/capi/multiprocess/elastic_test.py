@@ -8,6 +8,7 @@ rank may hang (each test has a deadline and kills what is left).
 Run by meson: ELASTIC_WORKER=path/to/elastic_worker pytest elastic_test.py
 """
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -49,7 +50,7 @@ class Group:
         self.procs[key] = self._launch(launch_rank, env)
 
     def _launch(self, rank, extra, timeout_ms=TIMEOUT_MS):
-        env = launcher_env(rank, self.world, self.port, "elastic-token", CO2_LOG_LEVEL="warn", **extra)
+        env = launcher_env(rank, self.world, self.port, "elastic-token", **{"CO2_LOG_LEVEL": "warn", **extra})
         return subprocess.Popen([self.worker, self.ready_dir, str(timeout_ms), str(self.steps), str(self.min_ranks)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -268,7 +269,8 @@ def test_stopped_rank_is_left_out_and_refused_when_it_resumes(group_factory):
     # agreed on a generation without it, so it fails with PEER_LOST.
     g = group_factory(3, min_ranks=1, steps=400)
     hold = os.path.join(tempfile.mkdtemp(prefix="co2-elastic-hold-"), "release")
-    g.start({0: {"ELASTIC_STOP_AT": 30}, 1: {"ELASTIC_HOLD": hold}, 2: {"ELASTIC_HOLD": hold}})
+    g.start({0: {"ELASTIC_STOP_AT": 30}, 1: {"ELASTIC_HOLD": hold, "CO2_LOG_LEVEL": "info"},
+             2: {"ELASTIC_HOLD": hold}})
     g.wait_for_change([1, 2])
     g.procs[0].send_signal(signal.SIGCONT)
     codes, outputs = g.wait([0])
@@ -276,6 +278,11 @@ def test_stopped_rank_is_left_out_and_refused_when_it_resumes(group_factory):
     assert "left out" in outputs[0], outputs
     open(hold, "w").close()
     assert_survivors_agree(g, [1, 2], changes=1)
+    # Rank 1 does not watch rank 0: it asks rank 2, which does, how long rank 0 was silent,
+    # rather than probing rank 0 for 2 s before it coordinates itself.
+    seen = re.search(r"rank 0 did not answer \(its predecessor's heartbeat saw it silent for (\d+) ms\): not asked "
+                     r"to coordinate", g.outputs[1])
+    assert seen and int(seen.group(1)) >= 1000, g.outputs[1]
 
 
 @pytest.mark.parametrize("shard", [0, 1], ids=["replicated", "sharded"])
@@ -287,6 +294,31 @@ def test_stopped_rank_the_others_all_go_on(group_factory, shard):
     env = {"ELASTIC_SHARD": shard}
     g.start({0: env, 1: env, 2: {"ELASTIC_STOP_AT": 30, **env}, 3: env})
     assert_survivors_agree(g, [0, 1, 3], changes=1)
+
+
+def test_a_stopped_rank_is_known_silent_from_the_heartbeat(group_factory):
+    # Rank 1 asks its ring successor, rank 2, a heartbeat question every 250 ms; rank 2 stops, and
+    # at the survivors' no-progress timeout (3 s) rank 1 reports well over the probe's 2 s of
+    # silence. The coordinator must count that toward the probe rather than wait 2 s more (issue
+    # 26: a survivor's first step after a rank's death within the timeout plus one round). Asserted
+    # on the coordinator's log, not on wall time: either it skips the probe or it probes only for
+    # what the heartbeat had not seen yet.
+    g = group_factory(4, min_ranks=2)
+    g.start({0: {"CO2_LOG_LEVEL": "info"}, 2: {"ELASTIC_STOP_AT": 30}})
+    assert_survivors_agree(g, [0, 1, 3], changes=1)
+    seen = re.search(r"rank 2 had not answered its predecessor's heartbeat for (\d+) ms: left out of the group "
+                     r"without a probe|rank 2 does not answer \(its predecessor's heartbeat saw it silent for (\d+) ms",
+                     g.outputs[0])
+    assert seen, g.outputs[0]
+    assert int(seen.group(1) or seen.group(2)) >= 1000, seen.group(0)
+
+
+def test_two_stopped_neighbours_are_left_out(group_factory):
+    # Ranks 1 and 2 stop together: rank 2's heartbeat watcher (rank 1) is stopped too, so nobody
+    # alive saw rank 2 silent and the coordinator probes it as it did before the heartbeat.
+    g = group_factory(4, min_ranks=2)
+    g.start({1: {"ELASTIC_STOP_AT": 30}, 2: {"ELASTIC_STOP_AT": 30}})
+    assert_survivors_agree(g, [0, 3], changes={1, 2})
 
 
 def test_too_few_survivors_fail_with_peer_lost(group_factory):
