@@ -119,6 +119,9 @@ class PointToPointExecutor {
   // Records the first error (later ones are dropped), lets the progress thread fail everything
   // in flight and, with tell_peers, aborts the transport so that the peers fail promptly too.
   void fail(Status status, const std::string& message, bool tell_peers = true);
+  // Where an abort learns which peers do not answer at all (MembershipChanges::unresponsive):
+  // set before the first collective.
+  void set_membership(std::shared_ptr<const MembershipChanges> membership) { membership_ = std::move(membership); }
 
   Status error_status() const;
   std::string error_message() const;
@@ -144,6 +147,7 @@ class PointToPointExecutor {
   std::string where() const { return "rank " + std::to_string(rank_); }
 
   std::unique_ptr<transport::PointToPoint> transport_;
+  std::shared_ptr<const MembershipChanges> membership_;
   const CommOptions options_;
   const collectives::Tuning tuning_;
   const int rank_;
@@ -218,7 +222,10 @@ void PointToPointExecutor::fail(Status status, const std::string& message, bool 
     error_message_ = message;
     failed_ = true;
   }
-  if (tell_peers) transport_->abort(message);
+  if (tell_peers) {
+    if (membership_) transport_->peers_unresponsive(membership_->unresponsive());
+    transport_->abort(message);
+  }
   wake_.notify_all();
 }
 
@@ -596,6 +603,7 @@ void Communicator::set_membership(std::shared_ptr<MembershipChanges> membership)
   require(point_to_point_ != nullptr, Status::Unsupported,
           "elastic membership needs a point-to-point transport (UCX); NCCL's ncclCommShrink is not wired in yet");
   membership_ = std::move(membership);
+  point_to_point_->set_membership(membership_);
 }
 
 bool Communicator::can_reform() const {
@@ -652,6 +660,7 @@ void Communicator::release(int leaving) {
 
 void Communicator::replace_transport(std::unique_ptr<transport::PointToPoint> transport) {
   auto executor = std::make_unique<PointToPointExecutor>(std::move(transport), options());
+  executor->set_membership(membership_);
   std::unique_ptr<PointToPointExecutor> old;
   {
     std::lock_guard<std::mutex> lock(executor_mutex_);

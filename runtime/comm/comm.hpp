@@ -134,6 +134,9 @@ class MembershipChanges {
   // Collective over the members, `leaving` among them: the transport of the members without it;
   // null on the rank that leaves, which is then no member any more.
   virtual std::unique_ptr<transport::PointToPoint> release(int leaving) = 0;
+  // Ranks of the current group this process saw not answering for a while (a stopped process):
+  // a failed communicator's abort does not wait for them. Thread-safe.
+  virtual std::vector<int> unresponsive() const { return {}; }
 };
 
 class Communicator {

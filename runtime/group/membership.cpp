@@ -126,11 +126,13 @@ class SuccessorWatch {
     thread_.join();
   }
 
-  // Watches `successor` from now on (nothing: watches nobody), forgetting what it saw of the one before.
-  void watch(std::optional<store::TcpStoreOptions> successor) {
+  // Watches `successor`, rank `rank` of the group, from now on (nothing: watches nobody),
+  // forgetting what it saw of the one before.
+  void watch(std::optional<store::TcpStoreOptions> successor, int rank = -1) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       successor_ = std::move(successor);
+      successor_rank_ = rank;
       ++version_;
       unanswered_since_.reset();
     }
@@ -143,6 +145,13 @@ class SuccessorWatch {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!successor_ || !same_endpoint(*successor_, successor) || !unanswered_since_) return milliseconds(0);
     return since(*unanswered_since_);
+  }
+
+  // The rank watched, if it has left questions unanswered for `silence` or longer.
+  std::optional<int> silent_for(milliseconds silence) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!successor_ || !unanswered_since_ || since(*unanswered_since_) < silence) return std::nullopt;
+    return successor_rank_;
   }
 
  private:
@@ -197,6 +206,7 @@ class SuccessorWatch {
   std::condition_variable changed_;
   bool stopping_ = false;
   std::optional<store::TcpStoreOptions> successor_;
+  int successor_rank_ = -1;
   uint64_t version_ = 0;  // counts the watch() calls
   std::optional<Clock::time_point> unanswered_since_;
   std::thread thread_;  // last: starts once the rest is initialized
@@ -218,7 +228,14 @@ void Membership::watch_successor() {
     watch_->watch(std::nullopt);
     return;
   }
-  watch_->watch(endpoints_[size_t((rank_ + 1) % size())]);
+  const int successor = (rank_ + 1) % size();
+  watch_->watch(endpoints_[size_t(successor)], successor);
+}
+
+std::vector<int> Membership::unresponsive() const {
+  if (!watch_) return {};
+  const std::optional<int> silent = watch_->silent_for(kUnresponsiveSilence);
+  return silent ? std::vector<int>{*silent} : std::vector<int>{};
 }
 
 std::shared_ptr<Membership> Membership::publish(store::Store& store, const std::string& prefix, int rank, int size,

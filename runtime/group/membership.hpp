@@ -66,6 +66,10 @@ constexpr std::chrono::milliseconds kHeartbeatDeadline{250};
 // predecessor saw is not known yet: it tells a refusal (gone) or an answer (alive) from silence,
 // and counts nothing toward the probe (which then asks once for what the heartbeat did not see).
 constexpr std::chrono::milliseconds kProbeSlice{250};
+// How long the successor must have left the heartbeat unanswered before a failed transport's
+// abort stops waiting for it to hear of the abort (four intervals; a live endpoint answers within
+// milliseconds, and a stopped one never hears it).
+constexpr std::chrono::milliseconds kUnresponsiveSilence{1000};
 
 class SuccessorWatch;
 
@@ -99,6 +103,7 @@ class Membership final : public MembershipChanges {
   int64_t admitted() const override { return admitted_; }
   std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) override;
   std::unique_ptr<transport::PointToPoint> release(int leaving) override;
+  std::vector<int> unresponsive() const override;
 
   struct Agreed {
     int rank = 0;                    // this rank in the new group

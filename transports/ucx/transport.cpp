@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/base/log.hpp"
+
 namespace co2::transport::ucx {
 
 namespace {
@@ -205,6 +207,7 @@ class UcxTransport final : public PointToPoint {
   void progress() override;
   void wait_for_activity(std::chrono::microseconds max_wait) override;
   void abort(const std::string& reason) override;
+  void peers_unresponsive(const std::vector<int>& ranks) override;
   std::string error_message() const override;
 
  private:
@@ -222,6 +225,8 @@ class UcxTransport final : public PointToPoint {
     // whether its own notice arrived (it aborted too and posts nothing more to us).
     std::vector<void*> notice_sends;
     bool abort_heard = false;
+    // The membership saw it not answering (peers_unresponsive): an abort does not wait for it.
+    bool unresponsive = false;
     // Lanes whose endpoint failed (error handler), when the first did, and why.
     bool failed[kMaxLanes] = {};
     // Bytes of data sends in flight, by lane (choose_lane).
@@ -964,6 +969,15 @@ void UcxTransport::abort(const std::string& reason) {
   ucp_worker_signal(worker_);
 }
 
+void UcxTransport::peers_unresponsive(const std::vector<int>& ranks) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int rank : ranks)
+      if (rank >= 0 && size_t(rank) < peers_.size() && rank != rank_) peers_[size_t(rank)]->unresponsive = true;
+  }
+  ucp_worker_signal(worker_);
+}
+
 std::string UcxTransport::error_message() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return last_error_;
@@ -1077,7 +1091,15 @@ void UcxTransport::settle_abort() {
                                  return true;
                                }),
                 sends.end());
-    all_settled = all_settled && settled(*peer);
+    // A stopped peer never settles: its endpoints are force-closed at once, which cancels the
+    // sends queued to it, so that the caller's failed collective is released without waiting
+    // out the grace that the live peers get.
+    if (peer->unresponsive && peer->peer_error_handling && !peer->closed) {
+      log::info("ucx: rank " + std::to_string(rank_) + " closes its endpoints to rank " + std::to_string(peer->rank) +
+                " at once: the membership saw it not answering");
+      close_endpoint(*peer, /*force=*/true);
+    }
+    all_settled = all_settled && (settled(*peer) || peer->unresponsive);
   }
   if (!all_settled && Clock::now() - aborted_at_ < kNoticeGrace) return;
   // Settled peers' endpoints are closed by flushing. One that did not settle in time (stopped,
