@@ -94,16 +94,24 @@ std::string heartbeat_key(const store::TcpStoreOptions& watched) {
 }
 
 enum class Answer { Yes, Refused, Silent };
+struct Reply {
+  Answer answer = Answer::Silent;
+  int64_t generation = -1;  // the one the endpoint agreed on last, when it answered
+};
 
 // One question to the endpoint at `where`, waiting at most `deadline`. A failure well before the
 // deadline is a refusal (the process is gone); one at the deadline is silence (it may be stopped).
-Answer ask(const store::TcpStoreOptions& where, milliseconds deadline) {
+Reply ask(const store::TcpStoreOptions& where, milliseconds deadline) {
   const Clock::time_point asked = Clock::now();
+  Reply reply;
   try {
-    if (agreed_generation(*connect_within(where, std::max(deadline, milliseconds(1)))) >= 0) return Answer::Yes;
+    reply.generation = agreed_generation(*connect_within(where, std::max(deadline, milliseconds(1))));
   } catch (const std::exception&) {
   }
-  return Clock::now() - asked < deadline / 2 ? Answer::Refused : Answer::Silent;
+  reply.answer = reply.generation >= 0                 ? Answer::Yes
+                 : Clock::now() - asked < deadline / 2 ? Answer::Refused
+                                                       : Answer::Silent;
+  return reply;
 }
 
 }  // namespace
@@ -439,10 +447,10 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
     if (predecessor == rank_) {
       if (watch_) seen = watch_->silence_of(where);
     } else if (candidate == 0) {
-      answer = ask(where, std::min(kProbeSlice, probe));
+      answer = ask(where, std::min(kProbeSlice, probe)).answer;
       if (answer == Answer::Silent) seen = kept_silence(predecessor, where);
     }
-    if (answer == Answer::Silent && seen < probe) answer = ask(where, probe - seen);
+    if (answer == Answer::Silent && seen < probe) answer = ask(where, probe - seen).answer;
     if (answer == Answer::Yes) {
       *coordinator = candidate;
       return connect_within(where, timeout_);
@@ -493,16 +501,8 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         continue;
       }
       const Clock::time_point asked = Clock::now();
-      int64_t generation = -1;
-      Answer answer = Answer::Refused;
-      {
-        const milliseconds within = report_final ? probe - reported : std::min(kProbeSlice, probe);
-        try {
-          generation = agreed_generation(*connect_within(endpoints_[size_t(r)], within));
-        } catch (const std::exception&) {
-        }
-        answer = generation >= 0 ? Answer::Yes : Clock::now() - asked < within / 2 ? Answer::Refused : Answer::Silent;
-      }
+      const auto [answer, generation] =
+          ask(endpoints_[size_t(r)], report_final ? probe - reported : std::min(kProbeSlice, probe));
       if (generation >= int64_t(generation_))
         fail(Status::PeerLost, "rank " + std::to_string(rank_) + " was left out of the group: rank " +
                                    std::to_string(r) + " already agreed on generation " + std::to_string(generation) +
