@@ -121,7 +121,10 @@ class PointToPointExecutor {
   void fail(Status status, const std::string& message, bool tell_peers = true);
   // Where an abort learns which peers do not answer at all (MembershipChanges::unresponsive):
   // set before the first collective.
-  void set_membership(std::shared_ptr<const MembershipChanges> membership) { membership_ = std::move(membership); }
+  void set_membership(std::shared_ptr<const MembershipChanges> membership) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    membership_ = std::move(membership);
+  }
 
   Status error_status() const;
   std::string error_message() const;
@@ -147,7 +150,7 @@ class PointToPointExecutor {
   std::string where() const { return "rank " + std::to_string(rank_); }
 
   std::unique_ptr<transport::PointToPoint> transport_;
-  std::shared_ptr<const MembershipChanges> membership_;
+  std::shared_ptr<const MembershipChanges> membership_;  // guarded by mutex_ (set_membership)
   const CommOptions options_;
   const collectives::Tuning tuning_;
   const int rank_;
@@ -215,15 +218,17 @@ std::shared_ptr<Request> PointToPointExecutor::submit(collectives::Descriptor de
 }
 
 void PointToPointExecutor::fail(Status status, const std::string& message, bool tell_peers) {
+  std::shared_ptr<const MembershipChanges> membership;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_) return;
     error_status_ = status;
     error_message_ = message;
     failed_ = true;
+    membership = membership_;
   }
   if (tell_peers) {
-    if (membership_) transport_->peers_unresponsive(membership_->unresponsive());
+    if (membership) transport_->peers_unresponsive(membership->unresponsive());
     transport_->abort(message);
   }
   wake_.notify_all();
