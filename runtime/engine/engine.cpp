@@ -237,7 +237,8 @@ void commit_update(Engine::State& s, Clip clip, const UpdateSummary* sum) {
 }
 
 // Blocks on a request, charging the time to the boundary-wait statistics.
-void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
+void Engine::State::wait_collective(const std::shared_ptr<Request>& request) {
+  Engine::State& s = *this;
   const auto start = Clock::now();
   const Status status = request->wait_status();
   const auto end = Clock::now();
@@ -258,7 +259,6 @@ void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request) {
   observe_collective(s, *request, start, end);
 }
 
-void Engine::State::wait_collective(const std::shared_ptr<Request>& request) { wait_charged(*this, request); }
 
 // All ranks compare a 64-bit value; every rank learns of a difference.
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose) {

@@ -27,6 +27,7 @@ struct ArrivalAgreement {
 // The engine's state: what its backend reads and writes (runtime/backends/backend_state.hpp), and
 // what only the round logic, the checkpoints and the membership changes touch.
 struct Engine::State final : BackendState {
+  // Charges the wait to boundary_wait_ns and observes the collective; throws its error.
   void wait_collective(const std::shared_ptr<Request>& request) override;
 
   bool beta_auto = true;
@@ -98,7 +99,5 @@ void join_running_group(Engine::State& s);
 // Engine::synchronize's work (finalizing: finalize's): collective.
 void synchronize_ranks(Engine::State& s, bool finalizing);
 
-// Waits for `request`, charging the time to boundary_wait_ns; throws the collective's error.
-void wait_charged(Engine::State& s, const std::shared_ptr<Request>& request);
 
 }  // namespace co2
