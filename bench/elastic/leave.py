@@ -11,6 +11,11 @@ round time before the fault, the target (timeout + one round) and the steps lost
 before the change against the step the group resumed at).
 
     /usr/bin/python3 bench/elastic/leave.py [--build build] [--world 4] [--state-mib 16] [--shard]
+        [--logs DIR]
+
+--logs DIR runs the ranks at CO2_LOG_LEVEL=info and writes each case's rank logs to DIR, every
+line prefixed by when the driver read it, in ms since the fault: when each survivor met the
+failure and when the coordinator decided.
 """
 import argparse
 import os
@@ -34,12 +39,21 @@ class Rank:
         self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.lines = []
+        self.log = []  # (time_ns, line) of stderr: drained so that info logs never fill the pipe
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        threading.Thread(target=self._read_log, daemon=True).start()
 
     def _read(self):
         for line in self.proc.stdout:
             self.lines.append((time.time_ns(), line.split()))
+
+    def _read_log(self):
+        for line in self.proc.stderr:
+            self.log.append((time.time_ns(), line.rstrip("\n")))
+
+    def errors(self):
+        return "\n".join(line for _, line in self.log)
 
     def steps(self):
         done = [int(w[3]) for _, w in self.lines if w and w[0] == "t"]
@@ -52,7 +66,8 @@ def run_case(args, fault, victim, timeout_ms):
     for r in range(args.world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world), LOCAL_RANK=str(r),
                    LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   CO2_AUTH_TOKEN="bench", UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="error")
+                   CO2_AUTH_TOKEN="bench", UCX_TLS="tcp", UCX_NET_DEVICES="lo",
+                   CO2_LOG_LEVEL="info" if args.logs else "error")
         ranks.append(Rank([args.worker, str(args.state_mib), str(args.tau), str(args.step_ms),
                            str(timeout_ms), str(args.steps), str(int(args.shard))], env))
     try:
@@ -60,7 +75,7 @@ def run_case(args, fault, victim, timeout_ms):
         while min(r.steps() for r in ranks) < args.fault_step:
             if time.monotonic() > deadline or any(r.proc.poll() is not None for r in ranks):
                 raise RuntimeError("the group did not reach the fault step: " +
-                                   " | ".join(r.proc.stderr.read() if r.proc.poll() is not None else "" for r in ranks))
+                                   " | ".join(r.errors() if r.proc.poll() is not None else "" for r in ranks))
             time.sleep(0.005)
         before = [t for t, w in ranks[0].lines if w and w[0] == "t"]
         step_ns = (before[-1] - before[len(before) // 2]) / max(1, len(before) - 1 - len(before) // 2)
@@ -73,7 +88,7 @@ def run_case(args, fault, victim, timeout_ms):
         changed, first_after, resumed, last_before, stall = [], [], [], [], []
         for r in survivors:
             if r.proc.returncode != 0:
-                raise RuntimeError(f"a survivor failed ({r.proc.returncode}): {r.proc.stderr.read()}")
+                raise RuntimeError(f"a survivor failed ({r.proc.returncode}): {r.errors()}")
             words = [w for _, w in r.lines if w and w[0] == "t"]
             at = next(i for i, w in enumerate(words) if len(w) > 4 and w[4] == "changed")
             changed.append((int(words[at][1]) - fault_at) / 1e6)
@@ -82,7 +97,7 @@ def run_case(args, fault, victim, timeout_ms):
             stall.append((int(words[at][1]) - int(words[at - 1][1])) / 1e6 - args.step_ms)
             last_before.append(max(int(w[3]) for w in words[:at] if int(w[1]) < fault_at))
         if fault == "leave" and ranks[victim].proc.wait(timeout=30) != 0:
-            raise RuntimeError(f"the leaving rank failed: {ranks[victim].proc.stderr.read()}")
+            raise RuntimeError(f"the leaving rank failed: {ranks[victim].errors()}")
         return {"fault": fault, "victim": victim, "timeout_ms": timeout_ms, "changed_ms": max(changed),
                 "stall_ms": max(stall),
                 "first_step_ms": max(first_after), "round_ms": step_ns * args.tau / 1e6,
@@ -93,6 +108,12 @@ def run_case(args, fault, victim, timeout_ms):
                 r.proc.send_signal(signal.SIGCONT)
                 r.proc.kill()
                 r.proc.wait()
+        if args.logs and "fault_at" in locals():
+            time.sleep(0.2)  # the log readers take the last lines of the closed pipes
+            os.makedirs(args.logs, exist_ok=True)
+            for i, r in enumerate(ranks):
+                with open(os.path.join(args.logs, f"{fault}-{victim}-{timeout_ms}-rank{i}.txt"), "w") as out:
+                    out.writelines(f"{(t - fault_at) / 1e6:9.0f} {line}\n" for t, line in r.log)
 
 
 def main():
@@ -106,6 +127,7 @@ def main():
     parser.add_argument("--fault-step", type=int, default=30)
     parser.add_argument("--timeouts", default="2000,5000")
     parser.add_argument("--shard", action="store_true", help="outer state sharded over the ranks")
+    parser.add_argument("--logs", help="write each case's rank logs (CO2_LOG_LEVEL=info) here")
     args = parser.parse_args()
     args.worker = os.path.join(args.build, "bench", "elastic_rank")
     cases = [(fault, victim, int(t)) for t in args.timeouts.split(",")
