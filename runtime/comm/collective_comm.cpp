@@ -141,14 +141,14 @@ transport::Outcome CollectiveTransportExecutor::test_check(Active& front) {
   return transport::Outcome::Done;
 }
 
-void CollectiveTransportExecutor::fail(Status status, const std::string& message) {
+void CollectiveTransportExecutor::fail(Status status, const std::string& message, bool tell_peers) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (error_ != Status::Ok) return;
     error_ = status;
     error_message_ = message;
   }
-  transport_->abort(message);  // thread-safe by contract: peers fail promptly too
+  if (tell_peers) transport_->abort(message);  // thread-safe by contract: peers fail promptly too
   std::lock_guard<std::mutex> lock(mutex_);
   fail_all_locked();
   cv_.notify_all();

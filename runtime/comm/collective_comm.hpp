@@ -56,8 +56,10 @@ class CollectiveTransportExecutor {
   std::shared_ptr<Request> submit(collectives::Descriptor descriptor, const Post& post,
                                   std::function<void()> on_result = {}, std::shared_ptr<Request> after = {});
 
-  // First error wins; the transport is aborted and everything in flight fails with `status`.
-  void fail(Status status, const std::string& message);
+  // First error wins; everything in flight fails with `status` and, with tell_peers, the
+  // transport is aborted so that the peers fail promptly too. Without (a rank that left its
+  // elastic group): the transport is left for the destructor to close cleanly.
+  void fail(Status status, const std::string& message, bool tell_peers = true);
   Status error_status() const;
   std::string error_message() const;
 

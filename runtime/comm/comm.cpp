@@ -605,10 +605,10 @@ std::string Communicator::error_message() const {
 }
 
 void Communicator::set_membership(std::shared_ptr<MembershipChanges> membership) {
-  require(point_to_point_ != nullptr, Status::Unsupported,
-          "elastic membership needs a point-to-point transport (UCX); NCCL's ncclCommShrink is not wired in yet");
   membership_ = std::move(membership);
-  point_to_point_->set_membership(membership_);
+  // The unresponsive peers' hint is for point-to-point transports, whose abort waits for each
+  // peer to hear of it; a collective transport's abort does not wait.
+  if (point_to_point_) point_to_point_->set_membership(membership_);
 }
 
 bool Communicator::can_reform() const {
@@ -647,32 +647,40 @@ std::vector<int> Communicator::previous_ranks() const {
 void Communicator::admit(int64_t join_requests) {
   require(membership_ != nullptr && error_status() == Status::Ok && join_requests > admitted(), Status::InvalidState,
           "admit() needs a healthy elastic communicator and a join request not admitted yet");
-  // Null: nobody who asked could be admitted; the group stays as it is.
-  if (std::unique_ptr<transport::PointToPoint> grown = membership_->admit(join_requests))
-    replace_transport(std::move(grown));
+  // Empty: nobody who asked could be admitted; the group stays as it is.
+  if (GroupTransport grown = membership_->admit(join_requests)) replace_transport(std::move(grown));
 }
 
 void Communicator::release(int leaving) {
   require(membership_ != nullptr && error_status() == Status::Ok && leaving >= 0 && leaving < size(),
           Status::InvalidState, "release() needs a healthy elastic communicator and a member's rank");
   const int rank_before = rank();
-  if (std::unique_ptr<transport::PointToPoint> kept = membership_->release(leaving))
-    return replace_transport(std::move(kept));
+  if (GroupTransport kept = membership_->release(leaving)) return replace_transport(std::move(kept));
+  const std::string left = "rank " + std::to_string(rank_before) + " left its group (co2_engine_leave)";
   std::lock_guard<std::mutex> lock(executor_mutex_);
-  point_to_point_->fail(Status::Left, "rank " + std::to_string(rank_before) + " left its group (co2_engine_leave)",
-                        /*tell_peers=*/false);
+  if (collective_transport_) return collective_transport_->fail(Status::Left, left, /*tell_peers=*/false);
+  point_to_point_->fail(Status::Left, left, /*tell_peers=*/false);
 }
 
-void Communicator::replace_transport(std::unique_ptr<transport::PointToPoint> transport) {
-  auto executor = std::make_unique<PointToPointExecutor>(std::move(transport), options());
-  executor->set_membership(membership_);
-  std::unique_ptr<PointToPointExecutor> old;
+void Communicator::replace_transport(GroupTransport transport) {
+  require(bool(transport), Status::Internal, "membership: a re-formed group without a transport");
+  std::unique_ptr<PointToPointExecutor> next_point_to_point;
+  std::unique_ptr<CollectiveTransportExecutor> next_collective;
+  if (transport.collective) {
+    next_collective = std::make_unique<CollectiveTransportExecutor>(std::move(transport.collective), options());
+  } else {
+    next_point_to_point = std::make_unique<PointToPointExecutor>(std::move(transport.point_to_point), options());
+    next_point_to_point->set_membership(membership_);
+  }
+  std::unique_ptr<PointToPointExecutor> old_point_to_point;
+  std::unique_ptr<CollectiveTransportExecutor> old_collective;
   {
     std::lock_guard<std::mutex> lock(executor_mutex_);
-    old = std::move(point_to_point_);
-    point_to_point_ = std::move(executor);
+    old_point_to_point = std::exchange(point_to_point_, std::move(next_point_to_point));
+    old_collective = std::exchange(collective_transport_, std::move(next_collective));
   }
-  old.reset();
+  old_point_to_point.reset();
+  old_collective.reset();
   ++generation_;
 }
 

@@ -112,6 +112,18 @@ struct Descriptor;  // runtime/collectives/collectives.hpp
 class PointToPointExecutor;  // defined in comm.cpp: the progress thread and the active collectives
 class CollectiveTransportExecutor;  // runtime/comm/collective_comm.hpp: collective-kind transports (NCCL)
 
+// A group's transport after its membership changed: point-to-point (UCX, local) or collective
+// (NCCL), whichever kind the group was formed over; neither where the group stays as it was.
+struct GroupTransport {
+  std::unique_ptr<transport::PointToPoint> point_to_point;
+  std::unique_ptr<transport::Collective> collective;
+
+  GroupTransport() = default;
+  GroupTransport(std::unique_ptr<transport::PointToPoint> t) : point_to_point(std::move(t)) {}  // NOLINT: implicit by design
+  GroupTransport(std::unique_ptr<transport::Collective> t) : collective(std::move(t)) {}        // NOLINT
+  explicit operator bool() const { return point_to_point != nullptr || collective != nullptr; }
+};
+
 // What an elastic communicator asks of its membership (implemented by runtime/group/membership,
 // a layer above): the transport of the group after it changed.
 class MembershipChanges {
@@ -120,7 +132,7 @@ class MembershipChanges {
   // After a failure: the transport of the ranks still alive. Blocks while the survivors agree
   // on who they are; throws Error when this rank is left out or too few ranks remain. `cause`:
   // the failure's message.
-  virtual std::unique_ptr<transport::PointToPoint> survivors(const std::string& cause) = 0;
+  virtual GroupTransport survivors(const std::string& cause) = 0;
   // After survivors(): for every rank of the new group, its rank in the group before.
   virtual std::vector<int> previous_ranks() const = 0;
   // Join requests made at the group's door so far, as this rank sees them (0 where it does not
@@ -129,11 +141,12 @@ class MembershipChanges {
   // Of them, the ones admitted: the same on every member.
   virtual int64_t admitted() const = 0;
   // Collective over the members, with join_requests > admitted(): the transport of the members
-  // and the processes that made requests up to `join_requests`.
-  virtual std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) = 0;
+  // and the processes that made requests up to `join_requests`; empty where nobody who asked
+  // could be admitted.
+  virtual GroupTransport admit(int64_t join_requests) = 0;
   // Collective over the members, `leaving` among them: the transport of the members without it;
-  // null on the rank that leaves, which is then no member any more.
-  virtual std::unique_ptr<transport::PointToPoint> release(int leaving) = 0;
+  // empty on the rank that leaves, which is then no member any more.
+  virtual GroupTransport release(int leaving) = 0;
   // Ranks of the current group this process saw not answering for a while (a stopped process):
   // a failed communicator's abort does not wait for them. Thread-safe.
   virtual std::vector<int> unresponsive() const { return {}; }
@@ -258,7 +271,9 @@ class Communicator {
   std::unique_ptr<PointToPointExecutor> point_to_point_;
   std::unique_ptr<CollectiveTransportExecutor> collective_transport_;  // instead of point_to_point_ for collective transports
   std::atomic<uint32_t> next_owner_{1};
-  void replace_transport(std::unique_ptr<transport::PointToPoint> transport);
+  // Continues over `transport` (of either kind) with fresh sequence numbers; the old executor
+  // goes, and with it whatever of the old group it still held.
+  void replace_transport(GroupTransport transport);
   // A compressed all-reduce (whole) or reduce-scatter over the collective transport: this rank's
   // encoding of `buffer` as it is now, all-gathered, decoded once completed (collectives::GatheredWire).
   std::shared_ptr<Request> submit_gathered(const collectives::Descriptor& descriptor, float* buffer,

@@ -160,20 +160,18 @@ constexpr bool kUcxCompiledIn =
     false;
 #endif
 
-std::shared_ptr<Communicator> connect_over_ucx(store::Store& store, const std::string& prefix, int rank, int world_size,
-                                               const CommOptions& options) {
+std::unique_ptr<transport::PointToPoint> ucx_transport(store::Store& store, const std::string& prefix, int rank,
+                                                       int world_size, const CommOptions& options) {
 #ifdef CO2_HAVE_UCX
-  auto transport = transport::ucx::connect(store, prefix + "ucx/", rank, world_size, options.timeout,
-                                           options.connections_per_peer);
-  return std::make_shared<Communicator>(std::move(transport), options);
+  return transport::ucx::connect(store, prefix + "ucx/", rank, world_size, options.timeout, options.connections_per_peer);
 #else
   (void)store, (void)prefix, (void)rank, (void)world_size, (void)options;
   fail(Status::Unsupported, kBuiltWithoutUcx);
 #endif
 }
 
-std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::string& prefix, int rank, int world_size,
-                                                int device_index, const CommOptions& options) {
+std::unique_ptr<transport::Collective> nccl_transport(store::Store& store, const std::string& prefix, int rank,
+                                                      int world_size, int device_index, const CommOptions& options) {
 #ifdef CO2_HAVE_NCCL
   const int devices = transport::nccl::usable_devices();
   require(devices > 0, Status::Unsupported,
@@ -184,14 +182,32 @@ std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::
           "CUDA device " + std::to_string(device_index) + " does not exist (" + std::to_string(devices) +
               " found); device_index defaults to the launcher's LOCAL_RANK: start at most one rank per GPU, "
               "or set co2_comm_config_t.device_index");
-  auto transport = transport::nccl::connect(store, prefix + "nccl", rank, world_size, device_index, options.timeout);
-  return std::make_shared<Communicator>(std::move(transport), options);
+  return transport::nccl::connect(store, prefix + "nccl", rank, world_size, device_index, options.timeout);
 #else
   (void)store, (void)prefix, (void)rank, (void)world_size, (void)device_index, (void)options;
   fail(Status::Unsupported,
        "this libco2 was built without NCCL: build co2 again where nvcc and NCCL are found (/usr/local/cuda; "
        "meson setup -Dcuda=enabled -Dnccl=enabled), or use UCX (transport auto) for parameters in host memory");
 #endif
+}
+
+std::shared_ptr<Communicator> connect_over_nccl(store::Store& store, const std::string& prefix, int rank, int world_size,
+                                                int device_index, const CommOptions& options) {
+  return std::make_shared<Communicator>(nccl_transport(store, prefix, rank, world_size, device_index, options), options);
+}
+
+// How an elastic group re-forms (Membership's ConnectGroup): over the kind it formed over, an
+// NCCL group on the same device. Every change forms a new NCCL communicator with
+// ncclCommInitRank through the agreed store (docs/architecture.md, "Membership": why not
+// ncclCommShrink).
+ConnectGroup group_connector(TransportKind kind, int nccl_device_index, const CommOptions& options) {
+  if (kind == TransportKind::Nccl)
+    return [nccl_device_index, options](store::Store& store, const std::string& prefix, int rank, int size) {
+      return GroupTransport(nccl_transport(store, prefix, rank, size, nccl_device_index, options));
+    };
+  return [options](store::Store& store, const std::string& prefix, int rank, int size) {
+    return GroupTransport(ucx_transport(store, prefix, rank, size, options));
+  };
 }
 
 // A whole number in [0, 2^20] from the environment; 0 when unset.
@@ -219,28 +235,30 @@ void require_min_ranks_fit(const GroupRequest& request) {
 // and how the communicator re-forms over the survivors after a failure.
 void make_elastic(Communicator& comm, store::Store& store, const std::string& prefix, const GroupRequest& request,
                   Door door) {
-  require(comm.collective_stream() == nullptr, Status::Unsupported,
-          "elastic membership over NCCL (ncclCommShrink) is not implemented yet: use UCX (host tensors), or "
-          "elastic_min_ranks = 0");
   require_min_ranks_fit(request);
+  const TransportKind kind = comm.collective_stream() != nullptr ? TransportKind::Nccl : TransportKind::Ucx;
   comm.set_membership(Membership::publish(store, prefix + "membership/", request.rank, request.world_size,
-                                          request.options, std::move(door)));
+                                          request.options, std::move(door),
+                                          group_connector(kind, comm.collective_device(), request.options)));
 }
 
 // A communicator admitted to a running elastic group: its engine's commit receives the group's
 // state (runtime/engine/membership_change.cpp).
-std::shared_ptr<Communicator> joining_communicator(std::unique_ptr<transport::PointToPoint> transport,
+std::shared_ptr<Communicator> joining_communicator(GroupTransport transport,
                                                    std::shared_ptr<MembershipChanges> membership,
                                                    const CommOptions& options) {
-  auto comm = std::make_shared<Communicator>(std::move(transport), options);
+  auto comm = transport.collective ? std::make_shared<Communicator>(std::move(transport.collective), options)
+                                   : std::make_shared<Communicator>(std::move(transport.point_to_point), options);
   comm->set_membership(std::move(membership));
   comm->set_joining(true);
   return comm;
 }
 
-// A process that found a running elastic group's door open: joins it (Membership::join).
-std::shared_ptr<Communicator> join_running_group(const store::TcpStoreOptions& door, const CommOptions& options) {
-  auto [membership, transport] = Membership::join(door, options);
+// A process that found a running elastic group's door open: joins it (Membership::join) over
+// the group's kind of transport.
+std::shared_ptr<Communicator> join_running_group(const store::TcpStoreOptions& door, const CommOptions& options,
+                                                 ConnectGroup connect) {
+  auto [membership, transport] = Membership::join(door, options, std::move(connect));
   return joining_communicator(std::move(transport), std::move(membership), options);
 }
 
@@ -365,6 +383,10 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       // Processes meet at a TCP store: the one the id names, or rank 0's at MASTER_ADDR:PORT.
       // NCCL ranks that are threads of this process (no id, no launcher) meet in memory.
       if (choice.kind == TransportKind::Nccl && request.unique_id.empty() && !launched.present) {
+        require(request.options.elastic_min_ranks == 0, Status::Unsupported,
+                "elastic membership over NCCL needs ranks that are processes (started by a launcher, or "
+                "formed with co2_comm_create_with_id): NCCL ranks that are threads of one process have no "
+                "membership endpoints; set elastic_min_ranks = 0, or use the local transport for threads");
         const std::string group = "co2/nccl/" + request.group_name + "/";
         const int64_t generation = threads_store()->add(group + "generation/" + std::to_string(request.rank), 1);
         return connect_over_nccl(*threads_store(), group + std::to_string(generation) + "/", request.rank,
@@ -418,9 +440,10 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       if (request.options.elastic_min_ranks == 0 && request.unique_id.empty())
         request.options.elastic_min_ranks = elastic_min_ranks_from_environment();
       // A launched rank that arrives after its elastic group formed (a restarted one) joins it.
-      if (request.options.elastic_min_ranks > 0 && choice.kind == TransportKind::Ucx && request.unique_id.empty() &&
-          Membership::door_open(*store))
-        return join_running_group(where, request.options);
+      if (request.options.elastic_min_ranks > 0 && request.unique_id.empty() && Membership::door_open(*store))
+        return join_running_group(
+            where, request.options,
+            group_connector(choice.kind, nccl_device(request.device_index, launched), request.options));
       // A restarted rank whose first process died before it reached the store takes its place
       // in the group still forming; one whose rank was taken finds no door to join.
       require(restart == 0 || !rank_claimed(*store, request.rank), Status::Rendezvous,
@@ -431,7 +454,9 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
       const std::string prefix = "co2/group" + std::to_string(generation) + "/";
       agree_on_the_group(*store, prefix, request.rank, request.world_size, request.options.timeout);
       auto comm = choice.kind == TransportKind::Ucx
-                      ? connect_over_ucx(*store, prefix, request.rank, request.world_size, request.options)
+                      ? std::make_shared<Communicator>(
+                            ucx_transport(*store, prefix, request.rank, request.world_size, request.options),
+                            request.options)
                       : connect_over_nccl(*store, prefix, request.rank, request.world_size,
                                           nccl_device(request.device_index, launched), request.options);
       if (request.options.elastic_min_ranks > 0) make_elastic(*comm, *store, prefix, request, Door{where, server});

@@ -123,7 +123,7 @@ std::pair<std::shared_ptr<LocalMembership>, std::unique_ptr<transport::PointToPo
   return {m, std::move(transport)};
 }
 
-std::unique_ptr<transport::PointToPoint> LocalMembership::survivors(const std::string& cause) {
+GroupTransport LocalMembership::survivors(const std::string& cause) {
   fail(Status::PeerLost, "the group lost a rank (" + cause + "): a group of threads (the local transport) survives "
                          "a rank that leaves with co2_engine_leave, not a lost one; over UCX every loss is survived");
 }
@@ -133,7 +133,7 @@ int64_t LocalMembership::join_requests() {
   return int64_t(door_->requests.size());
 }
 
-std::unique_ptr<transport::PointToPoint> LocalMembership::admit(int64_t join_requests) {
+GroupTransport LocalMembership::admit(int64_t join_requests) {
   const int64_t first = admitted_;
   require(join_requests > first, Status::Internal, "membership: admit() without a new join request");
   admitted_ = join_requests;
@@ -165,17 +165,17 @@ std::unique_ptr<transport::PointToPoint> LocalMembership::admit(int64_t join_req
   }
   const int grown = door_->decided_size;
   lock.unlock();
-  if (grown == size_) return nullptr;  // everyone who asked gave up meanwhile
+  if (grown == size_) return {};  // everyone who asked gave up meanwhile
   log::info("membership: " + std::to_string(grown - size_) + " thread(s) joined the local group '" + group_ + "'; " +
             std::to_string(grown) + " ranks");
   size_ = grown;
   return connect();
 }
 
-std::unique_ptr<transport::PointToPoint> LocalMembership::release(int leaving) {
+GroupTransport LocalMembership::release(int leaving) {
   require(leaving >= 0 && leaving < size_, Status::Internal, "membership: release() of a rank out of range");
   ++generation_;
-  if (leaving == rank_) return nullptr;
+  if (leaving == rank_) return {};
   if (rank_ > leaving) --rank_;
   --size_;
   log::info("membership: rank " + std::to_string(leaving) + " left the local group; " + std::to_string(size_) +

@@ -40,12 +40,12 @@ class LocalMembership final : public MembershipChanges {
   static std::pair<std::shared_ptr<LocalMembership>, std::unique_ptr<transport::PointToPoint>> join(
       const std::string& group, const CommOptions& options, transport::local::LinkModel link);
 
-  std::unique_ptr<transport::PointToPoint> survivors(const std::string& cause) override;
+  GroupTransport survivors(const std::string& cause) override;
   std::vector<int> previous_ranks() const override { return {}; }  // no loss is survived
   int64_t join_requests() override;
   int64_t admitted() const override { return admitted_; }
-  std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) override;
-  std::unique_ptr<transport::PointToPoint> release(int leaving) override;
+  GroupTransport admit(int64_t join_requests) override;
+  GroupTransport release(int leaving) override;
 
  private:
   LocalMembership(std::string group, std::shared_ptr<LocalDoor> door, std::chrono::milliseconds timeout,

@@ -10,9 +10,6 @@
 #include "runtime/base/log.hpp"
 #include "runtime/base/status.hpp"
 #include "runtime/group/addresses.hpp"
-#ifdef CO2_HAVE_UCX
-#include "transports/ucx/transport.hpp"
-#endif
 
 namespace co2 {
 namespace {
@@ -247,12 +244,12 @@ std::vector<int> Membership::unresponsive() const {
 }
 
 std::shared_ptr<Membership> Membership::publish(store::Store& store, const std::string& prefix, int rank, int size,
-                                                const CommOptions& options, Door door) {
+                                                const CommOptions& options, Door door, ConnectGroup connect) {
   std::shared_ptr<Membership> m(new Membership);
   m->rank_ = rank;
   m->min_ranks_ = options.elastic_min_ranks;
   m->timeout_ = options.timeout;
-  m->connections_per_peer_ = options.connections_per_peer;
+  m->connect_group_ = std::move(connect);
   store.set(prefix + "endpoint/" + std::to_string(rank), m->start_endpoint());
   for (int peer = 0; peer < size; ++peer)
     m->endpoints_.push_back(parse_endpoint(store.get(prefix + "endpoint/" + std::to_string(peer), options.timeout)));
@@ -269,12 +266,12 @@ Membership::~Membership() = default;
 
 bool Membership::door_open(store::Store& door) { return door.add(kDoorOpen, 0) > 0; }
 
-std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>> Membership::join(
-    const store::TcpStoreOptions& door_where, const CommOptions& options) {
+std::pair<std::shared_ptr<Membership>, GroupTransport> Membership::join(const store::TcpStoreOptions& door_where,
+                                                                        const CommOptions& options, ConnectGroup connect) {
   std::shared_ptr<Membership> m(new Membership);
   m->min_ranks_ = options.elastic_min_ranks;
   m->timeout_ = options.timeout;
-  m->connections_per_peer_ = options.connections_per_peer;
+  m->connect_group_ = std::move(connect);
   m->door_.where = door_where;
   std::shared_ptr<store::Store> door = store::connect_tcp_store(door_where);
   const int64_t request = door->add(kDoorRequests, 1) - 1;
@@ -305,20 +302,15 @@ std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>>
                                                                    std::to_string(m->endpoints_.size()) + " members, not " +
                                                                    std::to_string(size));
   m->watch_successor();
-  std::unique_ptr<transport::PointToPoint> transport = m->connect(*door, prefix + "admit/");
+  GroupTransport transport = m->connect(*door, prefix + "admit/");
   m->record_generation();
   log::info("membership: joined as rank " + std::to_string(m->rank_) + " of " + std::to_string(size) +
             " (generation " + std::to_string(m->generation_) + ")");
   return {m, std::move(transport)};
 }
 
-std::unique_ptr<transport::PointToPoint> Membership::connect(store::Store& store, const std::string& prefix) const {
-#ifdef CO2_HAVE_UCX
-  return transport::ucx::connect(store, prefix + "ucx/", rank_, size(), timeout_, connections_per_peer_);
-#else
-  (void)store, (void)prefix;
-  fail(Status::Unsupported, "elastic membership needs the UCX transport, and this libco2 was built without it");
-#endif
+GroupTransport Membership::connect(store::Store& store, const std::string& prefix) const {
+  return connect_group_(store, prefix, rank_, size());
 }
 
 void Membership::record_generation() {
@@ -326,7 +318,7 @@ void Membership::record_generation() {
   own->add(kAgreedKey, int64_t(generation_) - own->add(kAgreedKey, 0));
 }
 
-std::unique_ptr<transport::PointToPoint> Membership::survivors(const std::string& cause) {
+GroupTransport Membership::survivors(const std::string& cause) {
   const Agreed agreed = agree(cause);
   previous_ = agreed.previous;
   return connect(*agreed.store, agreed.prefix);
@@ -342,7 +334,7 @@ int64_t Membership::join_requests() {
   }
 }
 
-std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests) {
+GroupTransport Membership::admit(int64_t join_requests) {
   const int64_t first = admitted_;
   require(join_requests > first, Status::Internal, "membership: admit() without a new join request");
   // Counted as handled whether or not the admission succeeds: a joiner that died meanwhile is
@@ -388,11 +380,11 @@ std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests
   if (joined == 0) {
     log::info("membership: generation " + std::to_string(generation_) + " admitted nobody (the processes that asked are gone)");
     record_generation();
-    return nullptr;
+    return {};
   }
   endpoints_ = std::move(grown);
   watch_successor();
-  std::unique_ptr<transport::PointToPoint> transport = connect(*door, prefix + "admit/");
+  GroupTransport transport = connect(*door, prefix + "admit/");
   record_generation();
   log::info("membership: generation " + std::to_string(generation_) + " admitted " + std::to_string(joined) +
             (joined == 1 ? " process" : " processes") + ": " + std::to_string(size()) + " ranks, this one is rank " +
@@ -400,7 +392,7 @@ std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests
   return transport;
 }
 
-std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
+GroupTransport Membership::release(int leaving) {
   require(leaving >= 0 && leaving < size(), Status::Internal, "membership: release() of a rank out of range");
   ++generation_;
   if (leaving == rank_) {
@@ -414,14 +406,14 @@ std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
     server_.reset();
     log::info("membership: rank " + std::to_string(rank_) + " left the group (generation " +
               std::to_string(generation_) + ")");
-    return nullptr;
+    return {};
   }
   const int coordinator = leaving == 0 ? 1 : 0;
   const std::shared_ptr<store::Store> store = connect_within(endpoints_[size_t(coordinator)], timeout_);
   endpoints_.erase(endpoints_.begin() + leaving);
   if (rank_ > leaving) --rank_;
   watch_successor();
-  std::unique_ptr<transport::PointToPoint> transport = connect(*store, generation_prefix(generation_) + "leave/");
+  GroupTransport transport = connect(*store, generation_prefix(generation_) + "leave/");
   record_generation();
   log::info("membership: rank " + std::to_string(leaving) + " left; generation " + std::to_string(generation_) +
             " has " + std::to_string(size()) + " ranks, this one is rank " + std::to_string(rank_));

@@ -43,6 +43,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,13 @@ constexpr std::chrono::milliseconds kUnresponsiveSilence{1000};
 
 class SuccessorWatch;
 
+// Forms the transport of a changed group: every member (and joiner) calls it with the same store
+// and prefix, its rank and the group's size. Chosen with the group's transport when the group
+// forms (runtime/group/group.cpp): UCX, or NCCL on this process's CUDA device, so that the
+// membership knows no transport.
+using ConnectGroup =
+    std::function<GroupTransport(store::Store& store, const std::string& prefix, int rank, int size)>;
+
 // Where a launched group's door is: the address of the store it formed at, and, in the process
 // that serves it, the server itself (kept up as long as the membership lives).
 struct Door {
@@ -87,22 +95,23 @@ class Membership final : public MembershipChanges {
   // the fewest ranks a re-formed group may have; `options.timeout`: the longest the ranks wait
   // for each other.
   static std::shared_ptr<Membership> publish(store::Store& store, const std::string& prefix, int rank, int size,
-                                             const CommOptions& options, Door door);
+                                             const CommOptions& options, Door door, ConnectGroup connect);
   // Whether a running elastic group's door is open at `door` (then a new process joins).
   static bool door_open(store::Store& door);
   // A new process: asks to join the group behind `door` and waits (up to options.timeout) until
-  // the members admit it. Returns its membership and its transport to the grown group.
-  static std::pair<std::shared_ptr<Membership>, std::unique_ptr<transport::PointToPoint>> join(
-      const store::TcpStoreOptions& door, const CommOptions& options);
+  // the members admit it. Returns its membership and its transport to the grown group, formed by
+  // `connect` (the kind the group runs over).
+  static std::pair<std::shared_ptr<Membership>, GroupTransport> join(const store::TcpStoreOptions& door,
+                                                                     const CommOptions& options, ConnectGroup connect);
   ~Membership() override;
 
   // MembershipChanges
-  std::unique_ptr<transport::PointToPoint> survivors(const std::string& cause) override;
+  GroupTransport survivors(const std::string& cause) override;
   std::vector<int> previous_ranks() const override { return previous_; }
   int64_t join_requests() override;
   int64_t admitted() const override { return admitted_; }
-  std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) override;
-  std::unique_ptr<transport::PointToPoint> release(int leaving) override;
+  GroupTransport admit(int64_t join_requests) override;
+  GroupTransport release(int leaving) override;
   std::vector<int> unresponsive() const override;
 
   struct Agreed {
@@ -140,14 +149,14 @@ class Membership final : public MembershipChanges {
   // Records at this rank's own endpoint that it agreed on the current generation.
   void record_generation();
   // The transport of the group agreed at `store` under `prefix`.
-  std::unique_ptr<transport::PointToPoint> connect(store::Store& store, const std::string& prefix) const;
+  GroupTransport connect(store::Store& store, const std::string& prefix) const;
 
   std::unique_ptr<store::TcpStoreServer> server_;
+  ConnectGroup connect_group_;
   std::vector<store::TcpStoreOptions> endpoints_;  // every member's, by rank
   int rank_ = 0;
   int min_ranks_ = 1;
   std::chrono::milliseconds timeout_{0};
-  int connections_per_peer_ = 0;
   uint64_t generation_ = 0;
   int64_t admitted_ = 0;  // join requests admitted so far (the door's count, on every member)
   std::vector<int> previous_;  // after survivors(): each member's rank in the group before

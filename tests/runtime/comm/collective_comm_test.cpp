@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -330,6 +331,138 @@ TEST(CollectiveComm, ACompressedAllReduceGathersTheEncodingsAndAgreesOnEveryRank
       EXPECT_EQ(scattered_residual[size_t(r)], residual[size_t(r)]) << name << ": rank " << r;
     }
   }
+}
+
+
+// The memberships of an elastic group whose ranks are threads over in-process collective
+// transports (the NCCL seam): each change of membership is a new group of the agreed size, as
+// the group layer forms a new NCCL communicator (runtime/group/group.cpp, group_connector).
+struct FakeGenerations {
+  std::mutex mutex;
+  std::map<uint64_t, std::unique_ptr<co2test::CollectiveGroupFake>> groups;
+  std::atomic<int64_t> join_requests{0};
+  std::atomic<int> lost{-1};  // the rank (of the current group) the survivors leave out
+
+  std::unique_ptr<transport::Collective> rank_of(uint64_t generation, int size, int rank) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& group = groups[generation];
+    if (!group) group = std::make_unique<co2test::CollectiveGroupFake>(size);
+    EXPECT_EQ(group->size(), size) << "generation " << generation << " formed at two sizes";
+    return group->rank(rank);
+  }
+};
+
+class FakeMembership final : public MembershipChanges {
+ public:
+  FakeMembership(std::shared_ptr<FakeGenerations> generations, int rank, int size, uint64_t generation = 0,
+                 int64_t admitted = 0)
+      : generations_(std::move(generations)), rank_(rank), size_(size), generation_(generation), admitted_(admitted) {}
+
+  GroupTransport survivors(const std::string&) override {
+    const int lost = generations_->lost.load();
+    if (lost == rank_) fail(Status::PeerLost, "left out");
+    previous_.clear();
+    for (int r = 0; r < size_; ++r)
+      if (r != lost) previous_.push_back(r);
+    rank_ = int(std::find(previous_.begin(), previous_.end(), rank_) - previous_.begin());
+    size_ = int(previous_.size());
+    return generations_->rank_of(++generation_, size_, rank_);
+  }
+  std::vector<int> previous_ranks() const override { return previous_; }
+  int64_t join_requests() override { return generations_->join_requests.load(); }
+  int64_t admitted() const override { return admitted_; }
+  GroupTransport admit(int64_t join_requests) override {
+    size_ += int(join_requests - admitted_);
+    admitted_ = join_requests;
+    return generations_->rank_of(++generation_, size_, rank_);
+  }
+  GroupTransport release(int leaving) override {
+    ++generation_;
+    if (leaving == rank_) return {};
+    if (rank_ > leaving) --rank_;
+    --size_;
+    return generations_->rank_of(generation_, size_, rank_);
+  }
+
+ private:
+  std::shared_ptr<FakeGenerations> generations_;
+  int rank_, size_;
+  uint64_t generation_;
+  int64_t admitted_;
+  std::vector<int> previous_;
+};
+
+// The sum over the group of every rank's (rank + 1), through an all-reduce.
+float sum_of_ranks(Communicator& comm) {
+  float x = float(comm.rank() + 1);
+  auto request = comm.allreduce(&x, 1, DataType::F32, ReduceOp::Sum);
+  EXPECT_EQ(request->wait_status(), Status::Ok) << request->message();
+  return x;
+}
+
+// An elastic communicator over a collective transport goes on over the transport its membership
+// forms after each change, with the new rank and size: a rank leaves (its later collectives fail
+// with Left, without aborting the others' transport), a thread joins, a rank goes silent (the
+// others' collective times out, and the survivors re-form without it).
+TEST(CollectiveComm, AnElasticCommunicatorContinuesOverTheCollectiveTransportOfEachNewGroup) {
+  constexpr int kRanks = 3;
+  auto generations = std::make_shared<FakeGenerations>();
+  CommOptions options;
+  options.timeout = 1000ms;  // the last collective waits this out; the others must not time out on a busy machine
+  options.elastic_min_ranks = 1;
+  std::atomic<int> at_join{0};
+  std::vector<std::thread> threads;
+  const auto member = [&](int thread) {
+    auto comm = std::make_unique<Communicator>(generations->rank_of(0, kRanks, thread), options);
+    comm->set_membership(std::make_shared<FakeMembership>(generations, thread, kRanks));
+    ASSERT_TRUE(comm->elastic());
+    EXPECT_EQ(sum_of_ranks(*comm), 6.0f);
+
+    comm->release(2);
+    if (thread == 2) {
+      float x = 1;
+      try {
+        comm->allreduce(&x, 1, DataType::F32, ReduceOp::Sum);
+        ADD_FAILURE() << "the rank that left still reduces";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), Status::Left) << e.what();
+      }
+      return;
+    }
+    EXPECT_EQ(comm->size(), 2);
+    EXPECT_EQ(comm->rank(), thread);
+    EXPECT_EQ(comm->generation(), 1u);
+    EXPECT_EQ(sum_of_ranks(*comm), 3.0f);
+
+    if (++at_join == 2) generations->join_requests = 1;
+    while (comm->join_requests() == 0) std::this_thread::sleep_for(1ms);
+    comm->admit(comm->join_requests());
+    EXPECT_EQ(comm->size(), 3);
+    EXPECT_EQ(comm->generation(), 2u);
+    EXPECT_EQ(sum_of_ranks(*comm), 6.0f);
+
+    // The joiner (rank 2) went silent: this collective times out, and the group re-forms.
+    float x = 1;
+    auto request = comm->allreduce(&x, 1, DataType::F32, ReduceOp::Sum);
+    EXPECT_EQ(request->wait_status(), Status::PeerTimeout);
+    ASSERT_TRUE(comm->can_reform()) << comm->error_message();
+    comm->reform();
+    EXPECT_EQ(comm->size(), 2);
+    EXPECT_EQ(comm->rank(), thread);
+    EXPECT_EQ(comm->previous_ranks(), (std::vector<int>{0, 1}));
+    EXPECT_EQ(comm->generation(), 3u);
+    EXPECT_EQ(sum_of_ranks(*comm), 3.0f);
+  };
+  for (int thread = 0; thread < kRanks; ++thread) threads.emplace_back(member, thread);
+  threads.emplace_back([&] {  // the joiner, admitted at generation 2 as its rank 2
+    while (generations->join_requests.load() == 0) std::this_thread::sleep_for(1ms);
+    Communicator comm(generations->rank_of(2, 3, 2), options);
+    comm.set_membership(std::make_shared<FakeMembership>(generations, 2, 3, 2, 1));
+    comm.set_joining(true);
+    EXPECT_EQ(sum_of_ranks(comm), 6.0f);
+    generations->lost = 2;  // and then it stops taking part
+  });
+  for (auto& t : threads) t.join();
 }
 
 }  // namespace
