@@ -64,7 +64,12 @@ if [ "${1:-}" = --prepare ]; then
       "/usr/lib/x86_64-linux-gnu/pkgconfig/$pc.pc" > "$deps/pkgconfig/$pc.pc" || exit 1
   done
   mkdir -p "$deps/python" "$deps/bin" || exit 1
-  cp -r "$(/usr/bin/python3 -c 'import mesonbuild, os; print(os.path.dirname(mesonbuild.__file__))')" "$deps/python/" || exit 1
+  # meson, and pytest (with what it imports) for the elastic NCCL test.
+  for package in mesonbuild pytest _pytest pluggy iniconfig packaging attr; do
+    cp -r "$(/usr/bin/python3 -c "import $package, os; print(os.path.dirname($package.__file__))")" "$deps/python/" || exit 1
+  done
+  site=$(/usr/bin/python3 -c 'import pytest, os; print(os.path.dirname(os.path.dirname(pytest.__file__)))')
+  [ ! -f "$site/py.py" ] || cp "$site/py.py" "$deps/python/" || exit 1  # pytest's shim of the old py library
   cp "$(command -v ninja)" "$deps/bin/" || exit 1
   log "prepared $deps ($(du -sh "$deps" | cut -f1)); carry it: run(carry: ['.gpu-deps'])"
   if command -v nvcc >/dev/null 2>&1; then
@@ -126,6 +131,22 @@ feature_table "$BUILD_DIR/tests/runtime/device_features_gpu_test" "GPU"
 features_rc=$?
 [ "$features_rc" -eq 77 ] && features_rc=0
 [ "$features_rc" -eq 0 ] || test_rc=1
+
+log "elastic membership over NCCL"
+# Two ranks on two GPUs (NCCL refuses two ranks of one communicator on one GPU): a rank leaves
+# and a new process joins on its GPU, then a rank is killed (tests/capi/multiprocess/elastic_test.py,
+# the nccl tests). Fewer than two GPUs: they skip, and the row says so.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+printf '\n%-60s %s\n' "elastic over NCCL ($gpus GPUs)" "result"
+if [ "$gpus" -lt 2 ]; then
+  printf '%-60s %s\n' "leave, join, loss" "skipped (needs two GPUs)"
+else
+  ELASTIC_WORKER="$BUILD_DIR/tests/capi/elastic_worker" ELASTIC_WORKER_CUDA="$BUILD_DIR/tests/capi/elastic_worker_cuda" \
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/capi/multiprocess/elastic_test.py -k nccl
+  elastic_rc=$?
+  printf '%-60s %s\n' "leave, join, loss" "$([ "$elastic_rc" -eq 0 ] && echo pass || echo FAIL)"
+  [ "$elastic_rc" -eq 0 ] || test_rc=1
+fi
 
 log "benchmark"
 "$BUILD_DIR/bench/gpu_bench" "${bench_args[@]}"

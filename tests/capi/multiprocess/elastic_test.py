@@ -21,6 +21,8 @@ from processes import free_port, group_fixture, launcher_env, wait_all
 WORKER = os.environ.get("ELASTIC_WORKER", "")
 # The same worker on "CUDA" tensors of the host executor (the device backend, without a GPU).
 WORKER_ON_HOST_EXECUTOR = os.environ.get("ELASTIC_WORKER_ON_HOST_EXECUTOR", "")
+# On real CUDA tensors over NCCL (CUDA builds; scripts/gpu-check.sh runs the nccl tests).
+WORKER_CUDA = os.environ.get("ELASTIC_WORKER_CUDA", "")
 CO2RUN = os.environ.get("CO2RUN", "")
 TIMEOUT_MS = 3000          # the communicators' no-progress timeout in these tests
 STEPS = 150                # engine steps every survivor reaches (tau = 3 in the worker)
@@ -243,6 +245,48 @@ def test_sharded_outer_state_survives_a_loss_and_a_join(group_factory, die_at):
     lost one's anchor from their parameters, its momentum zero) and cut them for 2; the joiner's
     admission cuts them for 3 again."""
     lose_rank_1_then_join(group_factory(3, min_ranks=2), {"ELASTIC_SHARD": 1, "ELASTIC_OUTER_MOMENTUM": 0.6}, die_at)
+
+
+def cuda_devices():
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+
+
+# NCCL refuses two ranks of one communicator on one GPU: these need two.
+needs_two_gpus = pytest.mark.skipif(not WORKER_CUDA or cuda_devices() < 2,
+                                    reason="elastic NCCL needs a CUDA build (ELASTIC_WORKER_CUDA) and two GPUs")
+NCCL = {"ELASTIC_TRANSPORT": "nccl"}
+
+
+@needs_two_gpus
+def test_nccl_group_lets_a_rank_go_and_admits_a_joiner(group_factory):
+    """Over NCCL (a new communicator at every change): rank 1 of 2 leaves, rank 0 goes on alone;
+    a process launched as rank 1 (its GPU) joins; both end at one step with one model."""
+    g = group_factory(2, min_ranks=1, worker=WORKER_CUDA)
+    until = {"ELASTIC_UNTIL_SIZE": 2, **NCCL}
+    g.start({0: until, 1: {"ELASTIC_LEAVE_AT": 30, **NCCL}})
+    codes, outputs = g.wait([1])
+    assert codes[1] == 0 and state_lines(outputs[1], "left"), outputs
+    g.wait_for_change([0])
+    g.start_joiner("joiner", 1, until)
+    codes, outputs = g.wait([0, "joiner"])
+    assert set(codes.values()) == {0}, (codes, outputs)
+    done = done_lines(outputs)
+    assert {d["size"] for d in done.values()} == {"2"}, done
+    assert len({d["steps"] for d in done.values()}) == 1, done
+    assert done[0]["changes"] == "2", done
+    assert len({d["hash"] for d in done.values()}) == 1, done
+
+
+@needs_two_gpus
+def test_nccl_group_survives_a_killed_rank(group_factory):
+    """Over NCCL: rank 1 of 2 is killed mid-round; rank 0 re-forms alone and trains to the end."""
+    g = group_factory(2, min_ranks=1, worker=WORKER_CUDA)
+    g.start({0: NCCL, 1: {"ELASTIC_DIE_AT": 31, **NCCL}})
+    assert_survivors_agree(g, [0], 1)
 
 
 @pytest.mark.skipif(not WORKER_ON_HOST_EXECUTOR, reason="ELASTIC_WORKER_ON_HOST_EXECUTOR is not set")

@@ -21,6 +21,8 @@
 // likewise until this rank saw k membership changes.
 // ELASTIC_OUTER_MOMENTUM=beta: the engine's outer momentum (default: automatic, 0 at these sizes).
 // ELASTIC_SHARD=1: the outer state sharded over the ranks (shard_outer_state).
+// ELASTIC_TRANSPORT=nccl: the group runs over NCCL (built as elastic_worker_cuda, on the GPU of
+// LOCAL_RANK: scripts/gpu-check.sh); otherwise the launcher's default (UCX).
 // ELASTIC_LEAVE_AT=k: at step k this process asks to leave (co2_engine_leave; with
 // ELASTIC_DIE_RANK=r only rank r) and trains on until its step returns CO2_LEFT; then it prints
 //   left rank R size S steps N hash H
@@ -41,10 +43,11 @@
 #include <vector>
 
 #include "co2/co2.h"
-#ifdef ELASTIC_ON_HOST_EXECUTOR
+#ifdef ELASTIC_CUDA_TENSORS
 // Built as elastic_worker_on_host_executor: linked with co2_on_host_executor, whose CUDA runtime
 // (runtime/backends/device/host_executor/) keeps "device" memory on the host, so that the device
-// backend's elastic paths run between real processes without a GPU.
+// backend's elastic paths run between real processes without a GPU; and, in CUDA builds, as
+// elastic_worker_cuda against the real runtime.
 #include <cuda_runtime.h>
 #endif
 
@@ -71,13 +74,13 @@ int read_file(void* user, void* data, size_t length) {
 }
 
 // "<what> rank R size S steps N hash H", H over the parameters.
-// The tensor the engine trains: `weights` itself, or (ELASTIC_ON_HOST_EXECUTOR) a CUDA copy of it
+// The tensor the engine trains: `weights` itself, or (ELASTIC_CUDA_TENSORS) a CUDA copy of it
 // that the worker downloads before it reads the weights and uploads after it changed them.
 struct Tensor {
   std::vector<float>& host;
   void* device = nullptr;
   void* data() {
-#ifdef ELASTIC_ON_HOST_EXECUTOR
+#ifdef ELASTIC_CUDA_TENSORS
     if (!device && cudaMalloc(&device, host.size() * sizeof(float)) != cudaSuccess) std::abort();
     upload();
     return device;
@@ -86,16 +89,16 @@ struct Tensor {
 #endif
   }
   void download() {
-#ifdef ELASTIC_ON_HOST_EXECUTOR
+#ifdef ELASTIC_CUDA_TENSORS
     if (cudaMemcpy(host.data(), device, host.size() * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) std::abort();
 #endif
   }
   void upload() {
-#ifdef ELASTIC_ON_HOST_EXECUTOR
+#ifdef ELASTIC_CUDA_TENSORS
     if (cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) std::abort();
 #endif
   }
-#ifdef ELASTIC_ON_HOST_EXECUTOR
+#ifdef ELASTIC_CUDA_TENSORS
   static constexpr co2_device_kind_t kind = CO2_DEVICE_CUDA;
 #else
   static constexpr co2_device_kind_t kind = CO2_DEVICE_HOST;
@@ -150,6 +153,12 @@ int main(int argc, char** argv) {
   co2_comm_config_t config = CO2_COMM_CONFIG_INIT;
   config.timeout_ms = uint32_t(std::atoi(argv[2]));
   config.elastic_min_ranks = std::atoi(argv[4]);
+  if (const char* transport = std::getenv("ELASTIC_TRANSPORT"); transport && std::string(transport) == "nccl") {
+    config.transport = CO2_TRANSPORT_NCCL;
+#ifdef ELASTIC_CUDA_TENSORS
+    if (cudaSetDevice(int(env_long("LOCAL_RANK", 0))) != cudaSuccess) std::abort();  // the tensors' device too
+#endif
+  }
   co2_comm_t comm = nullptr;
   co2_engine_t engine = nullptr;
   // Destroyed on every return, failures included: a process that exits with its communicator

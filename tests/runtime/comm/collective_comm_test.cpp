@@ -334,64 +334,6 @@ TEST(CollectiveComm, ACompressedAllReduceGathersTheEncodingsAndAgreesOnEveryRank
 }
 
 
-// The memberships of an elastic group whose ranks are threads over in-process collective
-// transports (the NCCL seam): each change of membership is a new group of the agreed size, as
-// the group layer forms a new NCCL communicator (runtime/group/group.cpp, group_connector).
-struct FakeGenerations {
-  std::mutex mutex;
-  std::map<uint64_t, std::unique_ptr<co2test::CollectiveGroupFake>> groups;
-  std::atomic<int64_t> join_requests{0};
-  std::atomic<int> lost{-1};  // the rank (of the current group) the survivors leave out
-
-  std::unique_ptr<transport::Collective> rank_of(uint64_t generation, int size, int rank) {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto& group = groups[generation];
-    if (!group) group = std::make_unique<co2test::CollectiveGroupFake>(size);
-    EXPECT_EQ(group->size(), size) << "generation " << generation << " formed at two sizes";
-    return group->rank(rank);
-  }
-};
-
-class FakeMembership final : public MembershipChanges {
- public:
-  FakeMembership(std::shared_ptr<FakeGenerations> generations, int rank, int size, uint64_t generation = 0,
-                 int64_t admitted = 0)
-      : generations_(std::move(generations)), rank_(rank), size_(size), generation_(generation), admitted_(admitted) {}
-
-  GroupTransport survivors(const std::string&) override {
-    const int lost = generations_->lost.load();
-    if (lost == rank_) fail(Status::PeerLost, "left out");
-    previous_.clear();
-    for (int r = 0; r < size_; ++r)
-      if (r != lost) previous_.push_back(r);
-    rank_ = int(std::find(previous_.begin(), previous_.end(), rank_) - previous_.begin());
-    size_ = int(previous_.size());
-    return generations_->rank_of(++generation_, size_, rank_);
-  }
-  std::vector<int> previous_ranks() const override { return previous_; }
-  int64_t join_requests() override { return generations_->join_requests.load(); }
-  int64_t admitted() const override { return admitted_; }
-  GroupTransport admit(int64_t join_requests) override {
-    size_ += int(join_requests - admitted_);
-    admitted_ = join_requests;
-    return generations_->rank_of(++generation_, size_, rank_);
-  }
-  GroupTransport release(int leaving) override {
-    ++generation_;
-    if (leaving == rank_) return {};
-    if (rank_ > leaving) --rank_;
-    --size_;
-    return generations_->rank_of(generation_, size_, rank_);
-  }
-
- private:
-  std::shared_ptr<FakeGenerations> generations_;
-  int rank_, size_;
-  uint64_t generation_;
-  int64_t admitted_;
-  std::vector<int> previous_;
-};
-
 // The sum over the group of every rank's (rank + 1), through an all-reduce.
 float sum_of_ranks(Communicator& comm) {
   float x = float(comm.rank() + 1);
@@ -406,7 +348,7 @@ float sum_of_ranks(Communicator& comm) {
 // others' collective times out, and the survivors re-form without it).
 TEST(CollectiveComm, AnElasticCommunicatorContinuesOverTheCollectiveTransportOfEachNewGroup) {
   constexpr int kRanks = 3;
-  auto generations = std::make_shared<FakeGenerations>();
+  auto generations = std::make_shared<co2test::CollectiveGenerations>();
   CommOptions options;
   options.timeout = 1000ms;  // the last collective waits this out; the others must not time out on a busy machine
   options.elastic_min_ranks = 1;
@@ -414,7 +356,7 @@ TEST(CollectiveComm, AnElasticCommunicatorContinuesOverTheCollectiveTransportOfE
   std::vector<std::thread> threads;
   const auto member = [&](int thread) {
     auto comm = std::make_unique<Communicator>(generations->rank_of(0, kRanks, thread), options);
-    comm->set_membership(std::make_shared<FakeMembership>(generations, thread, kRanks));
+    comm->set_membership(std::make_shared<co2test::CollectiveMembershipFake>(generations, thread, kRanks));
     ASSERT_TRUE(comm->elastic());
     EXPECT_EQ(sum_of_ranks(*comm), 6.0f);
 
@@ -457,7 +399,7 @@ TEST(CollectiveComm, AnElasticCommunicatorContinuesOverTheCollectiveTransportOfE
   threads.emplace_back([&] {  // the joiner, admitted at generation 2 as its rank 2
     while (generations->join_requests.load() == 0) std::this_thread::sleep_for(1ms);
     Communicator comm(generations->rank_of(2, 3, 2), options);
-    comm.set_membership(std::make_shared<FakeMembership>(generations, 2, 3, 2, 1));
+    comm.set_membership(std::make_shared<co2test::CollectiveMembershipFake>(generations, 2, 3, 2, 1));
     comm.set_joining(true);
     EXPECT_EQ(sum_of_ranks(comm), 6.0f);
     generations->lost = 2;  // and then it stops taking part

@@ -8,12 +8,15 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "runtime/base/status.hpp"
+#include "runtime/comm/comm.hpp"
 #include "transports/collective.hpp"
 
 namespace co2test {
@@ -186,5 +189,63 @@ class CollectiveGroupRank final : public co2::transport::Collective {
 inline std::unique_ptr<co2::transport::Collective> CollectiveGroupFake::rank(int r) {
   return std::make_unique<CollectiveGroupRank>(this, r);
 }
+
+// The memberships of an elastic group whose ranks are threads over in-process collective
+// transports (the NCCL seam): each change of membership is a new group of the agreed size, as
+// the group layer forms a new NCCL communicator (runtime/group/group.cpp, group_connector).
+struct CollectiveGenerations {
+  std::mutex mutex;
+  std::map<uint64_t, std::unique_ptr<CollectiveGroupFake>> groups;
+  std::atomic<int64_t> join_requests{0};
+  std::atomic<int> lost{-1};  // the rank (of the current group) the survivors leave out
+
+  std::unique_ptr<co2::transport::Collective> rank_of(uint64_t generation, int size, int rank) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& group = groups[generation];
+    if (!group) group = std::make_unique<CollectiveGroupFake>(size);
+    if (group->size() != size) co2::fail(co2::Status::Internal, "generation " + std::to_string(generation) + " formed at two sizes");
+    return group->rank(rank);
+  }
+};
+
+class CollectiveMembershipFake final : public co2::MembershipChanges {
+ public:
+  CollectiveMembershipFake(std::shared_ptr<CollectiveGenerations> generations, int rank, int size, uint64_t generation = 0,
+                 int64_t admitted = 0)
+      : generations_(std::move(generations)), rank_(rank), size_(size), generation_(generation), admitted_(admitted) {}
+
+  co2::GroupTransport survivors(const std::string&) override {
+    const int lost = generations_->lost.load();
+    if (lost == rank_) co2::fail(co2::Status::PeerLost, "left out");
+    previous_.clear();
+    for (int r = 0; r < size_; ++r)
+      if (r != lost) previous_.push_back(r);
+    rank_ = int(std::find(previous_.begin(), previous_.end(), rank_) - previous_.begin());
+    size_ = int(previous_.size());
+    return generations_->rank_of(++generation_, size_, rank_);
+  }
+  std::vector<int> previous_ranks() const override { return previous_; }
+  int64_t join_requests() override { return generations_->join_requests.load(); }
+  int64_t admitted() const override { return admitted_; }
+  co2::GroupTransport admit(int64_t join_requests) override {
+    size_ += int(join_requests - admitted_);
+    admitted_ = join_requests;
+    return generations_->rank_of(++generation_, size_, rank_);
+  }
+  co2::GroupTransport release(int leaving) override {
+    ++generation_;
+    if (leaving == rank_) return {};
+    if (rank_ > leaving) --rank_;
+    --size_;
+    return generations_->rank_of(generation_, size_, rank_);
+  }
+
+ private:
+  std::shared_ptr<CollectiveGenerations> generations_;
+  int rank_, size_;
+  uint64_t generation_;
+  int64_t admitted_;
+  std::vector<int> previous_;
+};
 
 }  // namespace co2test

@@ -1010,6 +1010,145 @@ TEST(DeviceFeatures, ElasticLeaveAndJoinWithShardedStateEqualHost) {
 }
 
 #ifndef CO2_FEATURES_ON_GPU
+// Elastic membership over a collective-kind transport (the NCCL seam: every change forms a new
+// communicator, runtime/group/group.cpp's group_connector): run_membership's leave and join, the
+// threads over in-process collective transports (tests/runtime/comm/collective_group_fake.hpp),
+// CUDA tensors on the host executor. The changes land at the host run's steps, and rank 0 ends
+// where the host engine over the local transport ends (the reductions sum in another order).
+MembershipRun run_membership_over_collective_group(const co2::EngineConfig& config) {
+  const int members = 3, leaver = 2;
+  const int leave_at = 5, join_after = 12, steps = 27;
+  auto generations = std::make_shared<co2test::CollectiveGenerations>();
+  co2::CommOptions options;
+  options.timeout = std::chrono::seconds(30);
+  options.elastic_min_ranks = 1;
+  std::atomic<int> members_waiting{0};
+  MembershipRun out;
+  const auto wait_until = [](const auto& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done();
+  };
+  co2test::run_threads(members + 1, [&](int thread) {
+    cudaSetDevice(0);
+    const bool joiner = thread == members;
+    std::shared_ptr<co2::Communicator> comm;
+    if (joiner) {
+      // Admitted at generation 2 (the leave made generation 1) as rank 2 of 3.
+      ASSERT_TRUE(wait_until([&] { return generations->join_requests.load() > 0; }));
+      comm = std::make_shared<co2::Communicator>(generations->rank_of(2, members, members - 1), options);
+      comm->set_membership(std::make_shared<co2test::CollectiveMembershipFake>(generations, members - 1, members, 2, 1));
+      comm->set_joining(true);
+    } else {
+      comm = std::make_shared<co2::Communicator>(generations->rank_of(0, members, thread), options);
+      comm->set_membership(std::make_shared<co2test::CollectiveMembershipFake>(generations, thread, members));
+    }
+    std::vector<std::vector<float>> host;
+    std::vector<void*> dev;
+    try {
+      co2::Engine engine(comm, config);
+      for (size_t t = 0; t < std::size(kShapes); ++t) {
+        host.emplace_back(kShapes[t].count);
+        for (size_t i = 0; i < host[t].size(); ++i) host[t][i] = 0.01f * float(i % 97) - 0.3f + 0.05f * float(thread);
+        co2::TensorDesc tensor;
+        tensor.name = kShapes[t].name;
+        tensor.count = kShapes[t].count;
+        tensor.role = kShapes[t].role;
+        ASSERT_EQ(cudaMalloc(&tensor.data, tensor.count * sizeof(float)), cudaSuccess);
+        dev.push_back(tensor.data);
+        tensor.storage.device = int(co2::DeviceKind::Cuda);
+        engine.register_tensor(tensor);
+      }
+      const auto copy = [&](bool to_device) {
+        for (size_t t = 0; t < host.size(); ++t) {
+          const size_t bytes = host[t].size() * sizeof(float);
+          ASSERT_EQ(to_device ? cudaMemcpy(dev[t], host[t].data(), bytes, cudaMemcpyHostToDevice)
+                              : cudaMemcpy(host[t].data(), dev[t], bytes, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+        }
+      };
+      copy(true);
+      engine.commit();
+      if (joiner) out.joined_at = engine.stats().steps;
+      bool left = false;
+      for (uint64_t step = engine.stats().steps; engine.stats().steps < uint64_t(steps);) {
+        if (thread == leaver && step == uint64_t(leave_at)) engine.leave();
+        copy(false);
+        for (size_t t = 0; t < host.size(); ++t)
+          for (size_t i = 0; i < host[t].size(); ++i) host[t][i] -= 0.05f * inner_gradient(t, i, int(step), thread);
+        copy(true);
+        try {
+          engine.step(nullptr);
+        } catch (const co2::Error& e) {
+          if (e.status() == co2::Status::Left) {
+            if (thread == leaver) out.leaver_status = CO2_LEFT;
+            left = true;
+            break;
+          }
+          ASSERT_EQ(e.status(), co2::Status::MembershipChanged) << e.what();
+          if (thread == 0) out.changes.push_back(engine.stats().steps);
+        }
+        step = engine.stats().steps;
+        // The last member past this boundary makes the join request, seen by every member at
+        // the next one (as the host run's members wait for their joiner's request).
+        if (!joiner && step == uint64_t(join_after) + 1 && ++members_waiting == members - 1)
+          generations->join_requests = 1;
+        if (!joiner && step == uint64_t(join_after) + 1)
+          ASSERT_TRUE(wait_until([&] { return generations->join_requests.load() > 0; }));
+      }
+      if (!left) {
+        engine.finalize();
+        copy(false);
+        if (thread == 0) {
+          out.result.params = host;
+          const co2::EngineStats stats = engine.stats();
+          out.result.stats.rounds = stats.rounds;
+          out.result.stats.outer_updates = stats.outer_updates;
+          out.final_size = comm->size();
+        }
+      }
+    } catch (const co2::Error& e) {
+      ADD_FAILURE() << "thread " << thread << ": " << e.what();
+    }
+    for (void* d : dev) cudaFree(d);
+  });
+  return out;
+}
+
+TEST(DeviceFeatures, ElasticLeaveAndJoinOverACollectiveTransportMatchHost) {
+  for (const Policy& p : {kPolicies[0], kPolicies[1]})
+    for (co2_engine_config_t c : configs_of(p))
+      for (int sharded : {0, 1}) {
+        c.shard_outer_state = sharded;
+        const std::string what = name_of(p, c, 3) + (sharded ? " sharded" : "") +
+                                 " with a leave and a join over a collective transport";
+        const MembershipRun collective = run_membership_over_collective_group(engine_config_of(c));
+        if (HasFailure()) return;
+        ASSERT_EQ(collective.changes.size(), 2u) << what << ": a leave and a join";
+        EXPECT_EQ(collective.leaver_status, CO2_LEFT) << what;
+        EXPECT_EQ(collective.joined_at, collective.changes[1]) << what;
+        EXPECT_EQ(collective.final_size, 3) << what;
+        // The host run's join lands where its joiner's request reached the door: run it again
+        // where that was another boundary.
+        MembershipRun host;
+        for (int attempt = 0; attempt < 3 && (attempt == 0 || host.changes != collective.changes); ++attempt)
+          host = run_membership(false, c);
+        ASSERT_EQ(host.changes, collective.changes) << what;
+        double largest = 0.0;
+        for (size_t t = 0; t < host.result.params.size(); ++t)
+          for (size_t i = 0; i < host.result.params[t].size(); ++i)
+            largest = std::max(largest, double(std::fabs(collective.result.params[t][i] - host.result.params[t][i])));
+        EXPECT_LT(largest, 1e-4) << what << ": against the host engine over the local transport";
+        EXPECT_EQ(collective.result.stats.rounds, host.result.stats.rounds) << what;
+        double moved = 0.0;
+        for (size_t i = 0; i < collective.result.params[0].size(); ++i)
+          moved = std::max(moved, double(std::fabs(collective.result.params[0][i] - (0.01f * float(i % 97) - 0.3f))));
+        EXPECT_GT(moved, 1e-3) << what << ": nothing trained";
+      }
+}
+#endif
+
+#ifndef CO2_FEATURES_ON_GPU
 namespace executor = co2::device::host_executor;
 
 size_t first_at_or_after(const std::vector<std::string>& ops, const std::string& op, size_t from) {
