@@ -361,6 +361,14 @@ TEST(BadInputComm, UnknownAndUnsupportedTransport) {
     EXPECT_STATUS(CO2_ERR_UNSUPPORTED, nccl);
     EXPECT_EQ(comm, kSentinelComm);
   }
+  // An elastic NCCL group of threads has no membership endpoints: refused, naming it, before
+  // any GPU is looked for (it used to form a group that silently was not elastic).
+  c.elastic_min_ranks = 1;
+  EXPECT_STATUS(CO2_ERR_UNSUPPORTED, co2_comm_create(&c, &comm));
+  EXPECT_EQ(comm, kSentinelComm);
+  EXPECT_NE(std::string(co2_last_error_message()).find("elastic membership over NCCL needs ranks that are processes"),
+            std::string::npos)
+      << co2_last_error_message();
 }
 
 TEST(BadInputComm, RankAndWorldSizeOutOfRange) {
