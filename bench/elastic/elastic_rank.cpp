@@ -3,9 +3,11 @@
 //   t <CLOCK_REALTIME ns> steps <engine steps> [changed <new rank> <new size>]
 // so the driver can say, against the wall time it killed or stopped a rank (or started a joiner),
 // when each member got CO2_MEMBERSHIP_CHANGED and when its first step after that returned. Before
-// the steps: "created <ns>" when co2_comm_create returned (a joiner: it was admitted), then
-// "committed <ns> steps <steps> state_bytes <outer state bytes>" when the commit returned (a
-// joiner: it holds the group's state). SIGUSR1 asks it to leave (co2_engine_leave, as a process
+// the steps: "created <ns>" when co2_comm_create returned (a joiner: it was admitted),
+// "committing <ns>" when it calls co2_engine_commit, then "committed <ns> steps <steps>
+// state_bytes <outer state bytes>" when the commit returned (a joiner: it holds the group's
+// state). The parameters are allocated and filled before the group is joined, as a framework
+// builds its model first: that is not the join's work. SIGUSR1 asks it to leave (co2_engine_leave, as a process
 // told to go would); when its step returns CO2_LEFT it prints "t <ns> steps <steps> left" and exits 0.
 //   elastic_rank STATE_MIB TAU STEP_MS TIMEOUT_MS STEPS
 #include <signal.h>
@@ -58,18 +60,19 @@ int main(int argc, char** argv) {
   config.elastic_min_ranks = 1;
   co2_comm_t comm = nullptr;
   co2_engine_t engine = nullptr;
+  std::vector<float> weights(count, 1.0f);
   TRY(co2_comm_create(&config, &comm));
   std::printf("created %lld\n", now_ns());
   co2_engine_config_t engine_config = CO2_ENGINE_CONFIG_INIT;
   engine_config.tau = tau;
   engine_config.shard_outer_state = argc == 7 && std::atoi(argv[6]) != 0;
   TRY(co2_engine_create(comm, &engine_config, &engine));
-  std::vector<float> weights(count, 1.0f);
   co2_tensor_t tensor = CO2_TENSOR_INIT;
   tensor.name = "weights";
   tensor.data = weights.data();
   tensor.count = weights.size();
   TRY(co2_engine_register_tensor(engine, &tensor));
+  std::printf("committing %lld\n", now_ns());
   TRY(co2_engine_commit(engine));
   const long long committed = now_ns();
   int32_t rank = 0, size = 0;

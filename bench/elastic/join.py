@@ -5,11 +5,16 @@ W members over UCX/TCP on loopback train STATE_MIB of fp32 parameters with a fix
 sleep stands in for compute); once they run, the driver starts one more process launched like a
 rank (as co2run --max-restarts does), which finds the group's door open and asks to join. Printed
 per case (the median over the repeats, with the range):
-- admitted: from the joiner's start to its co2_comm_create returning (process start, UCX, the
-  request seen at the members' next agreement, the synchronize and the new transport);
-- state received: its co2_engine_commit (the counts gathered, the layout checked and the buffers
-  allocated, the anchor broadcast from the donor: the outer momentum too where beta > 0, but the
-  automatic beta is 0 at W <= 16), and the rate of that commit in GB/s of anchor;
+- admitted: from the joiner's start to its co2_comm_create returning (process start, its
+  parameters built, UCX, the request seen at the members' next agreement, the synchronize and
+  the new transport);
+- state received: its co2_engine_commit, timed from the call to its return (the counts gathered,
+  the layout checked and the buffers allocated, the anchor broadcast from the donor: the outer
+  momentum too where beta > 0, but the automatic beta is 0 at W <= 16, the parameters set to
+  it and the anchors checked), and the rate of that commit in GB/s of anchor. The joiner builds
+  its parameters before it asks to join, as a framework builds its model first (before
+  2026-12-07 bench/elastic/elastic_rank.cpp filled them after it was admitted, and this column
+  counted that fill from the admission on);
 - the members' stall: how much longer than a plain step the step that admitted it took.
 
     /usr/bin/python3 bench/elastic/join.py [--build build] [--world 2] [--states 64,512]
@@ -67,6 +72,7 @@ def run_case(args, state_mib):
                 raise RuntimeError(f"the joiner did not train: {joiner.proc.stderr.read() if joiner.proc.poll() is not None else 'timed out'}")
             time.sleep(0.005)
         created_ns = int(timestamp(joiner, "created")[1][1])
+        committing_ns = int(timestamp(joiner, "committing")[1][1])
         committed = timestamp(joiner, "committed")[1]
         committed_ns, state_bytes = int(committed[1]), int(committed[5])
         stalls = []
@@ -75,7 +81,7 @@ def run_case(args, state_mib):
             at = next(i for i, (_, w) in enumerate(steps) if len(w) > 4 and w[4] == "changed")
             plain = statistics.median(b[0] - a[0] for a, b in zip(steps[at - 8:at - 1], steps[at - 7:at]))
             stalls.append((steps[at][0] - steps[at - 1][0] - plain) / 1e6)
-        receive_s = (committed_ns - created_ns) / 1e9
+        receive_s = (committed_ns - committing_ns) / 1e9
         sent_bytes = state_mib * 2 ** 20
         return {"admitted_ms": (created_ns - started) / 1e6, "receive_ms": receive_s * 1e3,
                 "rate_gbs": sent_bytes / receive_s / 1e9, "stall_ms": max(stalls), "state_bytes": state_bytes}
