@@ -331,20 +331,28 @@ class HostBackend final : public Backend {
   bool has_momentum() const override { return !s_.momentum.empty(); }
   void stage_out() override {}
   void release_staged() override {}
-  // p <- anchor, plus the rank's eager offset on PARAMETER segments under the eager policy.
+  // p <- anchor, plus the rank's eager offset on PARAMETER segments under the eager policy. After
+  // a membership change (outer_state_follows) the offsets are the commit's fresh zeros
+  // (membership_change.cpp drops them before it commits): the same sums are formed without
+  // reading them, since the first read of fresh memory maps every page (a joiner's 512 MiB took
+  // ~2 s on this project's virtual machines) while the whole group waits for it.
   void stage_in() override {
     S& s = s_;
     count_state();
     if (!s.has_anchor()) return;
     set_parameters_to_anchor();
     if (s.eager_offset.empty()) return;
+    const bool offsets_are_zero = s.outer_state_follows;
     for (const Segment& seg : s.segments) {
       if (seg.role != Role::Parameter) continue;
       const float* a = s.anchor.data() + seg.state_offset;
       const float* e = s.eager_offset.data() + seg.state_offset;
       with_params(seg, [&](auto* p) {
         using P = std::remove_pointer_t<decltype(p)>;
-        for (size_t i = 0; i < seg.count; ++i) p[i] = narrow<P>(round_start(a[i], e[i]));
+        if (offsets_are_zero)
+          for (size_t i = 0; i < seg.count; ++i) p[i] = narrow<P>(round_start(a[i], 0.0f));
+        else
+          for (size_t i = 0; i < seg.count; ++i) p[i] = narrow<P>(round_start(a[i], e[i]));
       });
     }
   }

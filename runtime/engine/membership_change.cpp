@@ -171,7 +171,8 @@ int restart_from_donor(Engine::State& s, const std::vector<int>& holders = {}) {
 
   // The backend committed again over the new group: commit's agreements and sizes (and, without
   // an anchor to take from the donor, rank 0's parameters). Every rank's own state (the eager
-  // offsets and their momentum) starts from the commit's zeros.
+  // offsets and their momentum) starts from the commit's zeros (the host backend's stage_in relies
+  // on it: it does not read them while the outer state follows the commit).
   OuterStateBefore before(s);
   s.eager_offset = FloatBuffer();
   s.eager_momentum = FloatBuffer();
