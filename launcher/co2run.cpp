@@ -1,8 +1,11 @@
 // co2run: starts the ranks of a co2 job on this machine (one node's, or every node's as simulated
 // nodes) with the environment co2 reads (torchrun's names), prefixes their output with the rank,
 // forwards signals, and stops them all when one fails. It does not link the runtime: it is a
-// process supervisor and nothing else.
+// process supervisor, and under --elastic also the server of co2's rendezvous store (the
+// group's door must outlive every rank, rank 0 included).
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,6 +20,8 @@
 
 #include "launcher/command_line.hpp"
 #include "launcher/supervisor.hpp"
+#include "rendezvous/launch_environment.hpp"
+#include "rendezvous/tcp_store.hpp"
 
 extern char** environ;
 
@@ -73,6 +78,41 @@ std::string probe_beside_us() {
   return ::access(path.c_str(), X_OK) == 0 ? path : "";
 }
 
+// The store rank 0 would have served, with the bind rank 0 would have chosen (rendezvous/
+// launch_environment.hpp); null after saying why it cannot be served.
+std::unique_ptr<store::TcpStoreServer> serve_store(const std::string& master_addr, int master_port,
+                                                   const std::string& token, int world_size, const Options& options) {
+  store::LaunchEnvironment rank_zero;
+  rank_zero.present = true;
+  rank_zero.world_size = world_size;
+  rank_zero.local_world_size = options.nproc_per_node;
+  rank_zero.master_addr = master_addr;
+  rank_zero.master_port = uint16_t(master_port);
+  rank_zero.master_port_variable = "MASTER_PORT";
+  rank_zero.source = "co2run";
+  if (const char* bind = std::getenv("CO2_STORE_BIND")) rank_zero.store_bind = bind;
+  else if (options.all_nodes_here() && options.nnodes > 1) rank_zero.store_bind = master_addr;  // as the ranks get it
+  std::string why;
+  const std::string bind = store::choose_store_bind(rank_zero, why);
+  if (!why.empty()) std::fprintf(stderr, "co2run: warning: %s\n", why.c_str());
+  // The server's thread takes every signal blocked: the supervisor reads SIGCHLD and the
+  // forwarded signals from a signalfd, which only sees signals that no thread accepts.
+  sigset_t every_signal, before;
+  sigfillset(&every_signal);
+  pthread_sigmask(SIG_SETMASK, &every_signal, &before);
+  struct RestoreMask {
+    sigset_t& mask;
+    ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{before};
+  try {
+    return store::TcpStoreServer::start(bind, uint16_t(master_port), token);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "co2run: error: --elastic serves the group's store at port %d, and it cannot: %s\n",
+                 master_port, e.what());
+    return nullptr;
+  }
+}
+
 int main_or_status(int argc, char** argv) {
   Options options;
   try {
@@ -121,7 +161,7 @@ int main_or_status(int argc, char** argv) {
   // Our variables replace any the caller had (co2run inside another launcher's job).
   const std::set<std::string> ours = {"RANK",        "WORLD_SIZE",       "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
                                       "GROUP_RANK",  "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                      "CO2_AUTH_TOKEN", "CO2_ELASTIC_MIN_RANKS"};
+                                      "CO2_AUTH_TOKEN", "CO2_ELASTIC_MIN_RANKS", "CO2_LAUNCHER_SERVES_STORE"};
   std::vector<std::string> inherited;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const char* equals = std::strchr(*entry, '=');
@@ -139,7 +179,17 @@ int main_or_status(int argc, char** argv) {
                  world_size);
     return 2;
   }
-  if (options.elastic_min_ranks > 0) inherited.push_back("CO2_ELASTIC_MIN_RANKS=" + std::to_string(options.elastic_min_ranks));
+  // An elastic group's store is its door, where restarted ranks ask to join: served here (on the
+  // host of MASTER_ADDR) for the whole job rather than by rank 0, whose loss would close it.
+  std::unique_ptr<store::TcpStoreServer> store_server;
+  if (options.elastic_min_ranks > 0) {
+    inherited.push_back("CO2_ELASTIC_MIN_RANKS=" + std::to_string(options.elastic_min_ranks));
+    inherited.push_back("CO2_LAUNCHER_SERVES_STORE=1");
+    if (one_machine || options.node_rank == 0) {
+      store_server = serve_store(master_addr, master_port, token, world_size, options);
+      if (!store_server) return 1;
+    }
+  }
   const int first_node = one_machine ? 0 : options.node_rank;
   const int last_node = one_machine ? options.nnodes - 1 : options.node_rank;
   for (int node = first_node; node <= last_node; ++node) {

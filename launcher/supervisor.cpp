@@ -271,27 +271,21 @@ class Supervisor {
                   " restarts of --max-restarts are used up";
       return false;
     }
-    // The group's door (where a new process asks to join) is rank 0's store: a new rank 0 would
-    // serve a new store and wait alone for a group that never forms.
-    if (failed_child.rank == 0) {
-      why_not = "; not started again: rank 0 holds the group's door, which closed with it (the others go on, "
-                "and no process can join them any more)";
-      return false;
-    }
-    if (door_closed()) {
-      why_not = "; not started again: rank 0 has exited, and with it the group's door";
+    // The group's door (where a new process asks to join) is the store co2run serves, so rank 0
+    // is started again like any rank; but a rank 0 that finished (exit code 0) means the group is
+    // finishing, and a new process would wait at the door for a group that no longer admits.
+    if (rank_zero_finished()) {
+      why_not = "; not started again: rank 0 finished, so the group is finishing";
       return false;
     }
     return true;
   }
 
-  // Whether the process of rank 0 (on this node, if rank 0 runs here) has exited.
-  bool door_closed() const {
+  // Whether the process of rank 0 (on this node, if rank 0 runs here) exited with code 0.
+  bool rank_zero_finished() const {
     for (const auto& child : children_)
-      if (child->rank == 0 && child->running) return false;
-    for (const auto& launch : ranks_)
-      if (launch.rank == 0) return true;
-    return false;  // rank 0 runs on another node: a restarted rank finds out at the door itself
+      if (child->rank == 0 && !child->running && !failed(child->status)) return true;
+    return false;  // or rank 0 runs on another node: a restarted rank finds out at the door itself
   }
 
   int finished_well() const {
@@ -335,10 +329,10 @@ class Supervisor {
       }
     }
     for (int rank : restart) {
-      // Rank 0 may have exited in this same pass, after the failure was counted.
-      if (door_closed()) {
-        say("rank " + std::to_string(rank) + " not started again after all: rank 0 has exited, and with it the "
-            "group's door (a new process has no group to join)");
+      // Rank 0 may have finished in this same pass, after the failure was counted.
+      if (rank_zero_finished()) {
+        say("rank " + std::to_string(rank) + " not started again after all: rank 0 finished, so the group is "
+            "finishing (a new process has no group to join)");
         continue;
       }
       for (const auto& launch : ranks_) {

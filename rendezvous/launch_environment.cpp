@@ -245,6 +245,10 @@ LaunchEnvironment read_launch_environment() {
   }
   environment.present = true;
   environment.under_torchrun = variable("TORCHELASTIC_RUN_ID").has_value();
+  if (const auto served = variable("CO2_LAUNCHER_SERVES_STORE")) {
+    if (*served != "0" && *served != "1") malformed("CO2_LAUNCHER_SERVES_STORE", *served, "is not 0 or 1");
+    environment.launcher_serves_store = *served == "1";
+  }
   check_consistent(environment, names);
 
   if (const auto address = variable("MASTER_ADDR")) {

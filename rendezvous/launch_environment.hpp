@@ -15,6 +15,9 @@ struct LaunchEnvironment {
   std::string master_port_variable;
   // TORCHELASTIC_RUN_ID is set: torchrun's agent serves its own store at MASTER_PORT.
   bool under_torchrun = false;
+  // CO2_LAUNCHER_SERVES_STORE=1 (co2run --elastic): the launcher serves co2's store at
+  // MASTER_ADDR:MASTER_PORT for the whole job, so no rank serves it and it outlives any rank.
+  bool launcher_serves_store = false;
   std::string source;  // "torchrun/co2run", "openmpi", "slurm"
   // CO2_STORE_BIND as given ("" = unset): where rank 0's store listens ("*" = every address).
   std::string store_bind;

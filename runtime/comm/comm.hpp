@@ -136,7 +136,7 @@ class MembershipChanges {
   // After survivors(): for every rank of the new group, its rank in the group before.
   virtual std::vector<int> previous_ranks() const = 0;
   // Join requests made at the group's door so far, as this rank sees them (0 where it does not
-  // look: only the process that serves the door does).
+  // look: only the rank that keeps the door does).
   virtual int64_t join_requests() = 0;
   // Of them, the ones admitted: the same on every member.
   virtual int64_t admitted() const = 0;
@@ -245,8 +245,8 @@ class Communicator {
   // rank and size, fresh sequence numbers and no collective in flight. Caller: the submitting
   // thread, with every request of this communicator finished. Throws the membership's Error.
   void reform();
-  // Join requests made so far at the group's door, as this rank sees them (only the process
-  // that serves the door looks; 0 elsewhere), and how many of them the members admitted.
+  // Join requests made so far at the group's door, as this rank sees them (only the rank that
+  // keeps the door looks; 0 elsewhere), and how many of them the members admitted.
   int64_t join_requests() const;
   int64_t admitted() const;
   // After reform(): for every rank of the re-formed group, its rank in the group before.

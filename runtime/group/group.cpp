@@ -420,7 +420,9 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         where.host = launched.master_addr;
         where.port = launched.master_port;
         if (const char* token = std::getenv("CO2_AUTH_TOKEN")) where.auth_token = token;
-        if (request.rank == 0) server = serve_master_port(launched, where.auth_token);
+        // Under co2run --elastic the launcher serves the store, and with it the group's door, for
+        // the whole job: a lost rank 0 takes nothing with it.
+        if (request.rank == 0 && !launched.launcher_serves_store) server = serve_master_port(launched, where.auth_token);
       }
       // co2run --elastic starts a failed rank again to join its running group: that group's
       // store was up, so a refused connection means the group has ended (or lost rank 0, which
@@ -434,8 +436,11 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         store = store::connect_tcp_store(where);
       } catch (const transport::RendezvousError& e) {
         if (restart == 0) throw;
-        throw transport::RendezvousError(restarted + " is gone: the group has ended, or its rank 0 (which keeps the "
-                                         "door) is gone (" + e.what() + ")");
+        throw transport::RendezvousError(restarted + " is gone: the group has ended" +
+                                         std::string(launched.launcher_serves_store
+                                                         ? " (the launcher that served it exited)"
+                                                         : ", or its rank 0 (which keeps the door) is gone") +
+                                         " (" + e.what() + ")");
       }
       if (request.options.elastic_min_ranks == 0 && request.unique_id.empty())
         request.options.elastic_min_ranks = elastic_min_ranks_from_environment();
@@ -459,7 +464,9 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
                             request.options)
                       : connect_over_nccl(*store, prefix, request.rank, request.world_size,
                                           nccl_device(request.device_index, launched), request.options);
-      if (request.options.elastic_min_ranks > 0) make_elastic(*comm, *store, prefix, request, Door{where, server});
+      if (request.options.elastic_min_ranks > 0)
+        make_elastic(*comm, *store, prefix, request,
+                     Door{where, server, launched.launcher_serves_store && request.unique_id.empty()});
       leave_together(*store, prefix, request.rank, request.world_size, server != nullptr, request.options.timeout);
       if (!request.unique_id.empty()) {
         std::lock_guard<std::mutex> lock(servers().mutex);

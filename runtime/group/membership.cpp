@@ -255,11 +255,21 @@ std::shared_ptr<Membership> Membership::publish(store::Store& store, const std::
     m->endpoints_.push_back(parse_endpoint(store.get(prefix + "endpoint/" + std::to_string(peer), options.timeout)));
   m->watch_successor();
   m->door_ = std::move(door);
-  if (m->door_.served_here) {
-    m->door_store_ = connect_within(m->door_.where, m->timeout_);
-    m->door_store_->add(kDoorOpen, 1);
-  }
+  if (const std::shared_ptr<store::Store> keeper = m->door_keeper()) keeper->add(kDoorOpen, 1);
   return m;
+}
+
+std::shared_ptr<store::Store> Membership::door_keeper() {
+  const bool keeps = door_.served_here || (door_.served_by_launcher && rank_ == 0);
+  if (!keeps || door_store_ || door_unreachable_) return door_store_;
+  try {
+    door_store_ = connect_within(door_.where, timeout_);
+  } catch (const std::exception& e) {
+    door_unreachable_ = true;
+    log::warn("membership: rank " + std::to_string(rank_) + " keeps the group's door but cannot reach it at " +
+              door_.where.host + ":" + std::to_string(door_.where.port) + ", so no process can join: " + e.what());
+  }
+  return door_store_;
 }
 
 Membership::~Membership() = default;
@@ -325,9 +335,10 @@ GroupTransport Membership::survivors(const std::string& cause) {
 }
 
 int64_t Membership::join_requests() {
-  if (!door_store_) return 0;
+  const std::shared_ptr<store::Store> door = door_keeper();
+  if (!door) return 0;
   try {
-    return door_store_->add(kDoorRequests, 0);
+    return door->add(kDoorRequests, 0);
   } catch (const std::exception& e) {
     log::warn(std::string("membership: cannot read the door's join requests: ") + e.what());
     return 0;
@@ -396,7 +407,9 @@ GroupTransport Membership::release(int leaving) {
   require(leaving >= 0 && leaving < size(), Status::Internal, "membership: release() of a rank out of range");
   ++generation_;
   if (leaving == rank_) {
-    if (door_store_) {
+    // A door this process serves closes with it; one the launcher serves stays open, and the
+    // next rank 0 keeps it.
+    if (door_.served_here && door_store_) {
       try {
         door_store_->add(kDoorOpen, -door_store_->add(kDoorOpen, 0));
       } catch (const std::exception&) {

@@ -29,9 +29,11 @@
 // does not make a live rank gone. One watched peer per rank: the cost does not grow with the
 // group. Two stopped neighbours: the second is watched by nobody alive and is probed as before.
 //
-// Joining: the store a launched group formed at (rank 0's, at MASTER_PORT) stays up while the
-// process of rank 0 lives, as the group's *door*. A process that finds it open there asks to join
-// (its endpoint under co2/elastic/door/join/<n>). Rank 0 counts the requests at every boundary;
+// Joining: the store a launched group formed at (at MASTER_PORT) stays up as the group's *door*:
+// under co2run --elastic the launcher serves it for the whole job, so it outlives any rank;
+// otherwise rank 0 serves it and it closes with rank 0's process. A process that finds it open
+// there asks to join (its endpoint under co2/elastic/door/join/<n>). The group's rank 0 of the
+// moment (after a loss of rank 0, the lowest survivor) counts the requests at every boundary;
 // the members agree on the count with the tau advisor's agreement, and at the boundary where it
 // arrives every member admits the same joiners: rank 0 writes the new member list and each
 // joiner's rank at the door, and the members and the joiners connect a new transport there.
@@ -86,6 +88,9 @@ using ConnectGroup =
 struct Door {
   store::TcpStoreOptions where;
   std::shared_ptr<store::TcpStoreServer> served_here;  // null in every other process
+  // The launcher serves it (co2run --elastic): it stays open whichever rank goes, and whoever is
+  // rank 0 keeps it. Otherwise only the process that serves it does, and it closes with it.
+  bool served_by_launcher = false;
 };
 
 class Membership final : public MembershipChanges {
@@ -160,8 +165,12 @@ class Membership final : public MembershipChanges {
   uint64_t generation_ = 0;
   int64_t admitted_ = 0;  // join requests admitted so far (the door's count, on every member)
   std::vector<int> previous_;  // after survivors(): each member's rank in the group before
+  // The door's client of the rank that keeps it (the serving process, or, where the launcher
+  // serves it, rank 0 of the moment: connected when this rank becomes rank 0).
+  std::shared_ptr<store::Store> door_keeper();
   Door door_;
-  std::shared_ptr<store::Store> door_store_;  // a client of the door, where it is served here
+  std::shared_ptr<store::Store> door_store_;
+  bool door_unreachable_ = false;  // said once: a keeper that cannot reach the door admits nobody
   std::unique_ptr<SuccessorWatch> watch_;  // last: its thread stops before the rest goes
 };
 

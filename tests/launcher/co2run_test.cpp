@@ -234,24 +234,27 @@ TEST(Co2run, ElasticStartsAFailedRankAgainUpToTheLimit) {
   std::remove(counter.c_str());
 }
 
-TEST(Co2run, ElasticNeverStartsRankZeroAgain) {
-  // Rank 0's store is the group's door: a new rank 0 could only wait alone for a new group.
-  Subprocess run(co2run({"--nproc-per-node", "2", "--elastic", "1", "--max-restarts", "3", "/bin/sh", "-c",
-                         "if [ \"$RANK\" = 0 ]; then exit 5; fi; sleep 1; echo rank1 done"}));
+TEST(Co2run, ElasticStartsRankZeroAgainLikeAnyRank) {
+  // co2run serves the group's store (its door), so a failed rank 0 is started again: the new
+  // process would join the others. Here it fails again, once, and the restarts are used up.
+  Subprocess run(co2run({"--nproc-per-node", "2", "--elastic", "1", "--max-restarts", "1", "/bin/sh", "-c",
+                         "if [ \"$RANK\" = 0 ]; then echo served=$CO2_LAUNCHER_SERVES_STORE; exit 5; fi; sleep 2; "
+                         "echo rank1 done"}));
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
-  EXPECT_TRUE(contains(run.err(), "not started again: rank 0 holds the group's door")) << run.describe();
-  EXPECT_FALSE(contains(run.err(), "starting it again")) << run.describe();
+  EXPECT_TRUE(contains(run.err(), "rank 0 (pid")) << run.describe();
+  EXPECT_TRUE(contains(run.err(), "starting it again (restart 1 of 1)")) << run.describe();
+  EXPECT_EQ(Subprocess::occurrences(run.out(), "[rank 0] served=1\n"), 2) << run.describe();
+  EXPECT_TRUE(contains(run.out(), "[rank 1] rank1 done\n")) << run.describe();
 }
 
-TEST(Co2run, ElasticStartsNoRankAgainAfterRankZeroExited) {
-  // Rank 0 finishes first; rank 1 fails after it, with restarts left: there is no door to join.
+TEST(Co2run, ElasticStartsNoRankAgainAfterRankZeroFinished) {
+  // Rank 0 finishes first; rank 1 fails after it, with restarts left: the group is finishing.
   Subprocess run(co2run({"--nproc-per-node", "2", "--elastic", "1", "--max-restarts", "3", "/bin/sh", "-c",
                          "if [ \"$RANK\" = 1 ]; then sleep 1; exit 6; fi; echo rank0 done"}));
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
-  EXPECT_TRUE(contains(run.err(), "not started again: rank 0 has exited, and with it the group's door"))
-      << run.describe();
+  EXPECT_TRUE(contains(run.err(), "not started again: rank 0 finished, so the group is finishing")) << run.describe();
   EXPECT_FALSE(contains(run.err(), "starting it again")) << run.describe();
 }
 

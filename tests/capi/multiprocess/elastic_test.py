@@ -402,6 +402,26 @@ def test_co2run_elastic_keeps_the_survivors(tmp_path):
     assert len({f["hash"] for f in fields}) == 1, fields
 
 
+def test_co2run_starts_a_killed_rank_0_again_and_it_joins(tmp_path):
+    """co2run --elastic serves the group's store, its door: rank 0 of 3 is killed (the
+    coordinator, and before co2run served it, the door's keeper); the survivors go on as 2, the
+    new rank 0 keeps the door, co2run starts rank 0 again, and the new process joins: three ranks
+    end at one step with one model."""
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo", CO2_LOG_LEVEL="warn",
+               ELASTIC_DIE_RANK="0", ELASTIC_DIE_AT="30", ELASTIC_UNTIL_SIZE="3")
+    run = subprocess.run([CO2RUN, "--nproc-per-node", "3", "--elastic", "2", "--max-restarts", "1", WORKER,
+                          str(tmp_path), str(TIMEOUT_MS), str(STEPS), "0"],
+                         env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "rank 0 (pid" in run.stderr and "starting it again (restart 1 of 1)" in run.stderr, run.stderr
+    done = [dict(zip(w[1::2], w[2::2])) for w in
+            (line.split("] ", 1)[1].split() for line in run.stdout.splitlines() if "] done " in line)]
+    assert len(done) == 3, run.stdout + run.stderr
+    assert {d["size"] for d in done} == {"3"} and len({d["steps"] for d in done}) == 1, done
+    assert sorted(int(d["rank"]) for d in done) == [0, 1, 2], done
+    assert len({d["hash"] for d in done}) == 1, done
+
+
 def test_churn_under_co2run_restarts(tmp_path):
     """co2run --elastic 2 --max-restarts 20 over 4 ranks; rank 3 dies 40 steps after each start,
     so it leaves and joins again 20 times and then stays down. The three ranks that never failed
