@@ -17,7 +17,7 @@ per case (the median over the repeats, with the range):
   counted that fill from the admission on);
 - the members' stall: how much longer than a plain step the step that admitted it took.
 
-    /usr/bin/python3 bench/elastic/join.py [--build build] [--world 2] [--states 64,512]
+    /usr/bin/python3 bench/elastic/join.py [--build build] [--world 2] [--states 64,512] [--shard]
 
 On links capped at 1 Gbit/s (bench/overlap/netns.sh, one namespace per process, W + 1 of them):
 
@@ -39,7 +39,8 @@ def launch(args, rank, port, state_mib, slot=None):
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(args.world), MASTER_PORT=str(port), CO2_AUTH_TOKEN="bench",
                UCX_TLS="tcp", CO2_LOG_LEVEL="error")
-    command = [args.worker, str(state_mib), str(args.tau), str(args.step_ms), str(args.timeout_ms), str(10 ** 9)]
+    command = [args.worker, str(state_mib), str(args.tau), str(args.step_ms), str(args.timeout_ms), str(10 ** 9),
+               str(int(args.shard))]
     prefix = os.environ.get("CO2_NETNS_PREFIX")
     if prefix:  # bench/overlap/netns.sh: one namespace per process, its link capped
         env.update(MASTER_ADDR=os.environ["CO2_NETNS_ADDR_0"],
@@ -116,12 +117,15 @@ def main():
     parser.add_argument("--join-step", type=int, default=12)
     parser.add_argument("--timeout-ms", type=int, default=30000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shard", action="store_true",
+                        help="outer state sharded over the ranks: each shard's holder sends it (one after another)")
     args = parser.parse_args()
     args.worker = os.path.join(args.build, "bench", "elastic_rank")
     where = (f"links capped at {os.environ['CO2_NETNS_RATE']} (netns)" if os.environ.get("CO2_NETNS_PREFIX")
             else "loopback")
     print(f"# elastic join, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: W = {args.world} members + 1 "
-          f"joiner over UCX/TCP, {where}, tau {args.tau}, step {args.step_ms:g} ms, {args.repeats} repeats "
+          f"joiner over UCX/TCP, {where}{', outer state sharded' if args.shard else ''}, tau {args.tau}, "
+          f"step {args.step_ms:g} ms, {args.repeats} repeats "
           f"(median, range); load average {os.getloadavg()[0]:.2f}")
     link = link_bytes_per_s()
     print("| parameters | outer state held | joiner admitted after | state received in | rate | "

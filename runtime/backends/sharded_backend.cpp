@@ -78,7 +78,9 @@ class ShardedBackend final : public Backend {
       const size_t end = std::min(seg.state_offset + seg.count, mine_.end);
       if (begin < end) parts_.push_back(ShardPart{i, begin, end - begin});
     }
-    s.comm_buffer = FloatBuffer(s.state_count);
+    // Zeroed in place where this rank had them (a re-formed group's commit): fresh pages would
+    // fault in one by one while the group waits (FloatBuffer::reset).
+    s.comm_buffer.reset(s.state_count);
     cur_ = FloatBuffer(mine_.count());
     step_ = FloatBuffer(mine_.count());
     if (s.momentum_needed()) momentum_ = FloatBuffer(mine_.count());
@@ -88,7 +90,7 @@ class ShardedBackend final : public Backend {
     // one node's shards (the node's ranks), not over every rank (nodes copies of each).
     norm_partials_.assign(size_t(shards_->size()) * s.segments.size(), 0.0);
     step_partials_.assign(size_t(shards_->size()) * (s.segments.size() + 2), 0.0);
-    if (s.error_feedback()) s.residual = FloatBuffer(s.state_count);
+    if (s.error_feedback()) s.residual.reset(s.state_count);
     // A re-formed elastic group's outer state follows (stage_in); otherwise rank 0's values
     // become everyone's parameters and anchor.
     if (s.outer_state_follows && s.has_anchor()) return count_state();

@@ -725,6 +725,52 @@ TEST(DeviceFeatures, HierarchicalRanksOfANodeThatTrainDifferentModelsFailLoudly)
 }
 
 #ifndef CO2_FEATURES_ON_GPU
+// kShapes on CUDA for the C++ engine (the tests below build engines over a C++ communicator,
+// which the C ABI cannot wrap around an in-process collective transport): `host` holds the
+// values, `dev` their CUDA copies, registered with an engine by register_with.
+struct DeviceTensors {
+  std::vector<std::vector<float>> host;
+  std::vector<void*> dev;
+
+  DeviceTensors() = default;
+  DeviceTensors(const DeviceTensors&) = delete;
+  DeviceTensors& operator=(const DeviceTensors&) = delete;
+  ~DeviceTensors() {
+    for (void* d : dev) cudaFree(d);
+  }
+
+  void register_with(co2::Engine& engine, int thread) {
+    for (size_t t = 0; t < std::size(kShapes); ++t) {
+      host.emplace_back(kShapes[t].count);
+      for (size_t i = 0; i < host[t].size(); ++i) host[t][i] = 0.01f * float(i % 97) - 0.3f + 0.05f * float(thread);
+      co2::TensorDesc tensor;
+      tensor.name = kShapes[t].name;
+      tensor.count = kShapes[t].count;
+      tensor.role = kShapes[t].role;
+      ASSERT_EQ(cudaMalloc(&tensor.data, tensor.count * sizeof(float)), cudaSuccess);
+      dev.push_back(tensor.data);
+      tensor.storage.device = int(co2::DeviceKind::Cuda);
+      engine.register_tensor(tensor);
+    }
+    copy(/*to_device=*/true);
+  }
+  void copy(bool to_device) {
+    for (size_t t = 0; t < host.size(); ++t) {
+      const size_t bytes = host[t].size() * sizeof(float);
+      ASSERT_EQ(to_device ? cudaMemcpy(dev[t], host[t].data(), bytes, cudaMemcpyHostToDevice)
+                          : cudaMemcpy(host[t].data(), dev[t], bytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+  }
+  // One inner step of `thread` at `step` on the CUDA tensors.
+  void train(int step, int thread) {
+    copy(false);
+    for (size_t t = 0; t < host.size(); ++t)
+      for (size_t i = 0; i < host[t].size(); ++i) host[t][i] -= 0.05f * inner_gradient(t, i, step, thread);
+    copy(true);
+  }
+};
+
 // Sharded outer state over a collective-kind transport (NCCL): the chain's all-gather waits for its
 // reduce-scatter's shard update (the communicator posts it, and everything after it, once that
 // completed), so a sharded engine runs over NCCL too; on CUDA tensors staged through host memory.
@@ -741,47 +787,21 @@ std::vector<std::vector<std::vector<float>>> train_over_collective_group(int wor
     co2::CommOptions options;
     options.timeout = std::chrono::seconds(30);
     auto comm = std::make_shared<co2::Communicator>(group.rank(rank), options);
-    std::vector<std::vector<float>> host;
-    std::vector<void*> dev;
+    DeviceTensors tensors;
     try {
       co2::Engine engine(comm, config);
-      for (size_t t = 0; t < std::size(kShapes); ++t) {
-        host.emplace_back(kShapes[t].count);
-        for (size_t i = 0; i < host[t].size(); ++i) host[t][i] = 0.01f * float(i % 97) - 0.3f + 0.05f * float(rank);
-        co2::TensorDesc tensor;
-        tensor.name = kShapes[t].name;
-        tensor.count = kShapes[t].count;
-        tensor.role = kShapes[t].role;
-        ASSERT_EQ(cudaMalloc(&tensor.data, tensor.count * sizeof(float)), cudaSuccess);
-        dev.push_back(tensor.data);
-        tensor.storage.device = int(co2::DeviceKind::Cuda);
-        engine.register_tensor(tensor);
-      }
-      auto copy = [&](cudaMemcpyKind kind) {
-        for (size_t t = 0; t < host.size(); ++t) {
-          const bool in = kind == cudaMemcpyHostToDevice;
-          ASSERT_EQ(cudaMemcpy(in ? dev[t] : static_cast<void*>(host[t].data()),
-                               in ? static_cast<const void*>(host[t].data()) : dev[t], host[t].size() * sizeof(float),
-                               kind),
-                    cudaSuccess);
-        }
-      };
-      copy(cudaMemcpyHostToDevice);
+      tensors.register_with(engine, rank);
       engine.commit();
       for (int step = 0; step < steps; ++step) {
-        copy(cudaMemcpyDeviceToHost);
-        for (size_t t = 0; t < host.size(); ++t)
-          for (size_t i = 0; i < host[t].size(); ++i) host[t][i] -= 0.05f * inner_gradient(t, i, step, rank);
-        copy(cudaMemcpyHostToDevice);
+        tensors.train(step, rank);
         engine.step(nullptr);
       }
       engine.finalize();
-      copy(cudaMemcpyDeviceToHost);
-      finals[size_t(rank)] = host;
+      tensors.copy(false);
+      finals[size_t(rank)] = tensors.host;
     } catch (const co2::Error& e) {
       ADD_FAILURE() << "rank " << rank << ": " << e.what();
     }
-    for (void* d : dev) cudaFree(d);
   });
   return finals;
 }
@@ -1043,40 +1063,16 @@ MembershipRun run_membership_over_collective_group(const co2::EngineConfig& conf
       comm = std::make_shared<co2::Communicator>(generations->rank_of(0, members, thread), options);
       comm->set_membership(std::make_shared<co2test::CollectiveMembershipFake>(generations, thread, members));
     }
-    std::vector<std::vector<float>> host;
-    std::vector<void*> dev;
+    DeviceTensors tensors;
     try {
       co2::Engine engine(comm, config);
-      for (size_t t = 0; t < std::size(kShapes); ++t) {
-        host.emplace_back(kShapes[t].count);
-        for (size_t i = 0; i < host[t].size(); ++i) host[t][i] = 0.01f * float(i % 97) - 0.3f + 0.05f * float(thread);
-        co2::TensorDesc tensor;
-        tensor.name = kShapes[t].name;
-        tensor.count = kShapes[t].count;
-        tensor.role = kShapes[t].role;
-        ASSERT_EQ(cudaMalloc(&tensor.data, tensor.count * sizeof(float)), cudaSuccess);
-        dev.push_back(tensor.data);
-        tensor.storage.device = int(co2::DeviceKind::Cuda);
-        engine.register_tensor(tensor);
-      }
-      const auto copy = [&](bool to_device) {
-        for (size_t t = 0; t < host.size(); ++t) {
-          const size_t bytes = host[t].size() * sizeof(float);
-          ASSERT_EQ(to_device ? cudaMemcpy(dev[t], host[t].data(), bytes, cudaMemcpyHostToDevice)
-                              : cudaMemcpy(host[t].data(), dev[t], bytes, cudaMemcpyDeviceToHost),
-                    cudaSuccess);
-        }
-      };
-      copy(true);
+      tensors.register_with(engine, thread);
       engine.commit();
       if (joiner) out.joined_at = engine.stats().steps;
       bool left = false;
       for (uint64_t step = engine.stats().steps; engine.stats().steps < uint64_t(steps);) {
         if (thread == leaver && step == uint64_t(leave_at)) engine.leave();
-        copy(false);
-        for (size_t t = 0; t < host.size(); ++t)
-          for (size_t i = 0; i < host[t].size(); ++i) host[t][i] -= 0.05f * inner_gradient(t, i, int(step), thread);
-        copy(true);
+        tensors.train(int(step), thread);
         try {
           engine.step(nullptr);
         } catch (const co2::Error& e) {
@@ -1098,9 +1094,9 @@ MembershipRun run_membership_over_collective_group(const co2::EngineConfig& conf
       }
       if (!left) {
         engine.finalize();
-        copy(false);
+        tensors.copy(false);
         if (thread == 0) {
-          out.result.params = host;
+          out.result.params = tensors.host;
           const co2::EngineStats stats = engine.stats();
           out.result.stats.rounds = stats.rounds;
           out.result.stats.outer_updates = stats.outer_updates;
@@ -1110,7 +1106,6 @@ MembershipRun run_membership_over_collective_group(const co2::EngineConfig& conf
     } catch (const co2::Error& e) {
       ADD_FAILURE() << "thread " << thread << ": " << e.what();
     }
-    for (void* d : dev) cudaFree(d);
   });
   return out;
 }
