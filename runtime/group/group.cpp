@@ -425,8 +425,8 @@ std::shared_ptr<Communicator> form_group(const GroupRequest& original) {
         if (request.rank == 0 && !launched.launcher_serves_store) server = serve_master_port(launched, where.auth_token);
       }
       // co2run --elastic starts a failed rank again to join its running group: that group's
-      // store was up, so a refused connection means the group has ended (or lost rank 0, which
-      // keeps the door), not that rank 0 is late.
+      // store was up, so a refused connection means the group has ended (or, where rank 0 served
+      // the store, lost rank 0), not that rank 0 is late.
       const int restart = request.unique_id.empty() ? count_from_environment("CO2_RESTART_COUNT") : 0;
       if (restart > 0) where.server_may_be_late = false;
       const std::string restarted = "rank " + std::to_string(request.rank) + " was started again (CO2_RESTART_COUNT=" +
