@@ -1,11 +1,19 @@
 // A collective-kind transport (the NCCL seam) for W ranks that are threads of one process, on host
 // memory, for unit tests: every rank's k-th collective is paired with the others' k-th, and the
 // last rank to post it runs it for all of them (sums in rank order, so every rank gets the same
-// bits), after which each rank's handle completes. Like NCCL it compares nothing: the
-// communicator's descriptor check does.
+// bits). Like NCCL it compares nothing (the communicator's descriptor check does), and a rank's
+// abort fails every rank's collectives not run yet (a peer's ncclCommAbort is a remote error to
+// the others).
+// Posting::WaitsUntilRun: a post returns only once the collective ran, for engines on the host
+// executor: NCCL orders what a rank launches after a collective behind it on the stream, and the
+// host executor's kernels run at launch, so a collective still pending at return would race the
+// kernels after it. A rank that stops posting then leaves the others waiting in their post (no
+// no-progress timeout can fire): a test makes a rank go away by aborting it. ReturnsAtOnce: for
+// tests that submit every rank's collectives from one thread.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
@@ -23,7 +31,8 @@ namespace co2test {
 
 class CollectiveGroupFake {
  public:
-  explicit CollectiveGroupFake(int size) : size_(size) {}
+  enum class Posting { ReturnsAtOnce, WaitsUntilRun };
+  explicit CollectiveGroupFake(int size, Posting posting = Posting::ReturnsAtOnce) : size_(size), posting_(posting) {}
   int size() const { return size_; }
 
   // One rank's transport; the group outlives it.
@@ -40,20 +49,34 @@ class CollectiveGroupFake {
     int root = 0;
   };
 
-  // Rank r's k-th call; runs it once every rank made its k-th.
+  // Rank r's k-th call; the last of the ranks to make its k-th runs it for all (WaitsUntilRun:
+  // each returns once it ran or the group failed).
   void post(int r, uint64_t k, const Call& call) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (failed_) return;
     Pending& pending = pending_[k];
     if (pending.calls.empty()) pending.calls.resize(size_t(size_));
     pending.calls[size_t(r)] = call;
     if (++pending.posted == size_) {
       run(pending.calls);
       pending.done = true;
+      ran_.notify_all();
     }
+    if (posting_ == Posting::WaitsUntilRun) ran_.wait(lock, [&] { return pending.done || failed_; });
   }
   bool done(uint64_t k) {
     std::lock_guard<std::mutex> lock(mutex_);
     return pending_[k].done;
+  }
+  // A rank aborted: every collective not run yet fails, on every rank.
+  void fail() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_ = true;
+    ran_.notify_all();
+  }
+  bool failed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failed_;
   }
 
  private:
@@ -137,7 +160,10 @@ class CollectiveGroupFake {
   }
 
   const int size_;
+  const Posting posting_;
   std::mutex mutex_;
+  std::condition_variable ran_;
+  bool failed_ = false;
   std::map<uint64_t, Pending> pending_;
 };
 
@@ -168,10 +194,14 @@ class CollectiveGroupRank final : public co2::transport::Collective {
   }
   co2::transport::Outcome test(co2::transport::Handle handle) override {
     if (aborted_) return co2::transport::Outcome::Aborted;
-    return group_->done(uint64_t(handle)) ? co2::transport::Outcome::Done : co2::transport::Outcome::Pending;
+    if (group_->done(uint64_t(handle))) return co2::transport::Outcome::Done;
+    return group_->failed() ? co2::transport::Outcome::PeerLost : co2::transport::Outcome::Pending;
   }
-  void abort(const std::string&) override { aborted_ = true; }
-  std::string error_message() const override { return aborted_ ? "aborted" : ""; }
+  void abort(const std::string&) override {
+    aborted_ = true;
+    group_->fail();
+  }
+  std::string error_message() const override { return aborted_ ? "aborted" : group_->failed() ? "a peer aborted" : ""; }
 
  private:
   co2::transport::Handle post(const CollectiveGroupFake::Call& call) {
@@ -198,11 +228,12 @@ struct CollectiveGenerations {
   std::map<uint64_t, std::unique_ptr<CollectiveGroupFake>> groups;
   std::atomic<int64_t> join_requests{0};
   std::atomic<int> lost{-1};  // the rank (of the current group) the survivors leave out
+  CollectiveGroupFake::Posting posting = CollectiveGroupFake::Posting::ReturnsAtOnce;
 
   std::unique_ptr<co2::transport::Collective> rank_of(uint64_t generation, int size, int rank) {
     std::lock_guard<std::mutex> lock(mutex);
     auto& group = groups[generation];
-    if (!group) group = std::make_unique<CollectiveGroupFake>(size);
+    if (!group) group = std::make_unique<CollectiveGroupFake>(size, posting);
     if (group->size() != size) co2::fail(co2::Status::Internal, "generation " + std::to_string(generation) + " formed at two sizes");
     return group->rank(rank);
   }

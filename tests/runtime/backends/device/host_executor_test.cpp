@@ -780,7 +780,7 @@ struct DeviceTensors {
 // reductions sum in another order), and not what the ranks started with. Rank 0's tensors.
 std::vector<std::vector<std::vector<float>>> train_over_collective_group(int world, const co2::EngineConfig& config,
                                                                          int steps) {
-  co2test::CollectiveGroupFake group(world);
+  co2test::CollectiveGroupFake group(world, co2test::CollectiveGroupFake::Posting::WaitsUntilRun);
   std::vector<std::vector<std::vector<float>>> finals(static_cast<size_t>(world));
   co2test::run_threads(world, [&](int rank) {
     cudaSetDevice(0);
@@ -1039,6 +1039,7 @@ MembershipRun run_membership_over_collective_group(const co2::EngineConfig& conf
   const int members = 3, leaver = 2;
   const int leave_at = 5, join_after = 12, steps = 27;
   auto generations = std::make_shared<co2test::CollectiveGenerations>();
+  generations->posting = co2test::CollectiveGroupFake::Posting::WaitsUntilRun;
   co2::CommOptions options;
   options.timeout = std::chrono::seconds(30);
   options.elastic_min_ranks = 1;
