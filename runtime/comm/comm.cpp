@@ -399,7 +399,11 @@ Communicator::Communicator(std::unique_ptr<transport::Collective> transport,
   collective_transport_ = std::make_unique<CollectiveTransportExecutor>(std::move(transport), options);
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  // Before anything goes: the membership's thread may be failing this communicator right now,
+  // and must not once the executor is being destroyed.
+  if (membership_) membership_->report_failures_to(nullptr);
+}
 
 int Communicator::rank() const {
   std::lock_guard<std::mutex> lock(executor_mutex_);
@@ -611,6 +615,9 @@ void Communicator::set_membership(std::shared_ptr<MembershipChanges> membership)
           "elastic membership needs a point-to-point transport (UCX); NCCL's ncclCommShrink is not wired in yet");
   membership_ = std::move(membership);
   point_to_point_->set_membership(membership_);
+  // Thread-safe like fail_with itself; reform() swaps the executor under the same lock, so a
+  // failure the membership finds during a change lands on whichever executor is current.
+  membership_->report_failures_to([this](Status status, const std::string& message) { fail_with(status, message); });
 }
 
 bool Communicator::can_reform() const {

@@ -23,6 +23,17 @@ using Clock = std::chrono::steady_clock;
 // How often the coordinator looks for arrivals and asks the missing ranks' endpoints.
 constexpr milliseconds kSurvivorPoll{20};
 
+// A heartbeat question that came back this much later than its deadlines allow, or one asked
+// this much later than the interval, says nothing about the successor: this process itself was
+// not running (stopped, or starved of CPU). The silence is counted afresh from then, so that a
+// rank resumed after a stop does not blame its successor for its own pause.
+constexpr milliseconds kWatcherStall{1000};
+// The shortest deadline of a heartbeat question: the one asked as the silence nears the
+// communicator's timeout waits only for the rest of it (so the failure comes at the timeout,
+// not up to a question's deadline after it), but not so little that a live endpoint on a busy
+// machine could not answer it after all.
+constexpr milliseconds kShortestQuestion{10};
+
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string out;
   for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
@@ -118,12 +129,18 @@ Reply ask(const store::TcpStoreOptions& where, milliseconds deadline) {
 
 // The heartbeat (membership.hpp): a thread that asks one endpoint, the ring successor's, whether
 // it is there, and keeps since when its questions have gone unanswered (also at its own endpoint,
-// heartbeat_key). Each of its store calls waits at most kHeartbeatDeadline, so stopping it waits
-// no longer than a few of those.
+// heartbeat_key). Once a successor has left its questions unanswered for the communicator's
+// timeout, and the last one timed out rather than being refused (a refusal is a process that is
+// gone or left: the transport sees that itself), it fails the communicator through the sink the
+// communicator handed over (MembershipChanges::report_failures_to), once per successor watched.
+// Each of its store calls waits at most kHeartbeatDeadline, so stopping it waits no longer than a
+// few of those.
 class SuccessorWatch {
  public:
-  // `own`: this process's endpoint, where it keeps what it saw (heartbeat_key).
-  explicit SuccessorWatch(store::TcpStoreOptions own) : own_(std::move(own)), thread_([this] { run(); }) {}
+  // `own`: this process's endpoint, where it keeps what it saw (heartbeat_key). `fail_after`: the
+  // communicator's no-progress timeout, the silence that fails it.
+  SuccessorWatch(store::TcpStoreOptions own, milliseconds fail_after)
+      : own_(std::move(own)), fail_after_(fail_after), thread_([this] { run(); }) {}
 
   ~SuccessorWatch() {
     {
@@ -135,9 +152,11 @@ class SuccessorWatch {
   }
 
   // Watches `successor`, rank `rank` of the group, from now on (nothing: watches nobody),
-  // forgetting what it saw of the one before.
+  // forgetting what it saw of the one before. Once it returned, no failure found for the one
+  // before reaches the communicator.
   void watch(std::optional<store::TcpStoreOptions> successor, int rank = -1) {
     {
+      std::lock_guard<std::mutex> reporting(report_mutex_);
       std::lock_guard<std::mutex> lock(mutex_);
       successor_ = std::move(successor);
       successor_rank_ = rank;
@@ -145,6 +164,21 @@ class SuccessorWatch {
       unanswered_since_.reset();
     }
     changed_.notify_all();
+  }
+
+  // While held, the watcher watches on but fails nothing (the membership is changing). Once
+  // hold(true) returned, no failure is being reported.
+  void hold(bool held) {
+    std::lock_guard<std::mutex> reporting(report_mutex_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_ = held;
+  }
+
+  // Where a silent successor's failure goes (empty: nowhere). Once it returned, the sink before
+  // is neither running nor called again.
+  void report_to(MembershipChanges::FailureSink fail) {
+    std::lock_guard<std::mutex> reporting(report_mutex_);
+    report_ = std::move(fail);
   }
 
   // How long a question to `successor` has gone unanswered (zero while it answers, and for an
@@ -167,38 +201,70 @@ class SuccessorWatch {
     std::unique_lock<std::mutex> lock(mutex_);
     uint64_t watching = version_ - 1;
     std::shared_ptr<store::Store> client;  // kept: a question on a live connection costs one round trip
+    milliseconds client_deadline{0};       // the deadline `client` was made with
     std::shared_ptr<store::Store> own;
-    int64_t published = 0;  // the silence kept at heartbeat_key() of the one watched
+    // The silence kept at heartbeat_key() of the one watched; -1: not written since it was
+    // re-pointed (the key may hold what an earlier watch of the same endpoint saw).
+    int64_t published = -1;
+    bool reported = false;  // this successor's silence failed the communicator already
+    Clock::time_point looked = Clock::now();  // when the last question came back
     while (!stopping_) {
       if (watching != version_) {
         watching = version_;
         client.reset();
-        published = 0;
+        published = -1;
+        reported = false;
+        looked = Clock::now();
       }
       if (!successor_) {
         changed_.wait(lock, [&] { return stopping_ || watching != version_; });
         continue;
       }
       const store::TcpStoreOptions where = *successor_;
+      const int watched = successor_rank_;
       const Clock::time_point asked = Clock::now();
       if (!unanswered_since_) unanswered_since_ = asked;
+      const milliseconds deadline =
+          std::clamp(fail_after_ - since(*unanswered_since_), kShortestQuestion, kHeartbeatDeadline);
       lock.unlock();
       bool answered = false;
       try {
-        if (!client) client = connect_within(where, kHeartbeatDeadline);
+        // A client answers within the deadline it was made with: a shorter question needs its own.
+        if (!client || client_deadline != deadline) {
+          client.reset();
+          client = connect_within(where, deadline);
+          client_deadline = deadline;
+        }
         answered = agreed_generation(*client) >= 0;
       } catch (const std::exception&) {
       }
+      const Clock::time_point back = Clock::now();
+      // As ask(): a failure well before the deadline is a refusal, one at the deadline silence.
+      const bool silent = !answered && back - asked >= deadline / 2;
+      // A connection and a question, each within the deadline; more than that, or a late start,
+      // was this process's own pause.
+      const bool paused_here = back - asked > 2 * deadline + kWatcherStall ||
+                               asked - looked > kHeartbeatInterval + kWatcherStall;
+      looked = back;
       lock.lock();
       if (watching != version_) continue;  // re-pointed meanwhile: the answer was the old successor's
-      if (answered) unanswered_since_.reset();
-      const int64_t silence = answered || !unanswered_since_ ? 0 : since(*unanswered_since_).count();
-      if (silence != published) {
+      if (answered)
+        unanswered_since_.reset();
+      else if (paused_here)
+        unanswered_since_ = back;
+      const milliseconds silence = answered || !unanswered_since_ ? milliseconds(0) : since(*unanswered_since_);
+      if (silent && !reported && silence >= fail_after_) {
+        lock.unlock();
+        reported = report(watching, watched, silence);
+        lock.lock();
+        if (watching != version_) continue;
+      }
+      if (silence.count() != published) {
         lock.unlock();
         try {
           if (!own) own = connect_within(own_, kHeartbeatDeadline);
-          own->add(heartbeat_key(where), silence - own->add(heartbeat_key(where), 0));
-          published = silence;
+          own->add(heartbeat_key(where), silence.count() - own->add(heartbeat_key(where), 0));
+          published = silence.count();
         } catch (const std::exception&) {
           own.reset();
         }
@@ -209,15 +275,57 @@ class SuccessorWatch {
     }
   }
 
+  // Fails the communicator: rank `rank`, watched as `version`, was silent for `silence`. False
+  // when it may not now (re-pointed, held, or no communicator yet): asked again at the next
+  // question. Called without mutex_ (the communicator's failure asks unresponsive(), which
+  // takes it).
+  bool report(uint64_t version, int rank, milliseconds silence) {
+    std::lock_guard<std::mutex> reporting(report_mutex_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (version != version_ || held_ || stopping_ || !report_) return false;
+    }
+    const std::string message = "rank " + std::to_string(rank) + " has not answered its membership endpoint for " +
+                                std::to_string(silence.count()) + " ms (stopped or unreachable; the timeout is " +
+                                std::to_string(fail_after_.count()) + " ms)";
+    log::info("membership: " + message + ": the heartbeat fails the communicator");
+    report_(Status::PeerTimeout, message);
+    return true;
+  }
+
   const store::TcpStoreOptions own_;
+  const milliseconds fail_after_;
+  // Held while a failure is reported, and by the calls that must not overlap one (watch, hold,
+  // report_to); taken before mutex_.
+  std::mutex report_mutex_;
+  MembershipChanges::FailureSink report_;  // guarded by report_mutex_
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   bool stopping_ = false;
+  bool held_ = false;
   std::optional<store::TcpStoreOptions> successor_;
   int successor_rank_ = -1;
   uint64_t version_ = 0;  // counts the watch() calls
   std::optional<Clock::time_point> unanswered_since_;
   std::thread thread_;  // last: starts once the rest is initialized
+};
+
+// Holds the heartbeat's failure while the membership changes (agreement, admission, leave): until
+// watch_successor() re-points it the watcher still watches the member before the change, and a
+// failure then would land on a transport that is about to go.
+class HeldWatch {
+ public:
+  explicit HeldWatch(SuccessorWatch* watch) : watch_(watch) {
+    if (watch_) watch_->hold(true);
+  }
+  ~HeldWatch() {
+    if (watch_) watch_->hold(false);
+  }
+  HeldWatch(const HeldWatch&) = delete;
+  HeldWatch& operator=(const HeldWatch&) = delete;
+
+ private:
+  SuccessorWatch* watch_;
 };
 
 std::string Membership::start_endpoint() {
@@ -226,7 +334,7 @@ std::string Membership::start_endpoint() {
   own.auth_token = random_hex(16);
   server_ = store::TcpStoreServer::start("", 0, own.auth_token);
   own.port = server_->port();
-  watch_ = std::make_unique<SuccessorWatch>(own);
+  watch_ = std::make_unique<SuccessorWatch>(own, timeout_);
   return endpoint_text(own);
 }
 
@@ -238,6 +346,10 @@ void Membership::watch_successor() {
   }
   const int successor = (rank_ + 1) % size();
   watch_->watch(endpoints_[size_t(successor)], successor);
+}
+
+void Membership::report_failures_to(FailureSink fail) {
+  if (watch_) watch_->report_to(std::move(fail));
 }
 
 std::vector<int> Membership::unresponsive() const {
@@ -327,6 +439,7 @@ void Membership::record_generation() {
 }
 
 std::unique_ptr<transport::PointToPoint> Membership::survivors(const std::string& cause) {
+  const HeldWatch held(watch_.get());
   const Agreed agreed = agree(cause);
   previous_ = agreed.previous;
   return connect(*agreed.store, agreed.prefix);
@@ -343,6 +456,7 @@ int64_t Membership::join_requests() {
 }
 
 std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests) {
+  const HeldWatch held(watch_.get());
   const int64_t first = admitted_;
   require(join_requests > first, Status::Internal, "membership: admit() without a new join request");
   // Counted as handled whether or not the admission succeeds: a joiner that died meanwhile is
@@ -402,6 +516,7 @@ std::unique_ptr<transport::PointToPoint> Membership::admit(int64_t join_requests
 
 std::unique_ptr<transport::PointToPoint> Membership::release(int leaving) {
   require(leaving >= 0 && leaving < size(), Status::Internal, "membership: release() of a rank out of range");
+  const HeldWatch held(watch_.get());
   ++generation_;
   if (leaving == rank_) {
     if (door_store_) {

@@ -29,6 +29,19 @@
 // does not make a live rank gone. One watched peer per rank: the cost does not grow with the
 // group. Two stopped neighbours: the second is watched by nobody alive and is probed as before.
 //
+// The heartbeat also fails the group: once the successor has left its questions unanswered for
+// the communicator's timeout (CommOptions::timeout: the no-progress timeout's meaning, counted
+// from the first question it left unanswered rather than from the start of the collective that
+// then waits for it), the watcher fails the communicator with PeerTimeout ("rank R has not
+// answered its membership endpoint for N ms"); its abort tells the peers at once, and the
+// agreement finds that silence reported (a full probe: no question). The communicator hands
+// over how to fail it (MembershipChanges::report_failures_to) and takes it back before it goes.
+// Never while the membership changes (agreement, admission, leave: held until the watcher is
+// re-pointed), nor for a refusal (a process gone or leaving: its transport says so itself), nor
+// for a rank that is only slow (its endpoint's thread answers while its training thread
+// computes), nor for this process's own pause (a question that came back far past its deadline
+// counts the silence afresh: a stopped rank that resumes does not blame its successor).
+//
 // Joining: the store a launched group formed at (rank 0's, at MASTER_PORT) stays up while the
 // process of rank 0 lives, as the group's *door*. A process that finds it open there asks to join
 // (its endpoint under co2/elastic/door/join/<n>). Rank 0 counts the requests at every boundary;
@@ -104,6 +117,7 @@ class Membership final : public MembershipChanges {
   std::unique_ptr<transport::PointToPoint> admit(int64_t join_requests) override;
   std::unique_ptr<transport::PointToPoint> release(int leaving) override;
   std::vector<int> unresponsive() const override;
+  void report_failures_to(FailureSink fail) override;
 
   struct Agreed {
     int rank = 0;                    // this rank in the new group
