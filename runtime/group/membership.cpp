@@ -591,6 +591,7 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
   enum class Seen { Unknown, Arrived, Gone };
   const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
   std::vector<Seen> seen(static_cast<size_t>(size()), Seen::Unknown);
+  std::vector<bool> answered(static_cast<size_t>(size()), false);  // at the last question asked
   // A rank that answers meets the failure within its own no-progress timeout (sooner when a
   // peer's abort reaches it); the time spent probing ranks that do not answer is not counted.
   Clock::time_point deadline = Clock::now() + timeout_ + probe;
@@ -604,20 +605,33 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         continue;
       }
       // Its ring predecessor reports, when it arrives, how long its heartbeat saw this rank
-      // silent: that counts toward the probe. Until the predecessor arrives (or is gone), a short
-      // question only tells whether the rank answers or refuses.
+      // silent: that counts toward the probe. Until the predecessor arrives (or is gone), the
+      // silence it keeps at its endpoint counts the same way, and a short question only tells
+      // whether the rank answers or refuses unless it covers the rest of the probe.
       const int predecessor = (r + size() - 1) % size();
       const bool report_final = seen[size_t(predecessor)] != Seen::Unknown;
-      const milliseconds reported(store.add(silence_key(prefix, r), 0));
+      milliseconds reported(store.add(silence_key(prefix, r), 0));
+      // Read before the predecessor arrives: one round trip to a live rank rather than a short
+      // question to a stopped one (when the heartbeat failed the group, the predecessor saw the
+      // whole timeout, and it may arrive only after that question).
+      if (!report_final && reported < probe && !answered[size_t(r)]) {
+        const Clock::time_point reading = Clock::now();
+        reported = std::max(reported, kept_silence(predecessor, endpoints_[size_t(r)]));
+        deadline += Clock::now() - reading;  // a stopped predecessor takes kProbeSlice to tell
+      }
       if (reported >= probe) {
         state = Seen::Gone;
         log::info("membership: rank " + std::to_string(r) + " had not answered its predecessor's heartbeat for " +
                   std::to_string(reported.count()) + " ms: left out of the group without a probe");
         continue;
       }
+      // Once what the predecessor saw leaves no more of the probe than a short question's
+      // deadline, the question asks for the rest, and its silence completes the probe.
+      const milliseconds rest = probe - reported;
+      const bool asks_the_rest = report_final || rest <= std::min(kProbeSlice, probe);
       const Clock::time_point asked = Clock::now();
-      const auto [answer, generation] =
-          ask(endpoints_[size_t(r)], report_final ? probe - reported : std::min(kProbeSlice, probe));
+      const auto [answer, generation] = ask(endpoints_[size_t(r)], asks_the_rest ? rest : std::min(kProbeSlice, probe));
+      answered[size_t(r)] = answer == Answer::Yes;
       if (generation >= int64_t(generation_))
         fail(Status::PeerLost, "rank " + std::to_string(rank_) + " was left out of the group: rank " +
                                    std::to_string(r) + " already agreed on generation " + std::to_string(generation) +
@@ -627,8 +641,8 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         continue;
       }
       deadline += Clock::now() - asked;
-      if (answer == Answer::Silent && !report_final) {
-        waiting = true;  // asked for all of the probe once its predecessor's report is in
+      if (answer == Answer::Silent && !asks_the_rest) {
+        waiting = true;  // asked for the rest of the probe once its predecessor's report is in
         continue;
       }
       state = Seen::Gone;
