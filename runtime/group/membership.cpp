@@ -253,12 +253,8 @@ class SuccessorWatch {
       else if (paused_here)
         unanswered_since_ = back;
       const milliseconds silence = answered || !unanswered_since_ ? milliseconds(0) : since(*unanswered_since_);
-      if (silent && !reported && silence >= fail_after_) {
-        lock.unlock();
-        reported = report(watching, watched, silence);
-        lock.lock();
-        if (watching != version_) continue;
-      }
+      // Kept first, then reported: the peers that learn of the failure from its abort and look
+      // for a coordinator read the whole timeout of silence here.
       if (silence.count() != published) {
         lock.unlock();
         try {
@@ -268,6 +264,12 @@ class SuccessorWatch {
         } catch (const std::exception&) {
           own.reset();
         }
+        lock.lock();
+        if (watching != version_) continue;
+      }
+      if (silent && !reported && silence >= fail_after_) {
+        lock.unlock();
+        reported = report(watching, watched, silence);
         lock.lock();
         if (watching != version_) continue;
       }

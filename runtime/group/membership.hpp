@@ -78,7 +78,12 @@ constexpr std::chrono::milliseconds kHeartbeatDeadline{250};
 // How long a short question to a missing rank's endpoint waits, asked while the silence its ring
 // predecessor saw is not known yet: it tells a refusal (gone) or an answer (alive) from silence,
 // and counts nothing toward the probe (which then asks once for what the heartbeat did not see).
-constexpr std::chrono::milliseconds kProbeSlice{250};
+// Also the deadline for reading that silence at the predecessor's endpoint. Short: a silent
+// answer decides nothing by itself (a live rank that answers late is asked again, for the whole
+// rest of the probe, once the report is in), while every question to a stopped rank holds up the
+// coordinator, or a survivor looking for one, for all of it. A live endpoint answers within a
+// few milliseconds even on a loaded machine (its own thread, three round trips).
+constexpr std::chrono::milliseconds kProbeSlice{50};
 // How long the successor must have left the heartbeat unanswered before a failed transport's
 // abort stops waiting for it to hear of the abort (four intervals; a live endpoint answers within
 // milliseconds, and a stopped one never hears it).
