@@ -28,10 +28,10 @@ constexpr milliseconds kSurvivorPoll{20};
 // not running (stopped, or starved of CPU). The silence is counted afresh from then, so that a
 // rank resumed after a stop does not blame its successor for its own pause.
 constexpr milliseconds kWatcherStall{1000};
-// The shortest deadline of a heartbeat question: the one asked as the silence nears the
-// communicator's timeout waits only for the rest of it (so the failure comes at the timeout,
-// not up to a question's deadline after it), but not so little that a live endpoint on a busy
-// machine could not answer it after all.
+// The shortest deadline of a heartbeat question: the one asked as the silence nears the probe's
+// or the communicator's timeout waits only for the rest of it (so the silence is kept, and the
+// failure comes, at that mark, not up to a question's deadline after it), but not so little that
+// a live endpoint on a busy machine could not answer it after all.
 constexpr milliseconds kShortestQuestion{10};
 
 std::string ranks_text(const std::vector<int>& ranks) {
@@ -224,8 +224,17 @@ class SuccessorWatch {
       const int watched = successor_rank_;
       const Clock::time_point asked = Clock::now();
       if (!unanswered_since_) unanswered_since_ = asked;
-      const milliseconds deadline =
-          std::clamp(fail_after_ - since(*unanswered_since_), kShortestQuestion, kHeartbeatDeadline);
+      // The question that reaches a mark waits only for the rest: the silence is kept at the
+      // probe's (ranks looking for a coordinator read it) and fails the communicator at the
+      // timeout's as soon as it is there, not up to a question's deadline later.
+      const milliseconds silent_now = since(*unanswered_since_);
+      milliseconds deadline = kHeartbeatDeadline;
+      for (const milliseconds mark : {std::min(fail_after_, kMembershipProbeTimeout), fail_after_}) {
+        if (silent_now < mark) {
+          deadline = std::clamp(mark - silent_now, kShortestQuestion, kHeartbeatDeadline);
+          break;
+        }
+      }
       lock.unlock();
       bool answered = false;
       try {
@@ -556,8 +565,11 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
     const store::TcpStoreOptions& where = endpoints_[size_t(candidate)];
     // The silence its ring predecessor's heartbeat saw counts toward the probe: this rank's own
     // watcher's, or, for rank 0, the one that its predecessor (the last rank, not asked yet)
-    // keeps at its endpoint, asked once rank 0 does not answer a short question. A candidate
-    // past 0 has a predecessor that did not answer either: nobody alive saw more.
+    // keeps at its endpoint, asked once rank 0 does not answer a short question. That one is as
+    // old as the watcher's last question (up to kHeartbeatInterval; the watcher keeps it at the
+    // probe's mark as well): while it falls short, rank 0 is asked short questions, and the kept
+    // silence read again between them, their own silence counted too. A candidate past 0 has a
+    // predecessor that did not answer either: nobody alive saw more.
     const int predecessor = (candidate + size() - 1) % size();
     milliseconds seen(0);
     Answer answer = Answer::Silent;
@@ -565,7 +577,16 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
       if (watch_) seen = watch_->silence_of(where);
     } else if (candidate == 0) {
       answer = ask(where, std::min(kProbeSlice, probe)).answer;
-      if (answer == Answer::Silent) seen = kept_silence(predecessor, where);
+      std::optional<milliseconds> kept = answer == Answer::Silent ? kept_silence(predecessor, where) : std::nullopt;
+      seen = kept.value_or(milliseconds(0));
+      while (answer == Answer::Silent && kept && seen < probe) {
+        const Clock::time_point asking = Clock::now();
+        answer = ask(where, std::min(kProbeSlice, probe - seen)).answer;
+        if (answer != Answer::Silent) break;
+        seen += since(asking);
+        kept = kept_silence(predecessor, where);
+        if (kept) seen = std::max(seen, *kept);
+      }
     }
     if (answer == Answer::Silent && seen < probe) answer = ask(where, probe - seen).answer;
     if (answer == Answer::Yes) {
@@ -580,12 +601,12 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
   fail(Status::Internal, "membership: no endpoint answered, not even this rank's own");
 }
 
-milliseconds Membership::kept_silence(int watcher, const store::TcpStoreOptions& watched) const {
+std::optional<milliseconds> Membership::kept_silence(int watcher, const store::TcpStoreOptions& watched) const {
   try {
     return milliseconds(
         connect_within(endpoints_[size_t(watcher)], std::min(kProbeSlice, timeout_))->add(heartbeat_key(watched), 0));
   } catch (const std::exception&) {
-    return milliseconds(0);
+    return std::nullopt;
   }
 }
 
@@ -618,7 +639,7 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
       // whole timeout, and it may arrive only after that question).
       if (!report_final && reported < probe && !answered[size_t(r)]) {
         const Clock::time_point reading = Clock::now();
-        reported = std::max(reported, kept_silence(predecessor, endpoints_[size_t(r)]));
+        reported = std::max(reported, kept_silence(predecessor, endpoints_[size_t(r)]).value_or(milliseconds(0)));
         deadline += Clock::now() - reading;  // a stopped predecessor takes kProbeSlice to tell
       }
       if (reported >= probe) {

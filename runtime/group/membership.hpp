@@ -57,6 +57,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -148,8 +149,8 @@ class Membership final : public MembershipChanges {
   // The coordinator's part: the old ranks that arrived, once every other one stopped answering.
   std::vector<int> wait_for_survivors(store::Store& store, const std::string& prefix) const;
   // How long rank `watcher`'s heartbeat last saw the endpoint at `watched` silent, as it keeps it
-  // at its endpoint (zero when it does not answer within kProbeSlice).
-  std::chrono::milliseconds kept_silence(int watcher, const store::TcpStoreOptions& watched) const;
+  // at its endpoint (nothing when it does not answer within kProbeSlice).
+  std::optional<std::chrono::milliseconds> kept_silence(int watcher, const store::TcpStoreOptions& watched) const;
 
   // Starts this process's endpoint and its watcher; the endpoint's address as the members
   // exchange it.
