@@ -21,10 +21,12 @@
 // unanswered, in memory and at its own endpoint. A survivor reports that silence of its successor
 // when it arrives at the coordinator, and the coordinator counts it toward the probe's deadline:
 // a rank its predecessor saw silent for kMembershipProbeTimeout is gone without a probe, one seen
-// silent for less is asked once for the rest (until the report is in, a short question only tells
-// an answer or a refusal from silence). Looking for the coordinator, a survivor counts the same
-// silence: its own watcher's for its successor, and for rank 0 the one rank 0's predecessor keeps
-// at its endpoint. The rule stays "no answer for kMembershipProbeTimeout", only timed from the
+// silent for less is asked once for the rest (until the report is in, the coordinator counts the
+// silence the predecessor keeps at its endpoint, and a short question only tells an answer or a
+// refusal from silence unless it covers the rest). Looking for the coordinator, a survivor counts
+// the same silence: its own watcher's for its successor, and for rank 0 the one rank 0's
+// predecessor keeps at its endpoint (read again between short questions: it is as old as the
+// watcher's last question, which it keeps at the probe's mark too). The rule stays "no answer for kMembershipProbeTimeout", only timed from the
 // stop rather than from the failure; a live endpoint answers within milliseconds, so the heartbeat
 // does not make a live rank gone. One watched peer per rank: the cost does not grow with the
 // group. Two stopped neighbours: the second is watched by nobody alive and is probed as before.

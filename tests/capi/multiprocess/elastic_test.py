@@ -1,6 +1,7 @@
 """Elastic membership between real processes over UCX/TCP on loopback (issue 26): a rank killed
 mid-round, killed with its all-reduce in flight, the coordinator killed, two ranks lost one after
-the other, a rank stopped past the timeout (and refused when it resumes), too few survivors; a
+the other, a rank stopped past the timeout (and refused when it resumes; failed by its
+predecessor's heartbeat), a step longer than the timeout (nobody fails), too few survivors; a
 restarted rank joining, joiners killed while they join, 20 leave/join cycles under co2run.
 Survivors must end with the same parameters (hash), the new size and the full step count; no
 rank may hang (each test has a deadline and kills what is left).
