@@ -55,9 +55,10 @@ class PointToPoint {
 
   // Fails every pending and future operation here and at the peers. Thread-safe.
   virtual void abort(const std::string& reason) = 0;
-  // Ranks known not to answer at all (a stopped process, as the group's membership sees it): an
-  // abort does not wait for them to hear of it before it lets go of what was in flight to them.
-  // A hint; thread-safe, before or after abort().
+  // Ranks known not to answer at all (a stopped process, as the group's membership sees it; the
+  // ranks an elastic group's survivors left out, before the old transport goes): an abort does
+  // not wait for them to hear of it before it lets go of what was in flight to them. A hint;
+  // thread-safe, before or after abort().
   virtual void peers_unresponsive(const std::vector<int>& /*ranks*/) {}
 
   // Detail of the last non-Done outcome.

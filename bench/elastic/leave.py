@@ -11,7 +11,7 @@ round time before the fault, the target (timeout + one round) and the steps lost
 before the change against the step the group resumed at).
 
     /usr/bin/python3 bench/elastic/leave.py [--build build] [--world 4] [--state-mib 16] [--shard]
-        [--logs DIR]
+        [--logs DIR] [--timeouts 2000,5000] [--cases stop-2,kill-2]
 
 --logs DIR runs the ranks at CO2_LOG_LEVEL=info and writes each case's rank logs to DIR, every
 line prefixed by when the driver read it, in ms since the fault: when each survivor met the
@@ -128,10 +128,14 @@ def main():
     parser.add_argument("--timeouts", default="2000,5000")
     parser.add_argument("--shard", action="store_true", help="outer state sharded over the ranks")
     parser.add_argument("--logs", help="write each case's rank logs (CO2_LOG_LEVEL=info) here")
+    parser.add_argument("--cases", help="only these cases, e.g. stop-2,kill-2 (default: all five per timeout)")
     args = parser.parse_args()
     args.worker = os.path.join(args.build, "bench", "elastic_rank")
     cases = [(fault, victim, int(t)) for t in args.timeouts.split(",")
-             for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2), ("stop", 0), ("leave", 2))]
+             for fault, victim in (("kill", 2), ("kill", 0), ("stop", 2), ("stop", 0), ("leave", 2))
+             if not args.cases or f"{fault}-{victim}" in args.cases.split(",")]
+    if not cases:
+        parser.error(f"--cases {args.cases!r} names none of kill-2, kill-0, stop-2, stop-0, leave-2")
     print(f"# elastic leave, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: W = {args.world} over "
           f"UCX/TCP loopback, {args.state_mib:g} MiB of fp32 parameters"
           f"{', outer state sharded' if args.shard else ''}, tau {args.tau}, step "

@@ -125,6 +125,8 @@ class PointToPointExecutor {
     std::lock_guard<std::mutex> lock(mutex_);
     membership_ = std::move(membership);
   }
+  // Peers known never to answer (transport::PointToPoint::peers_unresponsive). Thread-safe.
+  void peers_unresponsive(const std::vector<int>& ranks) { transport_->peers_unresponsive(ranks); }
 
   Status error_status() const;
   std::string error_message() const;
@@ -397,7 +399,11 @@ Communicator::Communicator(std::unique_ptr<transport::Collective> transport,
   collective_transport_ = std::make_unique<CollectiveTransportExecutor>(std::move(transport), options);
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  // Before anything goes: the membership's thread may be failing this communicator right now,
+  // and must not once the executor is being destroyed.
+  if (membership_) membership_->report_failures_to(nullptr);
+}
 
 int Communicator::rank() const {
   std::lock_guard<std::mutex> lock(executor_mutex_);
@@ -609,6 +615,9 @@ void Communicator::set_membership(std::shared_ptr<MembershipChanges> membership)
   // The unresponsive peers' hint is for point-to-point transports, whose abort waits for each
   // peer to hear of it; a collective transport's abort does not wait.
   if (point_to_point_) point_to_point_->set_membership(membership_);
+  // Thread-safe like fail_with itself; reform() swaps the executor under the same lock, so a
+  // failure the membership finds during a change lands on whichever executor is current.
+  membership_->report_failures_to([this](Status status, const std::string& message) { fail_with(status, message); });
 }
 
 bool Communicator::can_reform() const {
@@ -630,7 +639,22 @@ void Communicator::reform() {
               std::to_string(int(error_status())) + ": " + error_message() + ")");
   // The new transport is a transport of its own (its own UCX worker): nothing of the old,
   // failed group reaches it. A membership that throws leaves the communicator failed as it was.
-  replace_transport(membership_->survivors(error_message()));
+  const int old_size = size();
+  GroupTransport survivors = membership_->survivors(error_message());
+  // The ranks the survivors agreed to leave out are dead or stopped (a live one that arrived too
+  // late fails at its own agreement): the old transport's teardown need not wait for them to hear
+  // of its abort. A stopped rank never would, so every survivor whose heartbeat did not watch it
+  // waited out the transport's notice grace (UCX: 1 s from the abort) here, before the state
+  // hand-over could start (docs/benchmarks.md, "Elastic groups: what a lost rank costs").
+  const std::vector<int> kept = membership_->previous_ranks();
+  std::vector<int> left_out;
+  for (int rank = 0; rank < old_size; ++rank)
+    if (std::find(kept.begin(), kept.end(), rank) == kept.end()) left_out.push_back(rank);
+  {
+    std::lock_guard<std::mutex> lock(executor_mutex_);
+    if (point_to_point_) point_to_point_->peers_unresponsive(left_out);  // an aborted NCCL waits for nobody
+  }
+  replace_transport(std::move(survivors));
 }
 
 int64_t Communicator::join_requests() const {

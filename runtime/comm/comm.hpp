@@ -150,6 +150,15 @@ class MembershipChanges {
   // Ranks of the current group this process saw not answering for a while (a stopped process):
   // a failed communicator's abort does not wait for them. Thread-safe.
   virtual std::vector<int> unresponsive() const { return {}; }
+  // How the membership fails the communicator it serves when it learns of a lost member before
+  // the collectives do (runtime/group/membership.hpp: a ring successor silent for the
+  // communicator's timeout, counted from when it stopped answering rather than from the start of
+  // the collective that then waits for it). The communicator hands it over in set_membership and
+  // takes it back (an empty function) in its destructor: `fail` may run on a thread of the
+  // membership's, and once the call that replaces it returned it is neither running nor called
+  // again. Thread-safe.
+  using FailureSink = std::function<void(Status status, const std::string& message)>;
+  virtual void report_failures_to(FailureSink fail) { (void)fail; }
 };
 
 class Communicator {

@@ -20,6 +20,17 @@ using Clock = std::chrono::steady_clock;
 // How often the coordinator looks for arrivals and asks the missing ranks' endpoints.
 constexpr milliseconds kSurvivorPoll{20};
 
+// A heartbeat question that came back this much later than its deadlines allow, or one asked
+// this much later than the interval, says nothing about the successor: this process itself was
+// not running (stopped, or starved of CPU). The silence is counted afresh from then, so that a
+// rank resumed after a stop does not blame its successor for its own pause.
+constexpr milliseconds kWatcherStall{1000};
+// The shortest deadline of a heartbeat question: the one asked as the silence nears the probe's
+// or the communicator's timeout waits only for the rest of it (so the silence is kept, and the
+// failure comes, at that mark, not up to a question's deadline after it), but not so little that
+// a live endpoint on a busy machine could not answer it after all.
+constexpr milliseconds kShortestQuestion{10};
+
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string out;
   for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
@@ -115,12 +126,18 @@ Reply ask(const store::TcpStoreOptions& where, milliseconds deadline) {
 
 // The heartbeat (membership.hpp): a thread that asks one endpoint, the ring successor's, whether
 // it is there, and keeps since when its questions have gone unanswered (also at its own endpoint,
-// heartbeat_key). Each of its store calls waits at most kHeartbeatDeadline, so stopping it waits
-// no longer than a few of those.
+// heartbeat_key). Once a successor has left its questions unanswered for the communicator's
+// timeout, and the last one timed out rather than being refused (a refusal is a process that is
+// gone or left: the transport sees that itself), it fails the communicator through the sink the
+// communicator handed over (MembershipChanges::report_failures_to), once per successor watched.
+// Each of its store calls waits at most kHeartbeatDeadline, so stopping it waits no longer than a
+// few of those.
 class SuccessorWatch {
  public:
-  // `own`: this process's endpoint, where it keeps what it saw (heartbeat_key).
-  explicit SuccessorWatch(store::TcpStoreOptions own) : own_(std::move(own)), thread_([this] { run(); }) {}
+  // `own`: this process's endpoint, where it keeps what it saw (heartbeat_key). `fail_after`: the
+  // communicator's no-progress timeout, the silence that fails it.
+  SuccessorWatch(store::TcpStoreOptions own, milliseconds fail_after)
+      : own_(std::move(own)), fail_after_(fail_after), thread_([this] { run(); }) {}
 
   ~SuccessorWatch() {
     {
@@ -132,9 +149,11 @@ class SuccessorWatch {
   }
 
   // Watches `successor`, rank `rank` of the group, from now on (nothing: watches nobody),
-  // forgetting what it saw of the one before.
+  // forgetting what it saw of the one before. Once it returned, no failure found for the one
+  // before reaches the communicator.
   void watch(std::optional<store::TcpStoreOptions> successor, int rank = -1) {
     {
+      std::lock_guard<std::mutex> reporting(report_mutex_);
       std::lock_guard<std::mutex> lock(mutex_);
       successor_ = std::move(successor);
       successor_rank_ = rank;
@@ -142,6 +161,21 @@ class SuccessorWatch {
       unanswered_since_.reset();
     }
     changed_.notify_all();
+  }
+
+  // While held, the watcher watches on but fails nothing (the membership is changing). Once
+  // hold(true) returned, no failure is being reported.
+  void hold(bool held) {
+    std::lock_guard<std::mutex> reporting(report_mutex_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_ = held;
+  }
+
+  // Where a silent successor's failure goes (empty: nowhere). Once it returned, the sink before
+  // is neither running nor called again.
+  void report_to(MembershipChanges::FailureSink fail) {
+    std::lock_guard<std::mutex> reporting(report_mutex_);
+    report_ = std::move(fail);
   }
 
   // How long a question to `successor` has gone unanswered (zero while it answers, and for an
@@ -164,41 +198,84 @@ class SuccessorWatch {
     std::unique_lock<std::mutex> lock(mutex_);
     uint64_t watching = version_ - 1;
     std::shared_ptr<store::Store> client;  // kept: a question on a live connection costs one round trip
+    milliseconds client_deadline{0};       // the deadline `client` was made with
     std::shared_ptr<store::Store> own;
-    int64_t published = 0;  // the silence kept at heartbeat_key() of the one watched
+    // The silence kept at heartbeat_key() of the one watched; -1: not written since it was
+    // re-pointed (the key may hold what an earlier watch of the same endpoint saw).
+    int64_t published = -1;
+    bool reported = false;  // this successor's silence failed the communicator already
+    Clock::time_point looked = Clock::now();  // when the last question came back
     while (!stopping_) {
       if (watching != version_) {
         watching = version_;
         client.reset();
-        published = 0;
+        published = -1;
+        reported = false;
+        looked = Clock::now();
       }
       if (!successor_) {
         changed_.wait(lock, [&] { return stopping_ || watching != version_; });
         continue;
       }
       const store::TcpStoreOptions where = *successor_;
+      const int watched = successor_rank_;
       const Clock::time_point asked = Clock::now();
       if (!unanswered_since_) unanswered_since_ = asked;
+      // The question that reaches a mark waits only for the rest: the silence is kept at the
+      // probe's (ranks looking for a coordinator read it) and fails the communicator at the
+      // timeout's as soon as it is there, not up to a question's deadline later.
+      const milliseconds silent_now = since(*unanswered_since_);
+      milliseconds deadline = kHeartbeatDeadline;
+      for (const milliseconds mark : {std::min(fail_after_, kMembershipProbeTimeout), fail_after_}) {
+        if (silent_now < mark) {
+          deadline = std::clamp(mark - silent_now, kShortestQuestion, kHeartbeatDeadline);
+          break;
+        }
+      }
       lock.unlock();
       bool answered = false;
       try {
-        if (!client) client = connect_within(where, kHeartbeatDeadline);
+        // A client answers within the deadline it was made with: a shorter question needs its own.
+        if (!client || client_deadline != deadline) {
+          client.reset();
+          client = connect_within(where, deadline);
+          client_deadline = deadline;
+        }
         answered = agreed_generation(*client) >= 0;
       } catch (const std::exception&) {
       }
+      const Clock::time_point back = Clock::now();
+      // As ask(): a failure well before the deadline is a refusal, one at the deadline silence.
+      const bool silent = !answered && back - asked >= deadline / 2;
+      // A connection and a question, each within the deadline; more than that, or a late start,
+      // was this process's own pause.
+      const bool paused_here = back - asked > 2 * deadline + kWatcherStall ||
+                               asked - looked > kHeartbeatInterval + kWatcherStall;
+      looked = back;
       lock.lock();
       if (watching != version_) continue;  // re-pointed meanwhile: the answer was the old successor's
-      if (answered) unanswered_since_.reset();
-      const int64_t silence = answered || !unanswered_since_ ? 0 : since(*unanswered_since_).count();
-      if (silence != published) {
+      if (answered)
+        unanswered_since_.reset();
+      else if (paused_here)
+        unanswered_since_ = back;
+      const milliseconds silence = answered || !unanswered_since_ ? milliseconds(0) : since(*unanswered_since_);
+      // Kept first, then reported: the peers that learn of the failure from its abort and look
+      // for a coordinator read the whole timeout of silence here.
+      if (silence.count() != published) {
         lock.unlock();
         try {
           if (!own) own = connect_within(own_, kHeartbeatDeadline);
-          own->add(heartbeat_key(where), silence - own->add(heartbeat_key(where), 0));
-          published = silence;
+          own->add(heartbeat_key(where), silence.count() - own->add(heartbeat_key(where), 0));
+          published = silence.count();
         } catch (const std::exception&) {
           own.reset();
         }
+        lock.lock();
+        if (watching != version_) continue;
+      }
+      if (silent && !reported && silence >= fail_after_) {
+        lock.unlock();
+        reported = report(watching, watched, silence);
         lock.lock();
         if (watching != version_) continue;
       }
@@ -206,15 +283,57 @@ class SuccessorWatch {
     }
   }
 
+  // Fails the communicator: rank `rank`, watched as `version`, was silent for `silence`. False
+  // when it may not now (re-pointed, held, or no communicator yet): asked again at the next
+  // question. Called without mutex_ (the communicator's failure asks unresponsive(), which
+  // takes it).
+  bool report(uint64_t version, int rank, milliseconds silence) {
+    std::lock_guard<std::mutex> reporting(report_mutex_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (version != version_ || held_ || stopping_ || !report_) return false;
+    }
+    const std::string message = "rank " + std::to_string(rank) + " has not answered its membership endpoint for " +
+                                std::to_string(silence.count()) + " ms (stopped or unreachable; the timeout is " +
+                                std::to_string(fail_after_.count()) + " ms)";
+    log::info("membership: " + message + ": the heartbeat fails the communicator");
+    report_(Status::PeerTimeout, message);
+    return true;
+  }
+
   const store::TcpStoreOptions own_;
+  const milliseconds fail_after_;
+  // Held while a failure is reported, and by the calls that must not overlap one (watch, hold,
+  // report_to); taken before mutex_.
+  std::mutex report_mutex_;
+  MembershipChanges::FailureSink report_;  // guarded by report_mutex_
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   bool stopping_ = false;
+  bool held_ = false;
   std::optional<store::TcpStoreOptions> successor_;
   int successor_rank_ = -1;
   uint64_t version_ = 0;  // counts the watch() calls
   std::optional<Clock::time_point> unanswered_since_;
   std::thread thread_;  // last: starts once the rest is initialized
+};
+
+// Holds the heartbeat's failure while the membership changes (agreement, admission, leave): until
+// watch_successor() re-points it the watcher still watches the member before the change, and a
+// failure then would land on a transport that is about to go.
+class HeldWatch {
+ public:
+  explicit HeldWatch(SuccessorWatch* watch) : watch_(watch) {
+    if (watch_) watch_->hold(true);
+  }
+  ~HeldWatch() {
+    if (watch_) watch_->hold(false);
+  }
+  HeldWatch(const HeldWatch&) = delete;
+  HeldWatch& operator=(const HeldWatch&) = delete;
+
+ private:
+  SuccessorWatch* watch_;
 };
 
 std::string Membership::start_endpoint() {
@@ -223,7 +342,7 @@ std::string Membership::start_endpoint() {
   own.auth_token = random_hex(16);
   server_ = store::TcpStoreServer::start("", 0, own.auth_token);
   own.port = server_->port();
-  watch_ = std::make_unique<SuccessorWatch>(own);
+  watch_ = std::make_unique<SuccessorWatch>(own, timeout_);
   return endpoint_text(own);
 }
 
@@ -235,6 +354,10 @@ void Membership::watch_successor() {
   }
   const int successor = (rank_ + 1) % size();
   watch_->watch(endpoints_[size_t(successor)], successor);
+}
+
+void Membership::report_failures_to(FailureSink fail) {
+  if (watch_) watch_->report_to(std::move(fail));
 }
 
 std::vector<int> Membership::unresponsive() const {
@@ -329,6 +452,7 @@ void Membership::record_generation() {
 }
 
 GroupTransport Membership::survivors(const std::string& cause) {
+  const HeldWatch held(watch_.get());
   const Agreed agreed = agree(cause);
   previous_ = agreed.previous;
   return connect(*agreed.store, agreed.prefix);
@@ -346,6 +470,7 @@ int64_t Membership::join_requests() {
 }
 
 GroupTransport Membership::admit(int64_t join_requests) {
+  const HeldWatch held(watch_.get());
   const int64_t first = admitted_;
   require(join_requests > first, Status::Internal, "membership: admit() without a new join request");
   // Counted as handled whether or not the admission succeeds: a joiner that died meanwhile is
@@ -405,6 +530,7 @@ GroupTransport Membership::admit(int64_t join_requests) {
 
 GroupTransport Membership::release(int leaving) {
   require(leaving >= 0 && leaving < size(), Status::Internal, "membership: release() of a rank out of range");
+  const HeldWatch held(watch_.get());
   ++generation_;
   if (leaving == rank_) {
     // A door this process serves closes with it; one the launcher serves stays open, and the
@@ -444,8 +570,11 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
     const store::TcpStoreOptions& where = endpoints_[size_t(candidate)];
     // The silence its ring predecessor's heartbeat saw counts toward the probe: this rank's own
     // watcher's, or, for rank 0, the one that its predecessor (the last rank, not asked yet)
-    // keeps at its endpoint, asked once rank 0 does not answer a short question. A candidate
-    // past 0 has a predecessor that did not answer either: nobody alive saw more.
+    // keeps at its endpoint, asked once rank 0 does not answer a short question. That one is as
+    // old as the watcher's last question (up to kHeartbeatInterval; the watcher keeps it at the
+    // probe's mark as well): while it falls short, rank 0 is asked short questions, and the kept
+    // silence read again between them, their own silence counted too. A candidate past 0 has a
+    // predecessor that did not answer either: nobody alive saw more.
     const int predecessor = (candidate + size() - 1) % size();
     milliseconds seen(0);
     Answer answer = Answer::Silent;
@@ -453,7 +582,16 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
       if (watch_) seen = watch_->silence_of(where);
     } else if (candidate == 0) {
       answer = ask(where, std::min(kProbeSlice, probe)).answer;
-      if (answer == Answer::Silent) seen = kept_silence(predecessor, where);
+      std::optional<milliseconds> kept = answer == Answer::Silent ? kept_silence(predecessor, where) : std::nullopt;
+      seen = kept.value_or(milliseconds(0));
+      while (answer == Answer::Silent && kept && seen < probe) {
+        const Clock::time_point asking = Clock::now();
+        answer = ask(where, std::min(kProbeSlice, probe - seen)).answer;
+        if (answer != Answer::Silent) break;
+        seen += since(asking);
+        kept = kept_silence(predecessor, where);
+        if (kept) seen = std::max(seen, *kept);
+      }
     }
     if (answer == Answer::Silent && seen < probe) answer = ask(where, probe - seen).answer;
     if (answer == Answer::Yes) {
@@ -468,12 +606,12 @@ std::shared_ptr<store::Store> Membership::coordinator_store(int* coordinator) co
   fail(Status::Internal, "membership: no endpoint answered, not even this rank's own");
 }
 
-milliseconds Membership::kept_silence(int watcher, const store::TcpStoreOptions& watched) const {
+std::optional<milliseconds> Membership::kept_silence(int watcher, const store::TcpStoreOptions& watched) const {
   try {
     return milliseconds(
         connect_within(endpoints_[size_t(watcher)], std::min(kProbeSlice, timeout_))->add(heartbeat_key(watched), 0));
   } catch (const std::exception&) {
-    return milliseconds(0);
+    return std::nullopt;
   }
 }
 
@@ -481,6 +619,7 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
   enum class Seen { Unknown, Arrived, Gone };
   const milliseconds probe = std::min(timeout_, kMembershipProbeTimeout);
   std::vector<Seen> seen(static_cast<size_t>(size()), Seen::Unknown);
+  std::vector<bool> answered(static_cast<size_t>(size()), false);  // at the last question asked
   // A rank that answers meets the failure within its own no-progress timeout (sooner when a
   // peer's abort reaches it); the time spent probing ranks that do not answer is not counted.
   Clock::time_point deadline = Clock::now() + timeout_ + probe;
@@ -494,20 +633,33 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         continue;
       }
       // Its ring predecessor reports, when it arrives, how long its heartbeat saw this rank
-      // silent: that counts toward the probe. Until the predecessor arrives (or is gone), a short
-      // question only tells whether the rank answers or refuses.
+      // silent: that counts toward the probe. Until the predecessor arrives (or is gone), the
+      // silence it keeps at its endpoint counts the same way, and a short question only tells
+      // whether the rank answers or refuses unless it covers the rest of the probe.
       const int predecessor = (r + size() - 1) % size();
       const bool report_final = seen[size_t(predecessor)] != Seen::Unknown;
-      const milliseconds reported(store.add(silence_key(prefix, r), 0));
+      milliseconds reported(store.add(silence_key(prefix, r), 0));
+      // Read before the predecessor arrives: one round trip to a live rank rather than a short
+      // question to a stopped one (when the heartbeat failed the group, the predecessor saw the
+      // whole timeout, and it may arrive only after that question).
+      if (!report_final && reported < probe && !answered[size_t(r)]) {
+        const Clock::time_point reading = Clock::now();
+        reported = std::max(reported, kept_silence(predecessor, endpoints_[size_t(r)]).value_or(milliseconds(0)));
+        deadline += Clock::now() - reading;  // a stopped predecessor takes kProbeSlice to tell
+      }
       if (reported >= probe) {
         state = Seen::Gone;
         log::info("membership: rank " + std::to_string(r) + " had not answered its predecessor's heartbeat for " +
                   std::to_string(reported.count()) + " ms: left out of the group without a probe");
         continue;
       }
+      // Once what the predecessor saw leaves no more of the probe than a short question's
+      // deadline, the question asks for the rest, and its silence completes the probe.
+      const milliseconds rest = probe - reported;
+      const bool asks_the_rest = report_final || rest <= std::min(kProbeSlice, probe);
       const Clock::time_point asked = Clock::now();
-      const auto [answer, generation] =
-          ask(endpoints_[size_t(r)], report_final ? probe - reported : std::min(kProbeSlice, probe));
+      const auto [answer, generation] = ask(endpoints_[size_t(r)], asks_the_rest ? rest : std::min(kProbeSlice, probe));
+      answered[size_t(r)] = answer == Answer::Yes;
       if (generation >= int64_t(generation_))
         fail(Status::PeerLost, "rank " + std::to_string(rank_) + " was left out of the group: rank " +
                                    std::to_string(r) + " already agreed on generation " + std::to_string(generation) +
@@ -517,8 +669,8 @@ std::vector<int> Membership::wait_for_survivors(store::Store& store, const std::
         continue;
       }
       deadline += Clock::now() - asked;
-      if (answer == Answer::Silent && !report_final) {
-        waiting = true;  // asked for all of the probe once its predecessor's report is in
+      if (answer == Answer::Silent && !asks_the_rest) {
+        waiting = true;  // asked for the rest of the probe once its predecessor's report is in
         continue;
       }
       state = Seen::Gone;

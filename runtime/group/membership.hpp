@@ -21,13 +21,28 @@
 // unanswered, in memory and at its own endpoint. A survivor reports that silence of its successor
 // when it arrives at the coordinator, and the coordinator counts it toward the probe's deadline:
 // a rank its predecessor saw silent for kMembershipProbeTimeout is gone without a probe, one seen
-// silent for less is asked once for the rest (until the report is in, a short question only tells
-// an answer or a refusal from silence). Looking for the coordinator, a survivor counts the same
-// silence: its own watcher's for its successor, and for rank 0 the one rank 0's predecessor keeps
-// at its endpoint. The rule stays "no answer for kMembershipProbeTimeout", only timed from the
+// silent for less is asked once for the rest (until the report is in, the coordinator counts the
+// silence the predecessor keeps at its endpoint, and a short question only tells an answer or a
+// refusal from silence unless it covers the rest). Looking for the coordinator, a survivor counts
+// the same silence: its own watcher's for its successor, and for rank 0 the one rank 0's
+// predecessor keeps at its endpoint (read again between short questions: it is as old as the
+// watcher's last question, which it keeps at the probe's mark too). The rule stays "no answer for kMembershipProbeTimeout", only timed from the
 // stop rather than from the failure; a live endpoint answers within milliseconds, so the heartbeat
 // does not make a live rank gone. One watched peer per rank: the cost does not grow with the
 // group. Two stopped neighbours: the second is watched by nobody alive and is probed as before.
+//
+// The heartbeat also fails the group: once the successor has left its questions unanswered for
+// the communicator's timeout (CommOptions::timeout: the no-progress timeout's meaning, counted
+// from the first question it left unanswered rather than from the start of the collective that
+// then waits for it), the watcher fails the communicator with PeerTimeout ("rank R has not
+// answered its membership endpoint for N ms"); its abort tells the peers at once, and the
+// agreement finds that silence reported (a full probe: no question). The communicator hands
+// over how to fail it (MembershipChanges::report_failures_to) and takes it back before it goes.
+// Never while the membership changes (agreement, admission, leave: held until the watcher is
+// re-pointed), nor for a refusal (a process gone or leaving: its transport says so itself), nor
+// for a rank that is only slow (its endpoint's thread answers while its training thread
+// computes), nor for this process's own pause (a question that came back far past its deadline
+// counts the silence afresh: a stopped rank that resumes does not blame its successor).
 //
 // Joining: the store a launched group formed at (at MASTER_PORT) stays up as the group's *door*:
 // under co2run --elastic the launcher serves it for the whole job, so it outlives any rank;
@@ -47,6 +62,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,7 +84,12 @@ constexpr std::chrono::milliseconds kHeartbeatDeadline{250};
 // How long a short question to a missing rank's endpoint waits, asked while the silence its ring
 // predecessor saw is not known yet: it tells a refusal (gone) or an answer (alive) from silence,
 // and counts nothing toward the probe (which then asks once for what the heartbeat did not see).
-constexpr std::chrono::milliseconds kProbeSlice{250};
+// Also the deadline for reading that silence at the predecessor's endpoint. Short: a silent
+// answer decides nothing by itself (a live rank that answers late is asked again, for the whole
+// rest of the probe, once the report is in), while every question to a stopped rank holds up the
+// coordinator, or a survivor looking for one, for all of it. A live endpoint answers within a
+// few milliseconds even on a loaded machine (its own thread, three round trips).
+constexpr std::chrono::milliseconds kProbeSlice{50};
 // How long the successor must have left the heartbeat unanswered before a failed transport's
 // abort stops waiting for it to hear of the abort (four intervals; a live endpoint answers within
 // milliseconds, and a stopped one never hears it).
@@ -118,6 +139,7 @@ class Membership final : public MembershipChanges {
   GroupTransport admit(int64_t join_requests) override;
   GroupTransport release(int leaving) override;
   std::vector<int> unresponsive() const override;
+  void report_failures_to(FailureSink fail) override;
 
   struct Agreed {
     int rank = 0;                    // this rank in the new group
@@ -143,8 +165,8 @@ class Membership final : public MembershipChanges {
   // The coordinator's part: the old ranks that arrived, once every other one stopped answering.
   std::vector<int> wait_for_survivors(store::Store& store, const std::string& prefix) const;
   // How long rank `watcher`'s heartbeat last saw the endpoint at `watched` silent, as it keeps it
-  // at its endpoint (zero when it does not answer within kProbeSlice).
-  std::chrono::milliseconds kept_silence(int watcher, const store::TcpStoreOptions& watched) const;
+  // at its endpoint (nothing when it does not answer within kProbeSlice).
+  std::optional<std::chrono::milliseconds> kept_silence(int watcher, const store::TcpStoreOptions& watched) const;
 
   // Starts this process's endpoint and its watcher; the endpoint's address as the members
   // exchange it.

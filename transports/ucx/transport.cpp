@@ -1093,8 +1093,10 @@ void UcxTransport::settle_abort() {
                 sends.end());
     // A stopped peer never settles: its endpoints are force-closed at once, which cancels the
     // sends queued to it, so that the caller's failed collective is released without waiting
-    // out the grace that the live peers get.
-    if (peer->unresponsive && peer->peer_error_handling && !peer->closed) {
+    // out the grace that the live peers get. One that settled after all (a rank the membership
+    // left out that was alive) is closed by flushing with the others: FORCE is what crashes a
+    // live peer now and then (docs/transports.md, UCX findings).
+    if (peer->unresponsive && peer->peer_error_handling && !peer->closed && !settled(*peer)) {
       log::info("ucx: rank " + std::to_string(rank_) + " closes its endpoints to rank " + std::to_string(peer->rank) +
                 " at once: the membership saw it not answering");
       close_endpoint(*peer, /*force=*/true);

@@ -1,6 +1,7 @@
 """Elastic membership between real processes over UCX/TCP on loopback (issue 26): a rank killed
 mid-round, killed with its all-reduce in flight, the coordinator killed, two ranks lost one after
-the other, a rank stopped past the timeout (and refused when it resumes), too few survivors; a
+the other, a rank stopped past the timeout (and refused when it resumes; failed by its
+predecessor's heartbeat), a step longer than the timeout (nobody fails), too few survivors; a
 restarted rank joining, joiners killed while they join, 20 leave/join cycles under co2run.
 Survivors must end with the same parameters (hash), the new size and the full step count; no
 rank may hang (each test has a deadline and kills what is left).
@@ -359,6 +360,47 @@ def test_a_stopped_rank_is_known_silent_from_the_heartbeat(group_factory):
                      g.outputs[0])
     assert seen, g.outputs[0]
     assert int(seen.group(1) or seen.group(2)) >= 1000, seen.group(0)
+
+
+def test_a_stopped_rank_fails_the_group_from_the_heartbeat(group_factory):
+    # Every rank computes a step longer than the timeout (no collective in flight, so no
+    # no-progress timeout can fire meanwhile); rank 2 stops early in it, after the collectives
+    # of the round before completed. Only rank 1's heartbeat, which asks rank 2 every 250 ms,
+    # can see it: once rank 2 has left it unanswered for the timeout, rank 1 fails its
+    # communicator, its abort tells ranks 0 and 3, and the coordinator leaves rank 2 out on that
+    # silence without a probe. Asserted on the ranks' logs, not on wall time. The others computed
+    # longer than the timeout as well and their watchers did not fail them: their endpoints
+    # answer while their training threads sleep.
+    g = group_factory(4, min_ranks=2)
+    pause = {"ELASTIC_PAUSE_AT": 31, "CO2_LOG_LEVEL": "info"}
+    g.start({0: {**pause, "ELASTIC_PAUSE_MS": TIMEOUT_MS + 2500}, 1: {**pause, "ELASTIC_PAUSE_MS": TIMEOUT_MS + 2500},
+             2: {"ELASTIC_PAUSE_AT": 31, "ELASTIC_PAUSE_MS": 1000, "ELASTIC_STOP_AT": 31},
+             3: {**pause, "ELASTIC_PAUSE_MS": TIMEOUT_MS + 2500}})
+    assert_survivors_agree(g, [0, 1, 3], changes=1)
+    failed = re.search(r"membership: rank 2 has not answered its membership endpoint for (\d+) ms \(stopped or "
+                       r"unreachable; the timeout is (\d+) ms\): the heartbeat fails the communicator", g.outputs[1])
+    assert failed, g.outputs[1]
+    assert int(failed.group(1)) >= TIMEOUT_MS and int(failed.group(2)) == TIMEOUT_MS, failed.group(0)
+    # Each survivor's change names the heartbeat's failure as its cause (rank 1's own, the others'
+    # through its abort), not a collective's no-progress timeout.
+    for rank in (0, 1, 3):
+        causes = [line for line in g.outputs[rank].splitlines() if f"membership: rank {rank} of 4 goes on as" in line]
+        assert len(causes) == 1 and "rank 2 has not answered its membership endpoint" in causes[0], g.outputs[rank]
+        assert "no progress for" not in causes[0], causes[0]
+    assert "heartbeat fails the communicator" not in g.outputs[0] + g.outputs[3], (g.outputs[0], g.outputs[3])
+    left_out = re.search(r"rank 2 had not answered its predecessor's heartbeat for (\d+) ms: left out of the group "
+                         r"without a probe", g.outputs[0])
+    assert left_out and int(left_out.group(1)) >= TIMEOUT_MS, g.outputs[0]
+
+
+def test_a_step_longer_than_the_timeout_fails_nobody(group_factory):
+    # Every rank's training thread sleeps for twice the timeout with no collective in flight:
+    # each heartbeat's successor answers from its endpoint's own thread all along, so nothing
+    # fails and the group never changes.
+    g = group_factory(3, min_ranks=1, steps=60)
+    pause = {"ELASTIC_PAUSE_AT": 31, "ELASTIC_PAUSE_MS": 2 * TIMEOUT_MS}
+    g.start({0: pause, 1: pause, 2: pause})
+    assert_survivors_agree(g, [0, 1, 2], changes=0)
 
 
 def test_two_stopped_neighbours_are_left_out(group_factory):

@@ -11,6 +11,9 @@
 // environment); ELASTIC_DIE_AFTER=k instead: it dies k steps after its commit (a restarted
 // process that joined then dies again k steps later: churn under co2run --max-restarts);
 // ELASTIC_STOP_AT=k: it stops itself (SIGSTOP) there instead, for the test to continue later.
+// ELASTIC_PAUSE_AT=k with ELASTIC_PAUSE_MS=ms: before step k (and before a stop there) the
+// training thread sleeps that long, a step that computes longer than the timeout: no collective
+// is in flight once those of the round before completed, the membership's threads run on.
 // After each membership change it writes READY_DIR/changed.<first rank>; with ELASTIC_HOLD=path it
 // waits for that file to exist before it finalizes (the test holds the group together meanwhile).
 // ELASTIC_SAVE=prefix: right after the first change every survivor saves the engine to
@@ -149,6 +152,9 @@ int main(int argc, char** argv) {
   const long die_rank = env_long("ELASTIC_DIE_RANK", -1);
   const long die_at = die_rank < 0 || die_rank == env_long("RANK", -1) ? env_long("ELASTIC_DIE_AT", -1) : -1;
   const long stop_at = env_long("ELASTIC_STOP_AT", -1);
+  const long pause_at = env_long("ELASTIC_PAUSE_AT", -1);
+  const long pause_ms = env_long("ELASTIC_PAUSE_MS", 0);
+  bool paused = false;  // once: a change may take the step count back to pause_at
   const long leave_at = die_rank < 0 || die_rank == env_long("RANK", -1) ? env_long("ELASTIC_LEAVE_AT", -1) : -1;
   co2_comm_config_t config = CO2_COMM_CONFIG_INIT;
   config.timeout_ms = uint32_t(std::atoi(argv[2]));
@@ -221,6 +227,10 @@ int main(int argc, char** argv) {
     co2_status_t status = CO2_OK;
     if (stats.steps < steps || waiting_for_changes()) {
       if (long(stats.steps) == die_at_step) raise(SIGKILL);
+      if (long(stats.steps) == pause_at && !paused) {
+        paused = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      }
       if (long(stats.steps) == stop_at) raise(SIGSTOP);
       if (long(stats.steps) == leave_at) {
         TRY(co2_engine_leave(engine));
