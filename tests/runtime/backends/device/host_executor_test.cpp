@@ -883,6 +883,14 @@ struct MembershipRun {
   uint64_t joined_at = 0;         // the joiner's step count after its commit
 };
 
+// Whether `done()` became true within a minute (the membership runs' threads wait on each other).
+template <typename Done>
+bool wait_until(const Done& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return done();
+}
+
 MembershipRun run_membership(bool device, const co2_engine_config_t& config) {
   const int members = 3, leaver = 2;
   const int leave_at = 5, join_after = 12, steps = 27;
@@ -892,11 +900,6 @@ MembershipRun run_membership(bool device, const co2_engine_config_t& config) {
   std::atomic<int> members_waiting{0};  // at step join_after + 1: every member passed that boundary
   std::atomic<bool> joiner_asking{false};
   MembershipRun out;
-  const auto wait_until = [](const auto& done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return done();
-  };
   co2test::run_threads(members + 1, [&](int thread) {
     cudaSetDevice(0);
     const bool joiner = thread == members;
@@ -1045,11 +1048,6 @@ MembershipRun run_membership_over_collective_group(const co2::EngineConfig& conf
   options.elastic_min_ranks = 1;
   std::atomic<int> members_waiting{0};
   MembershipRun out;
-  const auto wait_until = [](const auto& done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return done();
-  };
   co2test::run_threads(members + 1, [&](int thread) {
     cudaSetDevice(0);
     const bool joiner = thread == members;
