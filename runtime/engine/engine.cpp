@@ -259,7 +259,6 @@ void Engine::State::wait_collective(const std::shared_ptr<Request>& request) {
   observe_collective(s, *request, start, end);
 }
 
-
 // All ranks compare a 64-bit value; every rank learns of a difference.
 bool same_on_every_rank(Engine::State& s, uint64_t value, Purpose purpose) {
   return same_on_every_rank_of(s, *s.comm, {s.owner, purpose}, value);

@@ -99,5 +99,4 @@ void join_running_group(Engine::State& s);
 // Engine::synchronize's work (finalizing: finalize's): collective.
 void synchronize_ranks(Engine::State& s, bool finalizing);
 
-
 }  // namespace co2
