@@ -3,11 +3,9 @@
 // forwards signals, and stops them all when one fails. It does not link the runtime: it is a
 // process supervisor, and under --elastic also the server of co2's rendezvous store (the
 // group's door must outlive every rank, rank 0 included).
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +17,7 @@
 #include <vector>
 
 #include "launcher/command_line.hpp"
+#include "launcher/master_port.hpp"
 #include "launcher/supervisor.hpp"
 #include "rendezvous/launch_environment.hpp"
 #include "rendezvous/tcp_store.hpp"
@@ -30,24 +29,6 @@ namespace {
 
 // Bytes of randomness in a token co2run makes up (hex-encoded in CO2_AUTH_TOKEN).
 constexpr size_t kTokenBytes = 16;
-
-// A port nothing listens on right now (the kernel's choice). Rank 0 binds it moments later; the
-// store server sets SO_REUSEADDR, so the probe's own socket does not stand in the way.
-int free_port() {
-  const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (probe < 0) return 0;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0)
-    port = ntohs(address.sin_port);
-  ::close(probe);
-  return port;
-}
 
 std::string random_token() {
   unsigned char bytes[kTokenBytes];
@@ -138,7 +119,7 @@ int main_or_status(int argc, char** argv) {
   // On one machine co2run may choose the port and the token: nobody else has to agree on them.
   const bool one_machine = options.all_nodes_here();
   const std::string master_addr = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
-  const int master_port = options.master_port != 0 ? options.master_port : free_port();
+  const int master_port = options.master_port != 0 ? options.master_port : pick_master_port();
   if (master_port == 0) {
     std::fprintf(stderr, "co2run: error: cannot find a free port (%s); give --master-port\n", std::strerror(errno));
     return 1;

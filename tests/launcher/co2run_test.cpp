@@ -104,6 +104,24 @@ TEST(Co2run, EachRankGetsItsEnvironmentAndPrefixedOutput) {
     EXPECT_TRUE(contains(run.err(), "[rank " + std::to_string(rank) + "] to-stderr\n")) << run.describe();
 }
 
+// Below the ephemeral range no outgoing connection can take the port between co2run's pick and
+// rank 0's bind (a parallel test's connections once did, in CI, to the examples' MASTER_PORT + 1).
+TEST(Co2run, ThePickedPortLiesBelowTheEphemeralRange) {
+  int ephemeral_low = 32768, ephemeral_high = 60999;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low >> ephemeral_high;
+  for (int run_index = 0; run_index < 3; ++run_index) {
+    Subprocess run(co2run({"--nproc-per-node", "1", CO2_RANK_HELPER, "env"}));
+    ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
+    ASSERT_TRUE(run.exited_with(0)) << run.describe();
+    std::smatch match;
+    const std::string out = run.out();
+    ASSERT_TRUE(std::regex_search(out, match, std::regex(R"(MASTER_PORT=(\d+))"))) << out;
+    const int port = std::stoi(match[1]);
+    EXPECT_GE(port, 10000) << out;
+    EXPECT_LT(port + 1, ephemeral_low) << "MASTER_PORT and MASTER_PORT + 1 below the ephemeral range\n" << out;
+  }
+}
+
 TEST(Co2run, OptionsTakeEitherSpellingAndAnUnambiguousPrefix) {
   for (const auto& arguments : std::vector<std::vector<std::string>>{{"--nproc_per_node=2"},
                                                                      {"--nproc", "2"},

@@ -2,12 +2,11 @@
 // launcher's variables and rank 0 serves the TCP store (tcp_store_helper with CO2_TEST_SERVE=1).
 // Skipped where the launcher is not installed.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
 
+#include "launcher/master_port.hpp"
 #include "tests/subprocess.hpp"
 
 namespace {
@@ -34,19 +33,6 @@ std::string find_program(const std::vector<std::string>& names) {
     start = end + 1;
   }
   return "";
-}
-
-int free_port() {
-  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0)
-    port = ntohs(address.sin_port);
-  ::close(probe);
-  return port;
 }
 
 TEST(OtherLaunchers, OpenMpiRanksMeetWithoutCo2run) {
@@ -94,7 +80,8 @@ bool torch_installed() {
 
 TEST(OtherLaunchers, TorchrunRanksMeetOnCo2MasterPort) {
   if (!torch_installed()) GTEST_SKIP() << "no torch for /usr/bin/python3";
-  Subprocess run(torchrun(3, free_port()), {{"CO2_TEST_SERVE", "1"}, {"CO2_MASTER_PORT", std::to_string(free_port())}});
+  Subprocess run(torchrun(3, co2::launcher::pick_master_port()),
+                 {{"CO2_TEST_SERVE", "1"}, {"CO2_MASTER_PORT", std::to_string(co2::launcher::pick_master_port())}});
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_TRUE(run.exited_with(0)) << run.describe();
   const std::string output = run.out() + run.err();
@@ -108,7 +95,8 @@ TEST(OtherLaunchers, TorchrunRanksMeetOnCo2MasterPort) {
 // Why CO2_MASTER_PORT exists: torchrun's agent serves its own store on MASTER_PORT.
 TEST(OtherLaunchers, UnderTorchrunMasterPortIsTakenAndTheErrorSaysWhatToDo) {
   if (!torch_installed()) GTEST_SKIP() << "no torch for /usr/bin/python3";
-  Subprocess run(torchrun(2, free_port()), {{"CO2_TEST_SERVE", "1"}, {"CO2_MASTER_PORT", std::nullopt}});
+  Subprocess run(torchrun(2, co2::launcher::pick_master_port()),
+                 {{"CO2_TEST_SERVE", "1"}, {"CO2_MASTER_PORT", std::nullopt}});
   ASSERT_TRUE(run.finish(kHangDeadline)) << run.describe();
   EXPECT_FALSE(run.exited_with(0)) << run.describe();
   EXPECT_TRUE(contains(run.out() + run.err(), "CO2_MASTER_PORT")) << run.describe();

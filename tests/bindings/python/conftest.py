@@ -6,9 +6,13 @@ others could never arrive.
 """
 import itertools
 import os
+import sys
 import threading
 
 import pytest
+
+# tests/ports.py, shared with the C API's process tests
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 _groups = itertools.count()
 # Generous: a rank that does not finish within this is reported as hung instead of hanging CI.

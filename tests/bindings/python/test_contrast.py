@@ -14,7 +14,7 @@ pytest.importorskip("sklearn")
 
 import co2.torch  # noqa: E402
 from conftest import local_comm, run_ranks, unique_group  # noqa: E402
-from test_lm import co2run, run, two_free_ports  # noqa: E402
+from test_lm import co2run, free_port, run  # noqa: E402
 from test_multiprocess import launch_env, multiprocess_unavailable  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,7 +29,7 @@ MIN_PROBE = 0.5
 @pytest.mark.skipif(multiprocess_unavailable() is not None, reason=str(multiprocess_unavailable()))
 def test_contrast_example_trains_through_co2run(tmp_path):
     out = tmp_path / "contrast.jsonl"
-    run([co2run(), "--nproc-per-node", "2", "--master-port", str(two_free_ports()),
+    run([co2run(), "--nproc-per-node", "2", "--master-port", str(free_port(2)),
          sys.executable, "-u", EXAMPLE, "--algorithms", "co2", "ddp", "--losses", "consistent",
          "--steps", str(STEPS), "--tau", str(TAU), "--log-every", "12", "--json", str(out)],
         launch_env())

@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 import pytest
+from ports import free_port  # tests/ports.py (conftest.py puts tests/ on the path)
 import torch
 
 import co2
@@ -33,12 +34,6 @@ PROCESS_TIMEOUT_S = 180
 # The ranks' no-progress timeout where a test waits for one to expire (a stranger that never
 # answers the store's hello): short, and the wait is certain to expire, never a race.
 SHORT_TIMEOUT_MS = 3000
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(rank, world, port, **extra):

@@ -5,11 +5,11 @@ scripts/test.sh installs it."""
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from ports import free_port  # tests/ports.py (conftest.py puts tests/ on the path)
 
 pytest.importorskip("torch")
 
@@ -34,21 +34,6 @@ def co2run():
     return path
 
 
-def two_free_ports():
-    """A port p with p + 1 free too (co2's store, then gloo)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    pytest.fail("no two consecutive free ports")
-
-
 def run(cmd, env):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                           timeout=PROCESS_TIMEOUT_S)
@@ -60,7 +45,7 @@ def run(cmd, env):
 def test_lm_example_trains_through_co2run(algorithm, tmp_path):
     out = tmp_path / "lm.json"
     # co2's store at the port, gloo (ddp) at the next: both checked free.
-    run([co2run(), "--nproc-per-node", "2", "--master-port", str(two_free_ports()),
+    run([co2run(), "--nproc-per-node", "2", "--master-port", str(free_port(2)),
          sys.executable, "-u", EXAMPLE,
          "--algorithm", algorithm, "--tau", "4", "--size", "tiny", "--steps", "24",
          "--eval-every", "8", "--json", str(out)], launch_env())
@@ -78,7 +63,7 @@ def test_quality_quick(tmp_path):
     build = os.environ["CO2_BUILD_ROOT"]
     env = launch_env()
     proc = run([sys.executable, QUALITY, "--quick", "--no-plot", "--build", build,
-                "--port", str(two_free_ports()), "--out", str(tmp_path)], env)
+                "--port", str(free_port(2)), "--out", str(tmp_path)], env)
     summary = json.loads((tmp_path / "quality.json").read_text())["summary"]
     for name in ("ddp", "sync", "localsgd t4", "diloco t4", "co2 t4 none/none"):
         assert math.isfinite(summary[name]["loss_mean"]), summary
@@ -98,7 +83,7 @@ def test_quality_delays_quick(tmp_path):
     env = launch_env()
     command = [sys.executable, QUALITY, "--quick", "--delays", "--no-plot", "--build", build,
                "--out", str(tmp_path)]
-    run(command + ["--port", str(two_free_ports())], env)
+    run(command + ["--port", str(free_port(2))], env)
     saved = json.loads((tmp_path / "quality_delays.json").read_text())
     assert not saved["partial"] and len(saved["load_average"]["end"]) == 3
     table = saved["delays"]["4"]
@@ -111,7 +96,7 @@ def test_quality_delays_quick(tmp_path):
         assert result["final_loss"] < 5.55 - MIN_DECREASE / 2, result
         if result["engine_config"].get("apply_step") in (1, 2):
             assert result["arrival_updates"] > 0, result
-    merged = run(command + ["--port", str(two_free_ports()), "--merge-from",
+    merged = run(command + ["--port", str(free_port(2)), "--merge-from",
                             str(tmp_path / "quality_delays.json")], env)
     again = json.loads((tmp_path / "quality_delays.json").read_text())
     assert again["runs"] == saved["runs"]

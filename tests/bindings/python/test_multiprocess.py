@@ -5,12 +5,12 @@ wired into co2_comm_create); skipped, with that reason, in a build without it.""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from ports import free_port  # tests/ports.py (conftest.py puts tests/ on the path)
 
 import co2
 import co2.torch
@@ -37,12 +37,6 @@ def multiprocess_unavailable():
 
 pytestmark = pytest.mark.skipif(multiprocess_unavailable() is not None,
                                 reason=str(multiprocess_unavailable()))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_env(rank=None, world=None, port=None):

@@ -3,17 +3,14 @@ rank's launcher environment over UCX/TCP on loopback, collecting exit codes with
 process still running then is a hang and fails the test), and killing what is left."""
 import os
 import signal
-import socket
 import subprocess
+import sys
 import time
 
 import pytest
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from ports import free_port  # noqa: E402,F401  (tests/ports.py; re-exported to the tests here)
 
 
 def launcher_env(rank, world, port, token, **extra):
