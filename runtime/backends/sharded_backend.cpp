@@ -500,10 +500,13 @@ class ShardedBackend final : public Backend {
       else
         std::fill(momentum_.data(), momentum_.data() + momentum_.size(), 0.0f);
     }
-    std::copy(a, a + s.state_count, s.comm_buffer.data());
     clear_eager_state();
     if (!round_start_.empty()) std::copy(a, a + s.state_count, round_start_.data());
     unpack_parameters(s, a, false);
+    // B = the anchor: B takes the pages the assembly received it into (release_staged drops
+    // s.anchor next). A copy would first map B's pages, which on a joiner are fresh: ~1 s per
+    // 256 MiB on these VMs while the group waits.
+    std::swap(s.comm_buffer, s.anchor);
     deltas_in_buffer_ = anchor_outside_shard_ = false;
     count_state();
   }
