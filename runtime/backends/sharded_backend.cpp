@@ -118,13 +118,16 @@ class ShardedBackend final : public Backend {
     deltas_in_buffer_ = anchor_outside_shard_ = false;
   }
 
+  // Every shard's broadcasts are posted at once (the joiner receives from every holder together:
+  // one after another, each chain's start and each holder's copy into the assembly were idle
+  // time of the whole group). A holder sends from its shard and copies it in while they run.
   void assemble_outer_state(const std::vector<int>& holders) override {
     S& s = s_;
     const size_t n = s.state_count;
     const bool kept = kept_.shards > 0;
     const int before = kept ? kept_.shards : (s.committed ? shard_count_ : 0);
-    const FloatBuffer& anchor = kept ? kept_.anchor : cur_;
-    const FloatBuffer& momentum = kept ? kept_.momentum : momentum_;
+    FloatBuffer& anchor = kept ? kept_.anchor : cur_;
+    FloatBuffer& momentum = kept ? kept_.momentum : momentum_;
     // Rank 0 decides: the size before, whether a momentum is kept, who holds each shard.
     std::vector<int64_t> plan(2, 0);
     if (s.comm->rank() == 0) {
@@ -138,29 +141,38 @@ class ShardedBackend final : public Backend {
     broadcast_blocking(plan.data() + 2, size_t(plan[0]), DataType::I64);
     s.anchor = FloatBuffer(n);
     s.momentum = FloatBuffer(plan[1] ? n : 0);
+    const auto id = s.id(Purpose::Membership);
+    std::vector<std::shared_ptr<Request>> requests;
+    ShardRange held;        // the shard this rank held (empty: none)
     FloatBuffer parameters;  // packed, where a shard was lost
     for (int j = 0; j < int(plan[0]); ++j) {
       const ShardRange range = shard_range(n, int(plan[0]), j);
       if (range.count() == 0) continue;
       const int holder = int(plan[size_t(2 + j)]);
       float* a = s.anchor.data() + range.begin;
-      if (holder < 0) {
+      if (holder < 0) {  // the ranks' parameters averaged; its momentum: zeros
         if (parameters.empty()) {
           parameters = FloatBuffer(n);
           pack_parameters(s, parameters.data());
         }
         std::copy(parameters.data() + range.begin, parameters.data() + range.end, a);
-        auto request = s.comm->allreduce(a, range.count(), DataType::F32, ReduceOp::Avg, s.id(Purpose::Membership));
-        if (request->wait_status() != Status::Ok) fail(s.comm->error_status(), s.comm->error_message());
-        continue;  // its momentum: zeros
+        requests.push_back(s.comm->allreduce(a, range.count(), DataType::F32, ReduceOp::Avg, id));
+        continue;
       }
-      if (holder == s.comm->rank()) {
-        std::copy(anchor.data(), anchor.data() + range.count(), a);
-        if (plan[1]) std::copy(momentum.data(), momentum.data() + range.count(), s.momentum.data() + range.begin);
+      const bool holds = holder == s.comm->rank();
+      if (holds) held = range;
+      requests.push_back(s.comm->broadcast(holds ? anchor.data() : a, range.count(), DataType::F32, holder, id));
+      if (plan[1]) {
+        float* m = s.momentum.data() + range.begin;
+        requests.push_back(s.comm->broadcast(holds ? momentum.data() : m, range.count(), DataType::F32, holder, id));
       }
-      broadcast_blocking(a, range.count(), DataType::F32, holder);
-      if (plan[1]) broadcast_blocking(s.momentum.data() + range.begin, range.count(), DataType::F32, holder);
     }
+    std::copy(anchor.data(), anchor.data() + held.count(), s.anchor.data() + held.begin);
+    if (plan[1]) std::copy(momentum.data(), momentum.data() + held.count(), s.momentum.data() + held.begin);
+    // Every request finished before a failure is raised: they all write the assembly's buffers.
+    bool failed = false;
+    for (auto& request : requests) failed |= request->wait_status() != Status::Ok;
+    if (failed) fail(s.comm->error_status(), s.comm->error_message());
     kept_ = Kept{};
   }
 
