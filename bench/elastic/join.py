@@ -118,7 +118,7 @@ def main():
     parser.add_argument("--timeout-ms", type=int, default=30000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shard", action="store_true",
-                        help="outer state sharded over the ranks: each shard's holder sends it (one after another)")
+                        help="outer state sharded over the ranks: every shard's holder sends it, all at once")
     args = parser.parse_args()
     args.worker = os.path.join(args.build, "bench", "elastic_rank")
     where = (f"links capped at {os.environ['CO2_NETNS_RATE']} (netns)" if os.environ.get("CO2_NETNS_PREFIX")
