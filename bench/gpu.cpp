@@ -85,7 +85,7 @@ void pass_vs_copy(size_t max_millions, int repeats) {
     float* m = device_alloc<float>(n);
     float* c = device_alloc<float>(n);
     const auto chunks = co2::device::make_chunks({n}, k::kChunkElements);
-    k::SegmentEntry seg{p, 0, n, 0, 1};
+    k::SegmentEntry seg{p, 0, n, 0, 1, /*dtype fp32*/ 0, 0};
     k::Tables t;
     auto* segs = device_alloc<k::SegmentEntry>(1);
     auto* dchunks = device_alloc<co2::device::Chunk>(chunks.size());

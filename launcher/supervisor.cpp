@@ -264,7 +264,7 @@ class Supervisor {
 
   // Whether a failed rank is started again; if not and there is a reason worth saying,
   // `why_not` ends the sentence that reports the failure.
-  bool restartable(const Child& failed_child, std::string& why_not) const {
+  bool restartable(std::string& why_not) const {
     if (restarts_ >= elastic_.max_restarts) {
       if (elastic_.max_restarts > 0)
         why_not = "; not started again: the " + std::to_string(elastic_.max_restarts) +
@@ -308,7 +308,7 @@ class Supervisor {
           if (!first_lost_) first_lost_ = child.get();
           ++lost_;
           std::string why_not;
-          const bool again = restartable(*child, why_not);
+          const bool again = restartable(why_not);
           if (again) {
             ++restarts_;
             restart.push_back(child->rank);

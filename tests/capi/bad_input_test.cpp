@@ -905,7 +905,7 @@ TEST_F(BadInput, AllocFlatArguments) {
     void* device = &out;
     const co2_status_t cuda = co2_engine_alloc_flat(g, 16, CO2_DTYPE_FP32, CO2_DEVICE_CUDA, 0, &device);
     EXPECT_TRUE(cuda == CO2_ERR_UNSUPPORTED || cuda == CO2_OK) << co2_status_string(cuda);
-    if (cuda != CO2_OK) EXPECT_EQ(device, static_cast<void*>(&out));
+    if (cuda != CO2_OK) { EXPECT_EQ(device, static_cast<void*>(&out)); }
   }
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT, co2_engine_alloc_flat(e, 16, CO2_DTYPE_FP32, CO2_DEVICE_HOST, -1, &out));
   EXPECT_STATUS(CO2_ERR_INVALID_ARGUMENT,

@@ -256,7 +256,7 @@ TEST_P(Restart, ContinuationIsBitwiseEqual) {
     EXPECT_TRUE(bitwise_equal(after_load[rank], saved_anchor[0])) << "rank " << rank;
     if (eager && own_blob && !mid_round) {
       EXPECT_TRUE(bitwise_equal(tr.model.gather_state(), saved_params[rank])) << "rank " << rank;
-      if (c.world > 1) EXPECT_FALSE(bitwise_equal(saved_params[rank], saved_anchor[rank])) << "offset is zero";
+      if (c.world > 1) { EXPECT_FALSE(bitwise_equal(saved_params[rank], saved_anchor[rank])) << "offset is zero"; }
     } else if (!(eager && own_blob)) {
       EXPECT_TRUE(bitwise_equal(tr.model.gather_state(), after_load[rank])) << "rank " << rank;
     }

@@ -952,7 +952,7 @@ TEST(EngineMathProperty, EagerIsKalesPerRankOuterOptimizer) {
         EXPECT_LT(worst, 1e-12 * std::max(1.0, ref.scale()))
             << "W " << w << " beta " << beta << (nesterov ? " nesterov" : "");
         // Not vacuous: the ranks really start their rounds from different points.
-        if (w > 1) EXPECT_GT(std::fabs(theta[0][0] - theta[1][0]), 1e-6);
+        if (w > 1) { EXPECT_GT(std::fabs(theta[0][0] - theta[1][0]), 1e-6); }
       }
 }
 

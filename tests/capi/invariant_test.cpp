@@ -95,10 +95,11 @@ TEST_P(Identity, AnchorsAndParamsBitIdentical) {
         CO2_ASSERT_OK(co2_engine_consensus(eg.engine, CO2_CONSENSUS_ANCHOR, buf.data(), n));
         ahash[ev][rank] = fnv1a(buf);
         // p <- a at commit and at every boundary (eager: a + the rank's own offset).
-        if (!eager || ev == 0)
+        if (!eager || ev == 0) {
           EXPECT_TRUE(bitwise_equal(p, buf)) << "rank " << rank << " event " << ev
                                            << ": params differ from the anchor at element "
                                            << first_difference(p, buf);
+        }
         if (keep) anchors[ev][rank] = buf;
       }
       if (keep) params[ev][rank] = std::move(p);

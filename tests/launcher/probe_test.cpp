@@ -60,7 +60,7 @@ TEST(Probe, TimesEveryFormatAcrossTheRanksAndAdvisesTheMostExactThatHides) {
     // The tau advisor's rule on the printed (rounded) time: tau * step >= all-reduce > (tau - 1) * step.
     EXPECT_GE(row.tau, 1) << format;
     EXPECT_GE(double(row.tau) * step_ms, row.allreduce_ms - 0.01) << format;
-    if (row.tau > 1) EXPECT_LT(double(row.tau - 1) * step_ms, row.allreduce_ms + 0.01) << format;
+    if (row.tau > 1) { EXPECT_LT(double(row.tau - 1) * step_ms, row.allreduce_ms + 0.01) << format; }
   }
   // What a rank sends per all-reduce at W = 2 (half the model each way): 4 MB in fp32, half of it
   // in bf16, about 1/3.9 in int8 and 1/7.1 in fp4 (the groups' scales included).

@@ -904,10 +904,11 @@ TEST(ShardedOuterState, SavesAndLoadsItsOwnShardWithoutAFullSizeCopy) {
     const CheckpointMemory m = measure_checkpoint(world, hierarchical, 1003, portable);
     const size_t shards = hierarchical ? 2 : size_t(world);
     const size_t shard = (m.state_floats + shards - 1) / shards;
-    if (!portable) EXPECT_EQ(m.save_extra, 0u) << what;
+    if (!portable) { EXPECT_EQ(m.save_extra, 0u) << what; }
     EXPECT_LE(m.load_extra, 3 * shard) << what << ": the load held more than 3 shards (N = " << m.state_floats << ")";
-    if (!portable)
+    if (!portable) {
       EXPECT_LE(m.blob_bytes, 3 * shard * sizeof(float) + 512) << what << ": the blob holds more than the shard";
+    }
     ASSERT_EQ(m.anchor_after.size(), m.anchor_before.size()) << what;
     EXPECT_EQ(std::memcmp(m.anchor_after.data(), m.anchor_before.data(), m.anchor_before.size() * sizeof(float)), 0)
         << what << ": the anchor did not come back bit for bit";

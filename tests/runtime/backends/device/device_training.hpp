@@ -120,9 +120,10 @@ inline void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_
   CO2_ASSERT_OK(co2_engine_commit(engine));
   auto download = [&] {
     for (size_t t = 0; t < host.size(); ++t) {
-      if (device)
+      if (device) {
         ASSERT_EQ(cudaMemcpy(storage_of(t), dev[t], host[t].size() * precision.element_bytes(), cudaMemcpyDeviceToHost),
                   cudaSuccess);
+      }
       if (precision.sixteen_bit())
         for (size_t i = 0; i < host[t].size(); ++i) host[t][i] = precision.widen(stored[t][i]);
     }
@@ -137,9 +138,10 @@ inline void train_rank(co2_comm_t comm, int rank, bool device, const co2_engine_
     for (size_t t = 0; t < host.size(); ++t) {
       if (precision.sixteen_bit())
         for (size_t i = 0; i < host[t].size(); ++i) stored[t][i] = precision.narrow(host[t][i]);
-      if (device)
+      if (device) {
         ASSERT_EQ(cudaMemcpy(dev[t], storage_of(t), host[t].size() * precision.element_bytes(), cudaMemcpyHostToDevice),
                   cudaSuccess);
+      }
     }
   };
   for (int step = checkpointing.resume_at; step < steps; ++step) {

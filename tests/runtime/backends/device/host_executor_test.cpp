@@ -612,16 +612,16 @@ std::vector<std::vector<float>> sharded_consensus(bool device) {
     CO2_ASSERT_OK(co2_engine_register_tensor(engine, &tensor));
     CO2_ASSERT_OK(co2_engine_commit(engine));
     for (int step = 0; step < 7; ++step) {  // tau 3: two boundaries, one step into the third round
-      if (device) ASSERT_EQ(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      if (device) { ASSERT_EQ(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess); }
       for (size_t i = 0; i < n; ++i) host[i] -= 0.01f * std::sin(0.01f * float(i) + float(step + rank));
-      if (device) ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      if (device) { ASSERT_EQ(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess); }
       CO2_ASSERT_OK(co2_engine_step(engine, nullptr, nullptr));
     }
     const co2_consensus_t kinds[] = {CO2_CONSENSUS_ANCHOR, CO2_CONSENSUS_LOCAL_AVERAGE};
     for (size_t k = 0; k < 2; ++k) {
       std::vector<float> out(n);
       float* target = out.data();
-      if (device) ASSERT_EQ(cudaMalloc(&target, n * sizeof(float)), cudaSuccess);
+      if (device) { ASSERT_EQ(cudaMalloc(&target, n * sizeof(float)), cudaSuccess); }
       CO2_ASSERT_OK(co2_engine_consensus(engine, kinds[k], target, n));
       if (device) {
         ASSERT_EQ(cudaMemcpy(out.data(), target, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -1088,8 +1088,9 @@ MembershipRun run_membership_over_collective_group(const co2::EngineConfig& conf
         // the next one (as the host run's members wait for their joiner's request).
         if (!joiner && step == uint64_t(join_after) + 1 && ++members_waiting == members - 1)
           generations->join_requests = 1;
-        if (!joiner && step == uint64_t(join_after) + 1)
+        if (!joiner && step == uint64_t(join_after) + 1) {
           ASSERT_TRUE(wait_until([&] { return generations->join_requests.load() > 0; }));
+        }
       }
       if (!left) {
         engine.finalize();
